@@ -1,0 +1,1 @@
+"""gpudra node agent: NVML discovery, ResourceSlice publishing and the kubelet DRA plugin."""

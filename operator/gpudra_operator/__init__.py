@@ -1,0 +1,1 @@
+"""gpudra operator: reconciles GpuDraConfig into the agent DaemonSet and DRA DeviceClasses."""
