@@ -56,11 +56,30 @@ download() {
   curl -fsSL --connect-timeout 5 --max-time 600 "$etcd_url" | tar -xz -C "$STAGE" --strip-components=1 "etcd-$ETCD_VERSION-linux-amd64/etcd" || return 1
 }
 
+# The committed hack/kube-tools pins KUBE_VERSION's default. For any other release, generate the
+# same module from that release's own go.mod: every `k8s.io/x => ./staging/...` becomes `k8s.io/x v0.MINOR.PATCH`.
+kube_tools_dir() {
+  local pinned; pinned="$(sed -n 's/^require k8s.io\/kubernetes \(v[^ ]*\)$/\1/p' "$HACK_DIR/kube-tools/go.mod")"
+  if [[ "$pinned" == "$KUBE_VERSION" ]]; then echo "$HACK_DIR/kube-tools"; return; fi
+  local dir="$CACHE_ROOT/kube-tools-$KUBE_VERSION" upstream staging="v0.${KUBE_VERSION#v1.}"
+  log "KUBE_VERSION=$KUBE_VERSION is not the pinned $pinned: generating $dir from upstream's go.mod"
+  mkdir -p "$dir"
+  upstream="$(cd "$HACK_DIR/kube-tools" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+  [[ -f "$upstream" ]] || { log "k8s.io/kubernetes@$KUBE_VERSION is not served by the Go module proxy"; return 1; }
+  { sed -n '1,/^require k8s.io\/kubernetes/p' "$HACK_DIR/kube-tools/go.mod" | sed "s/^require k8s.io\/kubernetes .*/require k8s.io\/kubernetes $KUBE_VERSION/"
+    echo; echo "replace ("
+    sed -n 's/^[[:space:]]*\(k8s.io\/[a-z0-9-]*\) => .\/staging\/.*/\t\1 => \1 '"$staging"'/p' "$upstream"
+    echo ")"; } > "$dir/go.mod"
+  (cd "$dir" && go mod tidy >&2) || return 1
+  echo "$dir"
+}
+
 build() {
   command -v go >/dev/null || { log "no Go toolchain: install Go >= 1.26 (or give internet access, or set KUBEBUILDER_ASSETS)"; return 1; }
+  local tools; tools="$(kube_tools_dir)" || return 1
   local pkg=k8s.io/component-base/version cpkg=k8s.io/client-go/pkg/version
   local minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
-  local commit; commit="$(go -C "$HACK_DIR/kube-tools" list -m -f '{{.Version}}' k8s.io/kubernetes)"
+  local commit; commit="$(go -C "$tools" list -m -f '{{.Version}}' k8s.io/kubernetes)"
   local ldflags="-s -w" p
   for p in "$pkg" "$cpkg"; do
     ldflags+=" -X $p.gitVersion=$KUBE_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
@@ -73,7 +92,7 @@ build() {
   start=$SECONDS
   log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl $KUBE_VERSION from Go modules"
   log "a cold build takes 15-30 minutes on 2 cores (warm Go cache: 1-3 min); progress follows per package group"
-  (cd "$HACK_DIR/kube-tools" && CGO_ENABLED=0 go build -trimpath -mod=readonly -ldflags "$ldflags" -o "$STAGE/" \
+  (cd "$tools" && CGO_ENABLED=0 go build -trimpath -mod=readonly -ldflags "$ldflags" -o "$STAGE/" \
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
       k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl) &
   local pid=$!

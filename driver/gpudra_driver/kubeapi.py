@@ -1,0 +1,200 @@
+"""The one thin adapter between gpudra and the Kubernetes API (kubernetes-asyncio underneath).
+
+Objects travel as plain dicts in their wire shape, so the pure core (rendering, slice building,
+GC decisions) never depends on generated model classes. Writes of desired state go through
+server-side apply with one field manager per component."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+Obj = dict[str, Any]
+_JSON_RESPONSES = {200: "object", 201: "object", 202: "object"}
+
+
+@dataclass(frozen=True)
+class ResourceType:
+    api_version: str  # "v1" or "group/version"
+    kind: str
+    plural: str
+    namespaced: bool
+
+    def path(self, namespace: str | None = None, name: str | None = None,
+             subresource: str | None = None) -> str:
+        base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        if self.namespaced:
+            if namespace is None and name is not None:
+                raise ValueError(f"{self.kind} {name}: a namespace is required")
+            if namespace is not None:
+                base += f"/namespaces/{namespace}"
+        path = f"{base}/{self.plural}"
+        if name is not None:
+            path += f"/{name}"
+            if subresource:
+                path += f"/{subresource}"
+        return path
+
+
+def _types(*rows: tuple[str, str, str, bool]) -> dict[tuple[str, str], ResourceType]:
+    return {(v, k): ResourceType(v, k, p, n) for v, k, p, n in rows}
+
+
+# Every kind gpudra reads or writes. Unknown kinds fail loudly rather than guessing a plural.
+RESOURCE_TYPES = _types(
+    ("v1", "Namespace", "namespaces", False),
+    ("v1", "Node", "nodes", False),
+    ("v1", "Pod", "pods", True),
+    ("v1", "ServiceAccount", "serviceaccounts", True),
+    ("v1", "Event", "events", True),
+    ("v1", "ConfigMap", "configmaps", True),
+    ("v1", "Service", "services", True),
+    ("apps/v1", "DaemonSet", "daemonsets", True),
+    ("apps/v1", "Deployment", "deployments", True),
+    ("batch/v1", "Job", "jobs", True),
+    ("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", False),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings", False),
+    ("rbac.authorization.k8s.io/v1", "Role", "roles", True),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", True),
+    ("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", False),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy", "validatingadmissionpolicies", False),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding",
+     "validatingadmissionpolicybindings", False),
+    ("resource.k8s.io/v1", "DeviceClass", "deviceclasses", False),
+    ("resource.k8s.io/v1", "ResourceSlice", "resourceslices", False),
+    ("resource.k8s.io/v1", "ResourceClaim", "resourceclaims", True),
+    ("resource.k8s.io/v1", "ResourceClaimTemplate", "resourceclaimtemplates", True),
+    ("gpudra.io/v1alpha1", "GpuDraConfig", "gpudraconfigs", False),
+)
+
+
+def resource_type(api_version: str, kind: str) -> ResourceType:
+    try:
+        return RESOURCE_TYPES[(api_version, kind)]
+    except KeyError:
+        raise ValueError(f"gpudra does not know the resource {api_version} {kind}") from None
+
+
+def type_of(obj: Mapping[str, Any]) -> ResourceType:
+    return resource_type(obj["apiVersion"], obj["kind"])
+
+
+def is_status(error: BaseException, *codes: int) -> bool:
+    return isinstance(error, ApiException) and error.status in codes
+
+
+def error_message(error: BaseException) -> str:
+    """The API server's own message (what a user would see from kubectl), else the exception text."""
+    if isinstance(error, ApiException) and error.body:
+        try:
+            return str(json.loads(error.body).get("message") or error.body)
+        except (ValueError, AttributeError):
+            return str(error.body)
+    return str(error)
+
+
+async def connect(kubeconfig: str | None = None) -> client.ApiClient:
+    """An API client from a kubeconfig file, else the in-cluster ServiceAccount."""
+    if kubeconfig is None:
+        try:
+            config.load_incluster_config()
+            return client.ApiClient()
+        except config.ConfigException:
+            pass
+    return await config.new_client_from_config(config_file=kubeconfig)
+
+
+class Kube:
+    """Dict-in, dict-out API calls. One instance per component; it carries the field manager."""
+
+    def __init__(self, api: client.ApiClient, field_manager: str) -> None:
+        self.api = api
+        self.field_manager = field_manager
+
+    async def request(self, method: str, path: str, *, body: Any = None,
+                      query: Mapping[str, Any] | None = None, content_type: str | None = None,
+                      timeout: float | None = None) -> Obj:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+        return await self.api.call_api(
+            path, method, query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
+            header_params=headers, body=body, auth_settings=["BearerToken"],
+            response_types_map=_JSON_RESPONSES, _return_http_data_only=True, _preload_content=True,
+            _request_timeout=timeout,
+        )
+
+    async def get(self, rtype: ResourceType, name: str, namespace: str | None = None) -> Obj | None:
+        try:
+            return await self.request("GET", rtype.path(namespace, name))
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    async def list(self, rtype: ResourceType, namespace: str | None = None, *,
+                   label_selector: str | None = None, field_selector: str | None = None,
+                   page_size: int = 500, metadata_only: bool = False) -> AsyncIterator[Obj]:
+        """Every matching object, fetched page by page (``limit``/``continue``)."""
+        token: str | None = None
+        while True:
+            query = {"labelSelector": label_selector, "fieldSelector": field_selector,
+                     "limit": page_size, "continue": token}
+            page = await self.request("GET", rtype.path(namespace), query=query)
+            for item in page.get("items") or []:
+                yield item
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
+
+    async def create(self, obj: Obj, *, dry_run: bool = False) -> Obj:
+        rtype = type_of(obj)
+        namespace = obj["metadata"].get("namespace")
+        return await self.request("POST", rtype.path(namespace), body=obj,
+                                  query={"dryRun": "All" if dry_run else None,
+                                         "fieldManager": self.field_manager})
+
+    async def apply(self, obj: Obj, *, force: bool = True, dry_run: bool = False,
+                    subresource: str | None = None) -> Obj:
+        """Server-side apply of ``obj`` (the full desired state this component owns)."""
+        rtype = type_of(obj)
+        meta = obj["metadata"]
+        return await self.request(
+            "PATCH", rtype.path(meta.get("namespace"), meta["name"], subresource),
+            body=obj, content_type="application/apply-patch+yaml",
+            query={"fieldManager": self.field_manager, "force": "true" if force else None,
+                   "dryRun": "All" if dry_run else None},
+        )
+
+    async def patch(self, rtype: ResourceType, name: str, patch: Obj, *, namespace: str | None = None,
+                    subresource: str | None = None, kind: str = "merge") -> Obj:
+        return await self.request(
+            "PATCH", rtype.path(namespace, name, subresource), body=patch,
+            content_type=f"application/{kind}-patch+json", query={"fieldManager": self.field_manager},
+        )
+
+    async def delete(self, rtype: ResourceType, name: str, namespace: str | None = None, *,
+                     uid: str | None = None, resource_version: str | None = None,
+                     grace_period_seconds: int | None = None,
+                     propagation: str | None = None) -> bool:
+        """Delete; False when it was already gone. Preconditions make a stale decision a 409."""
+        options: Obj = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        preconditions = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
+        if preconditions:
+            options["preconditions"] = preconditions
+        if grace_period_seconds is not None:
+            options["gracePeriodSeconds"] = grace_period_seconds
+        if propagation:
+            options["propagationPolicy"] = propagation
+        try:
+            await self.request("DELETE", rtype.path(namespace, name), body=options)
+            return True
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise

@@ -1,0 +1,259 @@
+"""Start and stop etcd, kube-apiserver, kube-controller-manager and kube-scheduler as local
+processes on free loopback ports, the way envtest and kwokctl's binary runtime do."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .pki import CertPair, LocalPKI
+
+HOST = "127.0.0.1"
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+# What the tests and the demo need: claims from templates, DaemonSet/Job pods, GC through owners.
+CONTROLLERS = (
+    "namespace-controller",
+    "garbage-collector-controller",
+    "daemonset-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "job-controller",
+    "resourceclaim-controller",
+    "serviceaccount-controller",
+    "root-ca-certificate-publisher-controller",
+)
+FIX_HINT = "run `make kube-bin` and export GPUDRA_KUBE_BIN=<the directory it prints last> (`make test` does both)"
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane could not be found, started or reached; the message says how to fix it."""
+
+
+def find_binaries() -> Path:
+    """The directory holding all control-plane binaries: $GPUDRA_KUBE_BIN, else $KUBEBUILDER_ASSETS."""
+    for var in ("GPUDRA_KUBE_BIN", "KUBEBUILDER_ASSETS"):
+        value = os.environ.get(var)
+        if not value:
+            continue
+        directory = Path(value)
+        missing = [b for b in BINARIES if not os.access(directory / b, os.X_OK)]
+        if missing:
+            raise ControlPlaneError(f"${var}={value} lacks {', '.join(missing)}: {FIX_HINT}")
+        return directory
+    raise ControlPlaneError(f"no control-plane binaries configured: {FIX_HINT}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Component:
+    name: str
+    argv: list[str]
+    health_url: str
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(text[-lines:])
+
+
+@dataclass
+class ControlPlane:
+    """One local cluster. ``start()`` returns once every component reports healthy."""
+
+    bin_dir: Path
+    workdir: Path
+    components: list[Component] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.pki_dir = self.workdir / "pki"
+        self.kubeconfig = self.workdir / "admin.kubeconfig"
+        self.etcd_port, self.etcd_peer_port = free_port(), free_port()
+        self.apiserver_port = free_port()
+        self.server = f"https://{HOST}:{self.apiserver_port}"
+
+    # --- configuration -----------------------------------------------------------------------
+    def _write_kubeconfig(self, path: Path, user: str, client: CertPair) -> Path:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "gpudra-local", "cluster": {
+                "server": self.server, "certificate-authority": str(self.pki.ca.cert)}}],
+            "users": [{"name": user, "user": {
+                "client-certificate": str(client.cert), "client-key": str(client.key)}}],
+            "contexts": [{"name": "gpudra-local", "context": {"cluster": "gpudra-local", "user": user}}],
+            "current-context": "gpudra-local",
+        }
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+    def _prepare(self) -> None:
+        self.pki = LocalPKI(self.pki_dir)
+        serving = self.pki.issue("apiserver", "kube-apiserver", server=True,
+                                 dns_names=("localhost", "kubernetes", "kubernetes.default",
+                                            "kubernetes.default.svc"), ips=(HOST, "10.0.0.1"))
+        admin = self.pki.issue("admin", "gpudra-admin", organizations=("system:masters",))
+        kcm = self.pki.issue("kcm", "system:kube-controller-manager", organizations=("system:masters",))
+        sched = self.pki.issue("scheduler", "system:kube-scheduler", organizations=("system:masters",))
+        sa_key = self.pki.service_account_key()
+        self._write_kubeconfig(self.kubeconfig, "admin", admin)
+        kcm_kubeconfig = self._write_kubeconfig(self.workdir / "kcm.kubeconfig", "kcm", kcm)
+        sched_kubeconfig = self._write_kubeconfig(self.workdir / "scheduler.kubeconfig", "scheduler", sched)
+
+        # etcd's data is throwaway: keep it in memory when /dev/shm exists.
+        shm = Path("/dev/shm")
+        self.etcd_dir = Path(tempfile.mkdtemp(prefix="gpudra-etcd-", dir=shm if shm.is_dir() else self.workdir))
+        bins = self.bin_dir
+        kcm_port, sched_port = free_port(), free_port()
+        logs = self.workdir / "logs"
+        logs.mkdir(exist_ok=True)
+        etcd_url = f"http://{HOST}:{self.etcd_port}"
+        peer_url = f"http://{HOST}:{self.etcd_peer_port}"
+        self.components = [
+            Component("etcd", [
+                str(bins / "etcd"), "--name=gpudra", f"--data-dir={self.etcd_dir}",
+                f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=gpudra={peer_url}", "--unsafe-no-fsync=true", "--log-level=warn",
+            ], f"{etcd_url}/health", logs / "etcd.log"),
+            Component("kube-apiserver", [
+                str(bins / "kube-apiserver"), f"--etcd-servers={etcd_url}",
+                f"--bind-address={HOST}", f"--advertise-address={HOST}",
+                f"--secure-port={self.apiserver_port}",
+                f"--tls-cert-file={serving.cert}", f"--tls-private-key-file={serving.key}",
+                f"--client-ca-file={self.pki.ca.cert}",
+                "--authorization-mode=Node,RBAC",
+                f"--service-account-issuer={self.server}",
+                f"--service-account-key-file={sa_key}", f"--service-account-signing-key-file={sa_key}",
+                "--service-cluster-ip-range=10.0.0.0/24", "--endpoint-reconciler-type=none",
+                "--allow-privileged=true", f"--cert-dir={self.workdir / 'apiserver'}",
+                "--v=1",
+            ], f"{self.server}/readyz", logs / "kube-apiserver.log"),
+            Component("kube-controller-manager", [
+                str(bins / "kube-controller-manager"), f"--kubeconfig={kcm_kubeconfig}",
+                f"--authentication-kubeconfig={kcm_kubeconfig}",
+                f"--authorization-kubeconfig={kcm_kubeconfig}",
+                "--leader-elect=false", f"--controllers={','.join(CONTROLLERS)}",
+                f"--bind-address={HOST}", f"--secure-port={kcm_port}",
+                f"--cert-dir={self.workdir / 'kcm'}", f"--root-ca-file={self.pki.ca.cert}",
+                "--use-service-account-credentials=false", "--kube-api-qps=200", "--kube-api-burst=400",
+                "--concurrent-gc-syncs=5", "--v=1",
+            ], f"https://{HOST}:{kcm_port}/healthz", logs / "kube-controller-manager.log"),
+            Component("kube-scheduler", [
+                str(bins / "kube-scheduler"), f"--kubeconfig={sched_kubeconfig}",
+                f"--authentication-kubeconfig={sched_kubeconfig}",
+                f"--authorization-kubeconfig={sched_kubeconfig}",
+                "--leader-elect=false", f"--bind-address={HOST}", f"--secure-port={sched_port}",
+                f"--cert-dir={self.workdir / 'scheduler'}", "--v=1",
+            ], f"https://{HOST}:{sched_port}/healthz", logs / "kube-scheduler.log"),
+        ]
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def start(self, timeout: float = 120.0) -> None:
+        self._prepare()
+        deadline = time.monotonic() + timeout
+        try:
+            for component in self.components:
+                self._spawn(component)
+                # The apiserver needs etcd; the controllers need the apiserver. Wait in order.
+                if component.name in ("etcd", "kube-apiserver"):
+                    self._wait_healthy(component, deadline)
+            for component in self.components[2:]:
+                self._wait_healthy(component, deadline)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _spawn(self, component: Component) -> None:
+        log = component.log_path.open("ab")
+        component.process = subprocess.Popen(
+            component.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,  # own process group: stop() kills it and its children by PID
+        )
+        log.close()
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.pki.ca.cert))
+        admin = self.pki_dir / "admin"
+        context.load_cert_chain(f"{admin}.crt", f"{admin}.key")
+        return context
+
+    def _probe(self, component: Component) -> str:
+        context: ssl.SSLContext | None = None
+        if component.health_url.startswith("https://"):
+            if component.name == "kube-apiserver":
+                context = self._ssl_context()
+            else:  # the controller-manager and scheduler serve self-signed certs on loopback
+                context = ssl._create_unverified_context()  # noqa: S323 - health probe only
+        try:
+            with urllib.request.urlopen(component.health_url, timeout=2, context=context) as response:
+                return response.read().decode(errors="replace")
+        except (urllib.error.URLError, OSError) as error:
+            return f"not ready: {error}"
+
+    def _wait_healthy(self, component: Component, deadline: float) -> None:
+        last = ""
+        while time.monotonic() < deadline:
+            assert component.process is not None
+            if component.process.poll() is not None:
+                raise ControlPlaneError(self._failure(
+                    f"{component.name} exited with code {component.process.returncode}"))
+            last = self._probe(component)
+            if last.strip() in ("ok", '{"health":"true","reason":""}') or '"health":"true"' in last:
+                return
+            time.sleep(0.2)  # polling interval of a health endpoint, not synchronisation by delay
+        raise ControlPlaneError(self._failure(f"{component.name} not healthy before the deadline: {last}"))
+
+    def _failure(self, headline: str) -> str:
+        parts = [headline, f"binaries: {self.bin_dir}"]
+        for component in self.components:
+            parts.append(f"--- {component.name} log tail ({component.log_path}) ---\n{component.log_tail()}")
+        return "\n".join(parts)
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop every process this object started, newest first, by process group ID."""
+        for component in reversed(self.components):
+            process = component.process
+            if process is None or process.poll() is not None:
+                continue
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+                process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            except ProcessLookupError:
+                pass
+        if getattr(self, "etcd_dir", None):
+            shutil.rmtree(self.etcd_dir, ignore_errors=True)
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None,
+                timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run the control plane's own kubectl against it (what a user would type)."""
+        return subprocess.run(
+            [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+            check=check, capture_output=True, text=True, input=input, timeout=timeout,
+        )
+

@@ -1,0 +1,79 @@
+"""Session-wide fixtures: one real control plane per test run, a Kube client, scratch namespaces
+and fake Nodes per test. Nothing here fakes the API server; without binaries the run fails with
+the command that fixes it."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from gpudra_driver.kubeapi import Kube, Obj, connect
+from gpudra_operator.localcluster.controlplane import ControlPlane, find_binaries
+from gpudra_operator.localcluster.objects import (create_fake_node, create_scratch_namespace,
+                                                  delete_namespace, delete_node)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """etcd + kube-apiserver + kube-controller-manager + kube-scheduler, started once."""
+    plane = ControlPlane(find_binaries(), tmp_path_factory.mktemp("cluster"))
+    started = time.monotonic()
+    plane.start()
+    print(f"\n[cluster] control plane ready in {time.monotonic() - started:.1f}s at {plane.server}")
+    previous = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = str(plane.kubeconfig)
+    try:
+        yield plane
+    finally:
+        plane.stop()
+        if previous is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = previous
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def kube(cluster: ControlPlane) -> AsyncIterator[Kube]:
+    api = await connect(str(cluster.kubeconfig))
+    try:
+        yield Kube(api, field_manager="gpudra-tests")
+    finally:
+        await api.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def namespace(kube: Kube) -> AsyncIterator[str]:
+    name = await create_scratch_namespace(kube)
+    try:
+        yield name
+    finally:
+        await delete_namespace(kube, name)
+
+
+FakeNodeFactory = Callable[..., Awaitable[Obj]]
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def fake_nodes(kube: Kube) -> AsyncIterator[FakeNodeFactory]:
+    """Factory for fake Nodes with unique names; all of them are deleted after the test."""
+    created: list[str] = []
+
+    async def make(prefix: str = "node", labels: dict[str, str] | None = None) -> Obj:
+        name = f"{prefix}-{secrets.token_hex(3)}"
+        node = await create_fake_node(kube, name, labels)
+        created.append(name)
+        return node
+
+    try:
+        yield make
+    finally:
+        for name in created:
+            await delete_node(kube, name)
