@@ -198,3 +198,28 @@ class Kube:
             if error.status == 404:
                 return False
             raise
+
+    async def watch(self, rtype: ResourceType, namespace: str | None = None, *,
+                    label_selector: str | None = None, field_selector: str | None = None,
+                    resource_version: str | None = None,
+                    timeout_seconds: int = 300) -> AsyncIterator[tuple[str, Obj]]:
+        """Stream (event type, object) pairs from one watch request until the server closes it.
+
+        Callers own the list-then-watch loop and handle ``ERROR`` events (410 Gone: relist)."""
+        query = {"watch": "true", "labelSelector": label_selector, "fieldSelector": field_selector,
+                 "resourceVersion": resource_version, "allowWatchBookmarks": "true",
+                 "timeoutSeconds": timeout_seconds}
+        response = await self.api.call_api(
+            rtype.path(namespace), "GET", query_params=[(k, v) for k, v in query.items() if v is not None],
+            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+            _preload_content=False, _request_timeout=timeout_seconds + 30,
+        )
+        try:
+            while True:
+                line = await response.content.readline()
+                if not line:
+                    return
+                event = json.loads(line)
+                yield event["type"], event["object"]
+        finally:
+            response.release()
