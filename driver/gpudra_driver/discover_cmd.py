@@ -1,0 +1,102 @@
+"""`gpudra discover`: what this node's agent would publish, without a cluster.
+
+Runs discovery (real NVML or a simulated profile) and prints the devices and the ResourceSlices the
+agent would write. Imports of NVML, YAML and the driver modules happen inside :func:`run` so the
+`gpudra` CLI stays fast for every other subcommand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from typing import Any
+
+DEFAULT_DRIVER = "gpu.gpudra.io"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "discover",
+        help="list this node's GPUs and the ResourceSlices the agent would publish (no cluster needed)",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    parser.add_argument(
+        "--nvml",
+        default=None,
+        metavar="real|fake:PROFILE",
+        help="NVML to use: 'real' or 'fake:<profile name or YAML path>' (default: $GPUDRA_NVML or real)",
+    )
+    parser.add_argument("-o", "--output", choices=["table", "yaml", "json"], default="table")
+    parser.add_argument(
+        "--node-name",
+        default=None,
+        help="node (and pool) name (default: $NODE_NAME, else the hostname)",
+    )
+    parser.add_argument("--node-uid", default=None, help="Node UID for ownerReferences (default: none)")
+    parser.add_argument("--driver", default=DEFAULT_DRIVER, help="DRA driver name (default: %(default)s)")
+    parser.add_argument("--generation", type=int, default=1, help="pool generation (default: %(default)s)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpudra_driver import limits
+    from gpudra_driver.discovery import numa_node_from_sysfs, scan
+    from gpudra_driver.nvml import NvmlUnavailable, load_nvml, resolve_spec
+    from gpudra_driver.slices import build_slices, device_to_api
+
+    node = args.node_name or os.environ.get("NODE_NAME") or socket.gethostname().lower()
+    spec = resolve_spec(args.nvml)
+    try:
+        nvml = load_nvml(spec)
+        # sysfs knows NUMA nodes NVML may not; only consult it for the real hardware.
+        result = scan(nvml, numa_node_of=numa_node_from_sysfs if spec == "real" else None)
+        slices = build_slices(args.driver, node, args.node_uid, args.generation, result.devices)
+    except NvmlUnavailable as exc:
+        print(f"gpudra discover: {exc}", file=sys.stderr)
+        return 1
+    except (ValueError, limits.LimitError) as exc:
+        print(f"gpudra discover: {exc}", file=sys.stderr)
+        return 2
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+
+    if args.output == "table":
+        print(_table(result.devices))
+        print(f"\n{len(result.devices)} device(s) in {len(slices)} ResourceSlice(s) for node {node}, "
+              f"driver {args.driver}")
+        return 0
+    doc = {
+        "node": node,
+        "driver": args.driver,
+        "devices": [device_to_api(d) for d in result.devices],
+        "resourceSlices": slices,
+        "warnings": list(result.warnings),
+    }
+    if args.output == "json":
+        import json
+
+        print(json.dumps(doc, indent=2))
+    else:
+        import yaml
+
+        print(yaml.safe_dump(doc, sort_keys=False), end="")
+    return 0
+
+
+def _table(devices: list[Any]) -> str:
+    header = ("NAME", "TYPE", "PRODUCT", "MEMORY(GiB)", "CC", "UUID")
+    rows = [header] + [
+        (
+            d.name,
+            d.type,
+            str(d.attr("productName") or "") + (f" MIG {d.attr('profile')}" if d.type == "mig" else ""),
+            f"{d.capacity.get('memory', 0) / 2**30:.1f}",
+            ".".join(str(d.attr("cudaComputeCapability") or "").split(".")[:2]),
+            str(d.attr("uuid") or ""),
+        )
+        for d in devices
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)

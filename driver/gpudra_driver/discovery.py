@@ -1,0 +1,311 @@
+"""GPU discovery: NVML in, the device model out.
+
+``scan(nvml)`` depends only on the NVML object it is given (pynvml or the simulator), so it is a
+pure function of that object's answers. It owns the NVML session (init ... shutdown).
+
+Failure policy: NVML that cannot start or cannot enumerate raises :class:`NvmlUnavailable` with a
+message that says what to check. A GPU (or one MIG device) that fails mid-scan is skipped and
+reported in ``warnings``; the others are still returned, because one bad GPU must not take the
+node's healthy ones off the market.
+
+MIG: see :mod:`gpudra_driver.devicemodel`; a GPU whose current MIG mode is enabled is published only
+through its MIG devices.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpudra_driver.devicemodel import (
+    STANDARD_DOMAIN,
+    AttrValue,
+    Device,
+    cuda_version_from_int,
+    gpu_device_name,
+    mig_device_name,
+    normalize_pci_bus_id,
+    normalize_version,
+)
+from gpudra_driver.nvml import NvmlUnavailable
+
+__all__ = ["Discovery", "NvmlUnavailable", "discover", "mig_profile_name", "numa_node_from_sysfs", "scan"]
+
+log = logging.getLogger(__name__)
+
+_MIB = 1024 * 1024
+_GIB = 1024 * _MIB
+PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
+
+# NVML enums -> the strings NVIDIA's own tooling publishes (go-nvlib GetBrandAsString /
+# GetArchitectureAsString), so CEL written for gpu.nvidia.com reads the same here.
+BRANDS = {
+    0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan",
+    7: "NvidiaVApps", 8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS", 11: "NvidiaCloudGaming",
+    12: "QuadroRTX", 13: "NvidiaRTX", 14: "Nvidia", 15: "GeForceRTX", 16: "TitanRTX",
+}
+ARCHITECTURES = {
+    2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere",
+    8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell",
+}
+
+# What to tell an operator for each way nvmlInit fails (pynvml NVMLError_<name>).
+_INIT_HINTS = {
+    "NVMLError_LibraryNotFound": "libnvidia-ml.so.1 was not found: install the NVIDIA driver on the "
+    "node, or mount the driver root into the container and put its lib dir on LD_LIBRARY_PATH",
+    "NVMLError_DriverNotLoaded": "the NVIDIA kernel driver is not loaded: check `nvidia-smi` and "
+    "`lsmod | grep nvidia` on the node",
+    "NVMLError_NoPermission": "no permission to open /dev/nvidia*: run the agent with access to the "
+    "GPU device nodes",
+    "NVMLError_LibRmVersionMismatch": "the NVML library and the kernel driver have different "
+    "versions: reload the driver or reboot the node after a driver upgrade",
+}
+_SIMULATE_HINT = "to run without GPUs, use --nvml fake:<profile> or GPUDRA_NVML=fake:<profile>"
+
+
+@dataclass(frozen=True)
+class Discovery:
+    devices: list[Device]
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _System:
+    driver_version: str
+    cuda_driver_version: str
+
+
+class _CallFailed(Exception):
+    """An NVML call failed; carries which call, for a warning a human can act on."""
+
+    def __init__(self, call: str, error: Exception) -> None:
+        super().__init__(f"{call} failed: {error}")
+        self.error = error
+
+
+def discover(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = None) -> list[Device]:
+    """The devices to publish; warnings are logged. See :func:`scan`."""
+    result = scan(nvml, numa_node_of=numa_node_of)
+    for warning in result.warnings:
+        log.warning("%s", warning)
+    return result.devices
+
+
+def scan(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = None) -> Discovery:
+    """Enumerate GPUs and MIG devices. ``numa_node_of(pci_bus_id)`` is the fallback when NVML has no
+    NUMA answer (e.g. :func:`numa_node_from_sysfs`); without it such devices carry no numaNode."""
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        hint = _INIT_HINTS.get(type(exc).__name__, f"nvmlInit failed: {exc}")
+        raise NvmlUnavailable(f"NVML unavailable: {hint}; {_SIMULATE_HINT}") from exc
+    try:
+        try:
+            system = _System(
+                driver_version=normalize_version(_text(nvml.nvmlSystemGetDriverVersion())),
+                cuda_driver_version=cuda_version_from_int(_cuda_driver_version(nvml)),
+            )
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as exc:
+            raise NvmlUnavailable(f"NVML started but cannot enumerate GPUs: {exc}") from exc
+        devices: list[Device] = []
+        warnings: list[str] = []
+        for index in range(count):
+            try:
+                devices += _scan_gpu(nvml, index, system, numa_node_of, warnings)
+            except (_CallFailed, ValueError) as exc:
+                warnings.append(f"GPU {index} skipped: {exc}")
+        return Discovery(devices, warnings)
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError as exc:  # nothing left to protect; do not mask the result
+            log.debug("nvmlShutdown failed: %s", exc)
+
+
+def _scan_gpu(
+    nvml: Any,
+    index: int,
+    system: _System,
+    numa_node_of: Callable[[str], int | None] | None,
+    warnings: list[str],
+) -> list[Device]:
+    call = _caller(nvml)
+    handle = call("nvmlDeviceGetHandleByIndex", index)
+    major, minor_cc = call("nvmlDeviceGetCudaComputeCapability", handle)
+    bus_id = _optional(nvml, lambda: normalize_pci_bus_id(_text(call("nvmlDeviceGetPciInfo", handle).busId)))
+    numa = _numa_node(nvml, handle, bus_id, numa_node_of)
+    common: dict[str, AttrValue] = {
+        "productName": AttrValue.of_string(_text(call("nvmlDeviceGetName", handle))),
+        "brand": AttrValue.of_string(BRANDS.get(call("nvmlDeviceGetBrand", handle), "Unknown")),
+        "architecture": AttrValue.of_string(
+            _optional(nvml, lambda: ARCHITECTURES.get(call("nvmlDeviceGetArchitecture", handle))) or "Unknown"
+        ),
+        "cudaComputeCapability": AttrValue.of_version(normalize_version(f"{major}.{minor_cc}")),
+        "driverVersion": AttrValue.of_version(system.driver_version),
+        "cudaDriverVersion": AttrValue.of_version(system.cuda_driver_version),
+    }
+    if bus_id is not None:
+        common[PCI_BUS_ID] = AttrValue.of_string(bus_id)
+    if numa is not None:
+        common["numaNode"] = AttrValue.of_int(numa)
+    uuid = _text(call("nvmlDeviceGetUUID", handle))
+    minor = call("nvmlDeviceGetMinorNumber", handle)
+    memory = call("nvmlDeviceGetMemoryInfo", handle).total
+
+    mig_mode = _optional(nvml, lambda: call("nvmlDeviceGetMigMode", handle))  # None: no MIG support
+    if mig_mode is not None and mig_mode[0] != mig_mode[1]:
+        warnings.append(
+            f"GPU {index} ({uuid}) has a MIG mode change pending; publishing by the current mode "
+            "until the GPU is reset"
+        )
+    if mig_mode is None or mig_mode[0] != nvml.NVML_DEVICE_MIG_ENABLE:
+        return [
+            Device(
+                name=gpu_device_name(index),
+                attributes={
+                    "type": AttrValue.of_string("gpu"),
+                    "uuid": AttrValue.of_string(uuid),
+                    **common,
+                    "index": AttrValue.of_int(index),
+                    "minor": AttrValue.of_int(minor),
+                },
+                capacity={"memory": memory},
+            )
+        ]
+
+    migs: list[Device] = []
+    for slot in range(call("nvmlDeviceGetMaxMigDeviceCount", handle)):
+        try:
+            mig_handle = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except (nvml.NVMLError_NotFound, nvml.NVMLError_InvalidArgument):
+            continue  # empty slot, as go-nvlib's VisitMigDevices treats it
+        except nvml.NVMLError as exc:
+            warnings.append(f"MIG slot {slot} on GPU {index} skipped: nvmlDeviceGetMigDeviceHandleByIndex failed: {exc}")
+            continue
+        try:
+            migs.append(_mig_device(call, mig_handle, slot, index, uuid, minor, memory, common))
+        except (_CallFailed, ValueError) as exc:
+            warnings.append(f"MIG device {slot} on GPU {index} skipped: {exc}")
+    if not migs:
+        warnings.append(
+            f"GPU {index} ({uuid}) has MIG mode enabled but no MIG devices: it publishes nothing "
+            "until MIG devices are created or MIG mode is disabled"
+        )
+    return migs
+
+
+def _mig_device(
+    call: Callable[..., Any],
+    handle: Any,
+    slot: int,
+    parent_index: int,
+    parent_uuid: str,
+    parent_minor: int,
+    parent_memory: int,
+    common: dict[str, AttrValue],
+) -> Device:
+    attrs = call("nvmlDeviceGetAttributes", handle)
+    gi = call("nvmlDeviceGetGpuInstanceId", handle)
+    ci = call("nvmlDeviceGetComputeInstanceId", handle)
+    profile = mig_profile_name(
+        attrs.gpuInstanceSliceCount, attrs.computeInstanceSliceCount, attrs.memorySizeMB, parent_memory
+    )
+    return Device(
+        name=mig_device_name(parent_index, profile, gi, ci),
+        attributes={
+            "type": AttrValue.of_string("mig"),
+            "uuid": AttrValue.of_string(_text(call("nvmlDeviceGetUUID", handle))),
+            **common,
+            "index": AttrValue.of_int(slot),
+            "profile": AttrValue.of_string(profile),
+            "parentUUID": AttrValue.of_string(parent_uuid),
+            "parentIndex": AttrValue.of_int(parent_index),
+            "parentMinor": AttrValue.of_int(parent_minor),
+            "gpuInstanceId": AttrValue.of_int(gi),
+            "computeInstanceId": AttrValue.of_int(ci),
+        },
+        capacity={
+            # memorySizeMB is MiB; NVIDIA's driver publishes the same product.
+            "memory": attrs.memorySizeMB * _MIB,
+            "multiprocessors": attrs.multiprocessorCount,
+            "copyEngines": attrs.sharedCopyEngineCount,
+            "decoders": attrs.sharedDecoderCount,
+            "encoders": attrs.sharedEncoderCount,
+            "jpegEngines": attrs.sharedJpegCount,
+            "ofaEngines": attrs.sharedOfaCount,
+        },
+    )
+
+
+def mig_profile_name(gi_slices: int, ci_slices: int, memory_mib: int, parent_memory_bytes: int) -> str:
+    """NVIDIA's profile name from instance sizes: ``3g.40gb``, or ``1c.3g.40gb`` when the compute
+    instance is smaller than its GPU instance. The memory part is the instance's share of the GPU
+    rounded up to eighths, times the GPU's memory in whole GiB (the rule go-nvlib uses), so an
+    A100-80GB instance of 9728 MiB is "10gb" and an H200 one of 16384 MiB is "18gb"."""
+    fraction = math.ceil(memory_mib * _MIB / parent_memory_bytes * 8) / 8
+    gb = round(fraction * math.ceil(parent_memory_bytes / _GIB))
+    prefix = f"{ci_slices}c." if ci_slices < gi_slices else ""
+    return f"{prefix}{gi_slices}g.{gb}gb"
+
+
+def numa_node_from_sysfs(bus_id: str, sysfs: Path = Path("/sys")) -> int | None:
+    """The kernel's NUMA node for a PCI device (``-1``, missing or unreadable: unknown)."""
+    try:
+        value = int((sysfs / "bus/pci/devices" / bus_id / "numa_node").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return value if value >= 0 else None
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _caller(nvml: Any) -> Callable[..., Any]:
+    def call(name: str, *args: Any) -> Any:
+        try:
+            return getattr(nvml, name)(*args)
+        except nvml.NVMLError as exc:
+            raise _CallFailed(name, exc) from exc
+
+    return call
+
+
+def _optional(nvml: Any, query: Callable[[], Any]) -> Any:
+    """A query whose 'not supported' answer means 'unknown', not 'broken GPU'."""
+    try:
+        return query()
+    except _CallFailed as exc:
+        if isinstance(exc.error, (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound)):
+            return None
+        raise
+
+
+def _numa_node(
+    nvml: Any, handle: Any, bus_id: str | None, numa_node_of: Callable[[str], int | None] | None
+) -> int | None:
+    get = getattr(nvml, "nvmlDeviceGetNumaNodeId", None)  # absent in older nvidia-ml-py
+    if get is not None:
+        try:
+            node = get(handle)
+            if node >= 0:
+                return int(node)
+        except nvml.NVMLError:
+            pass  # optional attribute: fall back rather than drop the GPU
+    if numa_node_of is not None and bus_id is not None:
+        return numa_node_of(bus_id)
+    return None
+
+
+def _cuda_driver_version(nvml: Any) -> int:
+    get = getattr(nvml, "nvmlSystemGetCudaDriverVersion_v2", None) or nvml.nvmlSystemGetCudaDriverVersion
+    return int(get())
+
+
+def _text(value: str | bytes) -> str:
+    # nvidia-ml-py decodes to str since 11.x; older releases return bytes.
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,150 @@
+"""Kubernetes resource.k8s.io/v1 limits, in one place, with checks that fail before the API server does.
+
+Numbers come from ``k8s.io/api/resource/v1/types.go`` and the apiserver's resource validation
+(Kubernetes 1.34/1.35); see shared/reference/dra-api.md section 4. Every check raises
+:class:`LimitError`, which names the object and the rule it broke, so a caller can log one line
+that says what to fix.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sized
+
+# ResourceSlice
+MAX_DEVICES_PER_SLICE = 128  # ResourceSliceMaxDevices
+MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS = 64  # ...WithTaintsOrConsumesCounters
+MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE = 32  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
+MAX_POOL_NAME_LENGTH = 253
+MAX_DRIVER_NAME_LENGTH = 63  # DriverNameMaxLength (a DNS subdomain, validated like a CSI driver)
+
+# Device attributes
+MAX_ATTRIBUTE_STRING_LENGTH = 64  # DeviceAttributeMaxValueLength: string and version values
+MAX_ID_LENGTH = 32  # DeviceMaxIDLength: the C identifier part of a qualified name
+MAX_DOMAIN_LENGTH = 63  # DeviceMaxDomainLength
+
+# Object metadata
+MAX_DNS_LABEL_LENGTH = 63  # device names, label values
+MAX_DNS_SUBDOMAIN_LENGTH = 253  # object names
+MAX_LABEL_VALUE_LENGTH = 63
+
+# DeviceClass / ResourceClaim CEL
+MAX_CEL_EXPRESSION_LENGTH = 10 * 1024  # CELSelectorExpressionMaxLength
+MAX_CEL_COST = 1_000_000  # CELSelectorExpressionMaxCost
+MAX_SELECTORS = 32
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+# Semantic Versioning 2.0.0, the grammar the apiserver uses for `version` attributes.
+_SEMVER = re.compile(
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
+
+
+class LimitError(ValueError):
+    """A value the API server would reject. ``subject`` names the object, ``rule`` the limit."""
+
+    def __init__(self, subject: str, rule: str) -> None:
+        super().__init__(f"{subject}: {rule}")
+        self.subject = subject
+        self.rule = rule
+
+
+def is_dns_label(value: str) -> bool:
+    return len(value) <= MAX_DNS_LABEL_LENGTH and bool(_DNS_LABEL.match(value))
+
+
+def is_dns_subdomain(value: str) -> bool:
+    return (
+        0 < len(value) <= MAX_DNS_SUBDOMAIN_LENGTH
+        and all(_DNS_LABEL.match(part) for part in value.split("."))
+    )
+
+
+def is_semver(value: str) -> bool:
+    return bool(_SEMVER.match(value))
+
+
+def is_label_value(value: str) -> bool:
+    return len(value) <= MAX_LABEL_VALUE_LENGTH and bool(_LABEL_VALUE.match(value))
+
+
+def check_dns_label(subject: str, value: str) -> None:
+    if not is_dns_label(value):
+        raise LimitError(
+            subject,
+            f"{value!r} is not a DNS label (lowercase alphanumerics and '-', "
+            f"alphanumeric at both ends, at most {MAX_DNS_LABEL_LENGTH} characters)",
+        )
+
+
+def check_dns_subdomain(subject: str, value: str, max_length: int = MAX_DNS_SUBDOMAIN_LENGTH) -> None:
+    if not is_dns_subdomain(value) or len(value) > max_length:
+        raise LimitError(
+            subject, f"{value!r} is not a DNS subdomain of at most {max_length} characters"
+        )
+
+
+def check_driver_name(value: str) -> None:
+    check_dns_subdomain("driver name", value, MAX_DRIVER_NAME_LENGTH)
+
+
+def check_qualified_name(subject: str, name: str) -> None:
+    """A bare C identifier (the driver's own domain) or ``<domain>/<C identifier>``."""
+    domain, sep, ident = name.rpartition("/")
+    if sep:
+        check_dns_subdomain(f"{subject} domain", domain, MAX_DOMAIN_LENGTH)
+    if len(ident) > MAX_ID_LENGTH or not _C_IDENTIFIER.match(ident):
+        raise LimitError(
+            subject, f"{name!r}: name part must be a C identifier of at most {MAX_ID_LENGTH} characters"
+        )
+
+
+def check_string_value(subject: str, value: str) -> None:
+    if len(value) > MAX_ATTRIBUTE_STRING_LENGTH:
+        raise LimitError(
+            subject, f"string value is {len(value)} characters, the limit is {MAX_ATTRIBUTE_STRING_LENGTH}"
+        )
+
+
+def check_version_value(subject: str, value: str) -> None:
+    check_string_value(subject, value)
+    if not is_semver(value):
+        raise LimitError(subject, f"{value!r} is not a semantic version (MAJOR.MINOR.PATCH)")
+
+
+def check_int_value(subject: str, value: int) -> None:
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise LimitError(subject, f"{value} does not fit in int64")
+
+
+def check_device_entries(subject: str, attributes: Sized, capacity: Sized) -> None:
+    total = len(attributes) + len(capacity)
+    if total > MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE:
+        raise LimitError(
+            subject,
+            f"{total} attributes and capacities, the limit is "
+            f"{MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE}",
+        )
+
+
+def check_devices_per_slice(subject: str, count: int, *, taints_or_counters: bool = False) -> None:
+    limit = MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS if taints_or_counters else MAX_DEVICES_PER_SLICE
+    if count > limit:
+        raise LimitError(subject, f"{count} devices, the limit per ResourceSlice is {limit}")
+
+
+def check_labels(subject: str, labels: Mapping[str, str]) -> None:
+    for key, value in labels.items():
+        if not is_label_value(value):
+            raise LimitError(subject, f"label {key}={value!r} is not a valid label value")
+
+
+def check_cel_expression(subject: str, expression: str) -> None:
+    if len(expression.encode()) > MAX_CEL_EXPRESSION_LENGTH:
+        raise LimitError(subject, f"CEL expression exceeds {MAX_CEL_EXPRESSION_LENGTH} bytes")

@@ -1,0 +1,52 @@
+"""Choosing an NVML: the real one (pynvml from nvidia-ml-py) or a simulated one built from a profile.
+
+Both are module-like objects with pynvml's function names, constants and exception classes, so
+discovery is written once against that surface. Importing this package is cheap: pynvml and the
+simulator are imported only when :func:`load_nvml` asks for them.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from typing import Any
+
+ENV_VAR = "GPUDRA_NVML"
+DEFAULT_SPEC = "real"
+FAKE_PREFIX = "fake:"
+
+
+class NvmlUnavailable(RuntimeError):
+    """NVML cannot be used on this machine; the message says what to check."""
+
+
+def load_nvml(spec: str | None = None) -> Any:
+    """``"real"`` (default) -> the pynvml module; ``"fake:<profile>"`` -> a simulated NVML where
+    ``<profile>`` is a shipped profile name (see :func:`profile_names`) or a path to a YAML file.
+    ``spec=None`` reads ``$GPUDRA_NVML``. Raises :class:`NvmlUnavailable` when pynvml is missing and
+    ``ValueError`` for a bad spec or profile."""
+    spec = resolve_spec(spec)
+    if spec == "real":
+        try:
+            import pynvml
+        except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a dependency
+            raise NvmlUnavailable(
+                f"cannot import pynvml ({exc}); install the nvidia-ml-py package"
+            ) from exc
+        return pynvml
+    if spec.startswith(FAKE_PREFIX):
+        from gpudra_driver.nvml.fake import FakeNvml, load_profile
+
+        return FakeNvml(load_profile(spec[len(FAKE_PREFIX):]))
+    raise ValueError(f"unknown NVML spec {spec!r}: use 'real' or 'fake:<profile>' ({', '.join(profile_names())})")
+
+
+def resolve_spec(spec: str | None) -> str:
+    """The spec in effect: the argument, else ``$GPUDRA_NVML``, else ``"real"``."""
+    return spec or os.environ.get(ENV_VAR) or DEFAULT_SPEC
+
+
+def profile_names() -> list[str]:
+    """Names of the shipped simulated-NVML profiles."""
+    folder = resources.files("gpudra_driver") / "profiles"
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))

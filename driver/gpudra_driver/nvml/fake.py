@@ -1,0 +1,431 @@
+"""A simulated NVML that behaves like pynvml for every call discovery makes.
+
+Same function names and argument lists, the same return shapes (pynvml's own ctypes structures
+where pynvml returns one, ``str`` where pynvml decodes to ``str``) and pynvml's own exception
+classes, so one ``except pynvml.NVMLError_NotSupported`` works against both. Error behaviour follows
+the NVML API reference:
+
+* every call before ``nvmlInit`` (or after the matching ``nvmlShutdown``) raises
+  ``NVMLError_Uninitialized``; init/shutdown are reference counted like the real library;
+* MIG queries on a GPU without MIG support raise ``NVMLError_NotSupported``;
+  ``nvmlDeviceGetMaxMigDeviceCount`` returns 0 when MIG is unsupported or disabled;
+* ``nvmlDeviceGetMigDeviceHandleByIndex``: ``NotFound`` for an empty slot and whenever MIG is
+  disabled, ``InvalidArgument`` past the max count of a MIG-enabled GPU;
+* MIG-instance queries (GPU/compute instance ID, parent handle) on a full-GPU handle raise
+  ``NVMLError_InvalidArgument``; ``nvmlDeviceGetAttributes`` on a full GPU raises ``NotSupported``;
+  per-GPU queries (minor, PCI, NUMA, MIG mode) on a MIG handle raise ``NotSupported``.
+
+The MIG-disabled and full-GPU answers were checked against NVML 580.159.04 on an H200.
+
+Profiles (YAML) describe the machine; see ``gpudra_driver/profiles/*.yaml`` and
+:func:`load_profile`. Fault injection per GPU or MIG device: ``fail: true`` makes
+``nvmlDeviceGetUUID`` raise ``NVMLError_Unknown``; ``fail: {nvmlDeviceGetMemoryInfo: GpuIsLost}``
+makes the named call raise ``NVMLError_<name>``. A profile-level ``initError: DriverNotLoaded``
+makes ``nvmlInit`` fail.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pynvml
+import yaml
+
+_MIB = 1024 * 1024
+
+
+# -- profile ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MigSpec:
+    uuid: str
+    profile: str  # as NVML names it in the device name, e.g. "3g.40gb"
+    gpu_instance_id: int
+    compute_instance_id: int
+    attributes: dict[str, int]  # the fields of pynvml.c_nvmlDeviceAttributes
+    fail: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    uuid: str
+    brand: int
+    architecture: int
+    compute_capability: tuple[int, int]
+    memory_mib: int
+    memory_used_mib: int
+    minor: int
+    bus_id: str  # NVML form, "00000000:3B:00.0"
+    pci_device_id: int
+    pci_subsystem_id: int
+    numa_node: int | None
+    mig_capable: bool
+    mig_mode: tuple[int, int]  # (current, pending)
+    max_mig_devices: int
+    migs: dict[int, MigSpec]  # slot -> device
+    fail: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    driver_version: str
+    cuda_driver_version: int
+    gpus: tuple[GpuSpec, ...]
+    init_error: str | None = None
+
+
+_GPU_KEYS = {
+    "name", "uuid", "brand", "architecture", "cudaComputeCapability", "memoryMiB", "memoryUsedMiB",
+    "minor", "busId", "pciDeviceId", "pciSubSystemId", "numaNode", "migCapable", "migMode",
+    "migModePending", "maxMigDevices", "migDevices", "fail",
+}
+_MIG_KEYS = {"uuid", "profile", "gpuInstanceId", "computeInstanceId", "slot", "attributes", "fail"}
+_MIG_ATTRIBUTE_KEYS = {name for name, _ in pynvml.c_nvmlDeviceAttributes._fields_}
+_PROFILE_KEYS = {"description", "driverVersion", "cudaDriverVersion", "initError", "defaults", "gpus"}
+
+
+def load_profile(ref: str) -> Profile:
+    """A shipped profile by name (``dgx-h100``) or a YAML file by path (``/tmp/x.yaml``)."""
+    if "/" in ref or ref.endswith((".yaml", ".yml")):
+        path = Path(ref)
+        if not path.is_file():
+            raise ValueError(f"NVML profile file {ref!r} does not exist")
+        text, name = path.read_text(), path.stem
+    else:
+        resource = resources.files("gpudra_driver") / "profiles" / f"{ref}.yaml"
+        if not resource.is_file():
+            from gpudra_driver.nvml import profile_names
+
+            raise ValueError(f"unknown NVML profile {ref!r}; shipped profiles: {', '.join(profile_names())}")
+        text, name = resource.read_text(), ref
+    return parse_profile(name, yaml.safe_load(text))
+
+
+def parse_profile(name: str, doc: Any) -> Profile:
+    if not isinstance(doc, dict):
+        raise ValueError(f"NVML profile {name}: expected a mapping at the top level")
+    _no_unknown_keys(f"profile {name}", doc, _PROFILE_KEYS)
+    defaults = doc.get("defaults") or {}
+    _no_unknown_keys(f"profile {name} defaults", defaults, _GPU_KEYS)
+    gpus = tuple(
+        _parse_gpu(f"profile {name} gpus[{i}]", i, {**defaults, **raw})
+        for i, raw in enumerate(doc.get("gpus") or [])
+    )
+    init_error = doc.get("initError")
+    if init_error is not None:
+        _error_class(init_error)  # fail on a typo at load time, not at nvmlInit
+    return Profile(
+        name=name,
+        description=str(doc.get("description", "")),
+        driver_version=str(doc["driverVersion"]),
+        cuda_driver_version=int(doc["cudaDriverVersion"]),
+        gpus=gpus,
+        init_error=init_error,
+    )
+
+
+def _parse_gpu(where: str, index: int, raw: dict[str, Any]) -> GpuSpec:
+    _no_unknown_keys(where, raw, _GPU_KEYS)
+    try:
+        cc = raw["cudaComputeCapability"]
+        major, minor = (int(x) for x in (cc.split(".") if isinstance(cc, str) else cc))
+        mig_capable = bool(raw.get("migCapable", False))
+        current = _mig_mode(raw.get("migMode", "disabled"))
+        pending = _mig_mode(raw.get("migModePending", raw.get("migMode", "disabled")))
+        migs: dict[int, MigSpec] = {}
+        for j, m in enumerate(raw.get("migDevices") or []):
+            _no_unknown_keys(f"{where} migDevices[{j}]", m, _MIG_KEYS)
+            _no_unknown_keys(f"{where} migDevices[{j}] attributes", m["attributes"], _MIG_ATTRIBUTE_KEYS)
+            migs[int(m.get("slot", j))] = MigSpec(
+                uuid=m["uuid"],
+                profile=m["profile"],
+                gpu_instance_id=int(m["gpuInstanceId"]),
+                compute_instance_id=int(m["computeInstanceId"]),
+                attributes={k: int(v) for k, v in m["attributes"].items()},
+                fail=_faults(m.get("fail")),
+            )
+        if migs and not (mig_capable and current):
+            raise ValueError("migDevices need migCapable: true and migMode: enabled")
+        return GpuSpec(
+            name=raw["name"],
+            uuid=raw["uuid"],
+            brand=_constant("NVML_BRAND_", raw["brand"]),
+            architecture=_constant("NVML_DEVICE_ARCH_", raw["architecture"]),
+            compute_capability=(major, minor),
+            memory_mib=int(raw["memoryMiB"]),
+            memory_used_mib=int(raw.get("memoryUsedMiB", 0)),
+            minor=int(raw.get("minor", index)),
+            bus_id=raw["busId"],
+            pci_device_id=int(raw["pciDeviceId"]),
+            pci_subsystem_id=int(raw.get("pciSubSystemId", 0)),
+            numa_node=None if raw.get("numaNode") is None else int(raw["numaNode"]),
+            mig_capable=mig_capable,
+            mig_mode=(current, pending),
+            max_mig_devices=int(raw.get("maxMigDevices", 7 if mig_capable else 0)),
+            migs=migs,
+            fail=_faults(raw.get("fail")),
+        )
+    except KeyError as exc:
+        raise ValueError(f"{where}: missing field {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def _no_unknown_keys(where: str, raw: Any, allowed: set[str]) -> None:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected a mapping")
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}")
+
+
+def _mig_mode(value: Any) -> int:
+    modes = {"enabled": pynvml.NVML_DEVICE_MIG_ENABLE, "disabled": pynvml.NVML_DEVICE_MIG_DISABLE}
+    if value not in modes:
+        raise ValueError(f"migMode must be 'enabled' or 'disabled', not {value!r}")
+    return modes[value]
+
+
+def _constant(prefix: str, value: Any) -> int:
+    """``NVIDIA`` -> ``pynvml.NVML_BRAND_NVIDIA``; ints pass through."""
+    if isinstance(value, int):
+        return value
+    const = getattr(pynvml, prefix + str(value).upper().replace(" ", "_"), None)
+    if not isinstance(const, int):
+        raise ValueError(f"unknown {prefix}* constant {value!r}")
+    return const
+
+
+def _faults(value: Any) -> dict[str, str]:
+    if not value:
+        return {}
+    faults = {"nvmlDeviceGetUUID": "Unknown"} if value is True else dict(value)
+    for err in faults.values():
+        _error_class(err)
+    return faults
+
+
+def _error_class(name: str) -> type[pynvml.NVMLError]:
+    cls = getattr(pynvml, f"NVMLError_{name}", None)
+    if not (isinstance(cls, type) and issubclass(cls, pynvml.NVMLError)):
+        raise ValueError(f"unknown NVML error {name!r} (expected e.g. Unknown, GpuIsLost, NotSupported)")
+    return cls
+
+
+# -- the simulated library --------------------------------------------------------------------
+
+
+class _Handle:
+    """Opaque like pynvml's c_nvmlDevice_t; callers only pass it back."""
+
+    __slots__ = ("gpu", "index", "mig", "slot")
+
+    def __init__(self, gpu: GpuSpec, index: int, mig: MigSpec | None = None, slot: int = -1) -> None:
+        self.gpu, self.index, self.mig, self.slot = gpu, index, mig, slot
+
+    def __repr__(self) -> str:
+        return f"<fake nvmlDevice {self.mig.uuid if self.mig else self.gpu.uuid}>"
+
+
+class FakeNvml:
+    """Module-like: ``nvml.nvmlInit()``, ``nvml.NVMLError_NotSupported``, ``nvml.NVML_BRAND_NVIDIA``."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self._refcount = 0
+
+    def __getattr__(self, name: str) -> Any:
+        # Constants and exception classes are pynvml's own; unimplemented functions are absent
+        # (AttributeError), so a caller's getattr(nvml, "nvmlX", None) sees what it would on old NVML.
+        if name.startswith(("NVML", "c_nvml", "nvmlPciInfo")):
+            return getattr(pynvml, name)
+        raise AttributeError(f"simulated NVML has no {name!r}")
+
+    def __repr__(self) -> str:
+        return f"<simulated NVML profile={self.profile.name}>"
+
+    # -- library ------------------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self.nvmlInitWithFlags(0)
+
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        if self.profile.init_error:
+            raise _error_class(self.profile.init_error)()
+        self._refcount += 1
+
+    def nvmlShutdown(self) -> None:
+        self._ready()
+        self._refcount -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._ready()
+        return self.profile.driver_version
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._ready()
+        return self.profile.cuda_driver_version
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        return self.nvmlSystemGetCudaDriverVersion()
+
+    # -- enumeration --------------------------------------------------------------------------
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._ready()
+        return len(self.profile.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
+        self._ready()
+        if not 0 <= index < len(self.profile.gpus):
+            raise pynvml.NVMLError_InvalidArgument()
+        return _Handle(self.profile.gpus[index], index)
+
+    def nvmlDeviceGetIndex(self, handle: _Handle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetIndex").index
+
+    # -- identity -----------------------------------------------------------------------------
+
+    def nvmlDeviceGetName(self, handle: _Handle) -> str:
+        h = self._any(handle, "nvmlDeviceGetName")
+        return f"{h.gpu.name} MIG {h.mig.profile}" if h.mig else h.gpu.name
+
+    def nvmlDeviceGetUUID(self, handle: _Handle) -> str:
+        h = self._any(handle, "nvmlDeviceGetUUID")
+        return h.mig.uuid if h.mig else h.gpu.uuid
+
+    def nvmlDeviceGetBrand(self, handle: _Handle) -> int:
+        return self._any(handle, "nvmlDeviceGetBrand").gpu.brand
+
+    def nvmlDeviceGetArchitecture(self, handle: _Handle) -> int:
+        return self._any(handle, "nvmlDeviceGetArchitecture").gpu.architecture
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: _Handle) -> tuple[int, int]:
+        return self._any(handle, "nvmlDeviceGetCudaComputeCapability").gpu.compute_capability
+
+    def nvmlDeviceGetMinorNumber(self, handle: _Handle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetMinorNumber").gpu.minor
+
+    def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: int | None = None) -> Any:
+        h = self._any(handle, "nvmlDeviceGetMemoryInfo")
+        if h.mig:
+            total, used = h.mig.attributes["memorySizeMB"] * _MIB, 0
+        else:
+            total, used = h.gpu.memory_mib * _MIB, h.gpu.memory_used_mib * _MIB
+        if version:
+            return pynvml.c_nvmlMemory_v2_t(version=version, total=total, reserved=0, free=total - used, used=used)
+        return pynvml.c_nvmlMemory_t(total=total, free=total - used, used=used)
+
+    def nvmlDeviceGetPciInfo(self, handle: _Handle) -> Any:
+        gpu = self._gpu(handle, "nvmlDeviceGetPciInfo").gpu
+        domain, bus, rest = gpu.bus_id.split(":")
+        dev = rest.split(".")[0]
+        return pynvml.nvmlPciInfo_t(
+            # NVML keeps the legacy 4-digit-domain form alongside the 8-digit one.
+            busIdLegacy=f"{int(domain, 16):04X}:{bus}:{rest}".encode(),
+            domain=int(domain, 16),
+            bus=int(bus, 16),
+            device=int(dev, 16),
+            pciDeviceId=gpu.pci_device_id,
+            pciSubSystemId=gpu.pci_subsystem_id,
+            busId=gpu.bus_id.encode(),
+        )
+
+    def nvmlDeviceGetPciInfo_v3(self, handle: _Handle) -> Any:
+        return self.nvmlDeviceGetPciInfo(handle)
+
+    def nvmlDeviceGetNumaNodeId(self, handle: _Handle) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetNumaNodeId").gpu
+        if gpu.numa_node is None:
+            raise pynvml.NVMLError_NotSupported()
+        return gpu.numa_node
+
+    # -- MIG ----------------------------------------------------------------------------------
+
+    def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:
+        gpu = self._mig_capable(handle, "nvmlDeviceGetMigMode")
+        return list(gpu.mig_mode)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: _Handle) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetMaxMigDeviceCount").gpu
+        enabled = gpu.mig_capable and gpu.mig_mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+        return gpu.max_mig_devices if enabled else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: _Handle, index: int) -> _Handle:
+        gpu = self._mig_capable(handle, "nvmlDeviceGetMigDeviceHandleByIndex")
+        if gpu.mig_mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+            raise pynvml.NVMLError_NotFound()
+        if not 0 <= index < gpu.max_mig_devices:
+            raise pynvml.NVMLError_InvalidArgument()
+        mig = gpu.migs.get(index)
+        if mig is None:
+            raise pynvml.NVMLError_NotFound()
+        return _Handle(gpu, handle.index, mig, index)
+
+    def nvmlDeviceIsMigDeviceHandle(self, handle: _Handle) -> Any:
+        h = self._any(handle, "nvmlDeviceIsMigDeviceHandle")
+        return ctypes.c_uint(1 if h.mig else 0)  # pynvml returns the c_uint itself
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: _Handle) -> _Handle:
+        h = self._mig(handle, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", pynvml.NVMLError_InvalidArgument)
+        return _Handle(h.gpu, h.index)
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: _Handle) -> int:
+        h = self._mig(handle, "nvmlDeviceGetGpuInstanceId", pynvml.NVMLError_InvalidArgument)
+        return h.mig.gpu_instance_id  # type: ignore[union-attr]
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: _Handle) -> int:
+        h = self._mig(handle, "nvmlDeviceGetComputeInstanceId", pynvml.NVMLError_InvalidArgument)
+        return h.mig.compute_instance_id  # type: ignore[union-attr]
+
+    def nvmlDeviceGetAttributes(self, handle: _Handle) -> Any:
+        mig = self._mig(handle, "nvmlDeviceGetAttributes", pynvml.NVMLError_NotSupported).mig
+        return pynvml.c_nvmlDeviceAttributes(**mig.attributes)  # type: ignore[union-attr]
+
+    def nvmlDeviceGetAttributes_v2(self, handle: _Handle) -> Any:
+        return self.nvmlDeviceGetAttributes(handle)
+
+    # -- checks shared by every call ------------------------------------------------------------
+
+    def _ready(self) -> None:
+        if self._refcount <= 0:
+            raise pynvml.NVMLError_Uninitialized()
+
+    def _any(self, handle: Any, call: str) -> _Handle:
+        self._ready()
+        if not isinstance(handle, _Handle):
+            raise pynvml.NVMLError_InvalidArgument()
+        faults = handle.mig.fail if handle.mig else handle.gpu.fail
+        if call in faults:
+            raise _error_class(faults[call])()
+        return handle
+
+    def _gpu(self, handle: Any, call: str) -> _Handle:
+        h = self._any(handle, call)
+        if h.mig:
+            _not_supported()
+        return h
+
+    def _mig(self, handle: Any, call: str, error: type[pynvml.NVMLError]) -> _Handle:
+        h = self._any(handle, call)
+        if not h.mig:
+            raise error()
+        return h
+
+    def _mig_capable(self, handle: Any, call: str) -> GpuSpec:
+        gpu = self._gpu(handle, call).gpu
+        if not gpu.mig_capable:
+            _not_supported()
+        return gpu
+
+
+def _not_supported() -> NoReturn:
+    raise pynvml.NVMLError_NotSupported()

@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpudra_driver import discover_cmd
+
+
+def gpudra(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="gpudra")
+    discover_cmd.add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["discover", *argv])
+    return args.run(args)
+
+
+def test_yaml_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gpudra("--nvml", "fake:dgx-h100", "--node-name", "gpu-node-1", "-o", "yaml") == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    assert doc["node"] == "gpu-node-1" and doc["driver"] == "gpu.gpudra.io"
+    assert [d["name"] for d in doc["devices"]] == [f"gpu-{i}" for i in range(8)]
+    [s] = doc["resourceSlices"]
+    assert s["metadata"]["name"] == "gpu-node-1-gpu-gpudra-io-0"
+    assert s["spec"]["nodeName"] == "gpu-node-1"
+    assert s["spec"]["devices"][0]["attributes"]["productName"] == {"string": "NVIDIA H100 80GB HBM3"}
+    assert s["spec"]["devices"][0]["capacity"]["memory"] == {"value": "81559Mi"}
+    assert "ownerReferences" not in s["metadata"]
+    assert doc["warnings"] == []
+
+
+def test_json_output_with_owner_and_driver(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = gpudra("--nvml", "fake:a100-80gb-mig", "--node-name", "n1", "--node-uid", "uid-1",
+                "--driver", "gpu.example.com", "--generation", "4", "-o", "json")
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    [s] = doc["resourceSlices"]
+    assert s["metadata"]["name"] == "n1-gpu-example-com-0"
+    assert s["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert s["spec"]["pool"] == {"name": "n1", "generation": 4, "resourceSliceCount": 1}
+    assert [d["attributes"]["profile"]["string"] for d in doc["devices"]] == ["3g.40gb", "1g.10gb", "1g.10gb"]
+
+
+def test_table_output(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "from-env")
+    monkeypatch.setenv("GPUDRA_NVML", "fake:l4x2")
+    assert gpudra() == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["NAME", "TYPE", "PRODUCT", "MEMORY(GiB)", "CC", "UUID"]
+    assert lines[1].split() == ["gpu-0", "gpu", "NVIDIA", "L4", "22.5", "8.9", "GPU-62d683dd-a608-5810-9a31-ff06c70237fb"]
+    assert lines[2].split()[0] == "gpu-1"
+    assert lines[-1] == "2 device(s) in 1 ResourceSlice(s) for node from-env, driver gpu.gpudra.io"
+
+
+def test_mig_rows_name_the_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gpudra("--nvml", "fake:a100-80gb-mig", "--node-name", "n") == 0
+    row = capsys.readouterr().out.splitlines()[1]
+    assert row.split()[:6] == ["gpu-0-mig-3g40gb-2-0", "mig", "NVIDIA", "A100-SXM4-80GB", "MIG", "3g.40gb"]
+    assert "39.2" in row.split() and "8.0" in row.split()
+
+
+def test_nvml_unavailable_is_one_line_and_nonzero(
+    capsys: pytest.CaptureFixture[str], profile_file: Callable[..., Path]
+) -> None:
+    path = profile_file("l4x2", lambda doc: doc.update(initError="DriverNotLoaded"))
+    assert gpudra("--nvml", f"fake:{path}", "--node-name", "n") == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("gpudra discover: NVML unavailable:")
+    assert "kernel driver is not loaded" in err
+
+
+def test_bad_profile_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gpudra("--nvml", "fake:nope", "--node-name", "n") == 2
+    assert "unknown NVML profile 'nope'" in capsys.readouterr().err
+
+
+def test_warnings_go_to_stderr(capsys: pytest.CaptureFixture[str], profile_file: Callable[..., Path]) -> None:
+    path = profile_file("l4x2", lambda doc: doc["gpus"][0].update(fail=True))
+    assert gpudra("--nvml", f"fake:{path}", "--node-name", "n", "-o", "json") == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert [d["name"] for d in doc["devices"]] == ["gpu-1"]
+    assert doc["warnings"] == ["GPU 0 skipped: nvmlDeviceGetUUID failed: Unknown Error"]
+    assert err == "warning: GPU 0 skipped: nvmlDeviceGetUUID failed: Unknown Error\n"
+
+
+def test_importing_the_command_is_cheap() -> None:
+    code = (
+        "import sys, gpudra_driver.discover_cmd\n"
+        "heavy = [m for m in ('pynvml', 'yaml', 'gpudra_driver.discovery', 'gpudra_driver.nvml.fake') if m in sys.modules]\n"
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
