@@ -11,6 +11,7 @@ import sys
 # subcommand -> module exposing add_parser(subparsers) and run(args) -> int
 SUBCOMMANDS: dict[str, str] = {
     "discover": "gpudra_driver.discover_cmd",
+    "agent": "gpudra_driver.agent_cmd",
     "local-cluster": "gpudra_operator.localcluster.cli",
 }
 

@@ -1,0 +1,89 @@
+"""`gpudra agent`: the node agent. Discovers GPUs through NVML and keeps this node's
+ResourceSlices equal to them.
+
+NVML failures never crash-loop the pod: the agent logs the reason with what to check, keeps the
+slices it already published (the kubelet wipes them if the agent goes away for good) and retries
+on every rescan."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+
+log = logging.getLogger("gpudra.agent")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("agent", help="run the node agent (discovery, ResourceSlice publishing)")
+    parser.add_argument("--driver", default=os.environ.get("GPUDRA_DRIVER", "gpu.gpudra.io"),
+                        help="DRA driver name (default: %(default)s)")
+    parser.add_argument("--node-name", default=os.environ.get("NODE_NAME") or socket.gethostname(),
+                        help="this node's name (default: $NODE_NAME, else the hostname)")
+    parser.add_argument("--nvml", default=None,
+                        help="'real' (default) or 'fake:<profile>' (also $GPUDRA_NVML)")
+    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
+                        help="kubeconfig file (default: $KUBECONFIG, else the in-cluster ServiceAccount)")
+    parser.add_argument("--rescan-interval", type=float, default=60.0,
+                        help="seconds between NVML rescans (default: %(default)s)")
+    parser.add_argument("--kubelet-dir", default="/var/lib/kubelet", help="the kubelet's root directory")
+    parser.add_argument("--cdi-dir", default="/var/run/cdi", help="where CDI specs are written")
+    parser.add_argument("--driver-root", default="/", help="host root of the NVIDIA driver files")
+    parser.add_argument("--log-format", choices=["text", "json"], default="text")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpudra_driver.logsetup import configure_logging
+
+    configure_logging(args.log_format)
+    return asyncio.run(_main(args))
+
+
+async def _rescan_loop(args: argparse.Namespace, publisher: object) -> None:
+    from gpudra_driver.discovery import NvmlUnavailable, scan
+    from gpudra_driver.nvml import load_nvml, resolve_spec
+
+    spec = resolve_spec(args.nvml)
+    while True:
+        try:
+            result = await asyncio.to_thread(scan, load_nvml(spec))
+            for warning in result.warnings:
+                log.warning("%s", warning)
+            if publisher.set_devices(result.devices):  # type: ignore[attr-defined]
+                log.info("discovered %d device(s) via NVML (%s): %s", len(result.devices), spec,
+                         ", ".join(d.name for d in result.devices) or "none")
+        except (NvmlUnavailable, ValueError) as error:
+            log.error("GPU discovery failed, keeping what is published and retrying in %.0fs: %s",
+                      args.rescan_interval, error)
+        await asyncio.sleep(args.rescan_interval)  # the rescan period itself, not a synchronisation
+
+
+async def _main(args: argparse.Namespace) -> int:
+    from gpudra_driver.kubeapi import Kube, connect
+    from gpudra_driver.publisher import SlicePublisher
+
+    api = await connect(args.kubeconfig)
+    kube = Kube(api, field_manager="gpudra-agent")
+    publisher = SlicePublisher(kube, args.driver, args.node_name)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    log.info("gpudra agent starting: driver %s, node %s", args.driver, args.node_name)
+    tasks = [asyncio.create_task(publisher.run(), name="publisher"),
+             asyncio.create_task(_rescan_loop(args, publisher), name="rescan")]
+    stopper = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await api.close()
+    failed = [t for t in done if t is not stopper and t.exception()]
+    for task in failed:
+        log.error("agent task %s failed: %r", task.get_name(), task.exception())
+    log.info("gpudra agent stopped; ResourceSlices left in place for the next instance")
+    return 1 if failed else 0

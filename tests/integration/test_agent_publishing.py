@@ -1,0 +1,178 @@
+"""The node agent, as a subprocess on simulated NVML, publishes exact ResourceSlices that the real
+scheduler allocates from, restores them when deleted, and republishes when devices change."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import yaml
+
+from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_operator.localcluster.agents import AgentProcess, start_agent
+from gpudra_operator.localcluster.controlplane import ControlPlane
+from gpudra_operator.localcluster.waiting import wait_for
+
+SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
+DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
+CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
+POD = resource_type("v1", "Pod")
+PROFILES = Path(__file__).resolve().parents[2] / "driver" / "gpudra_driver" / "profiles"
+
+
+@pytest.fixture
+def driver() -> str:
+    return f"a{secrets.token_hex(4)}.gpudra.io"
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def agents(cluster: ControlPlane, tmp_path: Path) -> AsyncIterator[Callable[..., AgentProcess]]:
+    started: list[AgentProcess] = []
+
+    def start(node_name: str, nvml: str, driver: str, **kwargs: object) -> AgentProcess:
+        agent = start_agent(kubeconfig=cluster.kubeconfig, node_name=node_name, nvml=nvml, driver=driver,
+                            workdir=tmp_path / node_name, **kwargs)  # type: ignore[arg-type]
+        started.append(agent)
+        return agent
+
+    yield start
+    for agent in started:
+        agent.stop()
+
+
+async def node_slices(kube: Kube, driver: str, node: str) -> list[Obj]:
+    return [s async for s in kube.list(SLICE, field_selector=f"spec.driver={driver},spec.nodeName={node}")]
+
+
+def published(kube: Kube, driver: str, node: str, devices: int, agent: AgentProcess):
+    async def probe() -> list[Obj] | None:
+        assert agent.process.poll() is None, f"agent exited:\n{agent.log_tail()}"
+        slices = await node_slices(kube, driver, node)
+        return slices if sum(len(s["spec"].get("devices") or []) for s in slices) == devices else None
+    return probe
+
+
+async def test_agent_publishes_the_nodes_gpus(kube: Kube, fake_nodes, agents, driver: str) -> None:
+    node = await fake_nodes("h100")
+    name = node["metadata"]["name"]
+    agent = agents(name, "fake:dgx-h100", driver)
+    slices = await wait_for(published(kube, driver, name, 8, agent), timeout=30, what="8 published H100s")
+    assert len(slices) == 1
+    slice_ = slices[0]
+    assert slice_["spec"]["pool"] == {"name": name, "generation": 1, "resourceSliceCount": 1}
+    owner = slice_["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == ("Node", name,
+                                                                                node["metadata"]["uid"], True)
+    gpu0 = next(d for d in slice_["spec"]["devices"] if d["name"] == "gpu-0")
+    assert gpu0["attributes"]["type"] == {"string": "gpu"}
+    assert gpu0["attributes"]["productName"] == {"string": "NVIDIA H100 80GB HBM3"}
+    assert gpu0["attributes"]["cudaComputeCapability"] == {"version": "9.0.0"}
+    assert gpu0["attributes"]["index"] == {"int": 0}
+    assert "resource.kubernetes.io/pciBusID" in gpu0["attributes"]
+
+
+async def test_scheduler_places_the_seed_claim_on_64gi_gpus_only(kube: Kube, namespace: str, fake_nodes,
+                                                                 agents, driver: str) -> None:
+    big = await fake_nodes("h100")
+    small = await fake_nodes("a100-40")
+    agent_big = agents(big["metadata"]["name"], "fake:dgx-h100", driver)
+    agent_small = agents(small["metadata"]["name"], "fake:dgx-a100-40gb", driver)
+    await wait_for(published(kube, driver, big["metadata"]["name"], 8, agent_big), timeout=30, what="H100s")
+    await wait_for(published(kube, driver, small["metadata"]["name"], 8, agent_small), timeout=30, what="A100s")
+    class_name = driver  # a class named like the driver, as NVIDIA's gpu.nvidia.com
+    await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": class_name},
+                       "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}})
+    try:
+        selector = f'device.capacity["{driver}"].memory.compareTo(quantity("64Gi")) >= 0'
+        await kube.create({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "gpu-64gi", "namespace": namespace},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": class_name, "selectors": [{"cel": {"expression": selector}}]}}]}}},
+        })
+        for i in range(3):
+            await kube.create({
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"train-{i}", "namespace": namespace},
+                "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu-64gi"}],
+                         "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                         "resources": {"claims": [{"name": "gpu"}]}}]},
+            })
+        h100_devices = {d["name"]: d for s in await node_slices(kube, driver, big["metadata"]["name"])
+                        for d in s["spec"]["devices"]}
+        for i in range(3):
+            async def scheduled() -> Obj | None:
+                pod = await kube.get(POD, f"train-{i}", namespace)
+                return pod if pod and pod["spec"].get("nodeName") else None
+
+            pod = await wait_for(scheduled, timeout=30, what=f"pod train-{i} to be scheduled")
+            assert pod["spec"]["nodeName"] == big["metadata"]["name"]
+            claim = await kube.get(CLAIM, pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"], namespace)
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            assert result["pool"] == big["metadata"]["name"]
+            memory = h100_devices[result["device"]]["capacity"]["memory"]["value"]
+            assert _bytes(memory) >= 64 * 1024**3
+    finally:
+        await kube.delete(DEVICE_CLASS, class_name)
+
+
+async def test_deleted_slice_is_restored_within_two_seconds(kube: Kube, fake_nodes, agents, driver: str) -> None:
+    node = await fake_nodes("l4")
+    name = node["metadata"]["name"]
+    agent = agents(name, "fake:l4x2", driver)
+    (slice_,) = await wait_for(published(kube, driver, name, 2, agent), timeout=30, what="2 L4s")
+    await kube.delete(SLICE, slice_["metadata"]["name"])
+    deleted_at = time.monotonic()
+
+    async def restored() -> Obj | None:
+        slices = await node_slices(kube, driver, name)
+        return next((s for s in slices if s["metadata"]["uid"] != slice_["metadata"]["uid"]), None)
+
+    back = await wait_for(restored, timeout=2, what="the deleted slice to be restored")
+    elapsed = time.monotonic() - deleted_at
+    assert back["spec"]["pool"]["generation"] > slice_["spec"]["pool"]["generation"]
+    assert len(back["spec"]["devices"]) == 2
+    print(f"restored in {elapsed:.3f}s")
+
+    # A foreign edit of our slice is converged back to ours.
+    edited = await kube.patch(SLICE, back["metadata"]["name"], {"spec": {"devices": back["spec"]["devices"][:1]}})
+    assert len(edited["spec"]["devices"]) == 1
+
+    async def converged() -> bool:
+        slices = await node_slices(kube, driver, name)
+        return len(slices) == 1 and len(slices[0]["spec"].get("devices") or []) == 2
+
+    await wait_for(converged, timeout=5, what="the foreign-edited slice to be converged")
+
+
+async def test_changed_devices_are_republished(kube: Kube, fake_nodes, agents, driver: str, tmp_path: Path) -> None:
+    profile = yaml.safe_load((PROFILES / "dgx-h100.yaml").read_text())
+    gpus = profile["gpus"]
+    # 130 devices: two slices (128 + 2) of one pool.
+    profile["gpus"] = [dict(gpus[i % len(gpus)], uuid=f"GPU-{i:08x}-0000-4000-8000-000000000000",
+                            busId=f"00000000:{i // 32 + 0x10:02x}:{i % 32:02x}.0") for i in range(130)]
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    node = await fake_nodes("big")
+    name = node["metadata"]["name"]
+    agent = agents(name, f"fake:{path}", driver, rescan_interval=0.5)
+    first = await wait_for(published(kube, driver, name, 130, agent), timeout=30, what="130 devices")
+    assert len(first) == 2 and {s["spec"]["pool"]["resourceSliceCount"] for s in first} == {2}
+    generation = first[0]["spec"]["pool"]["generation"]
+
+    profile["gpus"] = profile["gpus"][:3]
+    path.write_text(yaml.safe_dump(profile))
+    after = await wait_for(published(kube, driver, name, 3, agent), timeout=15, what="3 devices after the change")
+    assert len(after) == 1
+    assert after[0]["spec"]["pool"] == {"name": name, "generation": generation + 1, "resourceSliceCount": 1}
+
+
+def _bytes(quantity: str) -> int:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return int(quantity[: -len(suffix)]) * factor
+    return int(quantity)
