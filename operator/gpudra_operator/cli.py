@@ -12,6 +12,7 @@ import sys
 SUBCOMMANDS: dict[str, str] = {
     "discover": "gpudra_driver.discover_cmd",
     "agent": "gpudra_driver.agent_cmd",
+    "operator": "gpudra_operator.operator_cmd",
     "local-cluster": "gpudra_operator.localcluster.cli",
 }
 

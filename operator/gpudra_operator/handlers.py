@@ -1,0 +1,111 @@
+"""kopf handlers: thin triggers for the one reconcile in :mod:`gpudra_operator.reconcile`.
+
+create, update and resume run the same idempotent reconcile; a timer repairs drift; events on
+our own DaemonSets and DeviceClasses (selected by our managed-by label) repair a hand edit or a
+deletion at once and refresh agent status; the finalizer removes children in a safe order."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import kopf
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from gpudra_driver.kubeapi import Kube, connect, error_message, resource_type
+
+from .events import EventRecorder
+from .reconcile import CONFIG, DAEMONSET, DEVICE_CLASS, SLICE, Reconciler
+from .render import AGENT_NAME, LABEL_CONFIG, LABEL_MANAGED_BY, MANAGED_BY, agent_labels, child_selector
+from .spec import GpuDraConfig
+
+GROUP, VERSION, PLURAL = "gpudra.io", "v1alpha1", "gpudraconfigs"
+FINALIZER = "gpudra.io/cleanup"
+FIELD_MANAGER = "gpudra-operator"
+DRIFT_INTERVAL = float(os.environ.get("GPUDRA_DRIFT_INTERVAL", "60"))
+POD = resource_type("v1", "Pod")
+OWNED = {LABEL_MANAGED_BY: MANAGED_BY}
+log = logging.getLogger("gpudra.operator")
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.finalizer = FINALIZER
+    # Keep kopf's bookkeeping in our annotations, out of the schema'd status.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="gpudra.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="gpudra.io", key="last-handled-configuration")
+    settings.posting.enabled = False  # Events go where `kubectl describe gdc` sees them: events.py
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 60
+    settings.execution.max_workers = 4
+    api = await connect(os.environ.get("KUBECONFIG"))
+    memo.api = api
+    memo.kube = Kube(api, FIELD_MANAGER)
+    memo.reconciler = Reconciler(memo.kube, EventRecorder(memo.kube))
+
+
+@kopf.on.cleanup()
+async def close(memo: kopf.Memo, **_: Any) -> None:
+    await memo.api.close()
+
+
+async def _reconcile(memo: kopf.Memo, body: kopf.Body) -> None:
+    try:
+        await memo.reconciler.reconcile(dict(body))
+    except ApiException as error:  # transient API trouble: kopf retries with backoff
+        raise kopf.TemporaryError(f"API error: {error_message(error)}", delay=5) from error
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL)
+async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    await _reconcile(memo, body)  # returns None: nothing leaks into status
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=DRIFT_INTERVAL, initial_delay=DRIFT_INTERVAL)
+async def repair_drift(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    await _reconcile(memo, body)
+
+
+@kopf.on.event("apps", "v1", "daemonsets", labels=OWNED)
+@kopf.on.event("resource.k8s.io", "v1", "deviceclasses", labels=OWNED)
+async def child_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A child was edited, deleted, or its status moved: reconcile its owner now."""
+    owner = (body.get("metadata", {}).get("labels") or {}).get(LABEL_CONFIG)
+    if owner:
+        try:
+            await memo.reconciler.reconcile_by_name(owner)
+        except ApiException as error:
+            log.warning("reconcile of GpuDraConfig %s after a child event failed: %s", owner, error_message(error))
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+async def cleanup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Remove children in a safe order: DeviceClasses (no new allocations), then the agents,
+    then — once no agent can republish them — the driver's ResourceSlices."""
+    kube: Kube = memo.kube
+    config = GpuDraConfig.from_body(body)
+    async with memo.reconciler.lock(config.name):
+        async for device_class in kube.list(DEVICE_CLASS, label_selector=child_selector(config.name)):
+            await kube.delete(DEVICE_CLASS, device_class["metadata"]["name"])
+        namespace = config.spec.agent.namespace
+        daemonset = await kube.get(DAEMONSET, AGENT_NAME, namespace)
+        if daemonset is not None and (daemonset["metadata"].get("labels") or {}).get(LABEL_CONFIG) == config.name:
+            await kube.delete(DAEMONSET, AGENT_NAME, namespace, propagation="Foreground")
+            raise kopf.TemporaryError("waiting for the agent DaemonSet and its pods to go", delay=2)
+        selector = ",".join(f"{k}={v}" for k, v in agent_labels(config.name).items())
+        pods = [p async for p in kube.list(POD, namespace, label_selector=selector)]
+        if pods:
+            raise kopf.TemporaryError(f"waiting for {len(pods)} agent pod(s) to terminate", delay=2)
+        others = [o async for o in kube.list(CONFIG) if o["metadata"]["name"] != config.name]
+        if any(GpuDraConfig.from_body(o).spec.driver_name == config.spec.driver_name for o in others):
+            log.info("driver %s is still managed by another GpuDraConfig; its slices stay", config.spec.driver_name)
+            return
+        deleted = 0
+        async for slice_ in kube.list(SLICE, field_selector=f"spec.driver={config.spec.driver_name}"):
+            deleted += await kube.delete(SLICE, slice_["metadata"]["name"], uid=slice_["metadata"]["uid"])
+        log.info("GpuDraConfig %s removed: its DeviceClasses, agents and %d ResourceSlice(s) are gone",
+                 config.name, deleted)

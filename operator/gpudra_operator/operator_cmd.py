@@ -1,0 +1,30 @@
+"""`gpudra operator`: run the kopf operator (one replica; see docs/design.md for why standalone)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("operator", help="run the GpuDraConfig operator")
+    parser.add_argument("--liveness-port", type=int, default=int(os.environ.get("GPUDRA_LIVENESS_PORT", "8080")),
+                        help="serve kopf's /healthz on this port; 0 disables it (default: %(default)s)")
+    parser.add_argument("--drift-interval", type=float, default=None,
+                        help="seconds between drift repairs (default: $GPUDRA_DRIFT_INTERVAL or 60)")
+    parser.add_argument("--log-format", choices=["plain", "full", "json"], default="full")
+    parser.add_argument("--verbose", action="store_true")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.drift_interval is not None:  # read when the handlers module is imported
+        os.environ["GPUDRA_DRIFT_INTERVAL"] = str(args.drift_interval)
+    import kopf
+
+    from . import handlers  # noqa: F401 - registers the handlers
+
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
+    liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
+    kopf.run(clusterwide=True, standalone=True, liveness_endpoint=liveness)
+    return 0

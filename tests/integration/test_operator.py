@@ -1,0 +1,235 @@
+"""The operator (a `gpudra operator` subprocess) against the real control plane: children with the
+right content and owners, updates and pruning, repair of deleted or hand-edited children, status a
+platform team can act on (kubectl get/describe/wait), bad input that loses nothing, conflicts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_operator.localcluster.controlplane import ControlPlane
+from gpudra_operator.localcluster.kubelet_sim import KubeletSimulator
+from gpudra_operator.localcluster.waiting import wait_for
+
+CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
+DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
+DAEMONSET = resource_type("apps/v1", "DaemonSet")
+SERVICE_ACCOUNT = resource_type("v1", "ServiceAccount")
+EVENT = resource_type("v1", "Event")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def operator(cluster: ControlPlane, kube: Kube, crd_installed: Obj,
+                   tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[subprocess.Popen[bytes]]:
+    log_path = tmp_path_factory.mktemp("operator") / "operator.log"
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "GPUDRA_DRIFT_INTERVAL": "3",
+           "PYTHONUNBUFFERED": "1"}
+    with log_path.open("ab") as log:
+        process = subprocess.Popen([sys.executable, "-m", "gpudra_operator.cli", "operator", "--liveness-port", "0",
+                                    "--verbose"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    simulator = asyncio.create_task(KubeletSimulator(kube).run())
+    try:
+        yield process
+    finally:
+        simulator.cancel()
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        print(f"\n--- operator log tail ({log_path}) ---\n" + "\n".join(log_path.read_text().splitlines()[-30:]))
+
+
+@pytest.fixture
+def suffix() -> str:
+    return secrets.token_hex(3)
+
+
+def make_config(name: str, namespace: str, driver: str, classes: list[Obj], **agent: Any) -> Obj:
+    return {"apiVersion": "gpudra.io/v1alpha1", "kind": "GpuDraConfig",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/instance": "argo-app"}},
+            "spec": {"driverName": driver, "agent": {"namespace": namespace, **agent}, "deviceClasses": classes}}
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def configs(kube: Kube, operator: subprocess.Popen[bytes]) -> AsyncIterator[Callable[..., Any]]:
+    created: list[str] = []
+
+    async def create(body: Obj) -> Obj:
+        created.append(body["metadata"]["name"])
+        return await kube.create(body)
+
+    yield create
+    for name in created:
+        await kube.delete(CONFIG, name)
+    for name in created:
+        await wait_for(lambda: _absent(kube, CONFIG, name), timeout=60, what=f"GpuDraConfig {name} to be finalized")
+
+
+async def _absent(kube: Kube, rtype: Any, name: str, namespace: str | None = None) -> bool:
+    return await kube.get(rtype, name, namespace) is None
+
+
+def condition(config: Obj | None, type_: str) -> Obj | None:
+    return next((c for c in ((config or {}).get("status") or {}).get("conditions") or [] if c["type"] == type_), None)
+
+
+def has_condition(kube: Kube, name: str, type_: str, status: str, reason: str | None = None):
+    async def probe() -> Obj | None:
+        config = await kube.get(CONFIG, name)
+        c = condition(config, type_)
+        ok = c and c["status"] == status and (reason is None or c["reason"] == reason) and \
+            c.get("observedGeneration") == config["metadata"]["generation"]
+        return config if ok else None
+    return probe
+
+
+async def agent_namespace(kube: Kube, namespace: str) -> str:
+    # The agent's ServiceAccount ships statically (manifests/); a test plays that part.
+    await kube.create({"apiVersion": "v1", "kind": "ServiceAccount",
+                       "metadata": {"name": "gpudra-agent", "namespace": namespace}})
+    return namespace
+
+
+async def test_create_update_repair_delete(kube: Kube, configs, namespace: str, fake_nodes, cluster: ControlPlane,
+                                           suffix: str) -> None:
+    await agent_namespace(kube, namespace)
+    await fake_nodes("gpu", labels={"gpudra-test": suffix})
+    name, driver = f"cfg-{suffix}", f"d{suffix}.gpudra.io"
+    classes = [{"name": f"all-{suffix}.gpudra.io", "template": "all"},
+               {"name": f"big-{suffix}.gpudra.io", "template": "min-memory", "parameters": {"memory": "64Gi"}}]
+    await configs(make_config(name, namespace, driver, classes, nodeSelector={"gpudra-test": suffix}))
+
+    ready = await wait_for(has_condition(kube, name, "Ready", "True"), timeout=60, what=f"{name} Ready=True")
+    status = ready["status"]
+    assert {c["type"] for c in status["conditions"]} == {"Ready", "AgentsReady", "DeviceClassesReady", "Degraded"}
+    assert status["observedGeneration"] == ready["metadata"]["generation"]
+    assert status["agents"] == {"desired": 1, "ready": 1, "updated": 1, "summary": "1/1"}
+    assert sorted(status["deviceClasses"]) == sorted(c["name"] for c in classes)
+
+    uid = ready["metadata"]["uid"]
+    big = await kube.get(DEVICE_CLASS, f"big-{suffix}.gpudra.io")
+    assert big["metadata"]["ownerReferences"] == [{"apiVersion": "gpudra.io/v1alpha1", "kind": "GpuDraConfig",
+                                                   "name": name, "uid": uid, "controller": True,
+                                                   "blockOwnerDeletion": True}]
+    assert big["metadata"]["labels"]["gpudra.io/config"] == name
+    assert "app.kubernetes.io/instance" not in big["metadata"]["labels"]  # GitOps tracking never leaks
+    assert 'compareTo(quantity("64Gi")) >= 0' in big["spec"]["selectors"][0]["cel"]["expression"]
+    ds = await kube.get(DAEMONSET, "gpudra-agent", namespace)
+    assert ds["metadata"]["ownerReferences"][0]["uid"] == uid
+    container = ds["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][:3] == ["agent", "--driver", driver]
+
+    # What a platform team types.
+    table = cluster.kubectl("get", "gdc", name).stdout
+    header, row = table.splitlines()[:2]
+    assert header.split() == ["NAME", "DRIVER", "READY", "AGENTS", "CLASSES", "DEVICES", "AGE"]
+    assert row.split()[:6] == [name, driver, "True", "1/1", "2", "0"]
+    described = cluster.kubectl("describe", "gdc", name).stdout
+    assert "Type:" in described and "DeviceClassesReady" in described and "Degraded" in described
+    waited = cluster.kubectl("wait", "--for=condition=Ready", f"gdc/{name}", "--timeout=30s", check=False)
+    assert waited.returncode == 0, waited.stderr
+
+    # A spec change: the image is updated, one class removed (pruned), one changed.
+    await kube.patch(CONFIG, name, {"spec": {"agent": {"image": "example.com/gpudra:2"}, "deviceClasses": [
+        {"name": f"big-{suffix}.gpudra.io", "template": "min-memory", "parameters": {"memory": "80Gi"}}]}})
+    await wait_for(lambda: _absent(kube, DEVICE_CLASS, f"all-{suffix}.gpudra.io"), timeout=30, what="pruned class")
+
+    async def updated() -> bool:
+        dc = await kube.get(DEVICE_CLASS, f"big-{suffix}.gpudra.io")
+        ds = await kube.get(DAEMONSET, "gpudra-agent", namespace)
+        return ('quantity("80Gi")' in dc["spec"]["selectors"][0]["cel"]["expression"]
+                and ds["spec"]["template"]["spec"]["containers"][0]["image"] == "example.com/gpudra:2")
+
+    await wait_for(updated, timeout=30, what="the class and the DaemonSet to follow the spec")
+    await wait_for(has_condition(kube, name, "Ready", "True"), timeout=60, what="Ready again after the change")
+
+    # Hand-deleted class → restored; hand-edited image → restored.
+    await kube.delete(DEVICE_CLASS, f"big-{suffix}.gpudra.io")
+    await wait_for(lambda: kube.get(DEVICE_CLASS, f"big-{suffix}.gpudra.io"), timeout=15, what="class restored")
+    await kube.patch(DAEMONSET, "gpudra-agent", {"spec": {"template": {"spec": {"containers": [
+        {"name": "agent", "image": "evil.example.com/x:1"}]}}}}, namespace=namespace, kind="strategic-merge")
+
+    async def image_restored() -> bool:
+        ds = await kube.get(DAEMONSET, "gpudra-agent", namespace)
+        return ds["spec"]["template"]["spec"]["containers"][0]["image"] == "example.com/gpudra:2"
+
+    await wait_for(image_restored, timeout=15, what="the DaemonSet image to be restored")
+
+    # Deleting the config removes its children.
+    await kube.delete(CONFIG, name)
+    await wait_for(lambda: _absent(kube, CONFIG, name), timeout=60, what="the config to be finalized")
+    assert await kube.get(DEVICE_CLASS, f"big-{suffix}.gpudra.io") is None
+    assert await kube.get(DAEMONSET, "gpudra-agent", namespace) is None
+
+
+async def test_broken_template_loses_nothing(kube: Kube, configs, namespace: str, suffix: str) -> None:
+    await agent_namespace(kube, namespace)
+    name, driver = f"bad-{suffix}", f"b{suffix}.gpudra.io"
+    good = {"name": f"good-{suffix}.gpudra.io", "template": "full-gpu"}
+    await configs(make_config(name, namespace, driver, [good], nodeSelector={"none": suffix}))
+    await wait_for(has_condition(kube, name, "Ready", "True"), timeout=60, what="Ready=True")
+    before = await kube.get(DEVICE_CLASS, good["name"])
+    ds_before = await kube.get(DAEMONSET, "gpudra-agent", namespace)
+
+    # The same class now from an inline template that renders CEL the API server rejects, plus a
+    # second class whose template does not even render.
+    broken_cel = ("apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: {{ name }}\n"
+                  "spec:\n  selectors:\n  - cel:\n      expression: 'device.attributes[\"" + driver + "\"].type =='\n")
+    await kube.patch(CONFIG, name, {"spec": {"deviceClasses": [
+        {"name": good["name"], "inline": broken_cel},
+        {"name": f"worse-{suffix}.gpudra.io", "inline": "{{ undefined_thing.x }}"}]}})
+
+    degraded = await wait_for(has_condition(kube, name, "Degraded", "True"), timeout=30, what="Degraded=True")
+    message = condition(degraded, "Degraded")["message"]
+    assert good["name"] in message and "compilation failed" in message, message
+    assert f"worse-{suffix}.gpudra.io" in message and "undefined" in message, message
+    assert condition(degraded, "Ready")["status"] == "False"
+
+    after = await kube.get(DEVICE_CLASS, good["name"])
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert after["spec"] == before["spec"]
+    ds_after = await kube.get(DAEMONSET, "gpudra-agent", namespace)
+    assert ds_after["metadata"]["generation"] == ds_before["metadata"]["generation"]
+
+    async def warning_event() -> Obj | None:
+        events = [e async for e in kube.list(EVENT, "default", field_selector=f"involvedObject.name={name}")]
+        return next((e for e in events if e["type"] == "Warning" and good["name"] in e["message"]), None)
+
+    await wait_for(warning_event, timeout=15, what="a Warning Event naming the broken class")
+
+
+async def test_newer_config_reports_conflicts_and_touches_nothing(kube: Kube, configs, namespace: str,
+                                                                  suffix: str) -> None:
+    await agent_namespace(kube, namespace)
+    driver = f"c{suffix}.gpudra.io"
+    shared_class = {"name": f"shared-{suffix}.gpudra.io", "template": "all"}
+    await configs(make_config(f"old-{suffix}", namespace, driver, [shared_class], nodeSelector={"none": suffix}))
+    await wait_for(has_condition(kube, f"old-{suffix}", "Ready", "True"), timeout=60, what="old Ready")
+    owned = await kube.get(DEVICE_CLASS, shared_class["name"])
+
+    await configs(make_config(f"new-{suffix}", namespace, driver,
+                              [dict(shared_class, template="full-gpu")], image="example.com/other:1"))
+    conflicted = await wait_for(has_condition(kube, f"new-{suffix}", "Degraded", "True", "Conflict"),
+                                timeout=30, what="the newer config to report a conflict")
+    message = condition(conflicted, "Degraded")["message"]
+    assert f"driver name {driver}" in message and f"old-{suffix}" in message
+    assert shared_class["name"] in message and f"namespace {namespace}" in message
+
+    still = await kube.get(DEVICE_CLASS, shared_class["name"])
+    assert still["metadata"]["resourceVersion"] == owned["metadata"]["resourceVersion"]
+    assert still["metadata"]["labels"]["gpudra.io/config"] == f"old-{suffix}"
+    ds = await kube.get(DAEMONSET, "gpudra-agent", namespace)
+    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] != "example.com/other:1"
+    old = await kube.get(CONFIG, f"old-{suffix}")
+    assert condition(old, "Ready")["status"] == "True"
