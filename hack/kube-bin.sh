@@ -59,15 +59,17 @@ download() {
 # The committed hack/kube-tools pins KUBE_VERSION's default. For any other release, generate the
 # same module from that release's own go.mod: every `k8s.io/x => ./staging/...` becomes `k8s.io/x v0.MINOR.PATCH`.
 kube_tools_dir() {
-  local pinned; pinned="$(sed -n 's/^require k8s.io\/kubernetes \(v[^ ]*\)$/\1/p' "$HACK_DIR/kube-tools/go.mod")"
+  local pinned; pinned="$(go -C "$HACK_DIR/kube-tools" list -m -f '{{.Version}}' k8s.io/kubernetes)"
   if [[ "$pinned" == "$KUBE_VERSION" ]]; then echo "$HACK_DIR/kube-tools"; return; fi
   local dir="$CACHE_ROOT/kube-tools-$KUBE_VERSION" upstream staging="v0.${KUBE_VERSION#v1.}"
   log "KUBE_VERSION=$KUBE_VERSION is not the pinned $pinned: generating $dir from upstream's go.mod"
   mkdir -p "$dir"
-  upstream="$(cd "$HACK_DIR/kube-tools" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+  rm -f "$dir/go.mod" "$dir/go.sum"
+  upstream="$(cd / && GOFLAGS= go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
   [[ -f "$upstream" ]] || { log "k8s.io/kubernetes@$KUBE_VERSION is not served by the Go module proxy"; return 1; }
-  { sed -n '1,/^require k8s.io\/kubernetes/p' "$HACK_DIR/kube-tools/go.mod" | sed "s/^require k8s.io\/kubernetes .*/require k8s.io\/kubernetes $KUBE_VERSION/"
-    echo; echo "replace ("
+  { printf 'module gpudra.io/hack/kube-tools\n\ngo 1.25.0\n\ngodebug default=go1.25\n\ntool (\n'
+    printf '\tk8s.io/kubernetes/cmd/%s\n' kube-apiserver kube-controller-manager kube-scheduler kubectl
+    printf ')\n\nrequire k8s.io/kubernetes %s\n\nreplace (\n' "$KUBE_VERSION"
     sed -n 's/^[[:space:]]*\(k8s.io\/[a-z0-9-]*\) => .\/staging\/.*/\t\1 => \1 '"$staging"'/p' "$upstream"
     echo ")"; } > "$dir/go.mod"
   (cd "$dir" && go mod tidy >&2) || return 1
