@@ -1,0 +1,223 @@
+"""``render(config) -> Rendered``: the desired children of one GpuDraConfig, as plain dicts. Pure.
+
+Children: the agent DaemonSet ``gpudra-agent`` in ``spec.agent.namespace`` and one DeviceClass per
+``spec.deviceClasses`` entry. Every child carries
+
+* the labels ``app.kubernetes.io/managed-by: gpudra-operator`` and ``gpudra.io/config: <name>``
+  (the operator prunes by them), and never the GpuDraConfig's own labels or annotations: copying
+  them would copy GitOps tracking labels (Argo CD's ``app.kubernetes.io/instance``) and get the
+  children pruned or shown OutOfSync;
+* an ownerReference to the GpuDraConfig (``controller: true``, ``blockOwnerDeletion: true``), set
+  here explicitly rather than with ``kopf.adopt``, which is wrong for a cluster-scoped owner. A
+  cluster-scoped owner may own both the namespaced DaemonSet and the cluster-scoped DeviceClasses.
+  Without ``metadata.uid`` (a file given to ``gpudra render``) no ownerReference is emitted.
+
+The agent's ServiceAccount ``gpudra-agent`` and its RBAC are **not** rendered: they ship statically
+in ``manifests/``. An operator that creates RBAC must already hold every permission it grants (or the
+``escalate``/``bind`` verbs, which security scanners rightly flag), so creating the agent's
+ResourceSlice/ResourceClaim permissions would widen the operator's own role for no benefit: the
+agent's permissions do not depend on the spec. See docs/design.md.
+
+The agent pod (a DRA kubelet plugin) needs:
+
+* ``<kubeletDir>/plugins_registry``: the kubelet's plugin watcher finds the registration socket
+  there; mounted at the same path, since the kubelet is told socket paths as host paths.
+* ``<kubeletDir>/plugins/<driverName>``: the DRA gRPC socket (and the agent's checkpoint). Only the
+  driver's own directory is mounted, not all of ``plugins/``. No mount propagation: the agent
+  creates sockets and files there, never mounts, so ``Bidirectional`` (NVIDIA's choice) would only
+  let mounts leak between container and host.
+* ``cdiDir``: the agent writes one CDI spec per prepared claim; the container runtime reads it.
+* ``driverRoot`` read-only at ``/driver-root`` (``HostToContainer`` so a driver container that
+  mounts its root after the agent started is still seen): NVML's library and ``nvidia-smi``.
+* ``privileged: true``: NVML needs the host's ``/dev/nvidia*`` device nodes (a privileged container
+  sees the host's ``/dev``, so no ``/dev`` hostPath is needed) and hostPath writes need root.
+  Hence the agent namespace must be labelled ``pod-security.kubernetes.io/enforce: privileged``.
+* ``NODE_NAME``/``POD_UID``/``POD_NAMESPACE`` from the downward API: the node whose slices the
+  agent publishes, and the pod identity for its own bookkeeping.
+* RollingUpdate with ``maxSurge: 1, maxUnavailable: 0`` by default: the new agent starts next to the
+  old one, so the kubelet never sees the driver deregister and never wipes the node's slices.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpudra_operator.deviceclasses import RenderError, render_device_classes
+from gpudra_operator.spec import AgentSpec, GpuDraConfig, thaw
+
+API_VERSION = "gpudra.io/v1alpha1"
+KIND = "GpuDraConfig"
+AGENT_NAME = "gpudra-agent"
+AGENT_SERVICE_ACCOUNT = "gpudra-agent"
+AGENT_CONTAINER = "agent"
+MANAGED_BY = "gpudra-operator"
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_CONFIG = "gpudra.io/config"
+DRIVER_ROOT_MOUNT = "/driver-root"
+
+Obj = dict[str, Any]
+
+
+@dataclass
+class Rendered:
+    """What one GpuDraConfig should produce: ``objects`` (the DaemonSet first, then the
+    DeviceClasses in spec order) and the ``errors`` of classes that could not be rendered (those
+    classes are simply absent from ``objects``; the caller must leave their live objects alone)."""
+
+    objects: list[Obj] = field(default_factory=list)
+    errors: list[RenderError] = field(default_factory=list)
+
+    @property
+    def daemonset(self) -> Obj | None:
+        return next((o for o in self.objects if o["kind"] == "DaemonSet"), None)
+
+    @property
+    def device_classes(self) -> list[Obj]:
+        return [o for o in self.objects if o["kind"] == "DeviceClass"]
+
+    @property
+    def failed_classes(self) -> list[str]:
+        return [e.class_name for e in self.errors]
+
+
+def child_labels(config_name: str) -> dict[str, str]:
+    """The labels on every object a GpuDraConfig owns: the operator's label selector."""
+    return {LABEL_MANAGED_BY: MANAGED_BY, LABEL_CONFIG: config_name}
+
+
+def child_selector(config_name: str) -> str:
+    """Label selector (string form) matching every child of ``config_name``."""
+    return ",".join(f"{k}={v}" for k, v in child_labels(config_name).items())
+
+
+def owner_reference(config: GpuDraConfig) -> Obj | None:
+    if not config.uid:
+        return None
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": config.name, "uid": config.uid,
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def _metadata(config: GpuDraConfig, name: str, *, namespace: str | None = None,
+              labels: Mapping[str, str] | None = None,
+              annotations: Mapping[str, str] | None = None) -> Obj:
+    meta: Obj = {"name": name}
+    if namespace is not None:
+        meta["namespace"] = namespace
+    meta["labels"] = {**(labels or {}), **child_labels(config.name)}
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    ref = owner_reference(config)
+    if ref is not None:
+        meta["ownerReferences"] = [ref]
+    return meta
+
+
+def agent_labels(config_name: str) -> dict[str, str]:
+    return {LABEL_NAME: AGENT_NAME, **child_labels(config_name)}
+
+
+def agent_args(driver_name: str, agent: AgentSpec) -> list[str]:
+    return ["agent", "--driver", driver_name, "--kubelet-dir", agent.kubelet_dir,
+            "--cdi-dir", agent.cdi_dir, "--driver-root", agent.driver_root, *agent.extra_args]
+
+
+def _host_volume(name: str, path: str, kind: str) -> Obj:
+    return {"name": name, "hostPath": {"path": path, "type": kind}}
+
+
+def render_daemonset(config: GpuDraConfig) -> Obj:
+    spec = config.spec
+    agent = spec.agent
+    labels = agent_labels(config.name)
+    registry_dir = posixpath.join(agent.kubelet_dir, "plugins_registry")
+    plugin_dir = posixpath.join(agent.kubelet_dir, "plugins", spec.driver_name)
+
+    def field_env(name: str, path: str) -> Obj:
+        return {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
+
+    container: Obj = {
+        "name": AGENT_CONTAINER,
+        "image": agent.image,
+        "imagePullPolicy": agent.image_pull_policy,
+        "command": ["gpudra"],
+        "args": agent_args(spec.driver_name, agent),
+        "env": [
+            field_env("NODE_NAME", "spec.nodeName"),
+            field_env("POD_UID", "metadata.uid"),
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+            *({"name": e.name, "value": e.value} for e in agent.extra_env),
+        ],
+        "securityContext": {"privileged": True},
+        "volumeMounts": [
+            {"name": "plugins-registry", "mountPath": registry_dir},
+            {"name": "plugin", "mountPath": plugin_dir},
+            {"name": "cdi", "mountPath": agent.cdi_dir},
+            {"name": "driver-root", "mountPath": DRIVER_ROOT_MOUNT, "readOnly": True,
+             "mountPropagation": "HostToContainer"},
+        ],
+    }
+    if agent.resources:
+        container["resources"] = thaw(agent.resources)
+
+    pod_spec: Obj = {
+        "serviceAccountName": AGENT_SERVICE_ACCOUNT,
+        "priorityClassName": agent.priority_class_name,
+        "containers": [container],
+        "volumes": [
+            _host_volume("plugins-registry", registry_dir, "DirectoryOrCreate"),
+            _host_volume("plugin", plugin_dir, "DirectoryOrCreate"),
+            _host_volume("cdi", agent.cdi_dir, "DirectoryOrCreate"),
+            _host_volume("driver-root", agent.driver_root, "Directory"),
+        ],
+    }
+    if not agent.priority_class_name:
+        del pod_spec["priorityClassName"]
+    if agent.node_selector:
+        pod_spec["nodeSelector"] = dict(agent.node_selector)
+    if agent.affinity:
+        pod_spec["affinity"] = thaw(agent.affinity)
+    if agent.tolerations:
+        pod_spec["tolerations"] = thaw(agent.tolerations)
+
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": _metadata(config, AGENT_NAME, namespace=agent.namespace, labels=labels),
+        "spec": {
+            # Immutable once created: only labels that never change for this config.
+            "selector": {"matchLabels": {LABEL_NAME: AGENT_NAME, LABEL_CONFIG: config.name}},
+            "updateStrategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": agent.update_strategy.max_unavailable,
+                                  "maxSurge": agent.update_strategy.max_surge},
+            },
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
+def _finish_device_class(config: GpuDraConfig, doc: Obj) -> Obj:
+    meta = doc.get("metadata") or {}
+    return {
+        "apiVersion": doc["apiVersion"],
+        "kind": doc["kind"],
+        "metadata": _metadata(config, meta["name"], labels=meta.get("labels"),
+                              annotations=meta.get("annotations")),
+        "spec": doc["spec"],
+    }
+
+
+def render(config_body: Mapping[str, Any]) -> Rendered:
+    """The desired objects of the GpuDraConfig ``config_body`` (a kopf body or a plain dict).
+
+    Raises :class:`gpudra_operator.spec.SpecError` only for a body of the wrong shape (which the
+    CRD's schema prevents); a DeviceClass that fails to render lands in ``errors`` instead and never
+    stops the others."""
+    config = GpuDraConfig.from_body(config_body)
+    classes, errors = render_device_classes(config.spec.device_classes, config.spec.driver_name)
+    objects = [render_daemonset(config), *(_finish_device_class(config, doc) for doc in classes)]
+    return Rendered(objects=objects, errors=errors)

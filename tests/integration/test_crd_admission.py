@@ -1,0 +1,120 @@
+"""GpuDraConfig admission through the real apiserver: the CRD's schema and CEL rules reject
+malformed specs with a message that says what to fix, accept the samples, and default exactly as
+gpudra_operator.crd.apply_defaults (and so gpudra_operator.spec) assume.
+
+Every create is a server-side dry run: admission runs in full, nothing is stored."""
+
+from __future__ import annotations
+
+import copy
+import secrets
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from gpudra_driver.kubeapi import Kube, Obj, error_message
+from gpudra_operator import crd
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLES = sorted((REPO / "manifests" / "samples").glob("gpudraconfig*.yaml"))
+
+
+def config(spec: dict[str, Any], name: str | None = None) -> Obj:
+    return {"apiVersion": "gpudra.io/v1alpha1", "kind": "GpuDraConfig",
+            "metadata": {"name": name or f"bad-{secrets.token_hex(4)}"}, "spec": spec}
+
+
+def with_class(**fields: Any) -> dict[str, Any]:
+    return {"deviceClasses": [{"name": "c.gpudra.io", **fields}]}
+
+
+def agent(**fields: Any) -> dict[str, Any]:
+    return {"agent": fields}
+
+
+def gc(**fields: Any) -> dict[str, Any]:
+    return {"resourceSliceGC": fields}
+
+
+BAD: list[tuple[str, dict[str, Any], str]] = [
+    ("driver-not-dns", {"driverName": "GPU_Driver"}, "driverName must be a DNS subdomain"),
+    ("driver-empty-label", {"driverName": "gpu..gpudra.io"}, "driverName must be a DNS subdomain"),
+    ("driver-too-long", {"driverName": "g" * 61 + ".io"}, "Too long"),
+    ("class-name-not-dns", with_class(name="Bad_Name", template="all"),
+     "deviceClasses[].name must be a DNS subdomain"),
+    ("class-names-duplicate", {"deviceClasses": [{"name": "a.gpudra.io", "template": "all"},
+                                                 {"name": "a.gpudra.io", "template": "mig"}]},
+     "Duplicate value"),
+    ("template-and-inline", with_class(template="all", inline="x"), "exactly one of template"),
+    ("neither-template-nor-inline", with_class(), "exactly one of template"),
+    ("unknown-template", with_class(template="bogus"), 'Unsupported value: "bogus"'),
+    ("min-memory-without-memory", with_class(template="min-memory"), "template min-memory needs parameter memory"),
+    ("min-memory-empty-parameters", with_class(template="min-memory", parameters={}),
+     "template min-memory needs parameter memory"),
+    ("product-without-name", with_class(template="product"), "template product needs parameter productName"),
+    ("compute-capability-without-version", with_class(template="min-compute-capability"),
+     "needs parameter version"),
+    ("architecture-without-architecture", with_class(template="architecture", parameters={"arch": "x"}),
+     "template architecture needs parameter architecture"),
+    ("parameter-not-a-string", with_class(template="min-memory", parameters={"memory": 64}),
+     "must be of type string"),
+    ("gc-interval-too-short", gc(interval="5s"), "interval must be a duration between 10s and 24h"),
+    ("gc-interval-not-a-duration", gc(interval="soon"), "should match"),
+    ("gc-grace-too-short", gc(gracePeriod="10s"), "gracePeriod must be a duration between 30s and 168h"),
+    ("agent-namespace-not-dns-label", agent(namespace="gpu.system"), "agent.namespace must be a DNS label"),
+    ("kubelet-dir-relative", agent(kubeletDir="var/lib/kubelet"), "kubeletDir must be an absolute path"),
+    ("cdi-dir-dotdot", agent(cdiDir="/var/run/../cdi"), "cdiDir must be an absolute path without '..'"),
+    ("driver-root-dotdot", agent(driverRoot="/run/nvidia/.."), "driverRoot must be an absolute path"),
+    ("update-both-zero", agent(updateStrategy={"maxUnavailable": 0, "maxSurge": 0}),
+     "exactly one of updateStrategy.maxUnavailable and updateStrategy.maxSurge must be non-zero"),
+    ("update-both-nonzero", agent(updateStrategy={"maxUnavailable": 1}),
+     "exactly one of updateStrategy.maxUnavailable and updateStrategy.maxSurge must be non-zero"),
+    ("update-percent-over-100", agent(updateStrategy={"maxUnavailable": "150%", "maxSurge": 0}), "should match"),
+    ("pull-policy", agent(imagePullPolicy="Sometimes"), 'Unsupported value: "Sometimes"'),
+    ("toleration-exists-with-value", agent(tolerations=[{"key": "k", "operator": "Exists", "value": "v"}]),
+     "a toleration with operator Exists must not have a value"),
+    ("extra-env-reserved", agent(extraEnv=[{"name": "NODE_NAME", "value": "x"}]), "must not set NODE_NAME"),
+    ("extra-env-duplicate", agent(extraEnv=[{"name": "A"}, {"name": "A"}]), "Duplicate value"),
+]
+
+
+@pytest.mark.parametrize("spec, needle", [(s, n) for _, s, n in BAD], ids=[i for i, _, _ in BAD])
+async def test_bad_spec_is_rejected_with_a_useful_message(crd_installed: Obj, kube: Kube,
+                                                          spec: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ApiException) as info:
+        await kube.create(config(spec), dry_run=True)
+    assert info.value.status == 422, error_message(info.value)
+    assert needle in error_message(info.value)
+
+
+async def test_long_config_name_is_rejected(crd_installed: Obj, kube: Kube) -> None:
+    with pytest.raises(ApiException) as info:
+        await kube.create(config({}, name="x" * 64), dry_run=True)
+    assert "metadata.name must be at most 63 characters" in error_message(info.value)
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
+async def test_samples_are_admitted(crd_installed: Obj, kube: Kube, sample: Path) -> None:
+    obj = yaml.safe_load(sample.read_text())
+    created = await kube.create(obj, dry_run=True)
+    assert created["spec"] == crd.default_object(obj)["spec"]
+
+
+async def test_server_defaults_equal_the_python_defaulter(crd_installed: Obj, kube: Kube) -> None:
+    obj = config({"agent": {"extraEnv": [{"name": "X"}]},
+                  "deviceClasses": [{"name": "a.gpudra.io", "template": "all"}]}, name="defaults")
+    created = await kube.create(copy.deepcopy(obj), dry_run=True)
+    assert created["spec"] == crd.default_object(obj)["spec"]
+    empty = await kube.create({**config({}, name="empty")}, dry_run=True)
+    assert empty["spec"] == crd.default_object(config({}))["spec"]
+
+
+async def test_printer_columns_are_served(crd_installed: Obj) -> None:
+    (version,) = crd_installed["spec"]["versions"]
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "Driver", "Ready", "Agents", "Classes", "Devices", "Reason", "Age"]

@@ -1,0 +1,201 @@
+"""render(config): the agent DaemonSet a DRA kubelet plugin needs, one DeviceClass per spec entry,
+owner references and labels on every child, and nothing of the CR's own metadata leaking."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpudra_operator.render import (AGENT_NAME, DRIVER_ROOT_MOUNT, child_labels, child_selector,
+                                    render)
+
+UID = "0b5b0f5e-1111-2222-3333-444455556666"
+OWNER = {"apiVersion": "gpudra.io/v1alpha1", "kind": "GpuDraConfig", "name": "default", "uid": UID,
+         "controller": True, "blockOwnerDeletion": True}
+CHILD_LABELS = {"app.kubernetes.io/managed-by": "gpudra-operator", "gpudra.io/config": "default"}
+
+
+def config(spec: dict[str, Any] | None = None, **meta: Any) -> dict[str, Any]:
+    return {"apiVersion": "gpudra.io/v1alpha1", "kind": "GpuDraConfig",
+            "metadata": {"name": "default", "uid": UID, "generation": 2, **meta},
+            "spec": spec if spec is not None else {
+                "deviceClasses": [{"name": "gpu.gpudra.io", "template": "all"},
+                                  {"name": "mig.gpudra.io", "template": "mig"}]}}
+
+
+def container(ds: dict[str, Any]) -> dict[str, Any]:
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def test_objects_are_the_daemonset_then_the_classes_in_spec_order() -> None:
+    rendered = render(config())
+    assert rendered.errors == []
+    assert [(o["kind"], o["metadata"]["name"]) for o in rendered.objects] == [
+        ("DaemonSet", "gpudra-agent"), ("DeviceClass", "gpu.gpudra.io"), ("DeviceClass", "mig.gpudra.io")]
+    assert rendered.daemonset is rendered.objects[0]
+    assert [o["metadata"]["name"] for o in rendered.device_classes] == ["gpu.gpudra.io", "mig.gpudra.io"]
+
+
+def test_every_child_is_owned_and_labelled() -> None:
+    for obj in render(config()).objects:
+        assert obj["metadata"]["ownerReferences"] == [OWNER]
+        assert obj["metadata"]["labels"].items() >= CHILD_LABELS.items()
+    assert child_labels("default") == CHILD_LABELS
+    assert child_selector("default") == "app.kubernetes.io/managed-by=gpudra-operator,gpudra.io/config=default"
+
+
+def test_cr_labels_and_annotations_never_reach_children() -> None:
+    body = config(labels={"app.kubernetes.io/instance": "argocd-app", "team": "ml"},
+                  annotations={"argocd.argoproj.io/tracking-id": "x", "kubectl.kubernetes.io/last-applied-configuration": "{}"})
+    for obj in render(body).objects:
+        text = repr(obj)
+        for leaked in ("argocd", "team", "last-applied", "app.kubernetes.io/instance"):
+            assert leaked not in text, f"{obj['kind']} carries {leaked}"
+
+
+def test_without_uid_no_owner_reference() -> None:
+    body = config()
+    del body["metadata"]["uid"]
+    for obj in render(body).objects:
+        assert "ownerReferences" not in obj["metadata"]
+        assert obj["metadata"]["labels"].items() >= CHILD_LABELS.items()
+
+
+def test_daemonset_defaults() -> None:
+    ds = render(config()).daemonset
+    assert ds is not None
+    assert (ds["apiVersion"], ds["kind"]) == ("apps/v1", "DaemonSet")
+    assert ds["metadata"]["name"] == AGENT_NAME and ds["metadata"]["namespace"] == "gpudra-system"
+    labels = {"app.kubernetes.io/name": "gpudra-agent", **CHILD_LABELS}
+    assert ds["metadata"]["labels"] == labels
+    assert ds["spec"]["selector"] == {"matchLabels": {"app.kubernetes.io/name": "gpudra-agent",
+                                                      "gpudra.io/config": "default"}}
+    template = ds["spec"]["template"]
+    assert template["metadata"]["labels"] == labels
+    assert ds["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate",
+                                            "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    pod = template["spec"]
+    assert pod["serviceAccountName"] == "gpudra-agent"
+    assert pod["priorityClassName"] == "system-node-critical"
+    for absent in ("nodeSelector", "affinity", "tolerations"):
+        assert absent not in pod
+    c = container(ds)
+    assert c["name"] == "agent" and c["image"] == "ghcr.io/gpudra/gpudra:0.1.0"
+    assert c["imagePullPolicy"] == "IfNotPresent"
+    assert c["command"] == ["gpudra"]
+    assert c["args"] == ["agent", "--driver", "gpu.gpudra.io", "--kubelet-dir", "/var/lib/kubelet",
+                         "--cdi-dir", "/var/run/cdi", "--driver-root", "/"]
+    assert c["securityContext"] == {"privileged": True}
+    assert "resources" not in c
+
+
+def test_downward_api_env() -> None:
+    env = {e["name"]: e for e in container(render(config()).daemonset)["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+
+
+def test_host_paths_a_kubelet_plugin_needs() -> None:
+    ds = render(config({"driverName": "gpu.example.com",
+                        "agent": {"kubeletDir": "/data/kubelet", "cdiDir": "/etc/cdi",
+                                  "driverRoot": "/run/nvidia/driver"}})).daemonset
+    volumes = {v["name"]: v["hostPath"] for v in ds["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["name"]: m for m in container(ds)["volumeMounts"]}
+    assert set(volumes) == set(mounts)
+    assert volumes["plugins-registry"] == {"path": "/data/kubelet/plugins_registry", "type": "DirectoryOrCreate"}
+    assert volumes["plugin"] == {"path": "/data/kubelet/plugins/gpu.example.com", "type": "DirectoryOrCreate"}
+    assert volumes["cdi"] == {"path": "/etc/cdi", "type": "DirectoryOrCreate"}
+    assert volumes["driver-root"] == {"path": "/run/nvidia/driver", "type": "Directory"}
+    # Sockets live at the same path inside and outside: the kubelet dials host paths.
+    assert mounts["plugins-registry"]["mountPath"] == "/data/kubelet/plugins_registry"
+    assert mounts["plugin"]["mountPath"] == "/data/kubelet/plugins/gpu.example.com"
+    assert mounts["cdi"]["mountPath"] == "/etc/cdi"
+    assert mounts["driver-root"] == {"name": "driver-root", "mountPath": DRIVER_ROOT_MOUNT, "readOnly": True,
+                                     "mountPropagation": "HostToContainer"}
+    for name in ("plugins-registry", "plugin", "cdi"):
+        assert "readOnly" not in mounts[name] and "mountPropagation" not in mounts[name]
+    args = container(ds)["args"]
+    assert args[args.index("--driver") + 1] == "gpu.example.com"
+    assert args[args.index("--kubelet-dir") + 1] == "/data/kubelet"
+    assert args[args.index("--cdi-dir") + 1] == "/etc/cdi"
+    assert args[args.index("--driver-root") + 1] == "/run/nvidia/driver"
+
+
+def test_agent_settings_flow_into_the_pod() -> None:
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}]}}}
+    ds = render(config({"agent": {
+        "image": "registry.local/gpudra:dev", "imagePullPolicy": "Always", "namespace": "gpus",
+        "nodeSelector": {"nvidia.com/gpu.present": "true"}, "affinity": affinity,
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": 268435456}},
+        "priorityClassName": "gpu-critical", "updateStrategy": {"maxUnavailable": "10%", "maxSurge": 0},
+        "extraArgs": ["--v=4"], "extraEnv": [{"name": "GPUDRA_DEBUG", "value": "1"}],
+    }})).daemonset
+    pod = ds["spec"]["template"]["spec"]
+    assert ds["metadata"]["namespace"] == "gpus"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["affinity"] == affinity
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["priorityClassName"] == "gpu-critical"
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxUnavailable": "10%", "maxSurge": 0}
+    c = container(ds)
+    assert c["image"] == "registry.local/gpudra:dev" and c["imagePullPolicy"] == "Always"
+    assert c["resources"] == {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": 268435456}}
+    assert c["args"][-1] == "--v=4" and c["args"][:2] == ["agent", "--driver"]
+    assert c["env"][-1] == {"name": "GPUDRA_DEBUG", "value": "1"}
+    assert [e["name"] for e in c["env"]][:3] == ["NODE_NAME", "POD_UID", "POD_NAMESPACE"]
+    # Plain, mutable JSON data (no mappingproxy/tuple from the frozen spec view).
+    assert type(pod["affinity"]) is dict and type(pod["tolerations"]) is list
+    pod["tolerations"].append({})  # must not raise
+
+
+def test_empty_priority_class_is_omitted() -> None:
+    pod = render(config({"agent": {"priorityClassName": ""}})).daemonset["spec"]["template"]["spec"]
+    assert "priorityClassName" not in pod
+
+
+def test_device_class_content() -> None:
+    (cls,) = render(config({"deviceClasses": [
+        {"name": "gpu-64gi.gpudra.io", "template": "min-memory", "parameters": {"memory": "64Gi"}}]})).device_classes
+    assert cls == {
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": "gpu-64gi.gpudra.io", "labels": CHILD_LABELS, "ownerReferences": [OWNER]},
+        "spec": {"selectors": [{"cel": {"expression":
+            'device.driver == "gpu.gpudra.io" && '
+            'device.capacity["gpu.gpudra.io"].memory.compareTo(quantity("64Gi")) >= 0'}}]},
+    }
+
+
+def test_template_labels_are_kept_but_ours_win() -> None:
+    inline = ("apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n"
+              "  labels: {team: ml, gpudra.io/config: hijack}\n  annotations: {note: hi}\n"
+              "spec:\n  selectors:\n  - cel:\n      expression: {{ driver_match | yaml_string }}\n")
+    (cls,) = render(config({"deviceClasses": [{"name": "x.gpudra.io", "inline": inline}]})).device_classes
+    assert cls["metadata"]["labels"] == {"team": "ml", **CHILD_LABELS}
+    assert cls["metadata"]["annotations"] == {"note": "hi"}
+
+
+def test_a_bad_class_is_an_error_and_the_rest_still_render() -> None:
+    rendered = render(config({"deviceClasses": [
+        {"name": "a.gpudra.io", "template": "all"},
+        {"name": "b.gpudra.io", "inline": "{{ ''.__class__.__mro__ }}"},
+        {"name": "c.gpudra.io", "template": "full-gpu"}]}))
+    assert [o["metadata"]["name"] for o in rendered.device_classes] == ["a.gpudra.io", "c.gpudra.io"]
+    assert rendered.failed_classes == ["b.gpudra.io"]
+    assert rendered.daemonset is not None
+
+
+def test_render_is_pure_and_deterministic() -> None:
+    body = config()
+    snapshot = repr(body)
+    assert render(body).objects == render(body).objects
+    assert repr(body) == snapshot
+
+
+def test_paths_are_joined_without_doubled_slashes() -> None:
+    ds = render(config({"agent": {"kubeletDir": "/var/lib/kubelet/"}})).daemonset
+    paths = [v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"]["volumes"]]
+    assert all("//" not in p for p in paths), paths
