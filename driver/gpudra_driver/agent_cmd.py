@@ -44,22 +44,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _rescan_loop(args: argparse.Namespace, publisher: object) -> None:
-    from gpudra_driver.discovery import NvmlUnavailable, scan
-    from gpudra_driver.nvml import load_nvml, resolve_spec
+    from gpudra_driver.discovery import numa_node_from_sysfs
+    from gpudra_driver.rescan import Rescanner
 
-    spec = resolve_spec(args.nvml)
-    while True:
-        try:
-            result = await asyncio.to_thread(scan, load_nvml(spec))
-            for warning in result.warnings:
-                log.warning("%s", warning)
-            if publisher.set_devices(result.devices):  # type: ignore[attr-defined]
-                log.info("discovered %d device(s) via NVML (%s): %s", len(result.devices), spec,
-                         ", ".join(d.name for d in result.devices) or "none")
-        except (NvmlUnavailable, ValueError) as error:
-            log.error("GPU discovery failed, keeping what is published and retrying in %.0fs: %s",
-                      args.rescan_interval, error)
-        await asyncio.sleep(args.rescan_interval)  # the rescan period itself, not a synchronisation
+    await Rescanner(args.nvml, publisher.set_devices,  # type: ignore[attr-defined]
+                    interval=args.rescan_interval, numa_node_of=numa_node_from_sysfs).run()
 
 
 async def _main(args: argparse.Namespace) -> int:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
+
+LEVEL_ENV = "GPUDRA_LOG_LEVEL"  # e.g. DEBUG; overrides the level a command asks for
 
 
 class JsonFormatter(logging.Formatter):
@@ -17,6 +20,9 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(fmt: str = "text", level: int = logging.INFO) -> None:
+    override = logging.getLevelName(os.environ.get(LEVEL_ENV, "").upper())
+    if isinstance(override, int):  # an unknown name yields a string: keep the default
+        level = override
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else
                          logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

@@ -133,6 +133,7 @@ class SlicePublisher:
         if plan.empty:
             self.generation = plan.generation
             self.last_publish = time.time()
+            log.debug("pool %s generation %d is up to date", self.node_name, plan.generation)
             return
         for ref in plan.delete:  # obsolete first, so the pool never shows more slices than it has
             log.info("deleting obsolete ResourceSlice %s", ref.name)

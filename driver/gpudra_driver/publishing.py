@@ -37,10 +37,17 @@ class PublishPlan:
         return not self.apply and not self.delete
 
 
-def _comparable(desired: Obj) -> Obj:
-    meta = desired["metadata"]
-    return {"metadata": {k: meta[k] for k in ("labels", "ownerReferences") if k in meta},
-            "spec": desired["spec"]}
+def matches(live: Obj, desired: Obj) -> bool:
+    """True when ``live`` already is ``desired``: our labels and owner present (others may add
+    labels and annotations) and every spec field we write exactly equal. Equality, not a subset:
+    the device list is atomic, so an attribute or capacity someone added to one of our devices is
+    a foreign edit that an apply of ours removes."""
+    meta, live_meta = desired["metadata"], live.get("metadata") or {}
+    if not contains(live_meta, {k: meta[k] for k in ("labels", "ownerReferences") if k in meta}):
+        return False
+    spec, live_spec = desired["spec"], live.get("spec") or {}
+    return (all(live_spec.get(k) == v for k, v in spec.items())
+            and ("devices" in live_spec) == ("devices" in spec))
 
 
 def plan_publish(driver: str, node_name: str, node_uid: str, devices: Iterable[Device],
@@ -55,7 +62,7 @@ def plan_publish(driver: str, node_name: str, node_uid: str, devices: Iterable[D
     if current and current >= last_generation:
         desired = build_slices(driver, node_name, node_uid, current, devices)
         if len(desired) == len(observed) and all(
-            d["metadata"]["name"] in observed and contains(observed[d["metadata"]["name"]], _comparable(d))
+            d["metadata"]["name"] in observed and matches(observed[d["metadata"]["name"]], d)
             for d in desired
         ):
             return PublishPlan(current)

@@ -12,7 +12,10 @@ import pytest
 import pytest_asyncio
 import yaml
 
+from gpudra_driver.discovery import scan
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_driver.nvml import load_nvml
+from gpudra_driver.publishing import plan_publish
 from gpudra_operator.localcluster.agents import AgentProcess, start_agent
 from gpudra_operator.localcluster.controlplane import ControlPlane
 from gpudra_operator.localcluster.waiting import wait_for
@@ -73,6 +76,10 @@ async def test_agent_publishes_the_nodes_gpus(kube: Kube, fake_nodes, agents, dr
     assert gpu0["attributes"]["cudaComputeCapability"] == {"version": "9.0.0"}
     assert gpu0["attributes"]["index"] == {"int": 0}
     assert "resource.kubernetes.io/pciBusID" in gpu0["attributes"]
+    # What the API server returns is exactly what the agent would write: no write loop on read-back.
+    devices = scan(load_nvml("fake:dgx-h100")).devices
+    plan = plan_publish(driver, name, node["metadata"]["uid"], devices, {slice_["metadata"]["name"]: slice_}, 1)
+    assert plan.empty and plan.generation == 1
 
 
 async def test_scheduler_places_the_seed_claim_on_64gi_gpus_only(kube: Kube, namespace: str, fake_nodes,
@@ -155,7 +162,7 @@ async def test_changed_devices_are_republished(kube: Kube, fake_nodes, agents, d
     profile["gpus"] = [dict(gpus[i % len(gpus)], uuid=f"GPU-{i:08x}-0000-4000-8000-000000000000",
                             busId=f"00000000:{i // 32 + 0x10:02x}:{i % 32:02x}.0") for i in range(130)]
     path = tmp_path / "profile.yaml"
-    path.write_text(yaml.safe_dump(profile))
+    write_atomically(path, yaml.safe_dump(profile))
     node = await fake_nodes("big")
     name = node["metadata"]["name"]
     agent = agents(name, f"fake:{path}", driver, rescan_interval=0.5)
@@ -164,10 +171,16 @@ async def test_changed_devices_are_republished(kube: Kube, fake_nodes, agents, d
     generation = first[0]["spec"]["pool"]["generation"]
 
     profile["gpus"] = profile["gpus"][:3]
-    path.write_text(yaml.safe_dump(profile))
+    write_atomically(path, yaml.safe_dump(profile))  # the agent rescans it every 0.5 s
     after = await wait_for(published(kube, driver, name, 3, agent), timeout=15, what="3 devices after the change")
     assert len(after) == 1
     assert after[0]["spec"]["pool"] == {"name": name, "generation": generation + 1, "resourceSliceCount": 1}
+
+
+def write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def _bytes(quantity: str) -> int:

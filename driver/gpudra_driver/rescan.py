@@ -1,0 +1,88 @@
+"""The agent's rescan loop: NVML discovery on an interval, logged the way a node operator needs it.
+
+Failure behaviour (documented in docs/agent.md):
+
+* NVML missing or failing (library not found, kernel driver not loaded, no permission, a bad
+  simulated profile): one ERROR line naming the cause and what to do, then the same failure again
+  only at DEBUG, and one INFO line when discovery works again. The loop never raises, so the pod
+  does not crash-loop; it publishes nothing new while NVML fails (nothing at all if it never
+  worked, the last published devices otherwise) and retries every interval.
+* Per-GPU problems (one GPU erroring mid-scan, a MIG mode change pending): a WARNING when the
+  problem appears, not again on every rescan while it persists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+
+from gpudra_driver.devicemodel import Device
+from gpudra_driver.discovery import NvmlUnavailable, scan
+from gpudra_driver.nvml import load_nvml, resolve_spec
+
+log = logging.getLogger("gpudra.agent")
+
+Publish = Callable[[Sequence[Device]], bool]  # True when the devices changed
+
+
+class Rescanner:
+    """One scan per :meth:`scan_once`; remembers what it logged so repeats stay quiet.
+
+    ``numa_node_of`` (e.g. :func:`gpudra_driver.discovery.numa_node_from_sysfs`) is used with real
+    NVML only, as ``gpudra discover`` does."""
+
+    def __init__(self, spec: str | None, publish: Publish, *, interval: float = 60.0,
+                 numa_node_of: Callable[[str], int | None] | None = None) -> None:
+        self.spec = resolve_spec(spec)
+        self.publish = publish
+        self.interval = interval
+        # The sysfs fallback describes this machine's PCI devices, which a simulated GPU is not.
+        self.numa_node_of = numa_node_of if self.spec == "real" else None
+        self.failure: str | None = None  # the current failure's message; None while scans work
+        self.failures = 0  # consecutive failed scans
+        self.warnings: set[str] = set()
+
+    async def run(self) -> None:
+        while True:
+            await self.scan_once()
+            await asyncio.sleep(self.interval)  # the rescan period itself, not a synchronisation
+
+    async def scan_once(self) -> bool:
+        """Scan and hand the devices to ``publish``; False when discovery failed."""
+        try:
+            result = await asyncio.to_thread(self._scan)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - whatever NVML does, the agent stays up
+            self._failed(error)
+            return False
+        if self.failure is not None:
+            log.info("GPU discovery works again after %d failed scan(s)", self.failures)
+            self.failure, self.failures = None, 0
+        for warning in result.warnings:
+            if warning not in self.warnings:
+                log.warning("%s", warning)
+        self.warnings = set(result.warnings)
+        if self.publish(result.devices):
+            log.info("discovered %d device(s) via NVML (%s): %s", len(result.devices), self.spec,
+                     ", ".join(d.name for d in result.devices) or "none")
+        else:
+            log.debug("rescan: %d device(s), unchanged", len(result.devices))
+        return True
+
+    def _scan(self):  # type: ignore[no-untyped-def]
+        return scan(load_nvml(self.spec), numa_node_of=self.numa_node_of)
+
+    def _failed(self, error: Exception) -> None:
+        self.failures += 1
+        if isinstance(error, (NvmlUnavailable, ValueError)):
+            message = str(error)  # written for a human: the cause and what to check
+        else:
+            message = f"unexpected {type(error).__name__}: {error}"
+        if message == self.failure:
+            log.debug("GPU discovery still failing (%d consecutive scans): %s", self.failures, message)
+            return
+        self.failure = message
+        log.error("GPU discovery failed: %s. The agent stays up, publishes no new devices and retries "
+                  "every %gs", message, self.interval)
