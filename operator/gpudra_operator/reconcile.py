@@ -41,9 +41,13 @@ class Outcome:
     conflicts: list[str] = field(default_factory=list)
 
 
-def _age_key(body: Mapping[str, Any]) -> tuple[str, str]:
-    meta = body["metadata"]
-    return (meta.get("creationTimestamp") or "", meta["name"])
+def _age_key(body: Mapping[str, Any]) -> tuple[str, int, str]:
+    """Older first. creationTimestamp has one-second resolution, so on a tie the incumbent (a
+    config already reconciled without a conflict) wins, then the name decides."""
+    meta, status = body["metadata"], body.get("status") or {}
+    degraded = next((c for c in status.get("conditions") or [] if c.get("type") == "Degraded"), {})
+    incumbent = "observedGeneration" in status and degraded.get("reason") != "Conflict"
+    return (meta.get("creationTimestamp") or "", 0 if incumbent else 1, meta["name"])
 
 
 def find_conflicts(config: GpuDraConfig, body: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> list[str]:

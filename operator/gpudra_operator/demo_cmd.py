@@ -1,0 +1,96 @@
+"""`gpudra demo`: the whole product on this machine, no cluster and no GPU needed.
+
+A local control plane, three simulated GPU nodes (dgx-h100, dgx-a100-40gb, a100-80gb-mig) each
+with its own agent on simulated NVML, the operator, the sample GpuDraConfig, then the seed: a claim
+template asking for >= 64Gi of GPU memory and a Job using it. It plays the kubelet for the Job's
+pod (prepares its claim through the agent's gRPC socket), shows what a user would check, and keeps
+the cluster up until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+SAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "samples"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("demo", help="run gpudra end to end on a local cluster with simulated GPUs")
+    parser.add_argument("--state-dir", type=Path, default=Path(tempfile.gettempdir()) / "gpudra-demo",
+                        help="where the cluster's files live while it runs (default: %(default)s)")
+    parser.add_argument("--exit", action="store_true", help="stop after the walkthrough instead of waiting for Ctrl-C")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .localcluster.controlplane import ControlPlaneError, find_binaries
+
+    try:
+        bin_dir = find_binaries()
+    except ControlPlaneError as error:
+        print(f"error: {error}")
+        return 2
+    pid_file = args.state_dir / "demo.pid"
+    args.state_dir.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="run-", dir=args.state_dir))
+    try:
+        return asyncio.run(_demo(bin_dir, workdir, pid_file, args.exit))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+        pid_file.unlink(missing_ok=True)
+        print("[demo] stopped; every process and temporary file removed")
+
+
+def step(message: str) -> None:
+    print(f"[demo] {message}", flush=True)
+
+
+def show(title: str, text: str) -> None:
+    print(f"\n$ {title}\n{text.rstrip()}\n", flush=True)
+
+
+async def _demo(bin_dir: Path, workdir: Path, pid_file: Path, exit_after: bool) -> int:
+    import os
+
+    from .localcluster.gpucluster import LocalGpuCluster
+    from .localcluster.seed import run_seed
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    started = time.monotonic()
+    async with LocalGpuCluster(bin_dir, workdir, say=step) as cluster:
+        pid_file.write_text(str(os.getpid()))
+        kubectl = f"kubectl --kubeconfig {cluster.plane.kubeconfig}"
+        step("applying manifests/samples/gpudraconfig.yaml")
+        await cluster.apply_file(SAMPLES / "gpudraconfig.yaml")
+        step("waiting for the operator: DeviceClasses applied, agent DaemonSet rolled out (Ready=True)")
+        await cluster.wait_ready("default")
+        step("waiting for every node's agent to publish its GPUs")
+        await cluster.wait_published()
+        show(f"{kubectl} get gdc", cluster.kubectl("get", "gdc"))
+        show(f"{kubectl} get deviceclasses", cluster.kubectl("get", "deviceclasses"))
+        show(f"{kubectl} get resourceslices -o wide", cluster.kubectl("get", "resourceslices", "-o", "wide"))
+
+        step("applying the seed workload: ResourceClaimTemplate gpu-64gi (memory >= 64Gi) and Job train")
+        result = await run_seed(cluster, SAMPLES / "seed-workload.yaml", say=step)
+        show(f"{kubectl} get pods -o wide", cluster.kubectl("get", "pods", "-o", "wide"))
+        show(f"{kubectl} get resourceclaims -A", cluster.kubectl("get", "resourceclaims", "-A"))
+        show(f"{kubectl} get resourceclaim {result.claim_name} -o jsonpath='{{.status.allocation}}'",
+             cluster.kubectl("get", "resourceclaim", result.claim_name, "-o", "jsonpath={.status.allocation}"))
+        show(f"cat {result.cdi_spec_path}", result.cdi_spec_path.read_text())
+        step(f"the pod runs on {result.node_name} with {result.device} "
+             f"({result.memory} of memory, UUID {result.uuid}); the 40 GB A100 node was never a candidate")
+        step(f"walkthrough done in {time.monotonic() - started:.0f}s")
+        print(f"\n  export KUBECONFIG={cluster.plane.kubeconfig}\n  kubectl get gdc,deviceclasses,resourceslices\n")
+        if exit_after:
+            return 0
+        step("the cluster stays up; Ctrl-C (or `make demo-down`) stops it")
+        await stop.wait()
+    return 0
