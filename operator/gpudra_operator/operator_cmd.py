@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 
 
@@ -25,6 +26,8 @@ def run(args: argparse.Namespace) -> int:
     from . import handlers  # noqa: F401 - registers the handlers
 
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
+    # The API client logs whole response bodies at DEBUG: too much even for --verbose.
+    logging.getLogger("kubernetes_asyncio").setLevel(logging.INFO)
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
     kopf.run(clusterwide=True, standalone=True, liveness_endpoint=liveness)
     return 0

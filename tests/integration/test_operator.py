@@ -10,6 +10,7 @@ import secrets
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +29,27 @@ SERVICE_ACCOUNT = resource_type("v1", "ServiceAccount")
 EVENT = resource_type("v1", "Event")
 
 
+@dataclass
+class OperatorProcess:
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log_count(self, text: str) -> int:
+        return self.log_path.read_text(errors="replace").count(text)
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def operator(cluster: ControlPlane, kube: Kube, crd_installed: Obj,
-                   tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[subprocess.Popen[bytes]]:
+                   tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[OperatorProcess]:
     log_path = tmp_path_factory.mktemp("operator") / "operator.log"
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "GPUDRA_DRIFT_INTERVAL": "3",
            "PYTHONUNBUFFERED": "1"}
     with log_path.open("ab") as log:
-        process = subprocess.Popen([sys.executable, "-m", "gpudra_operator.cli", "operator", "--liveness-port", "0",
-                                    "--verbose"], stdout=log, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen([sys.executable, "-m", "gpudra_operator.cli", "operator", "--liveness-port", "0"],
+                                   stdout=log, stderr=subprocess.STDOUT, env=env)
     simulator = asyncio.create_task(KubeletSimulator(kube).run())
     try:
-        yield process
+        yield OperatorProcess(process, log_path)
     finally:
         simulator.cancel()
         process.terminate()
@@ -62,7 +72,7 @@ def make_config(name: str, namespace: str, driver: str, classes: list[Obj], **ag
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def configs(kube: Kube, operator: subprocess.Popen[bytes]) -> AsyncIterator[Callable[..., Any]]:
+async def configs(kube: Kube, operator: OperatorProcess) -> AsyncIterator[Callable[..., Any]]:
     created: list[str] = []
 
     async def create(body: Obj) -> Obj:
@@ -233,3 +243,33 @@ async def test_newer_config_reports_conflicts_and_touches_nothing(kube: Kube, co
     assert ds["spec"]["template"]["spec"]["containers"][0]["image"] != "example.com/other:1"
     old = await kube.get(CONFIG, f"old-{suffix}")
     assert condition(old, "Ready")["status"] == "True"
+
+
+async def test_drift_ticks_write_nothing_when_nothing_changed(kube: Kube, configs, operator: OperatorProcess,
+                                                              namespace: str, suffix: str) -> None:
+    """A converged config costs reads only: across two drift ticks no object the operator manages
+    (the config itself, its DaemonSet, its DeviceClasses) gets a new resourceVersion."""
+    await agent_namespace(kube, namespace)
+    name = f"idle-{suffix}"
+    classes = [{"name": f"idle{i}-{suffix}.gpudra.io", "template": "full-gpu"} for i in range(3)]
+    await configs(make_config(name, namespace, f"i{suffix}.gpudra.io", classes, nodeSelector={"none": suffix}))
+    await wait_for(has_condition(kube, name, "Ready", "True"), timeout=60, what="Ready=True")
+
+    async def versions() -> dict[str, str]:
+        objects = [await kube.get(CONFIG, name), await kube.get(DAEMONSET, "gpudra-agent", namespace),
+                   *[await kube.get(DEVICE_CLASS, c["name"]) for c in classes]]
+        return {o["kind"] + "/" + o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in objects}
+
+    # Let any trailing status write (the DaemonSet controller's first status) settle: two equal
+    # snapshots around one drift tick, then two more ticks that must change nothing.
+    before = await versions()
+    ticks = operator.log_count("Timer 'repair_drift' succeeded")
+    await wait_for(lambda: _more(operator, ticks + 2), timeout=30, what="two drift ticks")
+    settled = await versions()
+    ticks = operator.log_count("Timer 'repair_drift' succeeded")
+    await wait_for(lambda: _more(operator, ticks + 2), timeout=30, what="two more drift ticks")
+    assert await versions() == settled, (before, settled)
+
+
+async def _more(operator: OperatorProcess, count: int) -> bool:
+    return operator.log_count("Timer 'repair_drift' succeeded") >= count
