@@ -9,13 +9,14 @@ PYTEST_ARGS ?=
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv kube-bin test unit demo demo-down bench clean
+.PHONY: help venv kube-bin test unit demo demo-down bench protos clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
 	@echo "make unit       unit tests only (no cluster)"
 	@echo "make kube-bin   fetch or build etcd $(ETCD_VERSION) + Kubernetes $(KUBE_VERSION) binaries"
 	@echo "make bench      benchmarks (not part of make test)"
+	@echo "make protos     regenerate the kubelet plugin's gRPC stubs"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -44,6 +45,11 @@ demo-down:
 
 bench: venv
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && GPUDRA_KUBE_BIN="$$bin_dir" $(BIN)/python -m bench
+
+# The kubelet plugin's gRPC stubs (committed) from driver/gpudra_driver/plugin/protos/.
+protos:
+	$(BIN)/pip install --quiet -e '.[dev]'
+	PYTHON=$(BIN)/python hack/gen-protos.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -32,6 +32,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--kubelet-dir", default="/var/lib/kubelet", help="the kubelet's root directory")
     parser.add_argument("--cdi-dir", default="/var/run/cdi", help="where CDI specs are written")
     parser.add_argument("--driver-root", default="/", help="host root of the NVIDIA driver files")
+    parser.add_argument("--pod-uid", default=os.environ.get("POD_UID") or None,
+                        help="this agent pod's UID, for unique plugin socket names during rolling updates "
+                             "(default: $POD_UID, else a random ID)")
     parser.add_argument("--log-format", choices=["text", "json"], default="text")
     parser.set_defaults(run=run)
 
@@ -43,16 +46,22 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(_main(args))
 
 
-async def _rescan_loop(args: argparse.Namespace, publisher: object) -> None:
+async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: object) -> None:
     from gpudra_driver.discovery import numa_node_from_sysfs
     from gpudra_driver.rescan import Rescanner
 
-    await Rescanner(args.nvml, publisher.set_devices,  # type: ignore[attr-defined]
-                    interval=args.rescan_interval, numa_node_of=numa_node_from_sysfs).run()
+    def publish(devices):  # type: ignore[no-untyped-def]
+        plugin.set_devices(devices)  # type: ignore[attr-defined]
+        return publisher.set_devices(devices)  # type: ignore[attr-defined]
+
+    await Rescanner(args.nvml, publish, interval=args.rescan_interval, numa_node_of=numa_node_from_sysfs).run()
 
 
 async def _main(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from gpudra_driver.kubeapi import Kube, connect
+    from gpudra_driver.plugin.plugin import KubeletPlugin, claim_getter
     from gpudra_driver.publisher import SlicePublisher
 
     api = await connect(args.kubeconfig)
@@ -63,13 +72,18 @@ async def _main(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     log.info("gpudra agent starting: driver %s, node %s", args.driver, args.node_name)
+    plugin = KubeletPlugin(driver=args.driver, node=args.node_name, kubelet_dir=Path(args.kubelet_dir),
+                           cdi_dir=Path(args.cdi_dir), driver_root=args.driver_root, instance=args.pod_uid,
+                           get_claim=claim_getter(kube))
+    await plugin.start()
     tasks = [asyncio.create_task(publisher.run(), name="publisher"),
-             asyncio.create_task(_rescan_loop(args, publisher), name="rescan")]
+             asyncio.create_task(_rescan_loop(args, publisher, plugin), name="rescan")]
     stopper = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    await plugin.stop()
     await api.close()
     failed = [t for t in done if t is not stopper and t.exception()]
     for task in failed:

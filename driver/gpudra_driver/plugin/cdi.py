@@ -1,0 +1,154 @@
+"""CDI specs: one JSON file per prepared claim in the CDI directory.
+
+Kind ``k8s.<driver>/claim`` (``k8s.gpu.gpudra.io/claim`` for the default driver), device names
+``<claimUID>-<device>`` so two claims never define the same CDI device (the CDI cache drops both
+definitions of a duplicate), file ``k8s.<driver>-claim_<claimUID>.json`` (CDI's
+``GenerateTransientSpecName``). ``cdiVersion`` is the lowest version that accepts the content
+(:func:`minimum_version`, the rules of the CDI library's ``MinimumRequiredVersion``), because a
+runtime vendoring an older CDI library rejects versions it does not know.
+
+:func:`cdi_spec` is pure; :class:`CdiDir` writes and removes the files atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from gpudra_driver.plugin.devicenodes import COMMON_NODES
+from gpudra_driver.plugin.fsutil import fsync_dir, remove, write_atomic
+from gpudra_driver.plugin.model import PreparedClaim
+
+CDI_CLASS = "claim"
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+
+
+def cdi_vendor(driver: str) -> str:
+    return f"k8s.{driver}"
+
+
+def cdi_kind(driver: str) -> str:
+    return f"{cdi_vendor(driver)}/{CDI_CLASS}"
+
+
+def cdi_device_name(claim_uid: str, device: str) -> str:
+    return f"{claim_uid}-{device}"
+
+
+def cdi_device_id(driver: str, claim_uid: str, device: str) -> str:
+    return f"{cdi_kind(driver)}={cdi_device_name(claim_uid, device)}"
+
+
+def spec_file_name(driver: str, claim_uid: str) -> str:
+    return f"{cdi_vendor(driver)}-{CDI_CLASS}_{claim_uid}.json"
+
+
+def claim_uid_of(driver: str, file_name: str) -> str | None:
+    """The claim UID if ``file_name`` is one of this driver's specs, else None."""
+    prefix, suffix = f"{cdi_vendor(driver)}-{CDI_CLASS}_", ".json"
+    if file_name.startswith(prefix) and file_name.endswith(suffix) and len(file_name) > len(prefix) + len(suffix):
+        return file_name[len(prefix):-len(suffix)]
+    return None
+
+
+def _device_node(path: str, driver_root: str) -> dict[str, str]:
+    node = {"path": path}
+    root = driver_root.rstrip("/")
+    if root:  # the host's node lives under the driver root (e.g. /run/nvidia/driver)
+        node["hostPath"] = root + path
+    return node
+
+
+def cdi_spec(claim: PreparedClaim, driver: str, driver_root: str = "/") -> dict[str, Any]:
+    """The CDI spec for a prepared claim with at least one device.
+
+    Device edits: the device's own nodes. Spec-wide edits (applied once whenever any device of the
+    spec is injected): the control and UVM nodes and ``NVIDIA_VISIBLE_DEVICES`` listing the
+    claim's GPU/MIG UUIDs."""
+    if not claim.devices:
+        raise ValueError(f"claim {claim.uid} has no devices: no CDI spec to write")
+    spec: dict[str, Any] = {
+        "cdiVersion": "",
+        "kind": cdi_kind(driver),
+        "devices": [{"name": cdi_device_name(claim.uid, d.device),
+                     "containerEdits": {"deviceNodes": [_device_node(p, driver_root) for p in d.device_nodes]}}
+                    for d in claim.devices],
+        "containerEdits": {
+            "env": [f"{VISIBLE_DEVICES_ENV}={','.join(d.uuid for d in claim.devices)}"],
+            "deviceNodes": [_device_node(p, driver_root) for p in COMMON_NODES],
+        },
+    }
+    spec["cdiVersion"] = minimum_version(spec)
+    return spec
+
+
+def minimum_version(spec: dict[str, Any]) -> str:
+    """The lowest CDI spec version whose schema accepts ``spec`` (CDI ``MinimumRequiredVersion``)."""
+    devices = spec.get("devices") or []
+    edits = [d.get("containerEdits") or {} for d in devices] + [spec.get("containerEdits") or {}]
+    if any(e.get("netDevices") for e in edits):
+        return "1.1.0"
+    if any(e.get("intelRdt") or e.get("additionalGids") for e in edits):
+        return "0.7.0"
+    kind_class = str(spec.get("kind", "")).partition("/")[2]
+    if spec.get("annotations") or any(d.get("annotations") for d in devices) or "." in kind_class:
+        return "0.6.0"
+    if any(d.get("name", "a")[:1] and not d["name"][0].isalpha() for d in devices) or any(
+            n.get("hostPath") for e in edits for n in e.get("deviceNodes") or []):
+        return "0.5.0"
+    if any(m.get("type") for e in edits for m in e.get("mounts") or []):
+        return "0.4.0"
+    return "0.3.0"
+
+
+class CdiDir:
+    """This driver's spec files in one CDI directory (other files there are never touched)."""
+
+    def __init__(self, path: Path, driver: str, driver_root: str = "/") -> None:
+        self.path = path
+        self.driver = driver
+        self.driver_root = driver_root
+
+    def spec_path(self, claim_uid: str) -> Path:
+        return self.path / spec_file_name(self.driver, claim_uid)
+
+    def write(self, claim: PreparedClaim, *, sync_dir: bool = True) -> Path:
+        """Write the claim's spec atomically (an existing one is replaced whole)."""
+        path = self.spec_path(claim.uid)
+        if not self.path.is_dir():  # e.g. /var/run/cdi on a fresh tmpfs; a file there fails here
+            self.path.mkdir(parents=True, exist_ok=True)
+        data = json.dumps(cdi_spec(claim, self.driver, self.driver_root), indent=1).encode() + b"\n"
+        write_atomic(path, data, sync_dir=sync_dir)
+        return path
+
+    def exists(self, claim_uid: str) -> bool:
+        return self.spec_path(claim_uid).is_file()
+
+    def remove(self, claim_uid: str) -> bool:
+        return remove(self.spec_path(claim_uid))
+
+    def sync(self) -> None:
+        fsync_dir(self.path)
+
+    def claim_uids(self) -> set[str]:
+        """UIDs of the claims that have a spec of ours in the directory."""
+        try:
+            names = os.listdir(self.path)
+        except FileNotFoundError:
+            return set()
+        return {uid for uid in (claim_uid_of(self.driver, n) for n in names) if uid}
+
+    def remove_temp_files(self) -> int:
+        """Temp files left by a write interrupted by a crash (``.<spec>.tmp-<pid>``)."""
+        prefix = f".{cdi_vendor(self.driver)}-{CDI_CLASS}_"
+        count = 0
+        try:
+            names = os.listdir(self.path)
+        except FileNotFoundError:
+            return 0
+        for name in names:
+            if name.startswith(prefix) and ".json.tmp-" in name:
+                count += remove(self.path / name)
+        return count

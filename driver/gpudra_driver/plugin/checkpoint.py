@@ -1,0 +1,171 @@
+"""The crash-safe record of which claims this node has prepared.
+
+State machine per claim (keyed by claim UID)::
+
+    (absent) --prepare--> PrepareStarted --CDI spec written--> PrepareCompleted --unprepare--> (absent)
+                                |                                                      ^
+                                +------------- failure, or restart (rollback) ---------+
+
+The file is JSON: ``{"version", "checksum", "bootID", "claims": {uid: {"state", "namespace",
+"name", "devices"}}}``. ``checksum`` is ``sha256:<hex>`` over the canonical JSON of everything else,
+so a torn or hand-edited file is detected. ``bootID`` is the node's
+``/proc/sys/kernel/random/boot_id`` when it was written: after a reboot no container holds a
+prepared device any more (and the kubelet prepares again), so an old boot's checkpoint is void.
+
+Transitions and :func:`reconcile` are pure; :func:`load`/:func:`save` are the file I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from gpudra_driver.plugin.fsutil import write_atomic
+from gpudra_driver.plugin.model import PreparedClaim
+
+VERSION = 1
+STARTED = "PrepareStarted"
+COMPLETED = "PrepareCompleted"
+STATES = (STARTED, COMPLETED)
+
+
+class CheckpointError(Exception):
+    """The checkpoint cannot be used as it is (corrupt, or written by a newer agent)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    state: str
+    claim: PreparedClaim
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    boot_id: str
+    claims: Mapping[str, Entry] = field(default_factory=lambda: MappingProxyType({}))
+
+    # -- transitions (pure: each returns a new Checkpoint) ------------------------------------
+    def started(self, claim: PreparedClaim) -> Checkpoint:
+        return self._with(claim.uid, Entry(STARTED, claim))
+
+    def completed(self, uid: str) -> Checkpoint:
+        entry = self.claims[uid]
+        return self._with(uid, replace(entry, state=COMPLETED))
+
+    def without(self, *uids: str) -> Checkpoint:
+        return replace(self, claims=MappingProxyType({u: e for u, e in self.claims.items() if u not in uids}))
+
+    def _with(self, uid: str, entry: Entry) -> Checkpoint:
+        return replace(self, claims=MappingProxyType({**self.claims, uid: entry}))
+
+    # -- queries ------------------------------------------------------------------------------
+    def device_owner(self, pool: str, device: str) -> str | None:
+        """The claim UID holding ``device`` (in either state), if any."""
+        for uid, entry in self.claims.items():
+            if any(d.pool == pool and d.device == device for d in entry.claim.devices):
+                return uid
+        return None
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Checkpoint) and self.boot_id == other.boot_id
+                and dict(self.claims) == dict(other.claims))
+
+
+# -- encoding ----------------------------------------------------------------------------------
+
+def _canonical(body: Mapping[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def encode(checkpoint: Checkpoint) -> bytes:
+    body = {"version": VERSION, "bootID": checkpoint.boot_id,
+            "claims": {uid: {"state": e.state, **e.claim.to_json()} for uid, e in checkpoint.claims.items()}}
+    checksum = "sha256:" + hashlib.sha256(_canonical(body)).hexdigest()
+    return json.dumps({**body, "checksum": checksum}, indent=1, sort_keys=True).encode() + b"\n"
+
+
+def decode(data: bytes) -> Checkpoint:
+    """Parse and verify; raises :class:`CheckpointError` naming what is wrong."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"not JSON: {error}") from None
+    if not isinstance(doc, dict):
+        raise CheckpointError("not a JSON object")
+    version = doc.get("version")
+    if version != VERSION:
+        raise CheckpointError(f"version {version!r}; this agent reads version {VERSION} "
+                              "(downgrading an agent with prepared claims needs them unprepared first)")
+    body = {k: v for k, v in doc.items() if k != "checksum"}
+    expected = "sha256:" + hashlib.sha256(_canonical(body)).hexdigest()
+    if doc.get("checksum") != expected:
+        raise CheckpointError(f"checksum mismatch (file says {doc.get('checksum')!r})")
+    try:
+        claims = {}
+        for uid, raw in doc["claims"].items():
+            if raw["state"] not in STATES:
+                raise CheckpointError(f"claim {uid}: unknown state {raw['state']!r}")
+            claims[uid] = Entry(raw["state"], PreparedClaim.from_json(uid, raw))
+        return Checkpoint(str(doc["bootID"]), MappingProxyType(claims))
+    except (KeyError, TypeError, AttributeError) as error:
+        raise CheckpointError(f"malformed content: {error!r}") from None
+
+
+# -- reconciliation (pure) -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Reconciliation:
+    checkpoint: Checkpoint
+    remove_specs: tuple[str, ...]  # claim UIDs whose CDI spec must go
+    rewrite_specs: tuple[PreparedClaim, ...]  # completed claims whose spec is missing
+    rolled_back: tuple[str, ...]  # half-done prepares undone
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.remove_specs or self.rewrite_specs or self.rolled_back)
+
+
+def reconcile(checkpoint: Checkpoint, spec_uids: Iterable[str]) -> Reconciliation:
+    """Make the checkpoint and the CDI directory agree, after a crash or a reboot.
+
+    * PrepareStarted: the kubelet never got an answer; roll back (entry and any spec go). It will
+      call again and get a fresh prepare.
+    * PrepareCompleted without its spec: roll forward, rewrite it (the kubelet believes the claim
+      is prepared; containers that restart need the spec).
+    * a spec of ours without a completed entry: an orphan, removed.
+    """
+    on_disk = set(spec_uids)
+    started = tuple(sorted(u for u, e in checkpoint.claims.items() if e.state == STARTED))
+    completed = {u: e for u, e in checkpoint.claims.items() if e.state == COMPLETED}
+    remove = tuple(sorted(u for u in on_disk if u not in completed))
+    rewrite = tuple(e.claim for u, e in sorted(completed.items()) if u not in on_disk and e.claim.devices)
+    return Reconciliation(checkpoint.without(*started), remove, rewrite, started)
+
+
+# -- file I/O --------------------------------------------------------------------------------------
+
+def load(path: Path, boot_id: str) -> tuple[Checkpoint, str | None]:
+    """The checkpoint at ``path`` and, when it had to be discarded, why. A missing file or one
+    from an earlier boot is an empty checkpoint. A corrupt file or a newer version raises."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return Checkpoint(boot_id), None
+    checkpoint = decode(data)
+    if checkpoint.boot_id != boot_id:
+        return Checkpoint(boot_id), (f"checkpoint is from boot {checkpoint.boot_id}, this is boot {boot_id}: "
+                                     f"discarding {len(checkpoint.claims)} claim(s) prepared before the reboot")
+    return checkpoint, None
+
+
+def save(path: Path, checkpoint: Checkpoint) -> None:
+    write_atomic(path, encode(checkpoint), mode=0o600)
+
+
+def read_boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str:
+    return path.read_text().strip()

@@ -1,0 +1,92 @@
+"""Which device nodes make a device usable inside a container (pure).
+
+* every GPU container: ``/dev/nvidiactl``, ``/dev/nvidia-uvm``, ``/dev/nvidia-uvm-tools``;
+* a full GPU: ``/dev/nvidia<minor>``;
+* a MIG device: its parent's ``/dev/nvidia<parentMinor>`` plus the two MIG capability nodes that
+  grant access to its GPU instance and compute instance,
+  ``/dev/nvidia-caps/nvidia-cap<minor>``.
+
+The capability minors are assigned by the kernel driver and published in
+``/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<gi>/access`` and ``.../gi<gi>/ci<ci>/access``
+(a line ``DeviceFileMinor: <n>``). :func:`read_mig_cap_minor` reads them; where they cannot be read
+(simulated NVML, no GPUs) :func:`mig_cap_minor_fallback` computes the driver's fixed layout, the one
+``/proc/driver/nvidia-caps/mig-minors`` lists: ``config`` 1, ``monitor`` 2, then per GPU minor 15
+GPU instances of 9 minors each (the GI's ``access``, then its compute instances 0-7).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpudra_driver.devicemodel import Device
+
+COMMON_NODES: tuple[str, ...] = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+CAPS_DIR = "/dev/nvidia-caps"
+
+# (parent GPU minor, GPU instance ID, compute instance ID or None for the GI itself) -> cap minor
+CapMinor = Callable[[int, int, "int | None"], int]
+
+_GIS_PER_GPU = 15
+_MINORS_PER_GI = 9  # the GI's access node + 8 compute instances
+
+
+@dataclass(frozen=True)
+class NodeDevice:
+    """What prepare needs to know about one discovered device."""
+
+    name: str
+    uuid: str
+    device_nodes: tuple[str, ...]  # container paths, device-specific (not COMMON_NODES)
+
+
+def mig_cap_minor_fallback(gpu_minor: int, gi: int, ci: int | None) -> int:
+    if not (0 <= gi < _GIS_PER_GPU) or (ci is not None and not 0 <= ci < _MINORS_PER_GI - 1):
+        raise ValueError(f"MIG instance gi{gi}/ci{ci} is outside the driver's capability layout")
+    base = 3 + gpu_minor * _GIS_PER_GPU * _MINORS_PER_GI + gi * _MINORS_PER_GI
+    return base if ci is None else base + 1 + ci
+
+
+_MINOR_LINE = re.compile(r"^DeviceFileMinor:\s*(\d+)\s*$", re.MULTILINE)
+
+
+def read_mig_cap_minor(proc_root: Path) -> CapMinor:
+    """A resolver reading the kernel driver's capability files under ``proc_root`` (normally
+    ``/proc``), falling back to the fixed layout where they are absent."""
+
+    def resolve(gpu_minor: int, gi: int, ci: int | None) -> int:
+        path = proc_root / "driver/nvidia/capabilities" / f"gpu{gpu_minor}" / "mig" / f"gi{gi}"
+        if ci is not None:
+            path = path / f"ci{ci}"
+        try:
+            match = _MINOR_LINE.search((path / "access").read_text())
+        except OSError:
+            match = None
+        return int(match.group(1)) if match else mig_cap_minor_fallback(gpu_minor, gi, ci)
+
+    return resolve
+
+
+def device_nodes(device: Device, cap_minor: CapMinor = mig_cap_minor_fallback) -> tuple[str, ...]:
+    """The device-specific nodes of ``device`` (container paths)."""
+    if device.type == "gpu":
+        return (f"/dev/nvidia{_int(device, 'minor')}",)
+    parent = _int(device, "parentMinor")
+    gi, ci = _int(device, "gpuInstanceId"), _int(device, "computeInstanceId")
+    return (f"/dev/nvidia{parent}",
+            f"{CAPS_DIR}/nvidia-cap{cap_minor(parent, gi, None)}",
+            f"{CAPS_DIR}/nvidia-cap{cap_minor(parent, gi, ci)}")
+
+
+def node_devices(devices: list[Device], cap_minor: CapMinor = mig_cap_minor_fallback) -> dict[str, NodeDevice]:
+    """Discovered devices by name, in the form prepare plans with."""
+    return {d.name: NodeDevice(d.name, str(d.attr("uuid")), device_nodes(d, cap_minor)) for d in devices}
+
+
+def _int(device: Device, name: str) -> int:
+    value = device.attr(name)
+    if type(value) is not int:
+        raise ValueError(f"device {device.name}: attribute {name!r} is missing")
+    return value

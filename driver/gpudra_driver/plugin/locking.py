@@ -1,0 +1,62 @@
+"""The per-node lock that serialises prepare and unprepare across agent instances.
+
+During a DaemonSet rolling update two agents run side by side and the kubelet may send a call to
+either; both read and write the same checkpoint and CDI directory. ``flock`` on one file in the
+plugin directory makes their read-modify-write sections exclusive. The kernel drops the lock when
+its holder dies (SIGKILL included), so a crashed agent never wedges the node.
+
+flock belongs to an open file description, so the lock is taken with a fresh descriptor each
+time; within one process callers are already serialised by the plugin's single state thread."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+LOCK_FILE = "serialize.lock"
+
+
+class LockTimeout(TimeoutError):
+    pass
+
+
+@contextmanager
+def node_lock(path: Path, timeout: float = 40.0) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (created if missing). Blocking; call it off the event loop.
+
+    ``timeout`` stays under the kubelet's 45 s call deadline so a stuck peer turns into a
+    per-claim error the kubelet retries, not a hung call."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        _acquire(fd, path, timeout)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _acquire(fd: int, path: Path, timeout: float) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the uncontended case: no waiting at all
+        return
+    except BlockingIOError:
+        pass
+    deadline = time.monotonic() + timeout
+    # Contended: another agent instance holds it. A blocking flock cannot time out, so poll with a
+    # short backoff; this waits on a peer process, it does not synchronise anything of ours.
+    delay = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise LockTimeout(f"{path} is held by another agent instance for over {timeout:.0f}s") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)

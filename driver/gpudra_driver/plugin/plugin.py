@@ -1,0 +1,206 @@
+"""The kubelet plugin's I/O shell: sockets, gRPC servers, the claim GET, the state thread.
+
+Sockets (unique per agent instance, so a DaemonSet rolling update can overlap two instances; the
+kubelet prefers the newest registered one that is connected):
+
+* ``<kubelet-dir>/plugins/<driver>/dra-<podUID>.sock``: DRAPlugin v1 and v1beta1;
+* ``<kubelet-dir>/plugins_registry/<driver>-<podUID>-reg.sock``: registration.
+
+Start: stale sockets (nobody accepts on them: a crashed instance's) are removed, the checkpoint and
+CDI directory are reconciled, the DRA socket is served; the registration socket appears once
+devices have been discovered, so the kubelet never prefers an instance that cannot prepare yet.
+Stop (SIGTERM): registration socket first (deregistration), then the DRA server after in-flight
+calls finish, then our socket files. Prepare GETs each claim (concurrently, before taking the
+lock), then hands all of them to :class:`DeviceState` on one worker thread."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from gpudra_driver.devicemodel import Device
+from gpudra_driver.plugin import service
+from gpudra_driver.plugin.cdi import CdiDir
+from gpudra_driver.plugin.checkpoint import read_boot_id
+from gpudra_driver.plugin.devicenodes import CapMinor, node_devices, read_mig_cap_minor
+from gpudra_driver.plugin.faults import FaultHook
+from gpudra_driver.plugin.gen import pluginregistration_pb2_grpc
+from gpudra_driver.plugin.model import ClaimError, ClaimRef
+from gpudra_driver.plugin.registration import SUPPORTED_VERSIONS, RegistrationServicer
+from gpudra_driver.plugin.sockets import MAX_SOCKET_PATH, SocketAddress
+from gpudra_driver.plugin.state import DeviceState, Fetched, PrepareResult
+
+log = logging.getLogger(__name__)
+
+GetClaim = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
+CLAIM_GET_TIMEOUT = 20.0  # well inside the kubelet's 45 s per call
+
+
+def socket_paths(kubelet_dir: Path, driver: str, instance: str) -> tuple[Path, Path]:
+    """(DRA socket, registration socket). Where ``<kubelet-dir>/...`` plus a driver name and pod UID
+    would not fit a unix socket address, the names are hashed (as upstream's kubeletplugin does
+    after 1.35), keeping a per-driver prefix so stale-socket cleanup recognises them. A directory
+    too deep even for that is still served (see :mod:`.sockets`)."""
+    plugin_dir, registry = kubelet_dir / "plugins" / driver, kubelet_dir / "plugins_registry"
+    dra, reg = plugin_dir / f"dra-{instance}.sock", registry / f"{driver}-{instance}-reg.sock"
+    short = hashlib.sha256(instance.encode()).hexdigest()[:12]
+    if len(os.fsencode(dra)) > MAX_SOCKET_PATH:
+        dra = plugin_dir / f"dra-{short}.sock"
+    if len(os.fsencode(reg)) > MAX_SOCKET_PATH:
+        reg = registry / f"{_registry_prefix(driver, hashed=True)}{short}-reg.sock"
+    return dra, reg
+
+
+def _registry_prefix(driver: str, *, hashed: bool) -> str:
+    return f"gpudra-{hashlib.sha256(driver.encode()).hexdigest()[:8]}-" if hashed else f"{driver}-"
+
+
+def _is_stale(path: Path) -> bool:
+    """True when ``path`` is a unix socket nobody accepts on (its server died)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(1.0)
+        with SocketAddress(path) as address:
+            sock.connect(address.address)
+        return False
+    except (ConnectionRefusedError, FileNotFoundError):
+        return True
+    except OSError as error:
+        return error.errno in (errno.ECONNREFUSED, errno.ENOTSOCK)
+    finally:
+        sock.close()
+
+
+class KubeletPlugin:
+    def __init__(self, *, driver: str, node: str, kubelet_dir: Path, cdi_dir: Path, get_claim: GetClaim,
+                 driver_root: str = "/", instance: str | None = None, boot_id: str | None = None,
+                 proc_root: Path = Path("/proc"), api_versions: Sequence[str] = ("v1", "v1beta1"),
+                 fault: FaultHook | None = None) -> None:
+        self.driver, self.node = driver, node
+        self.instance = instance or str(uuid.uuid4())
+        self.plugin_dir = kubelet_dir / "plugins" / driver
+        self.registry_dir = kubelet_dir / "plugins_registry"
+        self.dra_socket, self.registration_socket = socket_paths(kubelet_dir, driver, self.instance)
+        self.get_claim = get_claim
+        self.cap_minor: CapMinor = read_mig_cap_minor(proc_root)
+        self.state = DeviceState(self.plugin_dir, CdiDir(cdi_dir, driver, driver_root), driver=driver, node=node,
+                                 boot_id=boot_id or read_boot_id(), fault=fault or FaultHook())
+        self.api_versions = tuple(api_versions)
+        self.registration = RegistrationServicer(
+            driver, os.fspath(self.dra_socket),
+            tuple(v for v in SUPPORTED_VERSIONS if v.split(".")[0] in self.api_versions))
+        self.devices_known = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpudra-plugin-state")
+        self._dra_server: grpc.aio.Server | None = None
+        self._reg_server: grpc.aio.Server | None = None
+        self._register_task: asyncio.Task[None] | None = None
+
+    # -- devices ------------------------------------------------------------------------------
+    def set_devices(self, devices: Sequence[Device]) -> None:
+        """This node's devices from the latest discovery (called from the rescan loop)."""
+        self.state.set_devices(node_devices(list(devices), self.cap_minor))
+        self.devices_known.set()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        self.registry_dir.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_sockets()
+        await asyncio.get_running_loop().run_in_executor(self._executor, self.state.startup)
+        self._dra_server = grpc.aio.server()
+        for version in self.api_versions:
+            servicer_class, add = service.VERSIONS[version]
+            add(servicer_class(self), self._dra_server)
+        self._listen(self._dra_server, self.dra_socket)
+        await self._dra_server.start()
+        log.info("DRA service (%s) on %s", ", ".join(self.api_versions), self.dra_socket)
+        self._register_task = asyncio.create_task(self._register(), name="plugin-registration")
+
+    async def _register(self) -> None:
+        await self.devices_known.wait()
+        self._reg_server = grpc.aio.server()
+        pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, self._reg_server)
+        self._listen(self._reg_server, self.registration_socket)
+        await self._reg_server.start()
+        log.info("registration socket %s (waiting for the kubelet)", self.registration_socket)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        if self._register_task is not None:
+            self._register_task.cancel()
+            await asyncio.gather(self._register_task, return_exceptions=True)
+        # Deregister first: the kubelet stops routing new calls here once the socket is gone.
+        _unlink(self.registration_socket)
+        if self._reg_server is not None:
+            await self._reg_server.stop(0)
+        if self._dra_server is not None:
+            await self._dra_server.stop(grace)  # in-flight prepares finish, new ones are refused
+        _unlink(self.dra_socket)
+        self._executor.shutdown(wait=True)
+        log.info("kubelet plugin stopped; sockets removed")
+
+    def _listen(self, server: grpc.aio.Server, path: Path) -> None:
+        _unlink(path)  # ours by construction (unique instance name)
+        with SocketAddress(path) as address:  # bound (the file exists) before the handle closes
+            if server.add_insecure_port(address.target) == 0:
+                raise OSError(f"cannot listen on unix socket {path}")
+
+    def _remove_stale_sockets(self) -> None:
+        candidates = [self.plugin_dir / n for n in os.listdir(self.plugin_dir)
+                      if n.startswith("dra") and n.endswith(".sock")]
+        prefixes = (_registry_prefix(self.driver, hashed=False), _registry_prefix(self.driver, hashed=True))
+        candidates += [self.registry_dir / n for n in os.listdir(self.registry_dir)
+                       if n.startswith(prefixes) and n.endswith("-reg.sock")]
+        for path in candidates:
+            if _is_stale(path):
+                _unlink(path)
+                log.info("removed stale socket %s", path)
+
+    # -- the calls ------------------------------------------------------------------------------
+    async def prepare(self, refs: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
+        fetched = await asyncio.gather(*(self._fetch(ref) for ref in refs))
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, self.state.prepare, list(zip(refs, fetched)))
+
+    async def unprepare(self, refs: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self.state.unprepare, list(refs))
+
+    async def _fetch(self, ref: ClaimRef) -> Fetched:
+        try:
+            ref.check()  # never put a malformed name into an API path
+            return await asyncio.wait_for(self.get_claim(ref.namespace, ref.name), CLAIM_GET_TIMEOUT)
+        except ClaimError as error:
+            return error
+        except Exception as error:  # the API server's answer, a timeout, a dropped connection
+            from gpudra_driver.kubeapi import error_message
+
+            return ClaimError(f"{ref}: reading it from the API server failed: {error_message(error) or error!r}")
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def claim_getter(kube: Any) -> GetClaim:
+    """GET a ResourceClaim through the agent's one API adapter."""
+    from gpudra_driver.kubeapi import resource_type
+
+    claims = resource_type("resource.k8s.io/v1", "ResourceClaim")
+
+    async def get(namespace: str, name: str) -> Mapping[str, Any] | None:
+        return await kube.get(claims, name, namespace)
+
+    return get

@@ -1,0 +1,74 @@
+"""gRPC servicers for DRAPlugin v1 and v1beta1: proto in, :class:`Core` calls, proto out.
+
+Both versions share one implementation; they differ only in their message classes (v1beta1's
+Device has no share_id). Every claim of a request appears in the response, each with its own
+error, so one bad claim never fails the others. Only a bug turns into an RPC error."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from types import ModuleType
+from typing import Any, Protocol
+
+import grpc
+
+from gpudra_driver.plugin.gen import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from gpudra_driver.plugin.model import ClaimRef
+from gpudra_driver.plugin.state import PrepareResult
+
+log = logging.getLogger(__name__)
+
+
+class Core(Protocol):
+    async def prepare(self, refs: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]: ...
+
+    async def unprepare(self, refs: Sequence[ClaimRef]) -> Mapping[str, str | None]: ...
+
+
+def _refs(request: Any) -> list[ClaimRef]:
+    return [ClaimRef(c.namespace, c.name, c.uid) for c in request.claims]
+
+
+def _servicer(pb: ModuleType, base: type) -> type:
+    class Servicer(base):  # type: ignore[misc, valid-type]
+        def __init__(self, core: Core) -> None:
+            self.core = core
+
+        async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            refs = _refs(request)
+            results = await self.core.prepare(refs)
+            response = pb.NodePrepareResourcesResponse()
+            for ref in refs:
+                result = results.get(ref.uid) or PrepareResult(error=f"claim {ref.uid}: no result (bug)")
+                out = response.claims[ref.uid]
+                if result.error:
+                    out.error = result.error
+                    continue
+                assert result.claim is not None
+                for device in result.claim.devices:
+                    out.devices.add(request_names=device.requests, pool_name=device.pool,
+                                    device_name=device.device, cdi_device_ids=[device.cdi_device_id])
+            return response
+
+        async def NodeUnprepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            refs = _refs(request)
+            results = await self.core.unprepare(refs)
+            response = pb.NodeUnprepareResourcesResponse()
+            for ref in refs:
+                error = results.get(ref.uid, f"claim {ref.uid}: no result (bug)")
+                response.claims[ref.uid].error = error or ""
+            return response
+
+    Servicer.__name__ = Servicer.__qualname__ = f"DRAPlugin{pb.__name__.rsplit('_', 2)[-2].capitalize()}Servicer"
+    return Servicer
+
+
+V1Servicer = _servicer(dra_v1_pb2, dra_v1_pb2_grpc.DRAPluginServicer)
+V1beta1Servicer = _servicer(dra_v1beta1_pb2, dra_v1beta1_pb2_grpc.DRAPluginServicer)
+
+# API version name -> (servicer class, function adding it to a server)
+VERSIONS = {
+    "v1": (V1Servicer, dra_v1_pb2_grpc.add_DRAPluginServicer_to_server),
+    "v1beta1": (V1beta1Servicer, dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server),
+}

@@ -1,0 +1,223 @@
+"""Prepared-claim state on this node: the checkpoint and the CDI specs, changed only under the
+node lock (the role of dra-example-driver's device_state.go).
+
+Every method here is synchronous and blocking (file I/O, fsync, flock); the plugin runs them one
+at a time on its single state thread, so the event loop keeps serving while a call waits for the
+disk or for another agent instance's lock.
+
+Prepare, for all claims of one kubelet call together:
+
+1. lock; read the checkpoint (another instance may have changed it);
+2. plan each claim (pure, :func:`plan_prepare`); an already completed claim is answered again;
+3. one checkpoint write: the new claims as PrepareStarted;
+4. one atomic CDI spec write per claim, one fsync of the CDI directory;
+5. one checkpoint write: PrepareCompleted (and failed claims dropped); unlock; answer.
+
+A crash before 5 leaves PrepareStarted entries, which the next start rolls back (spec removed);
+the kubelet, which never got an answer, prepares again. Unprepare drops the entries first (one
+checkpoint write), then removes the specs; a crash between leaves orphan specs, removed at start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpudra_driver.plugin import checkpoint as ckpt
+from gpudra_driver.plugin.cdi import CdiDir
+from gpudra_driver.plugin.devicenodes import NodeDevice
+from gpudra_driver.plugin.faults import FaultHook
+from gpudra_driver.plugin.locking import LOCK_FILE, node_lock
+from gpudra_driver.plugin.model import ClaimError, ClaimRef, PreparedClaim
+from gpudra_driver.plugin.prepare import plan_prepare
+
+log = logging.getLogger(__name__)
+CHECKPOINT_FILE = "checkpoint.json"
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    claim: PreparedClaim | None = None
+    error: str | None = None
+
+
+# What the plugin hands over per claim: the GET result, or the reason the GET failed.
+Fetched = Mapping[str, Any] | None | ClaimError
+
+
+class DeviceState:
+    def __init__(self, plugin_dir: Path, cdi: CdiDir, *, driver: str, node: str, boot_id: str,
+                 fault: FaultHook | None = None, lock_timeout: float = 40.0) -> None:
+        self.plugin_dir = plugin_dir
+        self.cdi = cdi
+        self.driver = driver
+        self.node = node
+        self.boot_id = boot_id
+        self.fault = fault or FaultHook()
+        self.lock_timeout = lock_timeout
+        self.checkpoint_path = plugin_dir / CHECKPOINT_FILE
+        self.lock_path = plugin_dir / LOCK_FILE
+        self.devices: Mapping[str, NodeDevice] | None = None  # swapped whole by set_devices
+
+    def set_devices(self, devices: Mapping[str, NodeDevice]) -> None:
+        self.devices = dict(devices)
+
+    def _lock(self):  # type: ignore[no-untyped-def]
+        return node_lock(self.lock_path, self.lock_timeout)
+
+    def _load(self) -> ckpt.Checkpoint:
+        checkpoint, problem = ckpt.load(self.checkpoint_path, self.boot_id)
+        if problem:
+            log.warning("%s", problem)
+        return checkpoint
+
+    # -- start-up ---------------------------------------------------------------------------------
+    def startup(self) -> ckpt.Reconciliation:
+        """Reconcile the checkpoint with the CDI directory (see :func:`checkpoint.reconcile`)."""
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        with self._lock():
+            keep_specs = False
+            try:
+                loaded = self._load()
+            except ckpt.CheckpointError as error:
+                if str(error).startswith("version"):
+                    raise RuntimeError(f"{self.checkpoint_path}: {error}") from None
+                aside = self.checkpoint_path.with_name(f"{CHECKPOINT_FILE}.corrupt-{int(time.time())}")
+                os.replace(self.checkpoint_path, aside)
+                log.error("checkpoint %s is unusable (%s); moved it to %s. Existing CDI specs are kept for "
+                          "running containers; the kubelet's unprepare calls remove them", self.checkpoint_path,
+                          error, aside)
+                loaded, keep_specs = ckpt.Checkpoint(self.boot_id), True
+            try:
+                self.cdi.path.mkdir(parents=True, exist_ok=True)
+                on_disk = self.cdi.claim_uids()
+            except OSError as error:
+                log.error("CDI directory %s is unusable: %s", self.cdi.path, error)
+                on_disk = set()
+            result = ckpt.reconcile(loaded, on_disk)
+            if keep_specs:
+                result = ckpt.Reconciliation(result.checkpoint, (), result.rewrite_specs, result.rolled_back)
+            for uid in result.remove_specs:
+                self.cdi.remove(uid)
+            for claim in result.rewrite_specs:
+                self.cdi.write(claim, sync_dir=False)
+            temp = self.cdi.remove_temp_files() if on_disk or self.cdi.path.is_dir() else 0
+            if result.changed or temp:
+                self.cdi.sync()
+            if result.checkpoint != loaded or not self.checkpoint_path.exists():
+                ckpt.save(self.checkpoint_path, result.checkpoint)
+            for name in os.listdir(self.plugin_dir):
+                if name.startswith(f".{CHECKPOINT_FILE}.tmp-"):
+                    os.unlink(self.plugin_dir / name)
+        if result.changed:
+            log.info("start-up reconciliation: rolled back %s, removed orphan specs %s, rewrote specs %s",
+                     list(result.rolled_back), list(result.remove_specs), [c.uid for c in result.rewrite_specs])
+        return result
+
+    # -- prepare ----------------------------------------------------------------------------------
+    def prepare(self, claims: Sequence[tuple[ClaimRef, Fetched]]) -> dict[str, PrepareResult]:
+        results: dict[str, PrepareResult] = {}
+        with self._lock():
+            checkpoint = self._load()
+            original = checkpoint
+            planned: list[PreparedClaim] = []
+            seen: set[str] = set()
+            for ref, fetched in claims:
+                if ref.uid in seen:
+                    continue  # the same claim twice in one call: one answer
+                seen.add(ref.uid)
+                try:
+                    plan = plan_prepare(ref, fetched, self.devices, checkpoint, node=self.node, driver=self.driver)
+                except ClaimError as error:
+                    results[ref.uid] = PrepareResult(error=str(error))
+                    continue
+                if plan.done:
+                    results[ref.uid] = self._answer_again(plan.claim)
+                else:
+                    planned.append(plan.claim)
+                    checkpoint = checkpoint.started(plan.claim)
+            if not planned:
+                return results
+            ckpt.save(self.checkpoint_path, checkpoint)
+            self.fault("after-checkpoint-started")
+            written: list[PreparedClaim] = []
+            for claim in planned:
+                if not claim.devices:  # nothing of ours in this claim: nothing to write
+                    written.append(claim)
+                    continue
+                try:
+                    self.cdi.write(claim, sync_dir=False)
+                    written.append(claim)
+                    self.fault("after-cdi-write")
+                except OSError as error:
+                    results[claim.uid] = PrepareResult(error=f"{claim.ref}: writing its CDI spec into "
+                                                             f"{self.cdi.path} failed: {error}")
+                    checkpoint = checkpoint.without(claim.uid)
+            try:
+                if any(c.devices for c in written):
+                    self.cdi.sync()
+                for claim in written:
+                    checkpoint = checkpoint.completed(claim.uid)
+                ckpt.save(self.checkpoint_path, checkpoint)
+            except OSError as error:
+                for claim in written:
+                    self.cdi.remove(claim.uid)
+                    results[claim.uid] = PrepareResult(error=f"{claim.ref}: recording the prepared claim "
+                                                             f"failed: {error}")
+                self._save_quietly(original)
+                return results
+            self.fault("after-checkpoint-completed")
+            for claim in written:
+                results[claim.uid] = PrepareResult(claim)
+        return results
+
+    def _answer_again(self, claim: PreparedClaim) -> PrepareResult:
+        if claim.devices and not self.cdi.exists(claim.uid):  # someone deleted it: put it back
+            try:
+                self.cdi.write(claim)
+            except OSError as error:
+                return PrepareResult(error=f"{claim.ref}: rewriting its missing CDI spec failed: {error}")
+        return PrepareResult(claim)
+
+    def _save_quietly(self, checkpoint: ckpt.Checkpoint) -> None:
+        try:
+            ckpt.save(self.checkpoint_path, checkpoint)
+        except OSError as error:  # the next start rolls the PrepareStarted entries back
+            log.error("could not roll the checkpoint back: %s", error)
+
+    # -- unprepare --------------------------------------------------------------------------------
+    def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str | None]:
+        results: dict[str, str | None] = {}
+        valid: list[str] = []
+        for ref in refs:
+            try:
+                ref.check()
+                valid.append(ref.uid)
+                results[ref.uid] = None
+            except ClaimError as error:
+                results[ref.uid] = str(error)
+        if not valid:
+            return results
+        with self._lock():
+            checkpoint = self._load()
+            remaining = checkpoint.without(*valid)
+            if remaining != checkpoint:
+                ckpt.save(self.checkpoint_path, remaining)
+                self.fault("unprepare-after-checkpoint")
+            removed = False
+            for uid in valid:
+                try:
+                    removed |= self.cdi.remove(uid)
+                except OSError as error:
+                    results[uid] = f"claim {uid}: removing its CDI spec failed: {error}"
+            if removed:
+                try:
+                    self.cdi.sync()
+                except OSError as error:
+                    log.warning("fsync of %s failed: %s", self.cdi.path, error)
+        return results

@@ -1,0 +1,133 @@
+"""CDI specs: content, the minimum cdiVersion, schema validity, and the spec directory's files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from cdispec import load_and_validate, validate_cdi_spec
+from plugin_fixtures import DRIVER, NODE, claim, devices, result
+
+from gpudra_driver.plugin.cdi import CdiDir, cdi_spec, claim_uid_of, minimum_version, spec_file_name
+from gpudra_driver.plugin.checkpoint import Checkpoint
+from gpudra_driver.plugin.devicenodes import mig_cap_minor_fallback, read_mig_cap_minor
+from gpudra_driver.plugin.model import ClaimRef, PreparedClaim
+from gpudra_driver.plugin.prepare import plan_prepare
+
+UID = "0c1d2e3f-0000-4000-8000-000000000001"
+
+
+def prepared(*results, uid: str = UID, profile: str = "dgx-h100") -> PreparedClaim:
+    return plan_prepare(ClaimRef("ns", "c1", uid), claim(uid, results=list(results)), devices(profile),
+                        Checkpoint("b"), node=NODE, driver=DRIVER).claim
+
+
+def test_gpu_claim_spec_names_the_gpu_node_uuid_and_common_nodes() -> None:
+    spec = validate_cdi_spec(cdi_spec(prepared(result("gpu-3"), result("gpu-5", request="other")), DRIVER))
+    gpus = devices()
+    assert spec["kind"] == "k8s.gpu.gpudra.io/claim"
+    assert spec["cdiVersion"] == "0.5.0"  # the device names start with a digit (the claim UID)
+    assert spec["devices"] == [
+        {"name": f"{UID}-gpu-3", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia3"}]}},
+        {"name": f"{UID}-gpu-5", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia5"}]}},
+    ]
+    assert spec["containerEdits"] == {
+        "env": [f"NVIDIA_VISIBLE_DEVICES={gpus['gpu-3'].uuid},{gpus['gpu-5'].uuid}"],
+        "deviceNodes": [{"path": "/dev/nvidiactl"}, {"path": "/dev/nvidia-uvm"}, {"path": "/dev/nvidia-uvm-tools"}],
+    }
+
+
+def test_spec_version_is_the_minimum_never_newer() -> None:
+    letter_uid = "a" + UID[1:]
+    assert cdi_spec(prepared(result("gpu-0"), uid=letter_uid), DRIVER)["cdiVersion"] == "0.3.0"
+    rooted = validate_cdi_spec(cdi_spec(prepared(result("gpu-0"), uid=letter_uid), DRIVER, "/run/nvidia/driver/"))
+    assert rooted["cdiVersion"] == "0.5.0"  # hostPath needs 0.5.0
+    assert rooted["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia0", "hostPath": "/run/nvidia/driver/dev/nvidia0"}]
+    assert {"path": "/dev/nvidiactl", "hostPath": "/run/nvidia/driver/dev/nvidiactl"} in \
+        rooted["containerEdits"]["deviceNodes"]
+
+
+@pytest.mark.parametrize(("spec", "version"), [
+    ({"kind": "a.b/c", "devices": [{"name": "x", "containerEdits": {"env": ["A=1"]}}]}, "0.3.0"),
+    ({"kind": "a.b/c", "devices": [{"name": "x", "containerEdits": {"mounts": [
+        {"hostPath": "/a", "containerPath": "/b", "type": "bind"}]}}]}, "0.4.0"),
+    ({"kind": "a.b/c", "devices": [{"name": "0x", "containerEdits": {"env": ["A=1"]}}]}, "0.5.0"),
+    ({"kind": "a.b/c", "devices": [{"name": "x", "containerEdits": {"deviceNodes": [
+        {"path": "/dev/x", "hostPath": "/h/dev/x"}]}}]}, "0.5.0"),
+    ({"kind": "a.b/c.d", "devices": [{"name": "x", "containerEdits": {"env": ["A=1"]}}]}, "0.6.0"),
+    ({"kind": "a.b/c", "annotations": {"k": "v"}, "devices": [{"name": "x", "containerEdits": {"env": ["A=1"]}}]},
+     "0.6.0"),
+    ({"kind": "a.b/c", "devices": [{"name": "x", "containerEdits": {"additionalGids": [5]}}]}, "0.7.0"),
+    ({"kind": "a.b/c", "devices": [{"name": "x", "containerEdits": {"netDevices": [
+        {"hostInterfaceName": "eth1", "name": "net1"}]}}]}, "1.1.0"),
+])
+def test_minimum_version_follows_the_cdi_rules(spec, version: str) -> None:
+    assert minimum_version(spec) == version
+
+
+def test_mig_spec_has_parent_and_capability_nodes() -> None:
+    spec = validate_cdi_spec(cdi_spec(prepared(result("gpu-0-mig-1g10gb-9-0"), profile="a100-80gb-mig"), DRIVER))
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia0"}, {"path": "/dev/nvidia-caps/nvidia-cap84"}, {"path": "/dev/nvidia-caps/nvidia-cap85"}]
+    assert spec["containerEdits"]["env"][0].startswith("NVIDIA_VISIBLE_DEVICES=MIG-")
+
+
+def test_mig_capability_minors_come_from_the_driver_and_fall_back_to_its_layout(tmp_path: Path) -> None:
+    # /proc/driver/nvidia-caps/mig-minors: config 1, monitor 2, gpu0/gi0/access 3, gpu0/gi0/ci0/access 4, ...
+    assert [mig_cap_minor_fallback(0, 0, None), mig_cap_minor_fallback(0, 0, 0), mig_cap_minor_fallback(0, 1, None),
+            mig_cap_minor_fallback(1, 0, None)] == [3, 4, 12, 138]
+    with pytest.raises(ValueError):
+        mig_cap_minor_fallback(0, 15, None)
+    gi = tmp_path / "driver/nvidia/capabilities/gpu2/mig/gi7"
+    (gi / "ci1").mkdir(parents=True)
+    (gi / "access").write_text("DeviceFileMinor: 301\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+    (gi / "ci1" / "access").write_text("DeviceFileMinor: 303\nDeviceFileMode: 292\n")
+    resolve = read_mig_cap_minor(tmp_path)
+    assert (resolve(2, 7, None), resolve(2, 7, 1), resolve(0, 0, None)) == (301, 303, 3)
+
+
+def test_a_claim_without_devices_has_no_spec() -> None:
+    with pytest.raises(ValueError, match="no devices"):
+        cdi_spec(PreparedClaim(ClaimRef("ns", "c", UID), ()), DRIVER)
+
+
+def test_spec_files_are_written_whole_found_and_removed(tmp_path: Path) -> None:
+    cdi = CdiDir(tmp_path / "cdi", DRIVER)
+    foreign = tmp_path / "cdi" / "nvidia.com-gpu.yaml"
+    path = cdi.write(prepared(result("gpu-1")))
+    foreign.write_text("cdiVersion: 0.3.0\n")
+    assert path.name == f"k8s.gpu.gpudra.io-claim_{UID}.json" == spec_file_name(DRIVER, UID)
+    assert load_and_validate(path)["devices"][0]["name"] == f"{UID}-gpu-1"
+    assert sorted(os.listdir(cdi.path)) == sorted([path.name, foreign.name])  # no temp file left
+    assert cdi.claim_uids() == {UID}
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
+    assert cdi.remove(UID) and not cdi.remove(UID)
+    assert cdi.claim_uids() == set() and foreign.exists()
+
+
+def test_interrupted_writes_leave_only_temp_files_that_are_cleaned(tmp_path: Path) -> None:
+    cdi = CdiDir(tmp_path, DRIVER)
+    (tmp_path / f".{spec_file_name(DRIVER, UID)}.tmp-1234").write_text("{")
+    (tmp_path / ".other.tmp-1").write_text("x")
+    assert cdi.claim_uids() == set()
+    assert cdi.remove_temp_files() == 1
+    assert os.listdir(tmp_path) == [".other.tmp-1"]
+
+
+def test_an_unwritable_cdi_directory_raises_oserror_and_writes_nothing(tmp_path: Path) -> None:
+    blocker = tmp_path / "cdi"
+    blocker.write_text("not a directory")
+    with pytest.raises(OSError):
+        CdiDir(blocker, DRIVER).write(prepared(result("gpu-1")))
+    assert os.listdir(tmp_path) == ["cdi"]
+
+
+def test_claim_uid_of_recognises_only_this_drivers_specs() -> None:
+    assert claim_uid_of(DRIVER, f"k8s.gpu.gpudra.io-claim_{UID}.json") == UID
+    assert claim_uid_of(DRIVER, f"k8s.other.io-claim_{UID}.json") is None
+    assert claim_uid_of(DRIVER, "k8s.gpu.gpudra.io-claim_.json") is None
+    assert claim_uid_of(DRIVER, f"k8s.gpu.gpudra.io-claim_{UID}.yaml") is None
+    assert json.loads(json.dumps(cdi_spec(prepared(result("gpu-2")), DRIVER)))  # plain JSON types only

@@ -1,0 +1,92 @@
+"""The checkpoint: transitions, the file format (version, checksum, boot ID), reconciliation."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from plugin_fixtures import DRIVER, NODE, claim, devices, result
+
+from gpudra_driver.plugin import checkpoint as ckpt
+from gpudra_driver.plugin.checkpoint import COMPLETED, STARTED, Checkpoint, CheckpointError
+from gpudra_driver.plugin.model import ClaimRef, PreparedClaim
+from gpudra_driver.plugin.prepare import plan_prepare
+
+A = "0c1d2e3f-0000-4000-8000-00000000000a"
+B = "0c1d2e3f-0000-4000-8000-00000000000b"
+
+
+def prepared(uid: str, device: str) -> PreparedClaim:
+    return plan_prepare(ClaimRef("ns", uid[-1], uid), claim(uid, name=uid[-1], results=[result(device)]),
+                        devices(), Checkpoint("b"), node=NODE, driver=DRIVER).claim
+
+
+def test_two_phase_transitions_are_pure() -> None:
+    empty = Checkpoint("boot")
+    started = empty.started(prepared(A, "gpu-0"))
+    done = started.completed(A)
+    assert empty.claims == {} and started.claims[A].state == STARTED and done.claims[A].state == COMPLETED
+    assert done.device_owner(NODE, "gpu-0") == A and done.device_owner(NODE, "gpu-1") is None
+    assert done.without(A) == empty and done.without("unknown") == done
+
+
+def test_round_trip_with_version_checksum_and_boot_id() -> None:
+    cp = Checkpoint("boot").started(prepared(A, "gpu-0")).completed(A).started(prepared(B, "gpu-1"))
+    data = ckpt.encode(cp)
+    doc = json.loads(data)
+    assert doc["version"] == 1 and doc["bootID"] == "boot" and doc["checksum"].startswith("sha256:")
+    assert doc["claims"][A]["state"] == "PrepareCompleted" and doc["claims"][B]["state"] == "PrepareStarted"
+    assert ckpt.decode(data) == cp
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda d: d["claims"].clear(), "checksum mismatch"),
+    (lambda d: d.update(version=2), "version 2"),
+    (lambda d: d.update(checksum="sha256:00"), "checksum mismatch"),
+])
+def test_tampered_or_newer_files_are_rejected(mutate, message: str) -> None:
+    doc = json.loads(ckpt.encode(Checkpoint("boot").started(prepared(A, "gpu-0"))))
+    mutate(doc)
+    with pytest.raises(CheckpointError, match=message):
+        ckpt.decode(json.dumps(doc).encode())
+
+
+@pytest.mark.parametrize("data", [b"", b"{", b"[]", b"\xff"])
+def test_garbage_is_rejected(data: bytes) -> None:
+    with pytest.raises(CheckpointError):
+        ckpt.decode(data)
+
+
+def test_a_checkpoint_from_another_boot_is_void(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    ckpt.save(path, Checkpoint("boot-1").started(prepared(A, "gpu-0")).completed(A))
+    assert ckpt.load(path, "boot-1")[0].claims.keys() == {A}
+    loaded, problem = ckpt.load(path, "boot-2")
+    assert loaded == Checkpoint("boot-2") and "from boot boot-1" in (problem or "")
+    assert ckpt.load(tmp_path / "missing.json", "boot-2") == (Checkpoint("boot-2"), None)
+
+
+def test_save_is_atomic_and_private(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    ckpt.save(path, Checkpoint("b"))
+    ckpt.save(path, Checkpoint("b").started(prepared(A, "gpu-0")))
+    assert os.listdir(tmp_path) == ["checkpoint.json"]
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_reconcile_rolls_back_started_rewrites_missing_and_removes_orphans() -> None:
+    done, half = prepared(A, "gpu-0"), prepared(B, "gpu-1")
+    cp = Checkpoint("b").started(done).completed(A).started(half)
+    orphan = "0c1d2e3f-0000-4000-8000-00000000000c"
+    r = ckpt.reconcile(cp, {B, orphan})  # A's spec is missing, B half-written, C unknown
+    assert r.checkpoint == Checkpoint("b").started(done).completed(A)
+    assert r.rolled_back == (B,) and r.remove_specs == (B, orphan) and r.rewrite_specs == (done,)
+    clean = ckpt.reconcile(r.checkpoint, {A})
+    assert not clean.changed and clean.checkpoint == r.checkpoint
+
+
+def test_boot_id_is_read_from_the_kernel() -> None:
+    boot_id = ckpt.read_boot_id()
+    assert len(boot_id) == 36 and boot_id == ckpt.read_boot_id()

@@ -1,0 +1,169 @@
+"""DeviceState: prepare/unprepare on disk, and a crash at every point of them followed by a restart.
+
+A crash is simulated by raising from the fault hook at the named point: every write before it is
+already durable (synchronous, atomic), nothing after it happens, as with SIGKILL. The integration
+tests do the real SIGKILL against an agent subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from cdispec import load_and_validate
+from plugin_fixtures import DRIVER, NODE, claim, devices, result
+
+from gpudra_driver.plugin import checkpoint as ckpt
+from gpudra_driver.plugin.cdi import CdiDir
+from gpudra_driver.plugin.faults import POINTS, FaultHook
+from gpudra_driver.plugin.model import ClaimError, ClaimRef
+from gpudra_driver.plugin.state import DeviceState
+
+A = "0c1d2e3f-0000-4000-8000-00000000000a"
+B = "0c1d2e3f-0000-4000-8000-00000000000b"
+REF_A, REF_B = ClaimRef("ns", "a", A), ClaimRef("ns", "b", B)
+
+
+class Crash(BaseException):
+    pass
+
+
+class CrashAt(FaultHook):
+    def __call__(self, point: str) -> None:
+        if point == self.point:
+            raise Crash(point)
+
+
+def make(tmp_path: Path, fault: FaultHook | None = None, boot: str = "boot-1") -> DeviceState:
+    state = DeviceState(tmp_path / "plugin", CdiDir(tmp_path / "cdi", DRIVER), driver=DRIVER, node=NODE,
+                        boot_id=boot, fault=fault)
+    state.startup()
+    state.set_devices(devices())
+    return state
+
+
+def items(*pairs):
+    return [(ref, obj) for ref, obj in pairs]
+
+
+def spec_files(tmp_path: Path) -> list[str]:
+    return sorted(os.listdir(tmp_path / "cdi"))
+
+
+def test_prepare_writes_spec_and_checkpoint_then_unprepare_removes_both(tmp_path: Path) -> None:
+    state = make(tmp_path)
+    out = state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-2")]))))
+    assert out[A].error is None and [d.device for d in out[A].claim.devices] == ["gpu-2"]
+    (name,) = spec_files(tmp_path)
+    spec = load_and_validate(tmp_path / "cdi" / name)
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia2"}]
+    saved = ckpt.load(state.checkpoint_path, "boot-1")[0]
+    assert saved.claims[A].state == ckpt.COMPLETED
+
+    # Idempotent: same answer, spec not rewritten (same inode and mtime).
+    before = (tmp_path / "cdi" / name).stat()
+    again = state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-2")]))))
+    after = (tmp_path / "cdi" / name).stat()
+    assert again[A] == out[A] and (before.st_ino, before.st_mtime_ns) == (after.st_ino, after.st_mtime_ns)
+
+    assert state.unprepare([REF_A]) == {A: None}
+    assert spec_files(tmp_path) == [] and ckpt.load(state.checkpoint_path, "boot-1")[0].claims == {}
+    assert state.unprepare([REF_A]) == {A: None}  # unknown claim: success
+
+
+def test_one_bad_claim_never_fails_the_others(tmp_path: Path) -> None:
+    state = make(tmp_path)
+    out = state.prepare(items(
+        (REF_A, claim(A, name="a", results=[result("gpu-1")])),
+        (REF_B, claim(B, name="b", results=[result("gpu-1")])),  # the same GPU: refused
+        (ClaimRef("ns", "c", "../x"), claim()),
+        (ClaimRef("ns", "d", "0c1d2e3f-0000-4000-8000-00000000000d"), ClaimError("GET failed: 503")),
+    ))
+    assert out[A].error is None
+    assert "gpu-1 is already prepared for claim " + A in (out[B].error or "")
+    assert "malformed" in (out["../x"].error or "") and "503" in (out["0c1d2e3f-0000-4000-8000-00000000000d"].error or "")
+    assert len(spec_files(tmp_path)) == 1
+    assert set(ckpt.load(state.checkpoint_path, "boot-1")[0].claims) == {A}
+
+
+def test_the_same_claim_twice_in_one_call_is_prepared_once(tmp_path: Path) -> None:
+    state = make(tmp_path)
+    obj = claim(A, name="a", results=[result("gpu-1")])
+    out = state.prepare(items((REF_A, obj), (REF_A, obj)))
+    assert list(out) == [A] and out[A].error is None
+
+
+def test_an_unwritable_cdi_directory_is_a_per_claim_error_and_nothing_is_recorded(tmp_path: Path) -> None:
+    state = make(tmp_path)
+    os.rmdir(tmp_path / "cdi")
+    (tmp_path / "cdi").write_text("a file where the directory should be")
+    out = state.prepare(items((REF_A, claim(A, name="a"))))
+    assert "writing its CDI spec" in (out[A].error or "")
+    assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims == {}
+    assert sorted(os.listdir(tmp_path)) == ["cdi", "plugin"]
+    assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", "serialize.lock"]
+
+
+def test_a_deleted_spec_of_a_prepared_claim_is_written_again(tmp_path: Path) -> None:
+    state = make(tmp_path)
+    state.prepare(items((REF_A, claim(A, name="a"))))
+    (tmp_path / "cdi" / spec_files(tmp_path)[0]).unlink()
+    assert state.prepare(items((REF_A, None)))[A].error is None  # answered from the checkpoint
+    assert len(spec_files(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("point", [p for p in POINTS if not p.startswith("unprepare")])
+def test_a_crash_anywhere_in_prepare_loses_nothing_and_leaves_nothing(tmp_path: Path, point: str) -> None:
+    state = make(tmp_path)
+    state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+    state.fault = CrashAt(point)
+    with pytest.raises(Crash):
+        state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
+    restarted = make(tmp_path)  # a new agent instance: start-up reconciliation
+    claims = ckpt.load(restarted.checkpoint_path, "boot-1")[0].claims
+    prepared_b = point == "after-checkpoint-completed"  # B completed before the crash: kept
+    assert set(claims) == ({A, B} if prepared_b else {A})
+    assert all(e.state == ckpt.COMPLETED for e in claims.values())
+    assert restarted.cdi.claim_uids() == set(claims)  # no orphan spec, no missing one
+    assert not [n for n in os.listdir(tmp_path / "cdi") if n.startswith(".")]  # no temp files
+    out = restarted.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
+    assert out[B].error is None and restarted.cdi.claim_uids() == {A, B}
+    for uid in (A, B):
+        load_and_validate(restarted.cdi.spec_path(uid))
+
+
+def test_a_crash_in_unprepare_leaves_no_orphan_after_restart(tmp_path: Path) -> None:
+    state = make(tmp_path)
+    state.prepare(items((REF_A, claim(A, name="a"))))
+    state.fault = CrashAt("unprepare-after-checkpoint")
+    with pytest.raises(Crash):
+        state.unprepare([REF_A])
+    assert spec_files(tmp_path)  # the spec outlived the crash...
+    restarted = make(tmp_path)
+    assert spec_files(tmp_path) == []  # ...and start-up removed it
+    assert restarted.unprepare([REF_A]) == {A: None}
+
+
+def test_after_a_reboot_everything_prepared_before_is_dropped(tmp_path: Path) -> None:
+    make(tmp_path).prepare(items((REF_A, claim(A, name="a"))))
+    rebooted = make(tmp_path, boot="boot-2")
+    assert spec_files(tmp_path) == [] and ckpt.load(rebooted.checkpoint_path, "boot-2")[0].claims == {}
+
+
+def test_a_corrupt_checkpoint_is_moved_aside_and_specs_are_kept(tmp_path: Path) -> None:
+    state = make(tmp_path)
+    state.prepare(items((REF_A, claim(A, name="a"))))
+    state.checkpoint_path.write_text(json.dumps({"version": 1, "claims": {}, "checksum": "sha256:bad"}))
+    make(tmp_path)
+    assert len(spec_files(tmp_path)) == 1  # a running container may still need it
+    assert any(n.startswith("checkpoint.json.corrupt-") for n in os.listdir(tmp_path / "plugin"))
+
+
+def test_a_checkpoint_from_a_newer_agent_stops_the_plugin(tmp_path: Path) -> None:
+    state = make(tmp_path)
+    doc = json.loads(ckpt.encode(ckpt.Checkpoint("boot-1")))
+    doc["version"] = 2
+    state.checkpoint_path.write_text(json.dumps(doc))
+    with pytest.raises(RuntimeError, match="version 2"):
+        make(tmp_path)

@@ -1,0 +1,184 @@
+"""The plugin's gRPC surface in-process, driven the way the kubelet drives it: registration
+handshake, then v1 and v1beta1 calls, over real unix sockets; claims come from a dict instead of
+the API server (the integration tests use the real one)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import grpc
+import pytest
+from cdispec import load_and_validate
+from plugin_fixtures import DRIVER, NODE, claim, result
+
+from gpudra_driver.discovery import scan
+from gpudra_driver.nvml.fake import FakeNvml, load_profile
+from gpudra_driver.plugin.kubelet_client import DraClient, RegistrationRefused, register
+from gpudra_driver.plugin.plugin import KubeletPlugin, socket_paths
+from gpudra_driver.plugin.sockets import MAX_SOCKET_PATH, SocketAddress
+
+A = "0c1d2e3f-0000-4000-8000-00000000000a"
+B = "0c1d2e3f-0000-4000-8000-00000000000b"
+
+
+def make_plugin(root: Path, claims: dict, instance: str = "pod-1", **kwargs) -> KubeletPlugin:
+    async def get_claim(namespace: str, name: str):
+        value = claims.get((namespace, name))
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    return KubeletPlugin(driver=DRIVER, node=NODE, kubelet_dir=root / "kubelet", cdi_dir=root / "cdi",
+                         get_claim=get_claim, instance=instance, boot_id="boot-1", **kwargs)
+
+
+@pytest.fixture
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("p")
+
+
+async def test_registration_then_prepare_and_unprepare_over_v1_and_v1beta1(root: Path) -> None:
+    claims = {("ns", "a"): claim(A, name="a", results=[result("gpu-4", request="r/sub")]),
+              ("ns", "b"): claim(B, name="b", results=[result("gpu-5")])}
+    plugin = make_plugin(root, claims)
+    await plugin.start()
+    try:
+        assert not plugin.registration_socket.exists()  # no registration before discovery
+        plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
+        await plugin._register_task  # type: ignore[misc]
+        registered = await register(plugin.registration_socket, driver=DRIVER)
+        assert (registered.name, registered.version, registered.endpoint) == (DRIVER, "v1", str(plugin.dra_socket))
+        assert list(registered.info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        assert plugin.registration.registered.is_set()
+        old_kubelet = await register(plugin.registration_socket, prefer=["v1beta1.DRAPlugin"])
+        assert old_kubelet.version == "v1beta1"
+
+        for version, (uid, name, device, request) in (("v1", (A, "a", "gpu-4", "r")),
+                                                      ("v1beta1", (B, "b", "gpu-5", "gpu"))):
+            async with DraClient(registered.endpoint, version) as client:
+                response = await client.prepare([("ns", name, uid)])
+                assert dict(response.claims).keys() == {uid}
+                out = response.claims[uid]
+                assert out.error == ""
+                (dev,) = out.devices
+                assert (list(dev.request_names), dev.pool_name, dev.device_name, list(dev.cdi_device_ids)) == (
+                    [request], NODE, device, [f"k8s.{DRIVER}/claim={uid}-{device}"])
+                spec = load_and_validate(root / "cdi" / f"k8s.{DRIVER}-claim_{uid}.json")
+                assert spec["devices"][0]["name"] == f"{uid}-{device}"
+                if version == "v1":
+                    assert not dev.HasField("share_id")
+                unprepared = await client.unprepare([("ns", name, uid), ("ns", "never", "ffff")])
+                assert {k: v.error for k, v in unprepared.claims.items()} == {uid: "", "ffff": ""}
+        assert os.listdir(root / "cdi") == []
+    finally:
+        await plugin.stop()
+    assert not plugin.dra_socket.exists() and not plugin.registration_socket.exists()
+
+
+async def test_bad_input_gets_per_claim_errors_and_the_server_keeps_serving(root: Path) -> None:
+    claims = {("ns", "good"): claim(A, name="good"), ("ns", "replaced"): claim("1111", name="replaced"),
+              ("ns", "pending"): claim(B, name="pending", allocated=False),
+              ("ns", "boom"): RuntimeError("connection reset")}
+    plugin = make_plugin(root, claims)
+    await plugin.start()
+    plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
+    try:
+        async with DraClient(plugin.dra_socket, "v1beta1") as client:
+            response = await client.prepare([
+                ("ns", "good", A), ("ns", "missing", "2222"), ("ns", "replaced", "3333"),
+                ("ns", "pending", B), ("ns", "boom", "4444"), ("ns", "../../etc", "5555"), ("ns", "x", ""),
+            ])
+            errors = {uid: r.error for uid, r in response.claims.items()}
+            assert errors[A] == ""
+            assert "not found" in errors["2222"] and "replaced" in errors["3333"]
+            assert "not allocated" in errors[B] and "connection reset" in errors["4444"]
+            assert "malformed" in errors["5555"] and "uid is required" in errors[""]
+            assert len(response.claims) == 7
+            # The server is still there and still exact.
+            again = await client.prepare([("ns", "good", A)])
+            assert again.claims[A].devices[0].device_name == "gpu-3"
+        assert sorted(os.listdir(root)) == ["cdi", "kubelet"]
+        assert os.listdir(root / "cdi") == [f"k8s.{DRIVER}-claim_{A}.json"]
+    finally:
+        await plugin.stop()
+
+
+async def test_only_stale_sockets_are_removed_at_start(root: Path) -> None:
+    plugin_dir = root / "kubelet" / "plugins" / DRIVER
+    registry = root / "kubelet" / "plugins_registry"
+    plugin_dir.mkdir(parents=True)
+    registry.mkdir(parents=True)
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(plugin_dir / "dra-dead.sock"))
+    dead.close()  # the file stays, nobody listens: what SIGKILL leaves behind
+    live = socket.socket(socket.AF_UNIX)
+    live.bind(str(registry / f"{DRIVER}-live-reg.sock"))
+    live.listen()
+    foreign = socket.socket(socket.AF_UNIX)
+    foreign.bind(str(registry / "other.example.com-x-reg.sock"))
+    foreign.close()
+    plugin = make_plugin(root, {})
+    await plugin.start()
+    try:
+        assert not (plugin_dir / "dra-dead.sock").exists()
+        assert (registry / f"{DRIVER}-live-reg.sock").exists()  # another live instance (rolling update)
+        assert (registry / "other.example.com-x-reg.sock").exists()  # not ours
+    finally:
+        await plugin.stop()
+        live.close()
+
+
+async def test_a_refused_registration_is_recorded() -> None:
+    from gpudra_driver.plugin.gen import pluginregistration_pb2 as pb
+    from gpudra_driver.plugin.registration import RegistrationServicer
+
+    servicer = RegistrationServicer(DRIVER, "/x.sock")
+
+    class Context:
+        async def abort(self, code, details):
+            raise grpc.RpcError(details)
+
+    with pytest.raises(grpc.RpcError):
+        await servicer.NotifyRegistrationStatus(pb.RegistrationStatus(plugin_registered=False, error="no"), Context())
+    assert servicer.error == "no" and not servicer.registered.is_set()
+
+
+def test_long_socket_paths_are_hashed_to_fit(tmp_path: Path) -> None:
+    deep = Path("/k") / ("d" * 20)
+    dra, reg = socket_paths(deep, "a-rather-long-driver-name.example.com", "0c1d2e3f-0000-4000-8000-00000000000a")
+    assert len(os.fsencode(dra)) <= MAX_SOCKET_PATH and len(os.fsencode(reg)) <= MAX_SOCKET_PATH
+    assert reg.name.startswith("gpudra-") and reg.name.endswith("-reg.sock")
+    with pytest.raises(ValueError, match="too long"):
+        SocketAddress(tmp_path / ("s" * 100))
+
+
+async def test_a_kubelet_dir_too_deep_for_socket_addresses_still_works(root: Path) -> None:
+    deep = root / ("d" * 60) / ("e" * 60)
+    plugin = make_plugin(deep, {("ns", "a"): claim(A, name="a")}, instance=A)
+    assert len(os.fsencode(plugin.dra_socket)) > MAX_SOCKET_PATH
+    await plugin.start()
+    plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
+    try:
+        await plugin._register_task  # type: ignore[misc]
+        assert plugin.dra_socket.is_socket() and plugin.registration_socket.is_socket()
+        registered = await register(plugin.registration_socket)
+        async with DraClient(registered.endpoint) as client:
+            assert (await client.prepare([("ns", "a", A)])).claims[A].error == ""
+    finally:
+        await plugin.stop()
+    assert not plugin.dra_socket.exists()
+
+
+async def test_kubelet_refuses_a_plugin_without_common_versions(root: Path) -> None:
+    plugin = make_plugin(root, {}, api_versions=("v1",))
+    await plugin.start()
+    plugin.set_devices([])
+    try:
+        await plugin._register_task  # type: ignore[misc]
+        with pytest.raises(RegistrationRefused, match="none of services supported"):
+            await register(plugin.registration_socket, prefer=["v1beta1.DRAPlugin"])
+        assert plugin.registration.error and "none of services" in plugin.registration.error
+    finally:
+        await plugin.stop()

@@ -1,0 +1,116 @@
+"""plan_prepare: every check a claim must pass before anything is written, and idempotency."""
+
+from __future__ import annotations
+
+import pytest
+from plugin_fixtures import DRIVER, NODE, claim, devices, result
+
+from gpudra_driver.plugin.checkpoint import Checkpoint
+from gpudra_driver.plugin.model import ClaimError, ClaimRef, PreparedClaim, PreparedDevice
+from gpudra_driver.plugin.prepare import plan_prepare
+
+UID = "0c1d2e3f-0000-4000-8000-000000000001"
+OTHER = "9f9f9f9f-0000-4000-8000-000000000002"
+REF = ClaimRef("ns", "c1", UID)
+EMPTY = Checkpoint("boot-1")
+
+
+def plan(obj, *, ref: ClaimRef = REF, devs=None, checkpoint: Checkpoint = EMPTY, node: str = NODE):
+    return plan_prepare(ref, obj, devices() if devs is None else devs, checkpoint, node=node, driver=DRIVER)
+
+
+def test_allocated_gpu_is_planned_with_its_device_node_uuid_and_cdi_id() -> None:
+    p = plan(claim())
+    assert not p.done
+    (device,) = p.claim.devices
+    gpu3 = devices()["gpu-3"]
+    assert device == PreparedDevice(("gpu",), NODE, "gpu-3", gpu3.uuid, ("/dev/nvidia3",),
+                                    f"k8s.{DRIVER}/claim={UID}-gpu-3")
+
+
+def test_subrequest_names_are_stripped_and_requests_merged_per_device() -> None:
+    p = plan(claim(results=[result("gpu-1", request="big/h100"), result("gpu-2", request="small")]))
+    assert [(d.device, d.requests) for d in p.claim.devices] == [("gpu-1", ("big",)), ("gpu-2", ("small",))]
+
+
+def test_results_of_other_drivers_are_ignored_and_a_claim_without_ours_prepares_nothing() -> None:
+    p = plan(claim(results=[result("nic-0", driver="net.example.com", pool="other")]))
+    assert p.claim.devices == ()
+
+
+@pytest.mark.parametrize(("obj", "message"), [
+    (None, "not found"),
+    (claim(uid=OTHER), "the claim was replaced"),
+    (claim(allocated=False), "not allocated"),
+    (claim(results=[result("gpu-3", pool="node-b")]), "pool 'node-b', not this node's pool 'node-a'"),
+    (claim(results=[result("gpu-99")]), "device 'gpu-99' is not a device of node node-a"),
+    (claim(node_selector_node="node-b"), "allocated to node ['node-b'], not node-a"),
+])
+def test_bad_claims_are_refused_with_a_reason(obj, message: str) -> None:
+    with pytest.raises(ClaimError, match=".*") as info:
+        plan(obj)
+    assert message in str(info.value)
+    assert "ns/c1" in str(info.value)  # the error names the claim
+
+
+@pytest.mark.parametrize("ref", [
+    ClaimRef("ns", "c1", ""),
+    ClaimRef("ns", "c1", "../../etc/passwd"),
+    ClaimRef("ns", "c1", "a/b"),
+    ClaimRef("../kube-system", "c1", UID),
+    ClaimRef("ns", "c1/../../x", UID),
+    ClaimRef("", "c1", UID),
+])
+def test_names_with_path_characters_are_malformed(ref: ClaimRef) -> None:
+    with pytest.raises(ClaimError, match="malformed claim"):
+        plan(claim(), ref=ref)
+
+
+def test_a_failed_get_is_the_claims_error() -> None:
+    with pytest.raises(ClaimError, match="API down"):
+        plan(ClaimError("API down"))
+
+
+def test_devices_not_yet_discovered_is_a_retryable_error() -> None:
+    with pytest.raises(ClaimError, match="not discovered yet; retry"):
+        plan_prepare(REF, claim(), None, EMPTY, node=NODE, driver=DRIVER)
+
+
+def test_a_device_prepared_for_another_claim_is_refused() -> None:
+    other = plan(claim(uid=OTHER, name="c2"), ref=ClaimRef("ns", "c2", OTHER)).claim
+    for checkpoint in (EMPTY.started(other), EMPTY.started(other).completed(OTHER)):
+        with pytest.raises(ClaimError, match=f"gpu-3 is already prepared for claim {OTHER}"):
+            plan(claim(), checkpoint=checkpoint)
+
+
+def test_admin_access_does_not_need_exclusive_use() -> None:
+    other = plan(claim(uid=OTHER, name="c2"), ref=ClaimRef("ns", "c2", OTHER)).claim
+    p = plan(claim(results=[result("gpu-3", adminAccess=True)]), checkpoint=EMPTY.started(other).completed(OTHER))
+    assert [d.device for d in p.claim.devices] == ["gpu-3"]
+
+
+def test_a_completed_claim_is_answered_again_whatever_the_api_says() -> None:
+    prepared = plan(claim()).claim
+    checkpoint = EMPTY.started(prepared).completed(UID)
+    for obj in (claim(), None, ClaimError("API down")):
+        again = plan(obj, checkpoint=checkpoint, devs={})  # even with the device gone from discovery
+        assert again.done and again.claim == prepared
+
+
+def test_a_started_claim_is_planned_again() -> None:
+    prepared = plan(claim()).claim
+    again = plan(claim(), checkpoint=EMPTY.started(prepared))
+    assert not again.done and again.claim == prepared
+
+
+def test_mig_devices_get_the_parent_node_and_both_capability_nodes() -> None:
+    mig = devices("a100-80gb-mig")
+    p = plan(claim(results=[result("gpu-0-mig-3g40gb-2-0")]), devs=mig)
+    (device,) = p.claim.devices
+    assert device.device_nodes == ("/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22")
+    assert device.uuid.startswith("MIG-")
+
+
+def test_prepared_claim_round_trips_through_json() -> None:
+    prepared = plan(claim(results=[result("gpu-1"), result("gpu-2", request="b")])).claim
+    assert PreparedClaim.from_json(UID, prepared.to_json()) == prepared
