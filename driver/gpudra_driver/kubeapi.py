@@ -11,8 +11,12 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes_asyncio import client, config
-from kubernetes_asyncio.client.exceptions import ApiException
+from gpudra_driver import lazyk8s
+
+lazyk8s.install()  # before the first kubernetes_asyncio import: skip ~35 MiB of generated classes
+
+from kubernetes_asyncio import client, config  # noqa: E402
+from kubernetes_asyncio.client.exceptions import ApiException  # noqa: E402
 
 Obj = dict[str, Any]
 _JSON_RESPONSES = {200: "object", 201: "object", 202: "object"}

@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
-from collections.abc import AsyncIterator, Callable
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +31,17 @@ def driver() -> str:
     return f"f{secrets.token_hex(4)}.gpudra.io"
 
 
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """Agent work dirs right under /tmp: the kubelet plugin's unix sockets live there, and a
+    socket path must stay within 107 bytes (pytest's tmp_path is too deep for that)."""
+    path = Path(tempfile.mkdtemp(prefix="gpudra-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest_asyncio.fixture(loop_scope="session")
-async def agents(cluster: ControlPlane, tmp_path: Path,
+async def agents(cluster: ControlPlane, short_dir: Path,
                  monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Callable[..., AgentProcess]]:
     started: list[AgentProcess] = []
     monkeypatch.setenv("GPUDRA_LOG_LEVEL", "DEBUG")  # the agents count their quiet retries at DEBUG
@@ -38,7 +49,7 @@ async def agents(cluster: ControlPlane, tmp_path: Path,
     def start(node_name: str, nvml: str, driver: str, kubeconfig: Path | None = None,
               **kwargs: Any) -> AgentProcess:
         agent = start_agent(kubeconfig=kubeconfig or cluster.kubeconfig, node_name=node_name, nvml=nvml,
-                            driver=driver, workdir=tmp_path / f"{node_name}-{len(started)}", **kwargs)
+                            driver=driver, workdir=short_dir / f"{node_name}-{len(started)}", **kwargs)
         started.append(agent)
         return agent
 

@@ -4,8 +4,10 @@ scheduler allocates from, restores them when deleted, and republishes when devic
 from __future__ import annotations
 
 import secrets
+import shutil
+import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,13 +34,22 @@ def driver() -> str:
     return f"a{secrets.token_hex(4)}.gpudra.io"
 
 
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """Agent work dirs right under /tmp: the kubelet plugin's unix sockets live there, and a
+    socket path must stay within 107 bytes (pytest's tmp_path is too deep for that)."""
+    path = Path(tempfile.mkdtemp(prefix="gpudra-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest_asyncio.fixture(loop_scope="session")
-async def agents(cluster: ControlPlane, tmp_path: Path) -> AsyncIterator[Callable[..., AgentProcess]]:
+async def agents(cluster: ControlPlane, short_dir: Path) -> AsyncIterator[Callable[..., AgentProcess]]:
     started: list[AgentProcess] = []
 
     def start(node_name: str, nvml: str, driver: str, **kwargs: object) -> AgentProcess:
         agent = start_agent(kubeconfig=cluster.kubeconfig, node_name=node_name, nvml=nvml, driver=driver,
-                            workdir=tmp_path / node_name, **kwargs)  # type: ignore[arg-type]
+                            workdir=short_dir / node_name, **kwargs)  # type: ignore[arg-type]
         started.append(agent)
         return agent
 
