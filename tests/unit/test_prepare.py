@@ -33,9 +33,9 @@ def test_subrequest_names_are_stripped_and_requests_merged_per_device() -> None:
     assert [(d.device, d.requests) for d in p.claim.devices] == [("gpu-1", ("big",)), ("gpu-2", ("small",))]
 
 
-def test_results_of_other_drivers_are_ignored_and_a_claim_without_ours_prepares_nothing() -> None:
-    p = plan(claim(results=[result("nic-0", driver="net.example.com", pool="other")]))
-    assert p.claim.devices == ()
+def test_results_of_other_drivers_are_ignored() -> None:
+    p = plan(claim(results=[result("nic-0", driver="net.example.com", pool="other"), result("gpu-1")]))
+    assert [d.device for d in p.claim.devices] == ["gpu-1"]
 
 
 @pytest.mark.parametrize(("obj", "message"), [
@@ -44,6 +44,7 @@ def test_results_of_other_drivers_are_ignored_and_a_claim_without_ours_prepares_
     (claim(allocated=False), "not allocated"),
     (claim(results=[result("gpu-3", pool="node-b")]), "pool 'node-b', not this node's pool 'node-a'"),
     (claim(results=[result("gpu-99")]), "device 'gpu-99' is not a device of node node-a"),
+    (claim(results=[result("gpu-1", driver="other.example.com")]), "no device of driver gpu.gpudra.io"),
     (claim(node_selector_node="node-b"), "allocated to node ['node-b'], not node-a"),
 ])
 def test_bad_claims_are_refused_with_a_reason(obj, message: str) -> None:

@@ -44,6 +44,8 @@ def plan_prepare(ref: ClaimRef, claim: Mapping[str, Any] | ClaimError | None, de
         raise ClaimError(f"{ref}: not allocated")
     _check_node_selector(ref, allocation, node)
     results = [r for r in ((allocation.get("devices") or {}).get("results") or []) if r.get("driver") == driver]
+    if not results:  # the kubelet only asks the drivers named in the allocation
+        raise ClaimError(f"{ref}: no device of driver {driver} is allocated to it")
     if results and devices is None:
         raise ClaimError(f"{ref}: this node's devices are not discovered yet; retry")
     by_device: dict[str, list[str]] = {}

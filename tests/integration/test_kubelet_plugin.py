@@ -1,0 +1,326 @@
+"""The kubelet DRA plugin of a real agent subprocess, driven by a kubelet-side gRPC client (the
+registration handshake, then NodePrepareResources / NodeUnprepareResources over v1 and v1beta1),
+with claims allocated by the real scheduler or written into the real API server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import signal
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from cdispec import load_and_validate
+
+from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_driver.plugin.checkpoint import decode
+from gpudra_driver.plugin.kubelet_client import DraClient, Registered, register
+from gpudra_driver.plugin.plugin import socket_paths
+from gpudra_operator.localcluster.agents import AgentProcess, start_agent
+from gpudra_operator.localcluster.controlplane import ControlPlane
+from gpudra_operator.localcluster.waiting import wait_for
+
+SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
+DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
+CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
+POD = resource_type("v1", "Pod")
+
+
+@pytest.fixture
+def driver() -> str:
+    return f"k{secrets.token_hex(4)}.gpudra.io"
+
+
+@dataclass
+class PluginAgent:
+    agent: AgentProcess
+    workdir: Path
+    driver: str
+    pod_uid: str
+
+    @property
+    def registration_socket(self) -> Path:
+        return socket_paths(self.workdir / "kubelet", self.driver, self.pod_uid)[1]
+
+    @property
+    def dra_socket(self) -> Path:
+        return socket_paths(self.workdir / "kubelet", self.driver, self.pod_uid)[0]
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.workdir / "cdi"
+
+    def spec_path(self, claim_uid: str) -> Path:
+        return self.cdi_dir / f"k8s.{self.driver}-claim_{claim_uid}.json"
+
+    def checkpoint(self) -> dict[str, str]:
+        """claim UID -> state, from the checkpoint file (verified)."""
+        path = self.workdir / "kubelet" / "plugins" / self.driver / "checkpoint.json"
+        return {uid: e.state for uid, e in decode(path.read_bytes()).claims.items()}
+
+    async def registered(self) -> Registered:
+        """Wait for the registration socket like the kubelet's inotify watcher, then register."""
+        async def appeared() -> bool:
+            assert self.agent.process.poll() is None, f"agent exited:\n{self.agent.log_tail()}"
+            return self.registration_socket.is_socket()
+
+        await wait_for(appeared, timeout=30, what=f"registration socket {self.registration_socket}")
+        return await register(self.registration_socket, driver=self.driver)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def plugin_agents(cluster: ControlPlane, tmp_path: Path) -> AsyncIterator[Callable[..., PluginAgent]]:
+    started: list[PluginAgent] = []
+
+    def start(node_name: str, driver: str, nvml: str = "fake:dgx-h100", workdir: Path | None = None,
+              extra_args: tuple[str, ...] = ()) -> PluginAgent:
+        pod_uid = str(uuid.uuid4())
+        workdir = workdir or tmp_path / node_name
+        agent = start_agent(kubeconfig=cluster.kubeconfig, node_name=node_name, nvml=nvml, driver=driver,
+                            workdir=workdir, extra_args=("--pod-uid", pod_uid, *extra_args))
+        started.append(PluginAgent(agent, workdir, driver, pod_uid))
+        return started[-1]
+
+    yield start
+    for plugin in started:
+        plugin.agent.stop()
+    for plugin in started:  # every spec any test left behind must still be valid
+        for path in plugin.cdi_dir.glob("*.json") if plugin.cdi_dir.is_dir() else []:
+            load_and_validate(path)
+
+
+async def published_devices(kube: Kube, driver: str, node: str, count: int) -> dict[str, Obj]:
+    async def probe() -> dict[str, Obj] | None:
+        slices = [s async for s in kube.list(SLICE, field_selector=f"spec.driver={driver},spec.nodeName={node}")]
+        devices = {d["name"]: d for s in slices for d in s["spec"].get("devices") or []}
+        return devices if len(devices) == count else None
+
+    return await wait_for(probe, timeout=30, what=f"{count} devices of {node}")
+
+
+async def allocated_claim(kube: Kube, namespace: str, name: str, driver: str, pool: str, devices: list[str],
+                          *, result_driver: str | None = None) -> Obj:
+    """A ResourceClaim with ``status.allocation`` written directly (what the scheduler would write)."""
+    claim = await kube.create({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": driver, "allocationMode": "ExactCount", "count": len(devices)}}]}}})
+    status = {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": result_driver or driver, "pool": pool, "device": d} for d in devices]}}}
+    return await kube.patch(CLAIM, name, {"status": status}, namespace=namespace, subresource="status")
+
+
+def ref(claim: Obj) -> tuple[str, str, str]:
+    meta = claim["metadata"]
+    return meta["namespace"], meta["name"], meta["uid"]
+
+
+async def test_seed_pod_is_scheduled_prepared_and_unprepared(kube: Kube, namespace: str, fake_nodes,
+                                                             plugin_agents, driver: str) -> None:
+    node = (await fake_nodes("h100"))["metadata"]["name"]
+    plugin = plugin_agents(node, driver)
+    devices = await published_devices(kube, driver, node, 8)
+    registered = await plugin.registered()
+    assert (registered.version, registered.endpoint) == ("v1", str(plugin.dra_socket))
+    assert list(registered.info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+
+    await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": driver},
+                       "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}})
+    try:
+        selector = f'device.capacity["{driver}"].memory.compareTo(quantity("64Gi")) >= 0'
+        await kube.create({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "gpu-64gi", "namespace": namespace},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": driver, "selectors": [{"cel": {"expression": selector}}]}}]}}}})
+        await kube.create({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train", "namespace": namespace},
+            "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu-64gi"}],
+                     "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                     "resources": {"claims": [{"name": "gpu"}]}}]}})
+
+        async def scheduled() -> Obj | None:
+            pod = await kube.get(POD, "train", namespace)
+            return pod if pod and pod["spec"].get("nodeName") else None
+
+        pod = await wait_for(scheduled, timeout=30, what="the seed pod to be scheduled")
+        assert pod["spec"]["nodeName"] == node
+        claim = await kube.get(CLAIM, pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"], namespace)
+        (allocated,) = claim["status"]["allocation"]["devices"]["results"]
+        uid = claim["metadata"]["uid"]
+        gpu = devices[allocated["device"]]
+        minor, gpu_uuid = gpu["attributes"]["minor"]["int"], gpu["attributes"]["uuid"]["string"]
+
+        async with DraClient(registered.endpoint, registered.version) as kubelet:
+            response = await kubelet.prepare([ref(claim)])
+            out = response.claims[uid]
+            assert out.error == ""
+            (device,) = out.devices
+            assert (list(device.request_names), device.pool_name, device.device_name) == (["gpu"], node,
+                                                                                            allocated["device"])
+            cdi_id = f"k8s.{driver}/claim={uid}-{allocated['device']}"
+            assert list(device.cdi_device_ids) == [cdi_id]
+            spec = load_and_validate(plugin.spec_path(uid))
+            assert f"{spec['kind']}={spec['devices'][0]['name']}" == cdi_id
+            assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": f"/dev/nvidia{minor}"}]
+            assert spec["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={gpu_uuid}"]
+            assert plugin.checkpoint() == {uid: "PrepareCompleted"}
+
+            stat = plugin.spec_path(uid).stat()
+            again = await kubelet.prepare([ref(claim)])  # a kubelet retry: same answer, nothing rewritten
+            assert again == response
+            assert (plugin.spec_path(uid).stat().st_ino, plugin.spec_path(uid).stat().st_mtime_ns) == (
+                stat.st_ino, stat.st_mtime_ns)
+
+            unprepared = await kubelet.unprepare([ref(claim)])
+            assert unprepared.claims[uid].error == ""
+            assert not plugin.spec_path(uid).exists() and plugin.checkpoint() == {}
+            assert (await kubelet.unprepare([ref(claim)])).claims[uid].error == ""  # unknown: success
+    finally:
+        await kube.delete(DEVICE_CLASS, driver)
+
+
+async def test_bad_claims_get_their_own_errors_over_v1beta1(kube: Kube, namespace: str, fake_nodes,
+                                                           plugin_agents, driver: str) -> None:
+    node = (await fake_nodes("h100"))["metadata"]["name"]
+    plugin = plugin_agents(node, driver)
+    await published_devices(kube, driver, node, 8)
+    await plugin.registered()
+    registered = await register(plugin.registration_socket, prefer=["v1beta1.DRAPlugin"])  # a 1.32/1.33 kubelet
+    assert registered.version == "v1beta1"
+    good = await allocated_claim(kube, namespace, "good", driver, node, ["gpu-1", "gpu-2"])
+    other_node = await allocated_claim(kube, namespace, "other-node", driver, "some-other-node", ["gpu-1"])
+    other_driver = await allocated_claim(kube, namespace, "other-driver", driver, node, ["gpu-3"],
+                                         result_driver="other.example.com")
+    unknown = await allocated_claim(kube, namespace, "unknown", driver, node, ["gpu-99"])
+    taken = await allocated_claim(kube, namespace, "taken", driver, node, ["gpu-2"])
+    pending = await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                                "metadata": {"name": "pending", "namespace": namespace},
+                                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                                    "deviceClassName": driver}}]}}})
+    before = sorted(str(p.relative_to(plugin.workdir)) for p in plugin.workdir.rglob("*") if "cdi" not in p.parts)
+    async with DraClient(registered.endpoint, "v1beta1") as kubelet:
+        response = await kubelet.prepare([
+            ref(good), ref(other_node), ref(other_driver), ref(unknown), ref(taken), ref(pending),
+            (namespace, "good", "0badc0de-0000-4000-8000-000000000000"),  # replaced: UID mismatch
+            (namespace, "missing", "0badc0de-0000-4000-8000-000000000001"),
+            (namespace, "../../../etc/passwd", "0badc0de-0000-4000-8000-000000000002"),
+            (namespace, "x", "../../x"), (namespace, "y", ""),
+        ])
+        errors = {uid: r.error for uid, r in response.claims.items()}
+        assert len(errors) == 11 and errors[good["metadata"]["uid"]] == ""
+        assert [d.device_name for d in response.claims[good["metadata"]["uid"]].devices] == ["gpu-1", "gpu-2"]
+        expected = {
+            other_node["metadata"]["uid"]: "pool 'some-other-node'",
+            other_driver["metadata"]["uid"]: f"no device of driver {driver}",
+            unknown["metadata"]["uid"]: "'gpu-99' is not a device of node",
+            taken["metadata"]["uid"]: f"already prepared for claim {good['metadata']['uid']}",
+            pending["metadata"]["uid"]: "not allocated",
+            "0badc0de-0000-4000-8000-000000000000": "the claim was replaced",
+            "0badc0de-0000-4000-8000-000000000001": "not found",
+            "0badc0de-0000-4000-8000-000000000002": "malformed",
+            "../../x": "malformed", "": "uid is required",
+        }
+        for uid, fragment in expected.items():
+            assert fragment in errors[uid], (uid, errors[uid])
+        # Only the good claim's spec was written, nothing anywhere else, and the server still serves.
+        assert sorted(os.listdir(plugin.cdi_dir)) == [plugin.spec_path(good["metadata"]["uid"]).name]
+        after = sorted(str(p.relative_to(plugin.workdir)) for p in plugin.workdir.rglob("*") if "cdi" not in p.parts)
+        assert after == before
+        assert (await kubelet.unprepare([ref(good)])).claims[good["metadata"]["uid"]].error == ""
+        assert os.listdir(plugin.cdi_dir) == []
+
+
+async def test_unwritable_cdi_directory_is_a_per_claim_error(kube: Kube, namespace: str, fake_nodes,
+                                                            plugin_agents, driver: str, tmp_path: Path) -> None:
+    node = (await fake_nodes("h100"))["metadata"]["name"]
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the CDI directory should be")
+    plugin = plugin_agents(node, driver, extra_args=("--cdi-dir", str(blocker)))
+    await published_devices(kube, driver, node, 8)
+    registered = await plugin.registered()
+    claim = await allocated_claim(kube, namespace, "c", driver, node, ["gpu-0"])
+    async with DraClient(registered.endpoint) as kubelet:
+        out = (await kubelet.prepare([ref(claim)])).claims[claim["metadata"]["uid"]]
+    assert "writing its CDI spec" in out.error and not out.devices
+    assert plugin.checkpoint() == {} and blocker.read_text().startswith("a file")
+
+
+async def test_sigkill_mid_prepare_loses_nothing_and_leaves_nothing(kube: Kube, namespace: str, fake_nodes,
+                                                                   plugin_agents, driver: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    node = (await fake_nodes("h100"))["metadata"]["name"]
+    first = plugin_agents(node, driver)
+    await published_devices(kube, driver, node, 8)
+    registered = await first.registered()
+    kept = await allocated_claim(kube, namespace, "kept", driver, node, ["gpu-0"])
+    crashing = await allocated_claim(kube, namespace, "crashing", driver, node, ["gpu-1"])
+    async with DraClient(registered.endpoint) as kubelet:
+        assert (await kubelet.prepare([ref(kept)])).claims[kept["metadata"]["uid"]].error == ""
+    first.agent.stop()
+
+    monkeypatch.setenv("GPUDRA_FAULT", "after-cdi-write")
+    doomed = plugin_agents(node, driver, workdir=first.workdir)
+    monkeypatch.delenv("GPUDRA_FAULT")
+    registered = await doomed.registered()
+    async with DraClient(registered.endpoint) as kubelet:
+        with pytest.raises(Exception) as failure:  # the connection dies with the agent
+            await kubelet.prepare([ref(crashing)], timeout=20)
+    assert "UNAVAILABLE" in str(failure.value) or "reset" in str(failure.value).lower()
+    assert doomed.agent.process.wait(timeout=10) == -signal.SIGKILL
+    uid = crashing["metadata"]["uid"]
+    assert doomed.spec_path(uid).exists() and doomed.checkpoint()[uid] == "PrepareStarted"  # half done
+    assert doomed.registration_socket.exists()  # SIGKILL left its sockets behind
+
+    restarted = plugin_agents(node, driver, workdir=first.workdir)
+    registered = await restarted.registered()
+    assert not doomed.registration_socket.exists() and not doomed.dra_socket.exists()  # stale: removed
+    assert not restarted.spec_path(uid).exists()  # the half-done prepare was rolled back
+    assert restarted.checkpoint() == {kept["metadata"]["uid"]: "PrepareCompleted"}  # nothing lost
+    async with DraClient(registered.endpoint, "v1beta1") as kubelet:
+        response = await kubelet.prepare([ref(crashing), ref(kept)])
+    assert {u: r.error for u, r in response.claims.items()} == {uid: "", kept["metadata"]["uid"]: ""}
+    assert sorted(os.listdir(restarted.cdi_dir)) == sorted(
+        [restarted.spec_path(uid).name, restarted.spec_path(kept["metadata"]["uid"]).name])
+
+
+async def test_overlapping_instances_share_state_and_serialise(kube: Kube, namespace: str, fake_nodes,
+                                                              plugin_agents, driver: str) -> None:
+    """A DaemonSet rolling update: two agents on one node, unique sockets, one lock, one checkpoint."""
+    node = (await fake_nodes("h100"))["metadata"]["name"]
+    old = plugin_agents(node, driver)
+    await published_devices(kube, driver, node, 8)
+    old_reg = await old.registered()
+    new = plugin_agents(node, driver, workdir=old.workdir)
+    new_reg = await new.registered()
+    assert old_reg.endpoint != new_reg.endpoint and old.registration_socket.exists()
+
+    claim = await allocated_claim(kube, namespace, "c", driver, node, ["gpu-4"])
+    rivals = [await allocated_claim(kube, namespace, f"r{i}", driver, node, ["gpu-5"]) for i in range(6)]
+    async with DraClient(old_reg.endpoint) as via_old, DraClient(new_reg.endpoint, "v1beta1") as via_new:
+        assert (await via_old.prepare([ref(claim)])).claims[claim["metadata"]["uid"]].error == ""
+        assert (await via_new.unprepare([ref(claim)])).claims[claim["metadata"]["uid"]].error == ""  # stateless
+        assert not new.spec_path(claim["metadata"]["uid"]).exists()
+        # Six claims for the same GPU, raced through both instances: exactly one gets it.
+        responses = await asyncio.gather(*(
+            (via_old if i % 2 else via_new).prepare([ref(r)]) for i, r in enumerate(rivals)))
+        winners = [r["metadata"]["uid"] for r, resp in zip(rivals, responses)
+                   if resp.claims[r["metadata"]["uid"]].error == ""]
+        assert len(winners) == 1, [resp for resp in responses]
+        assert new.checkpoint() == {winners[0]: "PrepareCompleted"}
+        assert [p.name for p in new.cdi_dir.iterdir()] == [new.spec_path(winners[0]).name]
+
+    assert old.agent.stop() == 0  # SIGTERM: its own sockets go, the new instance's stay
+    assert not old.registration_socket.exists() and not old.dra_socket.exists()
+    assert new.registration_socket.is_socket() and new.dra_socket.is_socket()
+    async with DraClient(new_reg.endpoint) as kubelet:
+        winner = next(r for r in rivals if r["metadata"]["uid"] == winners[0])
+        assert (await kubelet.unprepare([ref(winner)])).claims[winners[0]].error == ""
+    assert json.loads((new.workdir / "kubelet" / "plugins" / driver / "checkpoint.json").read_text())["claims"] == {}
