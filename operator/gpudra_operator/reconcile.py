@@ -19,6 +19,7 @@ from gpudra_driver.diff import contains
 from gpudra_driver.kubeapi import Kube, Obj, error_message, is_status, resource_type
 
 from .conditions import ApplyError, agents_status, apply_conditions, summarize
+from . import metrics
 from .events import EventRecorder
 from .render import LABEL_CONFIG, LABEL_MANAGED_BY, MANAGED_BY, Rendered, child_selector, render
 from .spec import GpuDraConfig, SpecError
@@ -39,6 +40,7 @@ class Outcome:
     pruned: list[str] = field(default_factory=list)
     apply_errors: list[ApplyError] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
+    render_errors: list[Any] = field(default_factory=list)
 
 
 def _age_key(body: Mapping[str, Any]) -> tuple[str, int, str]:
@@ -74,6 +76,17 @@ def find_conflicts(config: GpuDraConfig, body: Mapping[str, Any], others: Sequen
     return conflicts
 
 
+async def _gather(awaitables: Any, limit: int = 16) -> list[Any]:
+    """Run requests concurrently (bounded), results in order."""
+    semaphore = asyncio.Semaphore(limit)
+
+    async def one(awaitable: Any) -> Any:
+        async with semaphore:
+            return await awaitable
+
+    return list(await asyncio.gather(*(one(a) for a in awaitables)))
+
+
 def _owned_by(live: Obj, config_name: str) -> bool:
     labels = live["metadata"].get("labels") or {}
     return labels.get(LABEL_MANAGED_BY) == MANAGED_BY and labels.get(LABEL_CONFIG) == config_name
@@ -84,15 +97,27 @@ class Reconciler:
         self.kube = kube
         self.events = events
         self._locks: dict[str, asyncio.Lock] = {}
+        self._queued: set[str] = set()
 
     def lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
 
     async def reconcile_by_name(self, name: str) -> Outcome | None:
-        body = await self.kube.get(CONFIG, name)
-        if body is None or body["metadata"].get("deletionTimestamp"):
+        """Reconcile after a child event. A burst of events (ten classes applied at once) needs one
+        reconcile after the running one, not ten: a trigger that finds one already queued is dropped."""
+        if name in self._queued:
             return None
-        return await self.reconcile(body)
+        self._queued.add(name)
+        try:
+            async with self.lock(name):
+                self._queued.discard(name)
+                body = await self.kube.get(CONFIG, name)
+                if body is None or body["metadata"].get("deletionTimestamp"):
+                    return None
+                return await self._reconcile(body)
+        finally:
+            self._queued.discard(name)
+
 
     async def reconcile(self, body: Mapping[str, Any]) -> Outcome:
         name = body["metadata"]["name"]
@@ -103,12 +128,14 @@ class Reconciler:
                 body = fresh
             return await self._reconcile(body)
 
+    @metrics.reconciles
     async def _reconcile(self, body: Mapping[str, Any]) -> Outcome:
         config = GpuDraConfig.from_body(body)
         outcome = Outcome()
         others = [o async for o in self.kube.list(CONFIG)]
         outcome.conflicts = find_conflicts(config, body, others)
         rendered = render(body)
+        outcome.render_errors = list(rendered.errors)
         if not outcome.conflicts:
             await self._apply_classes(config, rendered, outcome)
             await self._apply_daemonset(rendered, outcome)
@@ -117,36 +144,47 @@ class Reconciler:
         return outcome
 
     # --- children ---------------------------------------------------------------------------
-    async def _apply_if_changed(self, desired: Obj, outcome: Outcome, *, validate: bool) -> None:
+    async def _changed(self, desired: Obj, outcome: Outcome) -> bool:
+        """True when ``desired`` must be written; records unchanged and foreign objects."""
         rtype = resource_type(desired["apiVersion"], desired["kind"])
         meta = desired["metadata"]
-        label = f"{desired['kind']} {meta['name']}"
         live = await self.kube.get(rtype, meta["name"], meta.get("namespace"))
         if live is not None and not _owned_by(live, meta["labels"][LABEL_CONFIG]):
             outcome.apply_errors.append(ApplyError(desired["kind"], meta["name"],
                                                    "exists and is not managed by this GpuDraConfig; left untouched"))
-            return
+            return False
         if live is not None and contains(live, desired):
-            outcome.unchanged.append(label)
-            return
+            outcome.unchanged.append(f"{desired['kind']} {meta['name']}")
+            return False
+        return True
+
+    async def _apply(self, desired: Obj, outcome: Outcome, *, dry_run: bool = False) -> bool:
+        meta = desired["metadata"]
         try:
-            if validate:  # the API server is the only exact judge of DRA CEL (syntax, types, cost)
-                await self.kube.apply(desired, dry_run=True)
-            await self.kube.apply(desired)
-            outcome.applied.append(label)
-            log.info("applied %s", label)
+            await self.kube.apply(desired, dry_run=dry_run)
         except ApiException as error:
             if not is_status(error, 400, 403, 409, 422):
                 raise
             outcome.apply_errors.append(ApplyError(desired["kind"], meta["name"], error_message(error)))
+            return False
+        if not dry_run:
+            outcome.applied.append(f"{desired['kind']} {meta['name']}")
+            log.info("applied %s %s", desired["kind"], meta["name"])
+        return True
 
     async def _apply_classes(self, config: GpuDraConfig, rendered: Rendered, outcome: Outcome) -> None:
-        for device_class in rendered.device_classes:
-            await self._apply_if_changed(device_class, outcome, validate=True)
+        """Changed classes are validated together by a server-side dry run (the API server is the
+        only exact judge of DRA CEL: syntax, types, cost), then the valid ones applied together."""
+        classes = rendered.device_classes
+        changed = [c for c, needed in zip(classes, await _gather(self._changed(c, outcome) for c in classes))
+                   if needed]
+        valid = [c for c, ok in zip(changed, await _gather(self._apply(c, outcome, dry_run=True) for c in changed))
+                 if ok]
+        await _gather(self._apply(c, outcome) for c in valid)
 
     async def _apply_daemonset(self, rendered: Rendered, outcome: Outcome) -> None:
-        if rendered.daemonset is not None:
-            await self._apply_if_changed(rendered.daemonset, outcome, validate=False)
+        if rendered.daemonset is not None and await self._changed(rendered.daemonset, outcome):
+            await self._apply(rendered.daemonset, outcome)
 
     async def _prune_classes(self, config: GpuDraConfig, outcome: Outcome) -> None:
         """Delete classes this config created that left its spec. A class whose template broke
@@ -189,6 +227,7 @@ class Reconciler:
             "deviceClassCount": len(applied_classes),
             "devices": 0 if outcome.conflicts else await self._count_devices(config.spec.driver_name),
         }
+        metrics.observe_agents(config.name, status["agents"])
         if contains(old_status, status):
             return
         await self.kube.patch(CONFIG, config.name, {"status": status}, subresource="status")
