@@ -38,10 +38,10 @@ unit: venv
 
 demo: venv
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
-	  GPUDRA_KUBE_BIN="$$bin_dir" $(BIN)/gpudra local-cluster up
+	  GPUDRA_KUBE_BIN="$$bin_dir" $(BIN)/gpudra demo
 
 demo-down:
-	@$(BIN)/gpudra local-cluster down
+	@$(BIN)/gpudra demo --down
 
 bench: venv
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && GPUDRA_KUBE_BIN="$$bin_dir" $(BIN)/python -m bench

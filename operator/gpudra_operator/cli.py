@@ -13,6 +13,8 @@ SUBCOMMANDS: dict[str, str] = {
     "discover": "gpudra_driver.discover_cmd",
     "agent": "gpudra_driver.agent_cmd",
     "operator": "gpudra_operator.operator_cmd",
+    "render": "gpudra_operator.render_cmd",
+    "demo": "gpudra_operator.demo_cmd",
     "local-cluster": "gpudra_operator.localcluster.cli",
 }
 

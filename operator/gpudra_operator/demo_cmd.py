@@ -24,12 +24,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--state-dir", type=Path, default=Path(tempfile.gettempdir()) / "gpudra-demo",
                         help="where the cluster's files live while it runs (default: %(default)s)")
     parser.add_argument("--exit", action="store_true", help="stop after the walkthrough instead of waiting for Ctrl-C")
+    parser.add_argument("--down", action="store_true", help="stop a running demo (what `make demo-down` does)")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from .localcluster.controlplane import ControlPlaneError, find_binaries
 
+    if args.down:
+        return _down(args.state_dir / "demo.pid")
     try:
         bin_dir = find_binaries()
     except ControlPlaneError as error:
@@ -44,6 +47,19 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
         pid_file.unlink(missing_ok=True)
         print("[demo] stopped; every process and temporary file removed")
+
+
+def _down(pid_file: Path) -> int:
+    import os
+
+    try:
+        pid = int(pid_file.read_text())
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        print(f"no demo running ({pid_file} not found or stale)")
+        return 0
+    print(f"stopping the demo (pid {pid}); it removes its processes and files")
+    return 0
 
 
 def step(message: str) -> None:

@@ -83,7 +83,8 @@ class LocalGpuCluster:
             self.say(f"node {node.name}: simulated NVML profile {node.profile}, agent starting")
             self.agents[node.name] = start_agent(
                 kubeconfig=self.plane.kubeconfig, node_name=node.name, nvml=f"fake:{node.profile}",
-                driver=self.driver, workdir=self.workdir / "nodes" / node.name)
+                driver=self.driver, workdir=self.agent_workdir(node.name),
+                extra_args=("--pod-uid", f"demo-{node.name}"))
         self._tasks.append(asyncio.create_task(KubeletSimulator(self.kube).run()))
         log = (self.workdir / "operator.log").open("ab")
         self.operator = subprocess.Popen(
@@ -153,6 +154,15 @@ class LocalGpuCluster:
 
     def agent_workdir(self, node_name: str) -> Path:
         return self.workdir / "nodes" / node_name
+
+    def registration_socket(self, node_name: str) -> Path:
+        """Where the kubelet of ``node_name`` would find the agent's registration socket."""
+        from gpudra_driver.plugin.plugin import socket_paths
+
+        return socket_paths(self.agent_workdir(node_name) / "kubelet", self.driver, f"demo-{node_name}")[1]
+
+    def cdi_dir(self, node_name: str) -> Path:
+        return self.agent_workdir(node_name) / "cdi"
 
     @property
     def env_hint(self) -> dict[str, Any]:

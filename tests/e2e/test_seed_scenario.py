@@ -1,0 +1,92 @@
+"""The seed scenario end to end, headless, on the same path as `make demo`: simulated GPU nodes
+with their agents, the operator, the sample GpuDraConfig, the seed's claim template and Job, the
+real scheduler's allocation, and the claim prepared through the agent's kubelet plugin socket."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import yaml
+
+from gpudra_driver.kubeapi import Obj, resource_type
+from gpudra_operator.localcluster.controlplane import find_binaries
+from gpudra_operator.localcluster.gpucluster import LocalGpuCluster
+from gpudra_operator.localcluster.seed import run_seed
+from gpudra_operator.localcluster.waiting import wait_for
+
+SAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "samples"
+POD = resource_type("v1", "Pod")
+GiB = 1024**3
+UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def to_bytes(quantity: str) -> int:
+    suffix = quantity[-2:]
+    return int(quantity[:-2]) * UNITS[suffix] if suffix in UNITS else int(quantity)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalGpuCluster]:
+    async with LocalGpuCluster(find_binaries(), tmp_path_factory.mktemp("seed"), say=lambda m: print(f"[e2e] {m}")) as cluster:
+        await cluster.apply_file(SAMPLES / "gpudraconfig.yaml")
+        await cluster.wait_ready("default")
+        await cluster.wait_published()
+        yield cluster
+
+
+async def test_seed_job_lands_on_a_64gi_gpu_and_is_prepared(gpu_cluster: LocalGpuCluster) -> None:
+    result = await run_seed(gpu_cluster, SAMPLES / "seed-workload.yaml", say=lambda m: print(f"[e2e] {m}"))
+    assert result.node_name == "gpu-h100-0"  # the only node whose GPUs have >= 64Gi
+    assert result.node_name != "gpu-a100-40g-0"
+    assert to_bytes(result.memory) >= 64 * GiB
+    (allocated,) = result.claim["status"]["allocation"]["devices"]["results"]
+    assert (allocated["driver"], allocated["pool"], allocated["device"]) == ("gpu.gpudra.io", "gpu-h100-0", result.device)
+
+    spec = json.loads(result.cdi_spec_path.read_text())
+    assert spec["kind"] == "k8s.gpu.gpudra.io/claim"
+    assert f"NVIDIA_VISIBLE_DEVICES={result.uuid}" in spec["containerEdits"]["env"]
+    assert result.cdi_device_ids == [f"k8s.gpu.gpudra.io/claim={result.claim['metadata']['uid']}-{result.device}"]
+    # What the README tells users to run shows the same allocation.
+    described = gpu_cluster.kubectl("get", "resourceclaim", result.claim_name, "-o", "jsonpath={.status.allocation.devices.results[0].device}")
+    assert described.strip() == result.device
+
+
+async def test_too_big_a_request_stays_pending_and_the_troubleshooting_shows_why(
+        gpu_cluster: LocalGpuCluster, tmp_path: Path) -> None:
+    docs = list(yaml.safe_load_all((SAMPLES / "seed-workload.yaml").read_text()))
+    template, job = docs
+    template["metadata"]["name"] = "gpu-1ti"
+    selector = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]["cel"]
+    selector["expression"] = selector["expression"].replace('quantity("64Gi")', 'quantity("1Ti")')
+    job["metadata"]["name"] = "too-big"
+    job["spec"]["template"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = "gpu-1ti"
+    manifest = tmp_path / "too-big.yaml"
+    manifest.write_text(yaml.safe_dump_all([template, job]))
+    await gpu_cluster.apply_file(manifest)
+
+    async def unschedulable() -> Obj | None:
+        pods = [p async for p in gpu_cluster.kube.list(POD, "default", label_selector="job-name=too-big")]
+        for pod in pods:
+            for condition in (pod.get("status") or {}).get("conditions") or []:
+                if condition["type"] == "PodScheduled" and condition.get("reason") == "Unschedulable":
+                    return pod
+        return None
+
+    pod = await wait_for(unschedulable, timeout=60, what="the too-big pod to be reported Unschedulable")
+    name = pod["metadata"]["name"]
+    assert not pod["spec"].get("nodeName")
+    # The README's troubleshooting steps, in order.
+    assert "Pending" in gpu_cluster.kubectl("get", "pod", name)
+    described = gpu_cluster.kubectl("describe", "pod", name)
+    assert "FailedScheduling" in described and "cannot allocate all claims" in described, described
+    claims = gpu_cluster.kubectl("get", "resourceclaims", "-n", "default")
+    assert "pending" in claims, claims
+    assert "gpu.gpudra.io" in gpu_cluster.kubectl("get", "deviceclass", "gpu.gpudra.io")
+    capacities = gpu_cluster.kubectl("get", "resourceslices", "-o",
+                                     "jsonpath={range .items[*].spec.devices[*]}{.capacity.memory.value}{\"\\n\"}{end}")
+    largest = max(to_bytes(q) for q in capacities.split())
+    assert largest < 1024 * GiB  # no published device is big enough: that is why
