@@ -20,6 +20,7 @@ from kubernetes_asyncio.client.exceptions import ApiException  # noqa: E402
 
 Obj = dict[str, Any]
 _JSON_RESPONSES = {200: "object", 201: "object", 202: "object"}
+METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 
 
 @dataclass(frozen=True)
@@ -122,8 +123,8 @@ class Kube:
 
     async def request(self, method: str, path: str, *, body: Any = None,
                       query: Mapping[str, Any] | None = None, content_type: str | None = None,
-                      timeout: float | None = None) -> Obj:
-        headers = {"Accept": "application/json"}
+                      timeout: float | None = None, accept: str = "application/json") -> Obj:
+        headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
         return await self.api.call_api(
@@ -144,12 +145,16 @@ class Kube:
     async def list(self, rtype: ResourceType, namespace: str | None = None, *,
                    label_selector: str | None = None, field_selector: str | None = None,
                    page_size: int = 500, metadata_only: bool = False) -> AsyncIterator[Obj]:
-        """Every matching object, fetched page by page (``limit``/``continue``)."""
+        """Every matching object, fetched page by page (``limit``/``continue``).
+
+        ``metadata_only`` asks the API server for PartialObjectMetadata (apiVersion, kind and
+        metadata of each object; no spec, no status): the cheap way to learn names, UIDs and labels."""
         token: str | None = None
+        accept = METADATA_ONLY if metadata_only else "application/json"
         while True:
             query = {"labelSelector": label_selector, "fieldSelector": field_selector,
                      "limit": page_size, "continue": token}
-            page = await self.request("GET", rtype.path(namespace), query=query)
+            page = await self.request("GET", rtype.path(namespace), query=query, accept=accept)
             for item in page.get("items") or []:
                 yield item
             token = (page.get("metadata") or {}).get("continue")

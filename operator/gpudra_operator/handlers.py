@@ -17,6 +17,7 @@ from gpudra_driver.kubeapi import Kube, connect, error_message, resource_type
 
 from .events import EventRecorder
 from .reconcile import CONFIG, DAEMONSET, DEVICE_CLASS, SLICE, Reconciler
+from .slicegc import DEFAULT_DELETE_RATE, SliceCollector, gc_tick
 from .render import AGENT_NAME, LABEL_CONFIG, LABEL_MANAGED_BY, MANAGED_BY, agent_labels, child_selector
 from .spec import GpuDraConfig
 
@@ -24,6 +25,7 @@ GROUP, VERSION, PLURAL = "gpudra.io", "v1alpha1", "gpudraconfigs"
 FINALIZER = "gpudra.io/cleanup"
 FIELD_MANAGER = "gpudra-operator"
 DRIFT_INTERVAL = float(os.environ.get("GPUDRA_DRIFT_INTERVAL", "60"))
+GC_DELETE_RATE = float(os.environ.get("GPUDRA_GC_DELETE_RATE", str(DEFAULT_DELETE_RATE)))
 POD = resource_type("v1", "Pod")
 OWNED = {LABEL_MANAGED_BY: MANAGED_BY}
 log = logging.getLogger("gpudra.operator")
@@ -44,6 +46,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.api = api
     memo.kube = Kube(api, FIELD_MANAGER)
     memo.reconciler = Reconciler(memo.kube, EventRecorder(memo.kube))
+    memo.slice_gc = SliceCollector(memo.kube, memo.reconciler.events, delete_rate=GC_DELETE_RATE)
 
 
 @kopf.on.cleanup()
@@ -68,6 +71,30 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 @kopf.timer(GROUP, VERSION, PLURAL, interval=DRIFT_INTERVAL, initial_delay=DRIFT_INTERVAL)
 async def repair_drift(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     await _reconcile(memo, body)
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
+async def collect_stale_slices(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    """The ResourceSlice GC of one config (docs/gc.md). A daemon per config, because the interval
+    lives in the spec: it wakes every tick, reads the live body, and runs a pass once
+    spec.resourceSliceGC.interval has passed since the last one. kopf stops it when the config is
+    being deleted; from there the finalizer (``cleanup``) owns the driver's slices."""
+    gc: SliceCollector = memo.slice_gc
+    tick = gc_tick()
+    try:
+        while not stopped:
+            due_in = gc.seconds_until_due(body)
+            if due_in > 0:
+                await stopped.wait(min(due_in, tick))
+                continue
+            try:
+                if await gc.run_pass(dict(body)) is None:  # disabled or not ready: look again next tick
+                    await stopped.wait(tick)
+            except Exception as error:  # never let one bad pass end the loop; the next interval retries
+                log.exception("ResourceSlice GC pass of GpuDraConfig %s failed: %s", body["metadata"]["name"], error)
+                await stopped.wait(tick)
+    finally:
+        gc.forget(body["metadata"]["name"])
 
 
 @kopf.on.event("apps", "v1", "daemonsets", labels=OWNED)

@@ -13,6 +13,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="serve kopf's /healthz on this port; 0 disables it (default: %(default)s)")
     parser.add_argument("--drift-interval", type=float, default=None,
                         help="seconds between drift repairs (default: $GPUDRA_DRIFT_INTERVAL or 60)")
+    parser.add_argument("--gc-delete-rate", type=float, default=None,
+                        help="ResourceSlice GC deletes per second, all configs together; 0 = unlimited "
+                             "(default: $GPUDRA_GC_DELETE_RATE or 50)")
     parser.add_argument("--log-format", choices=["plain", "full", "json"], default="full")
     parser.add_argument("--verbose", action="store_true")
     parser.set_defaults(run=run)
@@ -21,6 +24,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.drift_interval is not None:  # read when the handlers module is imported
         os.environ["GPUDRA_DRIFT_INTERVAL"] = str(args.drift_interval)
+    if args.gc_delete_rate is not None:
+        os.environ["GPUDRA_GC_DELETE_RATE"] = str(args.gc_delete_rate)
     import kopf
 
     from . import handlers  # noqa: F401 - registers the handlers
