@@ -167,3 +167,14 @@ def test_a_checkpoint_from_a_newer_agent_stops_the_plugin(tmp_path: Path) -> Non
     state.checkpoint_path.write_text(json.dumps(doc))
     with pytest.raises(RuntimeError, match="version 2"):
         make(tmp_path)
+
+
+def test_start_up_rewrites_a_spec_that_differs_from_the_checkpoint(tmp_path: Path) -> None:
+    state = make(tmp_path)
+    state.prepare(items((REF_A, claim(A, name="a"))))
+    path = state.cdi.spec_path(A)
+    good = path.read_bytes()
+    path.write_bytes(good[: len(good) // 2])  # torn by a power loss, say
+    make(tmp_path)
+    assert path.read_bytes() == good
+    load_and_validate(path)

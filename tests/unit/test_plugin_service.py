@@ -182,3 +182,33 @@ async def test_kubelet_refuses_a_plugin_without_common_versions(root: Path) -> N
         assert plugin.registration.error and "none of services" in plugin.registration.error
     finally:
         await plugin.stop()
+
+
+async def test_concurrent_calls_are_committed_together(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpudra_driver.plugin import checkpoint as ckpt
+
+    uids = [f"0c1d2e3f-0000-4000-8000-00000000001{i}" for i in range(8)]
+    claims = {("ns", f"c{i}"): claim(uid, name=f"c{i}", results=[result(f"gpu-{i}")]) for i, uid in enumerate(uids)}
+    plugin = make_plugin(root, claims)
+    await plugin.start()
+    plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
+    commits: list[int] = []
+    real_save = ckpt.save
+
+    def counting_save(path, checkpoint, *, durable=True):  # type: ignore[no-untyped-def]
+        if durable:
+            commits.append(len(checkpoint.claims))
+        real_save(path, checkpoint, durable=durable)
+
+    monkeypatch.setattr(ckpt, "save", counting_save)
+    try:
+        async with DraClient(plugin.dra_socket) as client:
+            import asyncio
+
+            responses = await asyncio.gather(*(client.prepare([("ns", f"c{i}", uid)]) for i, uid in enumerate(uids)))
+        assert all(r.claims[uid].error == "" for r, uid in zip(responses, uids))
+        assert [r.claims[uid].devices[0].device_name for r, uid in zip(responses, uids)] == [f"gpu-{i}" for i in range(8)]
+        assert 1 <= len(commits) < 8 and commits[-1] == 8  # fewer commits than calls, all claims in
+        assert len(os.listdir(root / "cdi")) == 8
+    finally:
+        await plugin.stop()

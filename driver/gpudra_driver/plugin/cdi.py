@@ -114,14 +114,24 @@ class CdiDir:
     def spec_path(self, claim_uid: str) -> Path:
         return self.path / spec_file_name(self.driver, claim_uid)
 
-    def write(self, claim: PreparedClaim, *, sync_dir: bool = True) -> Path:
-        """Write the claim's spec atomically (an existing one is replaced whole)."""
+    def content(self, claim: PreparedClaim) -> bytes:
+        return json.dumps(cdi_spec(claim, self.driver, self.driver_root), indent=1).encode() + b"\n"
+
+    def write(self, claim: PreparedClaim, *, durable: bool = True) -> Path:
+        """Write the claim's spec atomically (an existing one is replaced whole). ``durable`` adds
+        the fsyncs; specs are derived from the checkpoint, so the prepare path skips them."""
         path = self.spec_path(claim.uid)
         if not self.path.is_dir():  # e.g. /var/run/cdi on a fresh tmpfs; a file there fails here
             self.path.mkdir(parents=True, exist_ok=True)
-        data = json.dumps(cdi_spec(claim, self.driver, self.driver_root), indent=1).encode() + b"\n"
-        write_atomic(path, data, sync_dir=sync_dir)
+        write_atomic(path, self.content(claim), fsync=durable, sync_dir=durable)
         return path
+
+    def matches(self, claim: PreparedClaim) -> bool:
+        """True when the claim's spec on disk is exactly what the checkpoint says it should be."""
+        try:
+            return self.spec_path(claim.uid).read_bytes() == self.content(claim)
+        except OSError:
+            return False
 
     def exists(self, claim_uid: str) -> bool:
         return self.spec_path(claim_uid).is_file()

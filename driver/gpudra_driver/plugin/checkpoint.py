@@ -163,8 +163,11 @@ def load(path: Path, boot_id: str) -> tuple[Checkpoint, str | None]:
     return checkpoint, None
 
 
-def save(path: Path, checkpoint: Checkpoint) -> None:
-    write_atomic(path, encode(checkpoint), mode=0o600)
+def save(path: Path, checkpoint: Checkpoint, *, durable: bool = True) -> None:
+    """Atomically replace the checkpoint. ``durable``: temp file, fsync, rename, fsync dir (the
+    commit of a prepare or unprepare); otherwise temp file and rename, which a crash of the agent
+    cannot tear either (see :mod:`.state` for when that is enough)."""
+    write_atomic(path, encode(checkpoint), mode=0o600, fsync=durable, sync_dir=durable)
 
 
 def read_boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str:

@@ -9,7 +9,10 @@ import os
 from pathlib import Path
 
 
-def write_atomic(path: Path, data: bytes, *, mode: int = 0o644, sync_dir: bool = True) -> None:
+def write_atomic(path: Path, data: bytes, *, mode: int = 0o644, fsync: bool = True, sync_dir: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically. ``fsync``/``sync_dir`` add durability across power
+    loss; without them the replacement is still atomic for every reader and survives the writer's
+    own crash (the kernel's page cache outlives any process)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
     try:
@@ -17,7 +20,8 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o644, sync_dir: bool =
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-            os.fsync(fd)
+            if fsync:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)

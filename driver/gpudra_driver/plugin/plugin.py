@@ -11,13 +11,16 @@ CDI directory are reconciled, the DRA socket is served; the registration socket 
 devices have been discovered, so the kubelet never prefers an instance that cannot prepare yet.
 Stop (SIGTERM): registration socket first (deregistration), then the DRA server after in-flight
 calls finish, then our socket files. Prepare GETs each claim (concurrently, before taking the
-lock), then hands all of them to :class:`DeviceState` on one worker thread."""
+lock), then queues them for :class:`DeviceState`, which runs on one worker thread: calls that
+arrive while a batch is on disk are committed together in the next one (group commit), so
+concurrent pod starts share the fsync instead of queueing behind one each."""
 
 from __future__ import annotations
 
 import asyncio
 import errno
 import hashlib
+import itertools
 import logging
 import os
 import socket
@@ -105,6 +108,8 @@ class KubeletPlugin:
         self._dra_server: grpc.aio.Server | None = None
         self._reg_server: grpc.aio.Server | None = None
         self._register_task: asyncio.Task[None] | None = None
+        self._queue: list[tuple[str, list[Any], asyncio.Future[Any]]] = []
+        self._draining = False
 
     # -- devices ------------------------------------------------------------------------------
     def set_devices(self, devices: Sequence[Device]) -> None:
@@ -169,11 +174,44 @@ class KubeletPlugin:
     # -- the calls ------------------------------------------------------------------------------
     async def prepare(self, refs: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
         fetched = await asyncio.gather(*(self._fetch(ref) for ref in refs))
-        return await asyncio.get_running_loop().run_in_executor(
-            self._executor, self.state.prepare, list(zip(refs, fetched)))
+        return await self._submit("prepare", list(zip(refs, fetched)))
 
     async def unprepare(self, refs: Sequence[ClaimRef]) -> Mapping[str, str | None]:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self.state.unprepare, list(refs))
+        return await self._submit("unprepare", list(refs))
+
+    async def _submit(self, kind: str, items: list[Any]) -> Any:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append((kind, items, future))
+        if not self._draining:
+            self._draining = True
+            asyncio.create_task(self._drain(), name="plugin-state")
+        # shield: a caller that gives up does not cancel the batch its claims are part of
+        return await asyncio.shield(future)
+
+    async def _drain(self) -> None:
+        """Run queued calls in arrival order; consecutive calls of one kind form one batch."""
+        loop = asyncio.get_running_loop()
+        try:
+            while self._queue:
+                queued, self._queue = self._queue, []
+                for kind, group in itertools.groupby(queued, key=lambda q: q[0]):
+                    calls = list(group)
+                    work = self.state.prepare if kind == "prepare" else self.state.unprepare
+                    try:
+                        results = await loop.run_in_executor(self._executor, work,
+                                                             [item for _, items, _ in calls for item in items])
+                    except Exception as error:  # a bug or an unusable plugin dir: fail these calls loudly
+                        log.exception("%s failed", kind)
+                        for _, _, future in calls:
+                            if not future.done():
+                                future.set_exception(error)
+                        continue
+                    for _, items, future in calls:
+                        if not future.done():
+                            uids = [i[0].uid if kind == "prepare" else i.uid for i in items]
+                            future.set_result({uid: results[uid] for uid in uids if uid in results})
+        finally:
+            self._draining = False
 
     async def _fetch(self, ref: ClaimRef) -> Fetched:
         try:

@@ -5,17 +5,29 @@ Every method here is synchronous and blocking (file I/O, fsync, flock); the plug
 at a time on its single state thread, so the event loop keeps serving while a call waits for the
 disk or for another agent instance's lock.
 
-Prepare, for all claims of one kubelet call together:
+Prepare, for all claims of one batch of kubelet calls together (the plugin batches calls that
+arrive while the previous batch is on disk: group commit):
 
 1. lock; read the checkpoint (another instance may have changed it);
 2. plan each claim (pure, :func:`plan_prepare`); an already completed claim is answered again;
 3. one checkpoint write: the new claims as PrepareStarted;
-4. one atomic CDI spec write per claim, one fsync of the CDI directory;
-5. one checkpoint write: PrepareCompleted (and failed claims dropped); unlock; answer.
+4. one atomic CDI spec write per claim;
+5. one durable checkpoint write (temp file, fsync, rename, fsync dir): PrepareCompleted, failed
+   claims dropped. This is the commit; unlock; answer.
+
+Durability. Every write is atomic (temp file + rename), so no reader and no restarted agent ever
+sees a torn file, and the page cache outlives a killed agent, so SIGKILL at any point leaves a
+state that start-up reconciliation resolves. Only step 5 also fsyncs: the kubelet's answer depends
+on it. Steps 3 and 4 do not need to survive power loss: a power loss is a reboot, which voids the
+whole checkpoint (boot ID); and a lost PrepareStarted entry or a lost/torn spec is found at start
+anyway (a spec without a completed entry is an orphan and removed, a completed entry whose spec is
+missing or differs is rewritten from the checkpoint). That keeps the prepare path at one fsync'd
+write per batch, however many claims it holds.
 
 A crash before 5 leaves PrepareStarted entries, which the next start rolls back (spec removed);
 the kubelet, which never got an answer, prepares again. Unprepare drops the entries first (one
-checkpoint write), then removes the specs; a crash between leaves orphan specs, removed at start.
+durable checkpoint write), then removes the specs; a crash between leaves orphan specs, removed at
+start.
 """
 
 from __future__ import annotations
@@ -104,8 +116,12 @@ class DeviceState:
                 result = ckpt.Reconciliation(result.checkpoint, (), result.rewrite_specs, result.rolled_back)
             for uid in result.remove_specs:
                 self.cdi.remove(uid)
+            stale = [e.claim for u, e in result.checkpoint.claims.items()
+                     if e.claim.devices and u in on_disk and not self.cdi.matches(e.claim)]
+            result = ckpt.Reconciliation(result.checkpoint, result.remove_specs,
+                                         result.rewrite_specs + tuple(stale), result.rolled_back)
             for claim in result.rewrite_specs:
-                self.cdi.write(claim, sync_dir=False)
+                self.cdi.write(claim, durable=False)
             temp = self.cdi.remove_temp_files() if on_disk or self.cdi.path.is_dir() else 0
             if result.changed or temp:
                 self.cdi.sync()
@@ -143,7 +159,7 @@ class DeviceState:
                     checkpoint = checkpoint.started(plan.claim)
             if not planned:
                 return results
-            ckpt.save(self.checkpoint_path, checkpoint)
+            ckpt.save(self.checkpoint_path, checkpoint, durable=False)
             self.fault("after-checkpoint-started")
             written: list[PreparedClaim] = []
             for claim in planned:
@@ -151,7 +167,7 @@ class DeviceState:
                     written.append(claim)
                     continue
                 try:
-                    self.cdi.write(claim, sync_dir=False)
+                    self.cdi.write(claim, durable=False)
                     written.append(claim)
                     self.fault("after-cdi-write")
                 except OSError as error:
@@ -159,8 +175,6 @@ class DeviceState:
                                                              f"{self.cdi.path} failed: {error}")
                     checkpoint = checkpoint.without(claim.uid)
             try:
-                if any(c.devices for c in written):
-                    self.cdi.sync()
                 for claim in written:
                     checkpoint = checkpoint.completed(claim.uid)
                 ckpt.save(self.checkpoint_path, checkpoint)

@@ -1,0 +1,207 @@
+"""NodePrepareResources latency and throughput of the real agent, against a baseline measured in
+the same run: a bare gRPC server (separate process, same API adapter) that only GETs the claims.
+
+Scenarios (each: plugin vs baseline, then the ratio; target <= 1.5x):
+
+* ``1 claim``: p50/p99 of one-claim calls (each a fresh prepare: unprepared in between, untimed);
+* ``8 claims``: p50/p99 of eight-claim calls (the baseline GETs eight claims concurrently);
+* ``concurrent``: 16 kubelet-side callers preparing distinct claims at once; claims/s, reported as
+  the baseline's throughput over ours (a time ratio, so <= 1.5x reads the same way).
+
+Usage: ``python -m bench prepare_latency`` (with the other benches: ``make bench``) or
+``python -m bench.prepare_latency [--rounds N] [--json PATH]``. Needs the
+control-plane binaries (GPUDRA_KUBE_BIN, as for the tests)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+
+from gpudra_driver.kubeapi import Kube, connect, resource_type
+from gpudra_driver.plugin.kubelet_client import DraClient, register
+from gpudra_driver.plugin.plugin import socket_paths
+from gpudra_operator.localcluster.agents import start_agent
+from gpudra_operator.localcluster.controlplane import ControlPlane, find_binaries
+from gpudra_operator.localcluster.objects import create_fake_node, create_scratch_namespace
+from gpudra_operator.localcluster.waiting import wait_for
+
+CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
+SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
+PROFILES = Path(__file__).resolve().parents[1] / "driver" / "gpudra_driver" / "profiles"
+GPUS = 64
+CONCURRENCY = 16
+TARGET = 1.5
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+async def make_claims(kube: Kube, namespace: str, driver: str, node: str, count: int) -> list[tuple[str, str, str]]:
+    refs = []
+    for i in range(count):
+        name = f"bench-{i}"
+        claim = await kube.create({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": driver}}]}}})
+        await kube.patch(CLAIM, name, {"status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": driver, "pool": node, "device": f"gpu-{i}"}]}}}},
+            namespace=namespace, subresource="status")
+        refs.append((namespace, name, claim["metadata"]["uid"]))
+    return refs
+
+
+async def latency(client: DraClient, batches: list[list[tuple[str, str, str]]], rounds: int) -> list[float]:
+    samples = []
+    for i in range(rounds):
+        batch = batches[i % len(batches)]
+        started = time.perf_counter()
+        response = await client.prepare(batch)
+        samples.append(time.perf_counter() - started)
+        errors = [r.error for r in response.claims.values() if r.error]
+        assert not errors, errors
+        await client.unprepare(batch)
+    return samples
+
+
+async def throughput(client: DraClient, claims: list[tuple[str, str, str]], rounds: int) -> float:
+    total, elapsed = 0, 0.0
+    for _ in range(rounds):
+        queue = list(claims)
+
+        async def caller() -> None:
+            while queue:
+                response = await client.prepare([queue.pop()])
+                assert not [r.error for r in response.claims.values() if r.error]
+
+        started = time.perf_counter()
+        await asyncio.gather(*(caller() for _ in range(CONCURRENCY)))
+        elapsed += time.perf_counter() - started
+        total += len(claims)
+        await client.unprepare(claims)
+    return total / elapsed
+
+
+async def measure(client: DraClient, claims: list[tuple[str, str, str]], rounds: int) -> dict[str, float]:
+    await latency(client, [[c] for c in claims[:8]], 20)  # warm-up: connections, caches
+    one = await latency(client, [[c] for c in claims], rounds)
+    eight = await latency(client, [claims[i:i + 8] for i in range(0, len(claims), 8)], max(rounds // 4, 20))
+    return {"p50_1": pct(one, 0.5), "p99_1": pct(one, 0.99), "p50_8": pct(eight, 0.5), "p99_8": pct(eight, 0.99),
+            "claims_per_s": await throughput(client, claims, max(rounds // 40, 3))}
+
+
+async def run(ctx) -> list:  # type: ignore[no-untyped-def]
+    """The bench/ runner's entry point (``python -m bench prepare_latency``)."""
+    from bench import Result
+
+    plane = await ctx.control_plane()
+    result = await measure_all(plane, await ctx.kube(), ctx.workdir("prepare_latency"), max(ctx.repeat * 20, 100))
+    print(table(result))
+    rows = [Result(f"{name} / baseline", value, "x", f"<= {TARGET:g}", value <= TARGET)
+            for name, value in result["ratio"].items()]
+    rows += [Result(f"gpudra {name}", value * (1 if name == "claims_per_s" else 1e3),
+                    "claims/s" if name == "claims_per_s" else "ms") for name, value in result["plugin"].items()]
+    return rows
+
+
+async def run_standalone(rounds: int) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="gpudra-bench-"))
+    plane = ControlPlane(find_binaries(), work / "cluster")
+    plane.start()
+    api = await connect(str(plane.kubeconfig))
+    try:
+        return await measure_all(plane, Kube(api, "gpudra-bench"), work, rounds)
+    finally:
+        await api.close()
+        plane.stop()
+
+
+async def measure_all(plane: ControlPlane, kube: Kube, work: Path, rounds: int) -> dict:
+    processes: list[subprocess.Popen] = []
+    agent = None
+    try:
+        driver, node = f"b{uuid.uuid4().hex[:6]}.gpudra.io", f"bench-{uuid.uuid4().hex[:6]}"
+        await create_fake_node(kube, node)
+        namespace = await create_scratch_namespace(kube)
+        profile = yaml.safe_load((PROFILES / "dgx-h100.yaml").read_text())
+        gpus = profile["gpus"]
+        profile["gpus"] = [dict(gpus[i % len(gpus)], uuid=f"GPU-{i:08x}-0000-4000-8000-000000000000",
+                                busId=f"00000000:{i // 32 + 0x10:02x}:{i % 32:02x}.0") for i in range(GPUS)]
+        (work / "profile.yaml").write_text(yaml.safe_dump(profile))
+        pod_uid = str(uuid.uuid4())
+        agent = start_agent(kubeconfig=plane.kubeconfig, node_name=node, nvml=f"fake:{work / 'profile.yaml'}",
+                            driver=driver, workdir=work / "agent", extra_args=("--pod-uid", pod_uid))
+        reg_socket = socket_paths(work / "agent" / "kubelet", driver, pod_uid)[1]
+
+        async def ready() -> bool:
+            assert agent.process.poll() is None, agent.log_tail()
+            return reg_socket.is_socket()
+
+        await wait_for(ready, timeout=60, what="the agent's registration socket")
+        registered = await register(reg_socket, driver=driver)
+        claims = await make_claims(kube, namespace, driver, node, GPUS)
+
+        baseline_socket = work / "baseline.sock"
+        baseline = subprocess.Popen([sys.executable, str(Path(__file__).with_name("baseline_server.py")),
+                                     "--socket", str(baseline_socket), "--kubeconfig", str(plane.kubeconfig)],
+                                    stdout=subprocess.PIPE, text=True)
+        processes.append(baseline)
+        assert baseline.stdout is not None and baseline.stdout.readline().strip() == "ready"
+
+        async with DraClient(baseline_socket) as client:
+            base = await measure(client, claims, rounds)
+        async with DraClient(registered.endpoint) as client:
+            ours = await measure(client, claims, rounds)
+        return {"rounds": rounds, "gpus": GPUS, "concurrency": CONCURRENCY, "baseline": base, "plugin": ours,
+                "ratio": {"p50_1": ours["p50_1"] / base["p50_1"], "p99_1": ours["p99_1"] / base["p99_1"],
+                          "p50_8": ours["p50_8"] / base["p50_8"], "p99_8": ours["p99_8"] / base["p99_8"],
+                          "throughput": base["claims_per_s"] / ours["claims_per_s"]},
+                "target": TARGET}
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait(timeout=10)
+        if agent is not None:
+            agent.stop()
+
+
+def table(result: dict) -> str:
+    b, p, r = result["baseline"], result["plugin"], result["ratio"]
+    rows = [("1 claim   p50 (ms)", b["p50_1"] * 1e3, p["p50_1"] * 1e3, r["p50_1"]),
+            ("1 claim   p99 (ms)", b["p99_1"] * 1e3, p["p99_1"] * 1e3, r["p99_1"]),
+            ("8 claims  p50 (ms)", b["p50_8"] * 1e3, p["p50_8"] * 1e3, r["p50_8"]),
+            ("8 claims  p99 (ms)", b["p99_8"] * 1e3, p["p99_8"] * 1e3, r["p99_8"]),
+            (f"{CONCURRENCY} callers (claims/s)", b["claims_per_s"], p["claims_per_s"], r["throughput"])]
+    lines = [f"{'NodePrepareResources':28} {'baseline':>10} {'gpudra':>10} {'ratio':>7}  (target <= {TARGET}x)"]
+    lines += [f"{name:28} {base:10.2f} {ours:10.2f} {ratio:6.2f}x{'' if ratio <= TARGET else '  OVER'}"
+              for name, base, ours, ratio in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=400, help="one-claim calls to time (default: %(default)s)")
+    parser.add_argument("--json", type=Path, help="also write the result here")
+    args = parser.parse_args(argv)
+    result = asyncio.run(run_standalone(args.rounds))
+    print(table(result))
+    print(json.dumps(result, sort_keys=True))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    return 0 if all(v <= TARGET for v in result["ratio"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
