@@ -36,6 +36,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="this agent pod's UID, for unique plugin socket names during rolling updates "
                              "(default: $POD_UID, else a random ID)")
     parser.add_argument("--log-format", choices=["text", "json"], default="text")
+    parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("GPUDRA_METRICS_PORT") or 0),
+                        help="serve Prometheus /metrics on this port; 0 disables (default: $GPUDRA_METRICS_PORT or 0)")
     parser.set_defaults(run=run)
 
 
@@ -43,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
     from gpudra_driver.logsetup import configure_logging
 
     configure_logging(args.log_format)
+    from gpudra_driver import metrics
+
+    metrics.serve(args.metrics_port)
     return asyncio.run(_main(args))
 
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from gpudra_driver import metrics
 from gpudra_driver.devicemodel import Device
 from gpudra_driver.kubeapi import Kube, Obj, error_message, is_status, resource_type
 from gpudra_driver.publishing import plan_publish
@@ -112,6 +113,7 @@ class SlicePublisher:
                 continue
             try:
                 await self.sync_once()
+                metrics.published(len(self.devices), len(self.observed))
                 backoff.reset()
             except asyncio.CancelledError:
                 raise
@@ -120,6 +122,7 @@ class SlicePublisher:
                     log.info("ResourceSlice write conflicted (%s); replanning", _describe(error))
                     self._wake.set()
                     continue
+                metrics.publish_failed()
                 delay = backoff.next()
                 log.warning("publishing ResourceSlices failed (%s); retrying in %.1fs", _describe(error), delay)
                 await asyncio.sleep(delay)

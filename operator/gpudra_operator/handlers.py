@@ -15,6 +15,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpudra_driver.kubeapi import Kube, connect, error_message, resource_type
 
+from . import metrics
 from .events import EventRecorder
 from .reconcile import CONFIG, DAEMONSET, DEVICE_CLASS, SLICE, Reconciler
 from .slicegc import DEFAULT_DELETE_RATE, SliceCollector, gc_tick
@@ -115,6 +116,7 @@ async def cleanup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     then — once no agent can republish them — the driver's ResourceSlices."""
     kube: Kube = memo.kube
     config = GpuDraConfig.from_body(body)
+    metrics.forget_config(config.name)
     async with memo.reconciler.lock(config.name):
         async for device_class in kube.list(DEVICE_CLASS, label_selector=child_selector(config.name)):
             await kube.delete(DEVICE_CLASS, device_class["metadata"]["name"])

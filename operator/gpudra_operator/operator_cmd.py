@@ -17,6 +17,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="ResourceSlice GC deletes per second, all configs together; 0 = unlimited "
                              "(default: $GPUDRA_GC_DELETE_RATE or 50)")
     parser.add_argument("--log-format", choices=["plain", "full", "json"], default="full")
+    parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("GPUDRA_METRICS_PORT") or 0),
+                        help="serve Prometheus /metrics on this port; 0 disables (default: $GPUDRA_METRICS_PORT or 0)")
+    parser.add_argument("--namespace", default=os.environ.get("GPUDRA_WATCH_NAMESPACE") or None,
+                        help="watch agent DaemonSets only in this namespace (the shipped RBAC grants DaemonSets "
+                             "in gpudra-system only); GpuDraConfigs and DeviceClasses are cluster-scoped and "
+                             "always watched cluster-wide (default: $GPUDRA_WATCH_NAMESPACE, else all namespaces)")
     parser.add_argument("--verbose", action="store_true")
     parser.set_defaults(run=run)
 
@@ -33,6 +39,10 @@ def run(args: argparse.Namespace) -> int:
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
     # The API client logs whole response bodies at DEBUG: too much even for --verbose.
     logging.getLogger("kubernetes_asyncio").setLevel(logging.INFO)
+    from . import metrics
+
+    metrics.serve(args.metrics_port)
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
-    kopf.run(clusterwide=True, standalone=True, liveness_endpoint=liveness)
+    scope: dict[str, object] = {"namespaces": [args.namespace]} if args.namespace else {"clusterwide": True}
+    kopf.run(standalone=True, liveness_endpoint=liveness, **scope)  # type: ignore[arg-type]
     return 0

@@ -32,6 +32,8 @@ The agent pod (a DRA kubelet plugin) needs:
 * ``privileged: true``: NVML needs the host's ``/dev/nvidia*`` device nodes (a privileged container
   sees the host's ``/dev``, so no ``/dev`` hostPath is needed) and hostPath writes need root.
   Hence the agent namespace must be labelled ``pod-security.kubernetes.io/enforce: privileged``.
+* ``--metrics-port 8082`` and a container port named ``metrics`` for Prometheus (docs/metrics.md);
+  a later ``--metrics-port`` in ``spec.agent.extraArgs`` wins.
 * ``NODE_NAME``/``POD_UID``/``POD_NAMESPACE`` from the downward API: the node whose slices the
   agent publishes, and the pod identity for its own bookkeeping.
 * RollingUpdate with ``maxSurge: 1, maxUnavailable: 0`` by default: the new agent starts next to the
@@ -58,6 +60,7 @@ LABEL_NAME = "app.kubernetes.io/name"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_CONFIG = "gpudra.io/config"
 DRIVER_ROOT_MOUNT = "/driver-root"
+AGENT_METRICS_PORT = 8082  # the port named "metrics" (PodMonitor: manifests/monitoring/)
 
 Obj = dict[str, Any]
 
@@ -122,7 +125,8 @@ def agent_labels(config_name: str) -> dict[str, str]:
 
 def agent_args(driver_name: str, agent: AgentSpec) -> list[str]:
     return ["agent", "--driver", driver_name, "--kubelet-dir", agent.kubelet_dir,
-            "--cdi-dir", agent.cdi_dir, "--driver-root", agent.driver_root, *agent.extra_args]
+            "--cdi-dir", agent.cdi_dir, "--driver-root", agent.driver_root,
+            "--metrics-port", str(AGENT_METRICS_PORT), *agent.extra_args]
 
 
 def _host_volume(name: str, path: str, kind: str) -> Obj:
@@ -152,6 +156,7 @@ def render_daemonset(config: GpuDraConfig) -> Obj:
             *({"name": e.name, "value": e.value} for e in agent.extra_env),
         ],
         "securityContext": {"privileged": True},
+        "ports": [{"name": "metrics", "containerPort": AGENT_METRICS_PORT, "protocol": "TCP"}],
         "volumeMounts": [
             {"name": "plugins-registry", "mountPath": registry_dir},
             {"name": "plugin", "mountPath": plugin_dir},

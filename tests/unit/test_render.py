@@ -85,7 +85,8 @@ def test_daemonset_defaults() -> None:
     assert c["imagePullPolicy"] == "IfNotPresent"
     assert c["command"] == ["gpudra"]
     assert c["args"] == ["agent", "--driver", "gpu.gpudra.io", "--kubelet-dir", "/var/lib/kubelet",
-                         "--cdi-dir", "/var/run/cdi", "--driver-root", "/"]
+                         "--cdi-dir", "/var/run/cdi", "--driver-root", "/", "--metrics-port", "8082"]
+    assert c["ports"] == [{"name": "metrics", "containerPort": 8082, "protocol": "TCP"}]
     assert c["securityContext"] == {"privileged": True}
     assert "resources" not in c
 

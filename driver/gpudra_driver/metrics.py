@@ -1,0 +1,113 @@
+"""The node agent's Prometheus metrics (docs/metrics.md lists them with their meaning).
+
+What the kubelet plugin calls (driver/gpudra_driver/plugin/):
+
+* ``with PREPARE.track(): ...`` around the preparation of one claim (and ``UNPREPARE`` likewise):
+  counts ``gpudra_agent_node_prepare_total``, times ``..._duration_seconds`` and, when the block
+  raises, ``..._errors_total``. A failure reported without raising (an error string in the gRPC
+  reply) is recorded with ``with PREPARE.track() as call: ... call.failed()``, or with
+  ``PREPARE.record(seconds, ok=False)`` outside a block;
+* ``set_prepared_claims(n)`` whenever the checkpoint's set of prepared claims changes.
+
+What the publisher calls: ``published(devices, slices)`` after every successful sync (a no-op sync
+counts: the published state was confirmed current) and ``publish_failed()`` when a sync raised.
+
+Everything is counted whether or not ``serve(port)`` exposes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from prometheus_client import Counter, Gauge, Histogram, Info, start_http_server
+
+log = logging.getLogger("gpudra.agent")
+
+_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class Call:
+    """One tracked operation; :meth:`failed` marks it failed without raising. One object per
+    call, so concurrent claims (interleaved coroutines) never share a flag."""
+
+    def __init__(self) -> None:
+        self.ok = True
+
+    def failed(self) -> None:
+        self.ok = False
+
+
+class ClaimOperation:
+    """Totals, errors and a duration histogram for one kubelet plugin operation, per claim."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.total = Counter(f"gpudra_agent_node_{name}_total", f"Claims the kubelet asked the agent to {name}.")
+        self.errors = Counter(f"gpudra_agent_node_{name}_errors_total", f"Claims whose {name} failed.")
+        self.duration = Histogram(f"gpudra_agent_node_{name}_duration_seconds",
+                                  f"Time to {name} one claim.", buckets=_DURATION_BUCKETS)
+
+    def record(self, seconds: float, *, ok: bool) -> None:
+        self.total.inc()
+        self.duration.observe(seconds)
+        if not ok:
+            self.errors.inc()
+
+    @contextmanager
+    def track(self) -> Iterator[Call]:
+        """Time the block; it failed if it raised or called ``.failed()`` on what it was given."""
+        started = time.perf_counter()
+        call = Call()
+        try:
+            yield call
+        except BaseException:
+            self.record(time.perf_counter() - started, ok=False)
+            raise
+        self.record(time.perf_counter() - started, ok=call.ok)
+
+
+PREPARE = ClaimOperation("prepare")
+UNPREPARE = ClaimOperation("unprepare")
+PREPARED_CLAIMS = Gauge("gpudra_agent_prepared_claims", "Claims prepared on this node (in the checkpoint).")
+PUBLISHED_DEVICES = Gauge("gpudra_agent_published_devices", "Devices this agent publishes in its ResourceSlices.")
+PUBLISHED_SLICES = Gauge("gpudra_agent_published_resourceslices", "ResourceSlices this agent publishes.")
+LAST_PUBLISH = Gauge("gpudra_agent_last_successful_publish_timestamp_seconds",
+                     "Unix time the agent last confirmed its ResourceSlices current (0: never).")
+PUBLISH_ERRORS = Counter("gpudra_agent_publish_errors_total", "ResourceSlice syncs that failed (and are retried).")
+BUILD_INFO = Info("gpudra_agent_build", "The gpudra version of this agent.")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gpudra")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+BUILD_INFO.info({"version": _version(), "component": "agent"})
+
+
+def set_prepared_claims(count: int) -> None:
+    PREPARED_CLAIMS.set(count)
+
+
+def published(devices: int, slices: int) -> None:
+    PUBLISHED_DEVICES.set(devices)
+    PUBLISHED_SLICES.set(slices)
+    LAST_PUBLISH.set(time.time())
+
+
+def publish_failed() -> None:
+    PUBLISH_ERRORS.inc()
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> None:
+    """Serve ``/metrics`` on ``port`` in a background thread (0: do nothing)."""
+    if port:
+        start_http_server(port, addr=addr)
+        log.info("serving Prometheus metrics on %s:%d/metrics", addr, port)

@@ -1,0 +1,399 @@
+"""The shipped install on the real control plane, with the shipped permissions and nothing more.
+
+`kubectl apply -k manifests/base` creates every object; the Pod Security labels hold (the
+operator's pod is admitted as `restricted`). Then the operator and one agent run with tokens of
+their own ServiceAccounts (TokenRequest, the agent's bound to its DaemonSet pod on a fake node, so
+the API server puts the node's name in it), reconcile a sample to Ready and publish its devices:
+the RBAC is sufficient. The ValidatingAdmissionPolicy lets an agent write only its own node's
+ResourceSlices and never stands in the operator's way; each token is denied what its role lacks.
+Both components serve their metrics; Argo CD's health check reads the live status as Healthy."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import yaml
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from argocd_health import health
+from gpudra_driver.kubeapi import Kube, Obj, connect, error_message, resource_type
+from gpudra_operator.localcluster.agents import AgentProcess, start_agent
+from gpudra_operator.localcluster.controlplane import ControlPlane, free_port
+from gpudra_operator.localcluster.kubelet_sim import KubeletSimulator
+from gpudra_operator.localcluster.objects import create_fake_node, delete_namespace, delete_node
+from gpudra_operator.localcluster.waiting import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+BASE = REPO / "manifests" / "base"
+SAMPLE = REPO / "manifests" / "samples" / "gpudraconfig.yaml"
+AGENT_NS, OPERATOR_NS = "gpudra-system", "gpudra-operator"
+CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
+SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
+DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
+DAEMONSET = resource_type("apps/v1", "DaemonSet")
+POD = resource_type("v1", "Pod")
+NODE = resource_type("v1", "Node")
+SECRET_PATH = "/api/v1/namespaces/default/secrets"
+CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
+                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+OPERATOR_METRICS = ("gpudra_reconcile_total", "gpudra_reconcile_errors_total", "gpudra_reconcile_time_seconds",
+                    "gpudra_agents_desired", "gpudra_agents_ready", "gpudra_resourceslices_stale_found_total",
+                    "gpudra_resourceslices_stale_deleted_total", "gpudra_last_successful_reconcile_timestamp_seconds",
+                    "gpudra_build_info")
+AGENT_METRICS = ("gpudra_agent_node_prepare_total", "gpudra_agent_node_prepare_errors_total",
+                 "gpudra_agent_node_prepare_duration_seconds", "gpudra_agent_node_unprepare_total",
+                 "gpudra_agent_node_unprepare_errors_total", "gpudra_agent_node_unprepare_duration_seconds",
+                 "gpudra_agent_prepared_claims", "gpudra_agent_published_devices",
+                 "gpudra_agent_last_successful_publish_timestamp_seconds", "gpudra_agent_publish_errors_total")
+
+
+def kustomize(cluster: ControlPlane) -> list[Obj]:
+    return [d for d in yaml.safe_load_all(cluster.kubectl("kustomize", str(BASE)).stdout) if d]
+
+
+def ref(obj: Obj) -> tuple[str, str, str | None]:
+    return obj["kind"], obj["metadata"]["name"], obj["metadata"].get("namespace")
+
+
+# --- credentials of the shipped ServiceAccounts ---------------------------------------------------
+async def request_token(kube: Kube, namespace: str, service_account: str, pod: Obj | None = None) -> str:
+    """A token from the TokenRequest API; bound to ``pod`` (name + uid) when given, which makes the
+    API server embed the pod's node (ServiceAccountTokenPodNodeInfo)."""
+    spec: Obj = {"expirationSeconds": 3600}
+    if pod is not None:
+        spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
+                                  "uid": pod["metadata"]["uid"]}
+    review = await kube.request(
+        "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token",
+        body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
+    return review["status"]["token"]
+
+
+def token_kubeconfig(cluster: ControlPlane, token: str, path: Path) -> Path:
+    config = {"apiVersion": "v1", "kind": "Config",
+              "clusters": [{"name": "local", "cluster": {"server": cluster.server,
+                                                         "certificate-authority": str(cluster.pki.ca.cert)}}],
+              "users": [{"name": "sa", "user": {"token": token}}],
+              "contexts": [{"name": "sa", "context": {"cluster": "local", "user": "sa"}}],
+              "current-context": "sa"}
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+class TokenClient:
+    """A Kube client that authenticates with one ServiceAccount token."""
+
+    def __init__(self, kubeconfig: Path, field_manager: str) -> None:
+        self.kubeconfig = kubeconfig
+        self.field_manager = field_manager
+
+    async def __aenter__(self) -> Kube:
+        self.api = await connect(str(self.kubeconfig))
+        return Kube(self.api, self.field_manager)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.api.close()
+
+
+async def denied(call: Any) -> ApiException:
+    with pytest.raises(ApiException) as caught:
+        await call
+    return caught.value
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return response.read().decode()
+
+
+def sample_value(text: str, name: str, labels: str = "") -> float | None:
+    prefix = f"{name}{{{labels}}} " if labels else f"{name} "
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line.split()[-1])
+    return None
+
+
+def slice_for(node: str, driver: str, name: str) -> Obj:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+            "spec": {"driver": driver, "nodeName": node,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": "gpu-0"}]}}
+
+
+# --- fixtures -------------------------------------------------------------------------------------
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def installed(cluster: ControlPlane, kube: Kube) -> AsyncIterator[list[Obj]]:
+    """`kubectl apply -k manifests/base`, as a user types it; everything but the CRD (shared with
+    other tests) is removed afterwards."""
+    objects = kustomize(cluster)
+    applied = cluster.kubectl("apply", "-k", str(BASE))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/gpudraconfigs.gpudra.io", "--timeout=60s")
+    try:
+        yield objects
+    finally:
+        print(f"\n--- kubectl apply -k output ---\n{applied.stdout}")
+        rest = [o for o in objects if o["kind"] not in ("CustomResourceDefinition", "Namespace")]
+        cluster.kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=false", input=yaml.safe_dump_all(rest))
+        for namespace in (AGENT_NS, OPERATOR_NS):
+            await delete_namespace(kube, namespace)
+
+
+@pytest.fixture
+def suffix() -> str:
+    return secrets.token_hex(3)
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="gpudra-"))  # plugin sockets need a short path
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def nodes(kube: Kube) -> AsyncIterator[list[str]]:
+    created: list[str] = []
+    yield created
+    for name in created:
+        await delete_node(kube, name)
+
+
+async def fake_node(kube: Kube, nodes: list[str], prefix: str, labels: dict[str, str] | None = None) -> str:
+    name = f"{prefix}-{secrets.token_hex(3)}"
+    await create_fake_node(kube, name, labels)
+    nodes.append(name)
+    return name
+
+
+# --- the install --------------------------------------------------------------------------------
+async def test_apply_k_creates_everything(cluster: ControlPlane, kube: Kube, installed: list[Obj]) -> None:
+    kinds = {o["kind"] for o in installed}
+    assert kinds == {"Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+                     "Role", "RoleBinding", "Deployment", "Service", "ValidatingAdmissionPolicy",
+                     "ValidatingAdmissionPolicyBinding"}
+    for obj in installed:
+        kind, name, namespace = ref(obj)
+        assert (kind in CLUSTER_SCOPED) == (namespace is None), f"{kind} {name}"
+    got = cluster.kubectl("get", "-f", "-", "-o", "name", input=yaml.safe_dump_all(installed), check=False)
+    assert got.returncode == 0, got.stderr
+    assert len(got.stdout.split()) == len(installed)
+
+    # The restricted profile admits the operator's pod (a violation would leave the ReplicaSet
+    # with FailedCreate and no pod), and the namespace really enforces it.
+    async def operator_pod() -> Obj | None:
+        pods = [p async for p in kube.list(POD, OPERATOR_NS, label_selector="app.kubernetes.io/name=gpudra-operator")]
+        return pods[0] if pods else None
+
+    pod = await wait_for(operator_pod, timeout=60, what="the operator Deployment's pod to be admitted")
+    container = pod["spec"]["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    privileged = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "psa-probe"},
+                  "spec": {"containers": [{"name": "c", "image": "x", "securityContext": {"privileged": True}}],
+                           "volumes": [{"name": "h", "hostPath": {"path": "/var/lib/kubelet"}}]}}
+    rejected = await denied(kube.create({**privileged, "metadata": {"name": "psa-probe", "namespace": OPERATOR_NS}},
+                                        dry_run=True))
+    assert rejected.status == 403 and 'violates PodSecurity "restricted:latest"' in error_message(rejected)
+    await kube.create({**privileged, "metadata": {"name": "psa-probe", "namespace": AGENT_NS}}, dry_run=True)
+
+    # The live objects are what the base says: no drift for GitOps tools to fight over.
+    diff = cluster.kubectl("diff", "-k", str(BASE), check=False)
+    assert diff.returncode == 0, diff.stdout + diff.stderr
+
+
+async def test_operator_and_agent_run_with_their_own_service_accounts(
+        cluster: ControlPlane, kube: Kube, installed: list[Obj], nodes: list[str], suffix: str,
+        short_dir: Path, tmp_path: Path) -> None:
+    node = await fake_node(kube, nodes, "gpu", {"gpudra-install": suffix})
+    operator_kubeconfig = token_kubeconfig(cluster, await request_token(kube, OPERATOR_NS, "gpudra-operator"),
+                                           tmp_path / "operator.kubeconfig")
+    operator_port, agent_port = free_port(), free_port()
+    operator_log = tmp_path / "operator.log"
+    env = {**os.environ, "KUBECONFIG": str(operator_kubeconfig), "GPUDRA_DRIFT_INTERVAL": "3", "PYTHONUNBUFFERED": "1"}
+    with operator_log.open("ab") as log:
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "gpudra_operator.cli", "operator", "--namespace", AGENT_NS, "--liveness-port", "0",
+             "--metrics-port", str(operator_port), "--log-format", "json"],
+            stdout=log, stderr=subprocess.STDOUT, env=env)
+    simulator = asyncio.create_task(KubeletSimulator(kube).run())
+    agent: AgentProcess | None = None
+    config = yaml.safe_load(SAMPLE.read_text())
+    name, driver = config["metadata"]["name"], config["spec"]["driverName"]
+    try:
+        config["spec"]["agent"]["nodeSelector"] = {"gpudra-install": suffix}  # just this test's node
+        await kube.create(config)
+
+        # The operator (its own token) renders the DaemonSet; the DaemonSet controller puts a pod
+        # on the node; the agent gets a token bound to that pod, as its projected token would be.
+        async def agent_pod() -> Obj | None:
+            pods = [p async for p in kube.list(POD, AGENT_NS, field_selector=f"spec.nodeName={node}")]
+            return pods[0] if pods else None
+
+        pod = await wait_for(agent_pod, timeout=60, what=f"the agent pod on {node}")
+        assert pod["spec"]["serviceAccountName"] == "gpudra-agent"
+        agent_kubeconfig = token_kubeconfig(cluster, await request_token(kube, AGENT_NS, "gpudra-agent", pod),
+                                            tmp_path / "agent.kubeconfig")
+        agent = start_agent(kubeconfig=agent_kubeconfig, node_name=node, nvml="fake:l4x2", driver=driver,
+                            workdir=short_dir / node, extra_args=("--metrics-port", str(agent_port)))
+
+        async def ready_with_devices() -> Obj | None:
+            assert operator.poll() is None, f"operator exited:\n{operator_log.read_text()[-3000:]}"
+            assert agent.process.poll() is None, f"agent exited:\n{agent.log_tail()}"
+            live = await kube.get(CONFIG, name)
+            conditions = {c["type"]: c for c in ((live or {}).get("status") or {}).get("conditions") or []}
+            ok = (conditions.get("Ready", {}).get("status") == "True" and live["status"].get("devices") == 2
+                  and live["status"]["observedGeneration"] == live["metadata"]["generation"])
+            return live if ok else None
+
+        live = await wait_for(ready_with_devices, timeout=90, what=f"GpuDraConfig {name} Ready with 2 devices")
+        assert live["status"]["agents"] == {"desired": 1, "ready": 1, "updated": 1, "summary": "1/1"}
+        assert sorted(live["status"]["deviceClasses"]) == sorted(c["name"] for c in config["spec"]["deviceClasses"])
+        assert health(live)["status"] == "Healthy"
+        slices = [s async for s in kube.list(SLICE, field_selector=f"spec.driver={driver},spec.nodeName={node}")]
+        assert slices and {m["manager"] for s in slices for m in s["metadata"]["managedFields"]} == {"gpudra-agent"}
+
+        # Both components serve their metrics, with values from what just happened.
+        operator_metrics = await wait_for(lambda: asyncio.to_thread(scrape, operator_port), timeout=10,
+                                          what="operator /metrics")
+        for metric in OPERATOR_METRICS:
+            assert f"\n{metric}" in operator_metrics, metric
+        assert sample_value(operator_metrics, "gpudra_reconcile_total", 'result="success"') >= 1
+        assert sample_value(operator_metrics, "gpudra_agents_ready", f'config="{name}"') == 1
+        assert sample_value(operator_metrics, "gpudra_agents_desired", f'config="{name}"') == 1
+        agent_metrics = await asyncio.to_thread(scrape, agent_port)
+        for metric in AGENT_METRICS:
+            assert f"\n{metric}" in agent_metrics, metric
+        assert sample_value(agent_metrics, "gpudra_agent_published_devices") == 2
+        assert sample_value(agent_metrics, "gpudra_agent_last_successful_publish_timestamp_seconds") > 0
+
+        # Deleting the config: the operator's cleanup (its token) removes classes, the DaemonSet,
+        # and, once the agent is gone, the node's slices (the admission policy never blocks it).
+        await kube.delete(CONFIG, name)
+
+        async def agent_pod_going() -> bool:
+            current = await kube.get(POD, pod["metadata"]["name"], AGENT_NS)
+            return current is None or bool(current["metadata"].get("deletionTimestamp"))
+
+        await wait_for(agent_pod_going, timeout=60, what="the agent pod to be deleted")
+        agent.stop()  # what the kubelet does to the container of a deleted pod
+        await wait_for(lambda: _absent(kube, CONFIG, name), timeout=60, what=f"GpuDraConfig {name} to be finalized")
+        assert [s async for s in kube.list(SLICE, field_selector=f"spec.driver={driver}")] == []
+        for device_class in config["spec"]["deviceClasses"]:
+            assert await kube.get(DEVICE_CLASS, device_class["name"]) is None
+
+        text = operator_log.read_text()
+        for word in ("forbidden", "not enough permissions", "unauthorized"):
+            assert word not in text.lower(), f"the operator hit {word!r} with the shipped RBAC:\n{text[-4000:]}"
+    finally:
+        simulator.cancel()
+        if agent is not None:
+            agent.stop()
+        operator.terminate()
+        try:
+            operator.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+        if await kube.get(CONFIG, name) is not None:
+            await kube.patch(CONFIG, name, {"metadata": {"finalizers": None}})
+            await kube.delete(CONFIG, name)
+        print(f"\n--- operator log tail ---\n" + "\n".join(operator_log.read_text().splitlines()[-30:]))
+        if agent is not None:
+            print(f"\n--- agent log tail ---\n{agent.log_tail()}")
+
+
+async def _absent(kube: Kube, rtype: Any, name: str, namespace: str | None = None) -> bool:
+    return await kube.get(rtype, name, namespace) is None
+
+
+# --- the admission policy and the roles' limits ---------------------------------------------------
+async def test_agent_writes_only_its_own_nodes_slices_and_the_operator_any(
+        cluster: ControlPlane, kube: Kube, installed: list[Obj], nodes: list[str], suffix: str,
+        tmp_path: Path) -> None:
+    own, other = await fake_node(kube, nodes, "own"), await fake_node(kube, nodes, "other")
+    driver = f"vap-{suffix}.gpudra.io"
+    pod = await kube.create({"apiVersion": "v1", "kind": "Pod",
+                             "metadata": {"name": f"agent-{suffix}", "namespace": AGENT_NS},
+                             "spec": {"serviceAccountName": "gpudra-agent", "nodeName": own,
+                                      "containers": [{"name": "agent", "image": "ghcr.io/gpudra/gpudra:0.1.0"}]}})
+    agent_cfg = token_kubeconfig(cluster, await request_token(kube, AGENT_NS, "gpudra-agent", pod), tmp_path / "a")
+    unbound_cfg = token_kubeconfig(cluster, await request_token(kube, AGENT_NS, "gpudra-agent"), tmp_path / "u")
+    operator_cfg = token_kubeconfig(cluster, await request_token(kube, OPERATOR_NS, "gpudra-operator"), tmp_path / "o")
+    foreign = await kube.create(slice_for(other, driver, f"{other}-{suffix}"))
+    try:
+        async with TokenClient(agent_cfg, "gpudra-agent") as agent:
+            # Its own node: create, update, delete are all allowed.
+            mine = await agent.create(slice_for(own, driver, f"{own}-{suffix}"))
+            mine = await agent.patch(SLICE, mine["metadata"]["name"], {"spec": {"pool": {"generation": 2}}})
+            assert mine["spec"]["pool"]["generation"] == 2
+
+            # Another node: denied by the policy, with its message, for every write.
+            message = f"gpudra-agent on node {own} may only write ResourceSlices of its own node, not of node {other}"
+            for attempt in (agent.create(slice_for(other, driver, f"x-{suffix}")),
+                            agent.patch(SLICE, foreign["metadata"]["name"], {"spec": {"pool": {"generation": 5}}}),
+                            agent.delete(SLICE, foreign["metadata"]["name"])):
+                error = await denied(attempt)
+                assert error.status == 403, error_message(error)
+                assert "gpudra-agent-resourceslices" in error_message(error) and message in error_message(error)
+            # Nor may it move another node's slice onto itself, or write one without a node.
+            error = await denied(agent.patch(SLICE, foreign["metadata"]["name"], {"spec": {"nodeName": own}}))
+            assert error.status in (403, 422), error_message(error)
+            error = await denied(agent.create({**slice_for(own, driver, f"all-{suffix}"), "spec": {
+                "driver": driver, "allNodes": True, "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1}}}))
+            assert error.status == 403 and "not a slice without spec.nodeName" in error_message(error)
+
+            # Beyond its role: no reads of pods or secrets, no DeviceClasses, no node writes.
+            for attempt in (agent.list(POD, AGENT_NS).__anext__(), agent.request("GET", SECRET_PATH),
+                            agent.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                                          "metadata": {"name": f"evil-{suffix}"}, "spec": {}}),
+                            agent.patch(NODE, own, {"metadata": {"labels": {"x": "y"}}})):
+                error = await denied(attempt)
+                assert error.status == 403 and "system:serviceaccount:gpudra-system:gpudra-agent" in error_message(error)
+            assert (await agent.get(NODE, own))["metadata"]["name"] == own  # what it does need
+            await agent.delete(SLICE, mine["metadata"]["name"])
+
+        # A token of the agent's ServiceAccount not bound to a pod carries no node: no writes at all.
+        async with TokenClient(unbound_cfg, "gpudra-agent") as unbound:
+            error = await denied(unbound.create(slice_for(own, driver, f"u-{suffix}")))
+            assert error.status == 403 and "pod-bound ServiceAccount token" in error_message(error)
+
+        # The operator is outside the policy: its GC deletes any node's slices; it cannot write them.
+        async with TokenClient(operator_cfg, "gpudra-operator") as operator:
+            error = await denied(operator.create(slice_for(own, driver, f"o-{suffix}")))
+            assert error.status == 403 and "cannot create resource" in error_message(error)
+            error = await denied(operator.request("GET", SECRET_PATH))
+            assert error.status == 403
+            assert await operator.delete(SLICE, foreign["metadata"]["name"]) is True
+        assert [s async for s in kube.list(SLICE, field_selector=f"spec.driver={driver}")] == []
+    finally:
+        await kube.delete(POD, pod["metadata"]["name"], AGENT_NS, grace_period_seconds=0)
+        async for leftover in kube.list(SLICE, field_selector=f"spec.driver={driver}"):
+            await kube.delete(SLICE, leftover["metadata"]["name"])
+
+
+async def test_operator_role_is_confined_to_the_agent_namespace(
+        cluster: ControlPlane, kube: Kube, installed: list[Obj], namespace: str, tmp_path: Path) -> None:
+    daemonset = {"apiVersion": "apps/v1", "kind": "DaemonSet",
+                 "metadata": {"name": "gpudra-agent", "namespace": namespace},
+                 "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {
+                     "metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}}}
+    operator_cfg = token_kubeconfig(cluster, await request_token(kube, OPERATOR_NS, "gpudra-operator"), tmp_path / "o")
+    async with TokenClient(operator_cfg, "gpudra-operator") as operator:
+        error = await denied(operator.apply(daemonset, dry_run=True))
+        assert error.status == 403 and f'in the namespace "{namespace}"' in error_message(error)
+        await operator.apply({**daemonset, "metadata": {**daemonset["metadata"], "namespace": AGENT_NS}}, dry_run=True)
+        error = await denied(operator.request("GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles"))
+        assert error.status == 403
