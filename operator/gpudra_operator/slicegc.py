@@ -129,10 +129,11 @@ class SliceCollector:
         self.page_size = page_size
         self._first_seen: dict[str, dict[str, tuple[str, float]]] = {}
         self._last_pass: dict[str, float] = {}  # config name -> wall-clock time of the last pass
+        self._skipped: dict[str, str | None] = {}  # config name -> why the last look ran no pass
 
     def forget(self, name: str) -> None:
-        self._first_seen.pop(name, None)
-        self._last_pass.pop(name, None)
+        for memory in (self._first_seen, self._last_pass, self._skipped):
+            memory.pop(name, None)
 
     def seconds_until_due(self, body: Mapping[str, Any]) -> float:
         """Seconds until the next pass of this config is due (<= 0: now), from the later of this
@@ -155,8 +156,11 @@ class SliceCollector:
             self.forget(config.name)
             return None
         why_not = gc_ready(body)
+        if why_not != self._skipped.get(config.name):  # log a reason once, not every tick
+            self._skipped[config.name] = why_not
+            if why_not:
+                log.info("GpuDraConfig %s: ResourceSlice GC waits: %s", config.name, why_not)
         if why_not:
-            log.info("GpuDraConfig %s: ResourceSlice GC skipped: %s", config.name, why_not)
             return None
         self._last_pass[config.name] = time.time()
         driver = config.spec.driver_name

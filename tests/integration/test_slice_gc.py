@@ -21,7 +21,7 @@ import pytest_asyncio
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.events import EventRecorder
 from gpudra_operator.localcluster.controlplane import ControlPlane
-from gpudra_operator.localcluster.objects import create_fake_node, delete_node
+from gpudra_operator.localcluster.objects import create_fake_node, delete_node, fake_slice
 from gpudra_operator.render import agent_labels
 from gpudra_operator.slicegc import GcResult, SliceCollector
 from gpudra_operator.staleslices import NODE_GONE, NODE_UNSELECTED, OWNER_UID_MISMATCH, SUPERSEDED_GENERATION
@@ -35,14 +35,7 @@ GRACE = 30.0  # the CRD's minimum gracePeriod
 
 
 def slice_body(name: str, driver: str, node: str, *, generation: int = 1, owner_uid: str | None = None) -> Obj:
-    meta: Obj = {"name": name, "labels": {"gpudra.io/test": "gc"}}
-    if owner_uid:
-        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": owner_uid,
-                                    "controller": True}]
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": meta,
-            "spec": {"driver": driver, "nodeName": node,
-                     "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-                     "devices": [{"name": "gpu-0", "attributes": {"index": {"int": 0}}}]}}
+    return fake_slice(name, driver, node, generation=generation, owner_uid=owner_uid, labels={"gpudra.io/test": "gc"})
 
 
 class Scene:

@@ -70,3 +70,18 @@ async def delete_namespace(kube: Kube, name: str) -> None:
     for pod in pods:
         await kube.delete(POD, pod["metadata"]["name"], name, grace_period_seconds=0)
     await kube.delete(NAMESPACE, name)
+
+
+def fake_slice(name: str, driver: str, node: str, *, generation: int = 1, owner_uid: str | None = None,
+               devices: int = 1, labels: dict[str, str] | None = None) -> Obj:
+    """A ResourceSlice for ``node``'s pool as an agent would publish it (``owner_uid``: owned by
+    that Node; None: no owner, which the Kubernetes garbage collector never collects)."""
+    meta: Obj = {"name": name, "labels": dict(labels or {})}
+    if owner_uid:
+        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": owner_uid,
+                                    "controller": True}]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": meta,
+            "spec": {"driver": driver, "nodeName": node,
+                     "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+                     "devices": [{"name": f"gpu-{i}", "attributes": {"index": {"int": i}},
+                                  "capacity": {"memory": {"value": "80Gi"}}} for i in range(devices)]}}

@@ -1,0 +1,155 @@
+"""The ResourceSlice GC inside the running operator (a `gpudra operator` subprocess): the per-config
+daemon runs a pass on its own once the config is reconciled and reports in status.gc, an Event and
+its log; and the fifth rule, "driver no longer managed": deleting the GpuDraConfig deletes its
+driver's slices once no agent pod is left, and nobody else's."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_operator.localcluster.controlplane import ControlPlane
+from gpudra_operator.localcluster.kubelet_sim import KubeletSimulator
+from gpudra_operator.localcluster.objects import fake_slice
+from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_operator.staleslices import NODE_GONE
+
+CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
+SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
+EVENT = resource_type("v1", "Event")
+
+
+class Operator:
+    def __init__(self, process: subprocess.Popen[bytes], log_path: Path) -> None:
+        self.process, self.log_path = process, log_path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def operator(cluster: ControlPlane, kube: Kube, crd_installed: Obj,
+                   tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Operator]:
+    log_path = tmp_path_factory.mktemp("gc-operator") / "operator.log"
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "GPUDRA_DRIFT_INTERVAL": "3",
+           "GPUDRA_GC_TICK": "0.2", "PYTHONUNBUFFERED": "1"}
+    with log_path.open("ab") as log:
+        process = subprocess.Popen([sys.executable, "-m", "gpudra_operator.cli", "operator", "--liveness-port", "0"],
+                                   stdout=log, stderr=subprocess.STDOUT, env=env)
+    simulator = asyncio.create_task(KubeletSimulator(kube).run())
+    try:
+        yield Operator(process, log_path)
+    finally:
+        simulator.cancel()
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        print(f"\n--- operator log tail ({log_path}) ---\n" + "\n".join(log_path.read_text().splitlines()[-30:]))
+
+
+class Cluster:
+    """A test's config, driver, agent namespace and slices; all removed afterwards."""
+
+    def __init__(self, kube: Kube, namespace: str) -> None:
+        self.kube, self.namespace = kube, namespace
+        self.suffix = secrets.token_hex(3)
+        self.name, self.driver = f"gcop-{self.suffix}", f"gcop{self.suffix}.gpudra.io"
+        self.selector = {"gpudra.io/gc-test": self.suffix}
+        self.slices: list[str] = []
+
+    async def config(self) -> Obj:
+        await self.kube.create({"apiVersion": "v1", "kind": "ServiceAccount",
+                                "metadata": {"name": "gpudra-agent", "namespace": self.namespace}})
+        return await self.kube.create({
+            "apiVersion": "gpudra.io/v1alpha1", "kind": "GpuDraConfig", "metadata": {"name": self.name},
+            "spec": {"driverName": self.driver, "agent": {"namespace": self.namespace, "nodeSelector": self.selector},
+                     "resourceSliceGC": {"gracePeriod": "30s"}}})
+
+    async def slice(self, node: str, *, owner_uid: str | None = None, driver: str | None = None) -> Obj:
+        name = f"{node}-{secrets.token_hex(2)}"
+        self.slices.append(name)
+        return await self.kube.create(fake_slice(name, driver or self.driver, node, owner_uid=owner_uid))
+
+    async def gc_status(self) -> Obj | None:
+        config = await self.kube.get(CONFIG, self.name)
+        return ((config or {}).get("status") or {}).get("gc")
+
+    async def cleanup(self) -> None:
+        await self.kube.delete(CONFIG, self.name)
+        await wait_for(lambda: _absent(self.kube, self.name), timeout=60, what=f"GpuDraConfig {self.name} finalized")
+        for name in self.slices:
+            await self.kube.delete(SLICE, name)
+
+
+async def _absent(kube: Kube, name: str) -> bool:
+    return await kube.get(CONFIG, name) is None
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def scene(kube: Kube, operator: Operator, namespace: str) -> AsyncIterator[Cluster]:
+    c = Cluster(kube, namespace)
+    try:
+        yield c
+    finally:
+        await c.cleanup()
+
+
+async def test_operator_collects_stale_slices_and_reports(scene: Cluster, kube: Kube, operator: Operator,
+                                                          fake_nodes: Callable[..., Any]) -> None:
+    node = await fake_nodes("gcop", labels=scene.selector)
+    healthy = await scene.slice(node["metadata"]["name"], owner_uid=node["metadata"]["uid"])
+    orphan = await scene.slice(f"gone-{scene.suffix}")
+    await scene.config()
+
+    async def collected() -> Obj | None:
+        gc = await scene.gc_status()
+        return gc if gc and gc.get("deleted") else None
+
+    gc = await wait_for(collected, timeout=60, what="a GC pass that deleted the orphaned slice")
+    assert (gc["found"], gc["deleted"], gc["errors"], gc["dryRun"]) == (1, 1, 0, False) and gc["lastRun"]
+    assert await kube.get(SLICE, orphan["metadata"]["name"]) is None
+    assert await kube.get(SLICE, healthy["metadata"]["name"]) is not None
+
+    async def event() -> Obj | None:
+        events = [e async for e in kube.list(EVENT, "default", field_selector=f"involvedObject.name={scene.name}")]
+        return next((e for e in events if e["reason"] == "StaleSlicesDeleted"), None)
+
+    assert orphan["metadata"]["name"] in (await wait_for(event, timeout=15, what="a StaleSlicesDeleted Event"))["message"]
+    line = next(line for line in operator.log().splitlines() if f"ResourceSlice {orphan['metadata']['name']} " in line)
+    assert f"by rule {NODE_GONE}" in line and line.rstrip().endswith("deleted"), line
+
+
+async def test_rule_driver_no_longer_managed(scene: Cluster, kube: Kube, fake_nodes: Callable[..., Any]) -> None:
+    """The finalizer's rule: once the config is deleted and its agents are gone, every slice of its
+    driver goes — here a healthy one the GC itself had kept — and another driver's stays."""
+    node = await fake_nodes("gcop", labels=scene.selector)
+    ours = await scene.slice(node["metadata"]["name"], owner_uid=node["metadata"]["uid"])
+    foreign = await scene.slice(node["metadata"]["name"], owner_uid=node["metadata"]["uid"],
+                                driver=f"other{scene.suffix}.example.com")
+    await scene.config()
+
+    async def agent_up_and_gc_ran() -> bool:
+        config = await kube.get(CONFIG, scene.name)
+        status = (config or {}).get("status") or {}
+        return status.get("agents", {}).get("ready") == 1 and bool(status.get("gc", {}).get("lastRun"))
+
+    await wait_for(agent_up_and_gc_ran, timeout=60, what="the agent pod Ready and a GC pass")
+    assert (await scene.gc_status())["found"] == 0
+    assert await kube.get(SLICE, ours["metadata"]["name"]) is not None
+
+    await kube.delete(CONFIG, scene.name)
+    await wait_for(lambda: _absent(kube, scene.name), timeout=60, what="the config to be finalized")
+    assert await kube.get(SLICE, ours["metadata"]["name"]) is None
+    assert await kube.get(SLICE, foreign["metadata"]["name"]) is not None
