@@ -84,6 +84,9 @@ class ControlPlane:
     bin_dir: Path
     workdir: Path
     components: list[Component] = field(default_factory=list)
+    # Benchmarks count API requests exactly from the apiserver's audit log (Metadata level, one
+    # line per request at ResponseComplete); off by default, tests do not pay for it.
+    audit_log: bool = False
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -92,6 +95,7 @@ class ControlPlane:
         self.etcd_port, self.etcd_peer_port = free_port(), free_port()
         self.apiserver_port = free_port()
         self.server = f"https://{HOST}:{self.apiserver_port}"
+        self.audit_log_path = self.workdir / "logs" / "audit.log"
 
     # --- configuration -----------------------------------------------------------------------
     def _write_kubeconfig(self, path: Path, user: str, client: CertPair) -> Path:
@@ -149,7 +153,7 @@ class ControlPlane:
                 f"--service-account-key-file={sa_key}", f"--service-account-signing-key-file={sa_key}",
                 "--service-cluster-ip-range=10.0.0.0/24", "--endpoint-reconciler-type=none",
                 "--allow-privileged=true", f"--cert-dir={self.workdir / 'apiserver'}",
-                "--v=1",
+                "--v=1", *self._audit_args(),
             ], f"{self.server}/readyz", logs / "kube-apiserver.log"),
             Component("kube-controller-manager", [
                 str(bins / "kube-controller-manager"), f"--kubeconfig={kcm_kubeconfig}",
@@ -169,6 +173,16 @@ class ControlPlane:
                 f"--cert-dir={self.workdir / 'scheduler'}", "--v=1",
             ], f"https://{HOST}:{sched_port}/healthz", logs / "kube-scheduler.log"),
         ]
+
+    def _audit_args(self) -> list[str]:
+        if not self.audit_log:
+            return []
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump({"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+                                          "omitStages": ["RequestReceived", "ResponseStarted"],
+                                          "rules": [{"level": "Metadata"}]}))
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log_path}",
+                "--audit-log-mode=blocking", "--audit-log-maxsize=0"]
 
     # --- lifecycle ---------------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> None:

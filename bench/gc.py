@@ -1,0 +1,262 @@
+"""ResourceSlice GC at fleet size: 2,000 fake Nodes, each with one 8-device slice and one agent pod,
+plus 500 stale slices (no owner, their Node gone: rule node-gone), on this bench's own control
+plane with the apiserver's audit log on.
+
+- pass: wall time of one GC pass (``SliceCollector.run_pass``: three paginated lists, the decision,
+  500 preconditioned deletes, the status.gc patch, the Event) with the delete rate limit off
+- baseline: a bare loop issuing the same 500 preconditioned deletes (uid + resourceVersion) one
+  after another, in the same run on fresh copies of the stale slices; also a bare loop with the
+  GC's own delete concurrency (8), for reference
+- requests: counted exactly from the audit log (one ResponseComplete line per request, matched by
+  the pass's own User-Agent), cross-checked with a count in the adapter (Kube.request); target:
+  stale deletions + list pages, plus the two visibility writes (status.gc patch, Event)
+- rss: the real operator (`gpudra operator` subprocess) at that size — its peak RSS (VmHWM) after its
+  own first GC pass over the same 2,500 slices, 2,000 Nodes (here with all 2,000 slices pending:
+  its config selects none of the Nodes, grace 168h) and 500 fresh stale slices it deletes
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from bench import Context, Result, at_most
+from gpudra_driver.kubeapi import Kube, Obj, connect, resource_type
+from gpudra_operator.crd import load_crd
+from gpudra_operator.events import EventRecorder
+from gpudra_operator.localcluster.controlplane import ControlPlane, find_binaries
+from gpudra_operator.localcluster.objects import FAKE_NODE_LABEL, create_fake_node, fake_slice
+from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_operator.render import agent_labels
+from gpudra_operator.slicegc import SliceCollector
+
+NODES = int(os.environ.get("BENCH_GC_NODES", "2000"))
+STALE = int(os.environ.get("BENCH_GC_STALE", "500"))
+DEVICES = 8
+PAGE = 500
+CREATE_CONCURRENCY = 32
+DELETE_CONCURRENCY = 8  # SliceCollector's default
+DRIVER = "gpu.gpudra.io"
+NAMESPACE = "gpudra-system"
+CONFIG_NAME = "bench-gc"
+OPERATOR_CONFIG = "bench-gc-operator"
+GC_AGENT = "gpudra-gc-bench"
+RATIO_TARGET = 1.3
+RSS_TARGET_MIB = 200
+CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
+CRD = resource_type("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
+SERVICE_ACCOUNT = resource_type("v1", "ServiceAccount")
+
+
+class CountingKube(Kube):
+    """Counts the requests that pass through the adapter, by HTTP verb."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.counts: dict[str, int] = {}
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> Obj:  # type: ignore[override]
+        self.counts[method] = self.counts.get(method, 0) + 1
+        return await super().request(method, path, **kwargs)
+
+
+async def bounded(jobs: list[Callable[[], Awaitable[Any]]], limit: int) -> list[Any]:
+    semaphore = asyncio.Semaphore(limit)
+
+    async def one(job: Callable[[], Awaitable[Any]]) -> Any:
+        async with semaphore:
+            return await job()
+
+    return list(await asyncio.gather(*(one(j) for j in jobs)))
+
+
+class AuditLog:
+    """Counts the apiserver's audit events appended since ``mark()``, by User-Agent."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0
+
+    def mark(self) -> None:
+        self.offset = self.path.stat().st_size
+
+    def since_mark(self, user_agent: str) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            for line in f:
+                event = json.loads(line)
+                if event.get("stage") == "ResponseComplete" and event.get("userAgent") == user_agent:
+                    counts[event["verb"]] = counts.get(event["verb"], 0) + 1
+        return counts
+
+
+async def populate(kube: Kube) -> None:
+    await kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    await wait_for(lambda: kube.get(SERVICE_ACCOUNT, "default", NAMESPACE), timeout=60, what="default SA")
+    names = [f"gpu-{i:05d}" for i in range(NODES)]
+    nodes = await bounded([lambda n=n: create_fake_node(kube, n) for n in names], CREATE_CONCURRENCY)
+    labels = agent_labels(CONFIG_NAME)
+    jobs: list[Callable[[], Awaitable[Any]]] = []
+    for node in nodes:
+        name, uid = node["metadata"]["name"], node["metadata"]["uid"]
+        jobs.append(lambda n=name, u=uid: kube.create(
+            fake_slice(f"{n}-{DRIVER.replace('.', '-')}-0", DRIVER, n, owner_uid=u, devices=DEVICES)))
+        jobs.append(lambda n=name: kube.create({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"gpudra-agent-{n}", "namespace": NAMESPACE, "labels": labels},
+            "spec": {"nodeName": n, "containers": [{"name": "agent", "image": "example.com/gpudra:bench"}]}}))
+    await bounded(jobs, CREATE_CONCURRENCY)
+
+
+async def make_stale(kube: Kube, tag: str) -> list[tuple[str, str, str]]:
+    """STALE ownerless slices on Nodes that do not exist; (name, uid, resourceVersion) each."""
+    created = await bounded([lambda i=i: kube.create(fake_slice(f"gone-{tag}-{i:04d}", DRIVER, f"gone-{tag}-{i:04d}",
+                                                                devices=DEVICES)) for i in range(STALE)],
+                            CREATE_CONCURRENCY)
+    return [(s["metadata"]["name"], s["metadata"]["uid"], s["metadata"]["resourceVersion"]) for s in created]
+
+
+def config_body(name: str, namespace: str, node_selector: dict[str, str]) -> Obj:
+    return {"apiVersion": "gpudra.io/v1alpha1", "kind": "GpuDraConfig", "metadata": {"name": name},
+            "spec": {"driverName": DRIVER, "agent": {"namespace": namespace, "nodeSelector": node_selector},
+                     "resourceSliceGC": {"gracePeriod": "168h", "interval": "24h"}}}
+
+
+async def reconciled_config(kube: Kube) -> Obj:
+    created = await kube.create(config_body(CONFIG_NAME, NAMESPACE, {FAKE_NODE_LABEL: "true"}))
+    # No operator runs in this phase: write what its reconciler would (reconciled, no conflict).
+    await kube.patch(CONFIG, CONFIG_NAME, {"status": {
+        "observedGeneration": created["metadata"]["generation"],
+        "conditions": [{"type": "Degraded", "status": "False", "reason": "AsExpected", "message": "",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}, subresource="status")
+    return await kube.get(CONFIG, CONFIG_NAME)
+
+
+def status_kib(pid: int) -> dict[str, int]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = int(value.split()[0])
+    return fields
+
+
+async def operator_rss(plane: ControlPlane, kube: Kube, workdir: Path) -> dict[str, float]:
+    await kube.delete(CONFIG, CONFIG_NAME)
+    await make_stale(kube, "op")
+    await kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench-gc-op"}})
+    log_path = workdir / "operator.log"
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpudra_operator.cli", "operator", "--liveness-port", "0"],
+            stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, "KUBECONFIG": str(plane.kubeconfig), "GPUDRA_DRIFT_INTERVAL": "3600",
+                 "GPUDRA_GC_TICK": "0.2", "GPUDRA_GC_DELETE_RATE": "0", "PYTHONUNBUFFERED": "1"})
+    try:
+        await kube.create(config_body(OPERATOR_CONFIG, "bench-gc-op", {"bench": "none"}))
+
+        async def passed() -> Obj | None:
+            gc = ((await kube.get(CONFIG, OPERATOR_CONFIG) or {}).get("status") or {}).get("gc") or {}
+            return gc if gc.get("lastRun") else None
+
+        gc = await wait_for(passed, timeout=300, what="the operator's first GC pass", interval=0.2)
+        memory = status_kib(process.pid)
+        match = re.search(r"GC pass over (\d+) slice\(s\), (\d+) node\(s\).* in ([0-9.]+)s", log_path.read_text())
+        return {"rss_mib": memory["VmRSS"] / 1024, "peak_rss_mib": memory["VmHWM"] / 1024,
+                "deleted": gc.get("deleted", 0), "pending": gc.get("pending", 0),
+                "pass_s": float(match.group(3)) if match else math.nan}
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+async def run(ctx: Context) -> list[Result]:
+    workdir = ctx.workdir("gc")
+    plane = ControlPlane(find_binaries(), workdir / "cluster", audit_log=True)
+    await asyncio.to_thread(plane.start)
+    api = await connect(str(plane.kubeconfig))
+    gc_api = await connect(str(plane.kubeconfig))
+    gc_api.user_agent = GC_AGENT
+    kube = Kube(api, "bench")
+    audit = AuditLog(plane.audit_log_path)
+    rounds = max(1, min(ctx.repeat, 3))
+    try:
+        await kube.apply(load_crd())
+        await wait_for(lambda: _established(kube), timeout=60, what="CRD Established")
+        started = time.perf_counter()
+        await populate(kube)
+        populate_s = time.perf_counter() - started
+        body = await reconciled_config(kube)
+
+        passes, loops, concurrent_loops = [], [], []
+        audited: dict[str, int] = {}
+        adapter: dict[str, int] = {}
+        for round_ in range(rounds):
+            await make_stale(kube, f"gc{round_}")
+            counting = CountingKube(gc_api, "gpudra-operator")
+            collector = SliceCollector(counting, EventRecorder(counting), delete_rate=0)
+            audit.mark()
+            started = time.perf_counter()
+            result = await collector.run_pass(body)
+            passes.append(time.perf_counter() - started)
+            assert result is not None and len(result.deleted) == STALE and not result.errors, result
+            assert result.slices == NODES + STALE and result.nodes == NODES and result.agent_pods == NODES
+            audited, adapter = audit.since_mark(GC_AGENT), counting.counts
+
+            stale = await make_stale(kube, f"seq{round_}")
+            started = time.perf_counter()
+            for name, uid, version in stale:
+                await kube.delete(SLICE, name, uid=uid, resource_version=version)
+            loops.append(time.perf_counter() - started)
+
+            stale = await make_stale(kube, f"par{round_}")
+            started = time.perf_counter()
+            await bounded([lambda s=s: kube.delete(SLICE, s[0], uid=s[1], resource_version=s[2]) for s in stale],
+                          DELETE_CONCURRENCY)
+            concurrent_loops.append(time.perf_counter() - started)
+
+        pages = math.ceil((NODES + STALE) / PAGE) + 2 * math.ceil(NODES / PAGE)  # slices, nodes, agent pods
+        expected = STALE + pages + 2  # + the status.gc patch and the Event
+        total = sum(audited.values())
+        rss = await operator_rss(plane, kube, workdir)
+    finally:
+        await api.close()
+        await gc_api.close()
+        await asyncio.to_thread(plane.stop)
+
+    gc_s, loop_s, par_s = statistics.median(passes), statistics.median(loops), statistics.median(concurrent_loops)
+    size = f"{NODES} nodes x {DEVICES} devices + {STALE} stale, median of {rounds}"
+    return [
+        Result("setup_s", populate_s, "s", note=f"{NODES} Nodes + slices + agent pods, {CREATE_CONCURRENCY} at a time"),
+        Result("pass_s", gc_s, "s", note=size + "; delete rate limit off, 8 deletes in flight"),
+        Result("bare_delete_loop_s", loop_s, "s", note=f"{STALE} preconditioned deletes, one after another"),
+        at_most("pass_vs_bare_loop", gc_s / loop_s, "x", RATIO_TARGET, "issue target: <= 1.3x the bare loop"),
+        Result("pass_vs_concurrent_loop", gc_s / par_s, "x",
+               note=f"reference: the same deletes {DELETE_CONCURRENCY} in flight took {par_s:.3f}s"),
+        Result("requests", total, "", f"== {expected}", total == expected,
+               f"audit log by User-Agent: {audited}; = {STALE} deletes + {pages} list pages + status patch + Event; "
+               f"adapter counted {adapter}"),
+        at_most("operator_peak_rss_mib", rss["peak_rss_mib"], "MiB", RSS_TARGET_MIB,
+                f"VmHWM of `gpudra operator` after its pass (VmRSS {rss['rss_mib']:.0f} MiB): deleted "
+                f"{rss['deleted']}, pending {rss['pending']}, pass {rss['pass_s']:.2f}s"),
+    ]
+
+
+async def _established(kube: Kube) -> bool:
+    crd = await kube.get(CRD, load_crd()["metadata"]["name"])
+    return any(c["type"] == "Established" and c["status"] == "True"
+               for c in ((crd or {}).get("status") or {}).get("conditions") or [])
