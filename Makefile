@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv kube-bin test unit demo demo-down bench protos clean
+.PHONY: help venv kube-bin helm-bin test unit demo demo-down bench protos images image-operator image-agent clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
@@ -17,6 +17,7 @@ help:
 	@echo "make kube-bin   fetch or build etcd $(ETCD_VERSION) + Kubernetes $(KUBE_VERSION) binaries"
 	@echo "make bench      benchmarks (not part of make test)"
 	@echo "make protos     regenerate the kubelet plugin's gRPC stubs"
+	@echo "make images     build the operator and agent images (needs a docker or podman engine)"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -29,9 +30,13 @@ $(VENV)/.installed: pyproject.toml
 kube-bin:
 	@hack/kube-bin.sh
 
+helm-bin:
+	@hack/helm-bin.sh
+
 test: venv
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
-	  GPUDRA_KUBE_BIN="$$bin_dir" $(BIN)/pytest $(PYTEST_ARGS)
+	  helm="$$(hack/helm-bin.sh | tail -n 1)" && test -n "$$helm" && \
+	  GPUDRA_KUBE_BIN="$$bin_dir" GPUDRA_HELM="$$helm" $(BIN)/pytest $(PYTEST_ARGS)
 
 unit: venv
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
@@ -50,6 +55,15 @@ bench: venv
 protos:
 	$(BIN)/pip install --quiet -e '.[dev]'
 	PYTHON=$(BIN)/python hack/gen-protos.sh
+
+# Container images (images/*.Dockerfile). CONTAINER_ENGINE=docker|podman, else whichever answers.
+IMAGE_REGISTRY ?= ghcr.io/gpudra
+IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+CONTAINER_ENGINE ?= $(shell for e in docker podman; do command -v $$e >/dev/null && $$e info >/dev/null 2>&1 && { echo $$e; break; }; done)
+images: image-operator image-agent
+image-operator image-agent: image-%:
+	@test -n "$(CONTAINER_ENGINE)" || { echo "make images: no working container engine: neither 'docker info' nor 'podman info' succeeds here (a client without a running daemon does not count). Start one, or set CONTAINER_ENGINE." >&2; exit 1; }
+	$(CONTAINER_ENGINE) build -f images/$*.Dockerfile -t $(IMAGE_REGISTRY)/$(if $(filter agent,$*),gpudra,gpudra-operator):$(IMAGE_TAG) .
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,171 @@
+"""The Helm chart renders the kustomize base's objects, and its values do what values.yaml says.
+
+Needs the helm binary (hack/helm-bin.sh, which `make test` runs, or $GPUDRA_HELM) and kubectl for
+`kubectl kustomize`; no cluster."""
+
+from __future__ import annotations
+
+import copy
+import glob
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpudra_operator.localcluster.controlplane import find_binaries
+from gpudra_operator.render_cmd import render_documents
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "manifests" / "helm" / "gpudra"
+BASE = REPO / "manifests" / "base"
+KUBE_VERSION = "v1.35.4"  # helm's default capabilities depend on how it was built: be explicit
+Obj = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    candidates = [os.environ.get("GPUDRA_HELM"), shutil.which("helm"),
+                  *sorted(glob.glob(os.path.expanduser("~/.cache/gpudra/helm/*/helm")))]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    pytest.fail("no helm binary: run hack/helm-bin.sh (make test does) or set GPUDRA_HELM")
+
+
+def template(helm: str, *args: str) -> list[Obj]:
+    out = subprocess.run([helm, "template", "gpudra", str(CHART), "--kube-version", KUBE_VERSION, *args],
+                         check=True, capture_output=True, text=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def kustomize() -> list[Obj]:
+    out = subprocess.run([str(find_binaries() / "kubectl"), "kustomize", str(BASE)],
+                         check=True, capture_output=True, text=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def key(obj: Obj) -> tuple[str, str, str | None]:
+    return obj["kind"], obj["metadata"]["name"], obj["metadata"].get("namespace")
+
+
+def without_metadata_decoration(obj: Obj) -> Obj:
+    """The object minus labels and annotations (Helm adds its own labels; the chart's CRD carries
+    the keep annotation), everything else as rendered."""
+    out = copy.deepcopy(obj)
+    out["metadata"].pop("labels", None)
+    out["metadata"].pop("annotations", None)
+    return out
+
+
+def by_key(objects: list[Obj]) -> dict[tuple[str, str, str | None], Obj]:
+    return {key(o): o for o in objects}
+
+
+def test_lint_strict(helm: str) -> None:
+    result = subprocess.run([helm, "lint", str(CHART), "--strict", "--kube-version", KUBE_VERSION],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_defaults_render_the_same_objects_as_the_kustomize_base(helm: str) -> None:
+    chart, base = by_key(template(helm)), by_key(kustomize())
+    assert sorted({k[0] for k in chart}) == sorted({k[0] for k in base})
+    assert sorted(chart, key=str) == sorted(base, key=str)
+    for k, obj in base.items():
+        assert without_metadata_decoration(chart[k]) == without_metadata_decoration(obj), k
+        # Helm adds its labels; it never drops or changes one of the base's.
+        assert chart[k]["metadata"].get("labels", {}).items() >= obj["metadata"].get("labels", {}).items(), k
+    for obj in chart.values():
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+
+
+def test_crd_survives_upgrades_and_uninstall(helm: str) -> None:
+    crd = next(o for o in template(helm) if o["kind"] == "CustomResourceDefinition")
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert crd == {**crd, "spec": yaml.safe_load((REPO / "crds" / "gpudraconfig.yaml").read_text())["spec"]}
+    unkept = next(o for o in template(helm, "--set", "crds.keep=false") if o["kind"] == "CustomResourceDefinition")
+    assert "annotations" not in unkept["metadata"]
+    assert [o for o in template(helm, "--set", "crds.enabled=false") if o["kind"] == "CustomResourceDefinition"] == []
+
+
+def test_namespaces_follow_the_values_everywhere(helm: str) -> None:
+    objects = template(helm, "--set", "namespaces.operator=ops", "--set", "namespaces.agent=gpus")
+    namespaced = {key(o) for o in objects if o["metadata"].get("namespace")}
+    assert {k[2] for k in namespaced} == {"ops", "gpus", "default"}
+    assert ("Role", "gpudra-operator-events", "default") in namespaced  # Events of cluster-scoped objects
+    assert ("Role", "gpudra-operator", "gpus") in namespaced
+    names = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Namespace"}
+    assert names["gpus"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert names["ops"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    policy = next(o for o in objects if o["kind"] == "ValidatingAdmissionPolicy")
+    assert policy["spec"]["matchConditions"][0]["expression"] == \
+        'request.userInfo.username == "system:serviceaccount:gpus:gpudra-agent"'
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    assert "--namespace=gpus" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    for binding in (o for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        (subject,) = binding["subjects"]
+        assert subject["namespace"] == ("ops" if subject["name"] == "gpudra-operator" else "gpus")
+    external = template(helm, "--set", "namespaces.create=false")
+    assert [o for o in external if o["kind"] == "Namespace"] == []
+
+
+def test_operator_values(helm: str) -> None:
+    objects = template(helm, "--set", "operator.image.tag=1.2.3", "--set", "operator.metricsPort=9999",
+                       "--set", "operator.nodeSelector.pool=system", "--set", "operator.logFormat=plain",
+                       "--set-json", 'operator.tolerations=[{"key":"k","operator":"Exists"}]',
+                       "--set", "operator.resources.limits.memory=1Gi")
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "ghcr.io/gpudra/gpudra-operator:1.2.3"
+    assert "--metrics-port=9999" in container["args"] and "--log-format=plain" in container["args"]
+    assert {"name": "metrics", "containerPort": 9999, "protocol": "TCP"} in container["ports"]
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux", "pool": "system"}
+    assert pod["tolerations"] == [{"key": "k", "operator": "Exists"}]
+    assert container["resources"]["limits"]["memory"] == "1Gi"
+    service = next(o for o in objects if o["kind"] == "Service")
+    assert service["spec"]["ports"][0]["port"] == 9999
+    digest = "sha256:" + "a" * 64
+    pinned = next(o for o in template(helm, "--set", f"operator.image.digest={digest}") if o["kind"] == "Deployment")
+    assert pinned["spec"]["template"]["spec"]["containers"][0]["image"] == f"ghcr.io/gpudra/gpudra-operator@{digest}"
+
+
+def test_config_create_renders_a_valid_gpudraconfig_for_the_agent_values(helm: str) -> None:
+    objects = template(helm, "--set", "config.create=true", "--set", "agent.image.tag=9.9.9",
+                       "--set", "agent.nodeSelector.nvidia\\.com/gpu\\.present=true",
+                       "--set", "namespaces.agent=gpus")
+    (config,) = [o for o in objects if o["kind"] == "GpuDraConfig"]
+    agent = config["spec"]["agent"]
+    assert agent["image"] == "ghcr.io/gpudra/gpudra:9.9.9"
+    assert agent["namespace"] == "gpus"
+    assert agent["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    # What the operator would make of it, through the same schema check and render as `gpudra render`.
+    children, errors = render_documents([config])
+    assert errors == []
+    daemonset = next(o for o in children if o["kind"] == "DaemonSet")
+    assert daemonset["metadata"]["namespace"] == "gpus"
+    assert daemonset["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert "app.kubernetes.io/instance" not in repr(children)  # Helm's tracking label stays on the CR
+
+
+def test_monitoring_objects(helm: str) -> None:
+    assert not [o for o in template(helm) if o["apiVersion"].startswith("monitoring.coreos.com")]
+    objects = template(helm, "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.podMonitor.enabled=true",
+                       "--set", "metrics.serviceMonitor.labels.release=prom")
+    monitors = {o["kind"]: o for o in objects if o["apiVersion"] == "monitoring.coreos.com/v1"}
+    assert monitors["ServiceMonitor"]["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitors["ServiceMonitor"]["metadata"]["labels"]["release"] == "prom"
+    assert monitors["ServiceMonitor"]["spec"]["selector"]["matchLabels"] == \
+        next(o for o in objects if o["kind"] == "Service")["spec"]["selector"]
+    assert monitors["PodMonitor"]["metadata"]["namespace"] == "gpudra-system"
+    assert monitors["PodMonitor"]["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert monitors["PodMonitor"]["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "gpudra-agent"}
+
+
+def test_admission_policy_can_be_disabled(helm: str) -> None:
+    kinds = {o["kind"] for o in template(helm, "--set", "agent.admissionPolicy.enabled=false")}
+    assert "ValidatingAdmissionPolicy" not in kinds and "ValidatingAdmissionPolicyBinding" not in kinds

@@ -1,0 +1,142 @@
+"""Static checks of what ships: one source for the CRD, names that must agree across files, RBAC
+that stays least-privilege, chart values that exist, images built the way docs/deploy.md says."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpudra_operator.crd import openapi_schema
+from gpudra_operator.render import AGENT_METRICS_PORT, AGENT_SERVICE_ACCOUNT
+
+REPO = Path(__file__).resolve().parents[2]
+BASE = REPO / "manifests" / "base"
+CHART = REPO / "manifests" / "helm" / "gpudra"
+Obj = dict[str, Any]
+
+
+def load(path: Path) -> list[Obj]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def base_objects() -> list[Obj]:
+    return [o for f in sorted(BASE.glob("*.yaml")) if f.name != "kustomization.yaml" for o in load(f)]
+
+
+def find(kind: str, name: str) -> Obj:
+    return next(o for o in base_objects() if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+def test_the_chart_ships_the_crd_byte_for_byte() -> None:
+    source = (REPO / "crds" / "gpudraconfig.yaml").read_bytes()
+    assert (CHART / "files" / "gpudraconfig.yaml").read_bytes() == source, \
+        "cp crds/gpudraconfig.yaml manifests/helm/gpudra/files/"
+
+
+def test_the_base_takes_the_crd_from_its_one_source() -> None:
+    kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    assert "../../crds" in kustomization["resources"]
+    assert yaml.safe_load((REPO / "crds" / "kustomization.yaml").read_text())["resources"] == ["gpudraconfig.yaml"]
+    files = {r for r in kustomization["resources"] if not r.startswith("..")}
+    assert files == {f.name for f in BASE.glob("*.yaml")} - {"kustomization.yaml"}  # nothing left out
+
+
+def test_names_agree_across_the_base_and_the_code() -> None:
+    agent_ns = openapi_schema()["properties"]["spec"]["properties"]["agent"]["properties"]["namespace"]["default"]
+    agent_sa = find("ServiceAccount", AGENT_SERVICE_ACCOUNT)
+    assert agent_sa["metadata"]["namespace"] == agent_ns == "gpudra-system"
+    namespaces = {o["metadata"]["name"]: o["metadata"]["labels"] for o in base_objects() if o["kind"] == "Namespace"}
+    assert namespaces[agent_ns]["pod-security.kubernetes.io/enforce"] == "privileged"
+    deployment = find("Deployment", "gpudra-operator")
+    operator_ns = deployment["metadata"]["namespace"]
+    assert namespaces[operator_ns]["pod-security.kubernetes.io/enforce"] == "restricted"
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert f"--namespace={agent_ns}" in container["args"]
+    assert find("Role", "gpudra-operator")["metadata"]["namespace"] == agent_ns
+    policy = find("ValidatingAdmissionPolicy", "gpudra-agent-resourceslices")
+    assert policy["spec"]["matchConditions"][0]["expression"] == \
+        f'request.userInfo.username == "system:serviceaccount:{agent_ns}:{AGENT_SERVICE_ACCOUNT}"'
+    assert find("ValidatingAdmissionPolicyBinding", "gpudra-agent-resourceslices")["spec"] == {
+        "policyName": "gpudra-agent-resourceslices", "validationActions": ["Deny"]}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert f"--metrics-port={ports['metrics']}" in container["args"]
+    assert f"--liveness-port={ports['healthz']}" in container["args"]
+    assert find("Service", "gpudra-operator-metrics")["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert AGENT_METRICS_PORT == 8082  # the PodMonitor and docs/metrics.md name it
+
+
+def test_operator_pod_is_restricted_and_singleton() -> None:
+    deployment = find("Deployment", "gpudra-operator")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = pod["containers"]
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]  # the only writable path
+
+
+def rules(kind: str, name: str) -> list[Obj]:
+    return find(kind, name)["rules"]
+
+
+def test_no_role_holds_dangerous_verbs_or_resources() -> None:
+    for obj in base_objects():
+        for rule in obj.get("rules") or []:
+            where = f"{obj['kind']} {obj['metadata']['name']}: {rule}"
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"], where
+            assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule["verbs"]), where
+            assert not {"secrets", "configmaps", "roles", "clusterroles", "rolebindings", "clusterrolebindings",
+                        "serviceaccounts", "serviceaccounts/token", "pods/exec"} & set(rule["resources"]), where
+
+
+def test_agent_role_is_upstreams_plugin_role() -> None:
+    assert rules("ClusterRole", "gpudra-agent") == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]}]
+
+
+def test_operator_cannot_write_slices_or_pods() -> None:
+    granted = {(g, r): set(rule["verbs"]) for rule in rules("ClusterRole", "gpudra-operator")
+               for g in rule["apiGroups"] for r in rule["resources"]}
+    assert granted[("resource.k8s.io", "resourceslices")] == {"get", "list", "watch", "delete"}
+    assert granted[("", "nodes")] == {"get", "list", "watch"}
+    assert ("apps", "daemonsets") not in granted  # namespaced Role in the agent namespace only
+    namespaced = {(g, r): set(rule["verbs"]) for rule in rules("Role", "gpudra-operator")
+                  for g in rule["apiGroups"] for r in rule["resources"]}
+    assert namespaced[("", "pods")] == {"get", "list", "watch"}
+    assert rules("Role", "gpudra-operator-events") == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+
+
+def _value_paths(values: Any, prefix: str = "") -> set[str]:
+    paths = {prefix} if prefix else set()
+    if isinstance(values, dict):
+        for k, v in values.items():
+            paths |= _value_paths(v, f"{prefix}.{k}" if prefix else k)
+    return paths
+
+
+def test_every_value_a_template_reads_is_declared_in_values_yaml() -> None:
+    declared = _value_paths(yaml.safe_load((CHART / "values.yaml").read_text()))
+    used = {m for t in (CHART / "templates").iterdir() for m in re.findall(r"\.Values\.([A-Za-z0-9_.]+)", t.read_text())}
+    assert used, "no .Values references found"
+    assert sorted(used - declared) == []
+
+
+def test_images_are_multi_stage_pinned_and_the_operator_is_not_root() -> None:
+    deployment_user = find("Deployment", "gpudra-operator")["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
+    for name, user in (("operator", f"{deployment_user}:{deployment_user}"), ("agent", "0:0")):
+        text = (REPO / "images" / f"{name}.Dockerfile").read_text()
+        assert re.search(r"^ARG PYTHON_IMAGE=python:\d+\.\d+\.\d+-slim-\w+$", text, re.M), name
+        assert len(re.findall(r"^FROM ", text, re.M)) == 2, name
+        assert re.findall(r"^USER (\S+)$", text, re.M) == [user], name
+        assert 'ENTRYPOINT ["gpudra"]' in text

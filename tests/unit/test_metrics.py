@@ -1,0 +1,109 @@
+"""The metrics both components export: names, what moves them, and the /metrics endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY
+
+from gpudra_driver import metrics as agent_metrics
+from gpudra_operator import metrics as operator_metrics
+from gpudra_operator.localcluster.controlplane import free_port
+from gpudra_operator.reconcile import Outcome
+
+
+def value(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+class FakeReconciler:
+    @operator_metrics.reconciles
+    async def _reconcile(self, body, outcome: Outcome | BaseException):
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+
+def body(name: str) -> dict:
+    return {"metadata": {"name": name}}
+
+
+async def test_reconcile_results_counts_and_time() -> None:
+    before = {r: value("gpudra_reconcile_total", result=r) for r in operator_metrics.RESULTS}
+    errors, timed = value("gpudra_reconcile_errors_total"), value("gpudra_reconcile_time_seconds_count")
+    reconciler = FakeReconciler()
+    assert (await reconciler._reconcile(body("a"), Outcome())).conflicts == []
+    await reconciler._reconcile(body("a"), Outcome(conflicts=["driver taken"]))
+    await reconciler._reconcile(body("a"), Outcome(render_errors=["boom"]))
+    with pytest.raises(RuntimeError):
+        await reconciler._reconcile(body("a"), RuntimeError("API down"))
+    with pytest.raises(asyncio.CancelledError):  # shutdown is not a result
+        await reconciler._reconcile(body("a"), asyncio.CancelledError())
+    after = {r: value("gpudra_reconcile_total", result=r) for r in operator_metrics.RESULTS}
+    assert {r: after[r] - before[r] for r in after} == {"success": 1, "degraded": 2, "error": 1}
+    assert value("gpudra_reconcile_errors_total") - errors == 1
+    assert value("gpudra_reconcile_time_seconds_count") - timed == 4
+    assert value("gpudra_last_successful_reconcile_timestamp_seconds", config="a") > 0
+
+
+def test_agents_gauges_and_forgetting_a_config() -> None:
+    operator_metrics.observe_agents("gone", {"desired": 3, "ready": 2})
+    assert (value("gpudra_agents_desired", config="gone"), value("gpudra_agents_ready", config="gone")) == (3, 2)
+    operator_metrics.forget_config("gone")
+    operator_metrics.forget_config("never-seen")  # no error
+    assert REGISTRY.get_sample_value("gpudra_agents_desired", {"config": "gone"}) is None
+
+
+def test_gc_counters() -> None:
+    found, deleted = value("gpudra_resourceslices_stale_found_total"), value("gpudra_resourceslices_stale_deleted_total")
+    operator_metrics.record_gc_pass(found=3, deleted=2)
+    operator_metrics.record_gc_pass(found=0, deleted=0)
+    assert value("gpudra_resourceslices_stale_found_total") - found == 3
+    assert value("gpudra_resourceslices_stale_deleted_total") - deleted == 2
+
+
+def test_claim_operations() -> None:
+    total, errors = value("gpudra_agent_node_prepare_total"), value("gpudra_agent_node_prepare_errors_total")
+    with agent_metrics.PREPARE.track():
+        pass
+    with agent_metrics.PREPARE.track() as call:
+        call.failed()  # an error reported in the gRPC reply, not raised
+    with pytest.raises(OSError), agent_metrics.PREPARE.track():
+        raise OSError("disk full")
+    agent_metrics.PREPARE.record(0.5, ok=True)
+    assert value("gpudra_agent_node_prepare_total") - total == 4
+    assert value("gpudra_agent_node_prepare_errors_total") - errors == 2
+    unprepared = value("gpudra_agent_node_unprepare_total")
+    with agent_metrics.UNPREPARE.track():
+        pass
+    assert value("gpudra_agent_node_unprepare_total") - unprepared == 1
+    agent_metrics.set_prepared_claims(7)
+    assert value("gpudra_agent_prepared_claims") == 7
+
+
+def test_publishing() -> None:
+    failures = value("gpudra_agent_publish_errors_total")
+    agent_metrics.published(devices=8, slices=1)
+    agent_metrics.publish_failed()
+    assert value("gpudra_agent_published_devices") == 8
+    assert value("gpudra_agent_published_resourceslices") == 1
+    assert value("gpudra_agent_last_successful_publish_timestamp_seconds") > 0
+    assert value("gpudra_agent_publish_errors_total") - failures == 1
+
+
+def test_the_endpoint_serves_every_documented_name() -> None:
+    port = free_port()
+    operator_metrics.serve(port, addr="127.0.0.1")
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    documented = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    names = sorted(set(re.findall(r"`(gpudra_[a-z_]+)`", documented)))
+    assert len(names) >= 18
+    for name in names:
+        assert f"# HELP {name} " in text or f"# HELP {name.removesuffix('_total')} " in text or \
+            f"# HELP {name.removesuffix('_info')} " in text, name
+    assert "process_resident_memory_bytes" in text
