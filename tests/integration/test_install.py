@@ -11,6 +11,7 @@ Both components serve their metrics; Argo CD's health check reads the live statu
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import shutil
@@ -45,6 +46,7 @@ DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 DAEMONSET = resource_type("apps/v1", "DaemonSet")
 POD = resource_type("v1", "Pod")
 NODE = resource_type("v1", "Node")
+CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
 SECRET_PATH = "/api/v1/namespaces/default/secrets"
 CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
                   "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
@@ -296,6 +298,9 @@ async def test_operator_and_agent_run_with_their_own_service_accounts(
             assert await kube.get(DEVICE_CLASS, device_class["name"]) is None
 
         text = operator_log.read_text()
+        records = [json.loads(line) for line in text.splitlines() if line.startswith("{")]  # --log-format json
+        assert any(r["message"].startswith("serving Prometheus metrics") for r in records)
+        assert {"message", "timestamp", "severity"} <= records[-1].keys()
         for word in ("forbidden", "not enough permissions", "unauthorized"):
             assert word not in text.lower(), f"the operator hit {word!r} with the shipped RBAC:\n{text[-4000:]}"
     finally:
@@ -362,7 +367,11 @@ async def test_agent_writes_only_its_own_nodes_slices_and_the_operator_any(
                             agent.patch(NODE, own, {"metadata": {"labels": {"x": "y"}}})):
                 error = await denied(attempt)
                 assert error.status == 403 and "system:serviceaccount:gpudra-system:gpudra-agent" in error_message(error)
-            assert (await agent.get(NODE, own))["metadata"]["name"] == own  # what it does need
+            # What it does need: its Node, and any claim the kubelet asks it to prepare (a 404, not a 403).
+            assert (await agent.get(NODE, own))["metadata"]["name"] == own
+            assert await agent.get(CLAIM, f"no-such-claim-{suffix}", "default") is None
+            error = await denied(agent.list(CLAIM, "default").__anext__())
+            assert error.status == 403
             await agent.delete(SLICE, mine["metadata"]["name"])
 
         # A token of the agent's ServiceAccount not bound to a pod carries no node: no writes at all.
