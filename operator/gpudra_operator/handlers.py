@@ -89,8 +89,11 @@ async def collect_stale_slices(body: kopf.Body, memo: kopf.Memo, stopped: kopf.D
                 await stopped.wait(min(due_in, tick))
                 continue
             try:
-                if await gc.run_pass(dict(body)) is None:  # disabled or not ready: look again next tick
+                result = await gc.run_pass(dict(body))
+                if result is None:  # disabled or not ready: look again next tick
                     await stopped.wait(tick)
+                else:
+                    metrics.record_gc_pass(result.found, len(result.deleted))
             except Exception as error:  # never let one bad pass end the loop; the next interval retries
                 log.exception("ResourceSlice GC pass of GpuDraConfig %s failed: %s", body["metadata"]["name"], error)
                 await stopped.wait(tick)
