@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpudra_driver.kubeapi import Kube, error_message, is_status, resource_type
@@ -170,9 +171,11 @@ class SliceCollector:
             await self._decide(config, result)
             if not gc.dry_run:
                 await self._delete_all(result)
-        except ApiException as error:  # a list failed: decide nothing, report, retry next interval
-            result.errors.append(f"listing failed: {error_message(error)}")
-            log.warning("GpuDraConfig %s: ResourceSlice GC pass failed: %s", config.name, error_message(error))
+        except (ApiException, OSError, asyncio.TimeoutError, aiohttp.ClientError) as error:
+            # A list failed: decide nothing, report, try again next interval.
+            message = error_message(error) if isinstance(error, ApiException) else repr(error)
+            result.condemned, result.pending = [], []
+            result.errors.append(f"listing failed: {message}")
         result.seconds = time.perf_counter() - started
         self._log(result)
         await self._report(body, result)
@@ -215,6 +218,9 @@ class SliceCollector:
                         result.skipped.append(verdict)
                     else:
                         result.errors.append(f"ResourceSlice {s.name}: {error_message(error)}")
+                    return
+                except (OSError, asyncio.TimeoutError, aiohttp.ClientError) as error:
+                    result.errors.append(f"ResourceSlice {s.name}: {error!r}")
                     return
                 (result.deleted if gone else result.skipped).append(verdict)
 

@@ -203,3 +203,46 @@ def test_token_bucket_spaces_takes_at_the_rate_after_the_burst() -> None:
     unlimited = TokenBucket(0, 1, clock=lambda: now[0], sleep=sleep)
     asyncio.run(take(1000, unlimited))
     assert now[0] == pytest.approx(1.0)
+
+
+def test_a_failed_list_decides_nothing_and_reports_one_error() -> None:
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from gpudra_operator.slicegc import SliceCollector
+
+    class ForbiddenPods:
+        def __init__(self) -> None:
+            self.patches: list[dict] = []
+            self.deletes = 0
+
+        async def list(self, rtype, namespace=None, **_):
+            if rtype.kind == "Pod":
+                raise ApiException(status=403, reason="Forbidden")
+            if rtype.kind == "ResourceSlice":
+                yield {"metadata": {"name": "s", "uid": "u", "resourceVersion": "1"},
+                       "spec": {"driver": DRIVER, "nodeName": "gone", "pool": {"name": "gone", "generation": 1}}}
+
+        async def delete(self, *args, **kwargs):
+            self.deletes += 1
+            return True
+
+        async def patch(self, rtype, name, patch, **_):
+            self.patches.append(patch)
+            return {}
+
+    class Events:
+        def __init__(self) -> None:
+            self.posted: list[tuple[str, str]] = []
+
+        async def post(self, body, type_, reason, message):
+            self.posted.append((type_, reason))
+
+    kube, events = ForbiddenPods(), Events()
+    body = {"metadata": {"name": "c", "generation": 1}, "spec": {"driverName": DRIVER},
+            "status": {"observedGeneration": 1}}
+    result = asyncio.run(SliceCollector(kube, events).run_pass(body))  # type: ignore[arg-type]
+    assert result is not None and result.condemned == [] and kube.deletes == 0
+    assert "Forbidden" in result.errors[0]
+    gc = kube.patches[0]["status"]["gc"]
+    assert (gc["found"], gc["deleted"], gc["errors"]) == (0, 0, 1)
+    assert events.posted == [("Warning", "SliceGCFailed")]
