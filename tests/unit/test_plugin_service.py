@@ -15,6 +15,7 @@ from plugin_fixtures import DRIVER, NODE, claim, result
 
 from gpudra_driver.discovery import scan
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
+from gpudra_driver import metrics
 from gpudra_driver.plugin.kubelet_client import DraClient, RegistrationRefused, register
 from gpudra_driver.plugin.plugin import KubeletPlugin, socket_paths
 from gpudra_driver.plugin.sockets import MAX_SOCKET_PATH, SocketAddress
@@ -84,12 +85,17 @@ async def test_bad_input_gets_per_claim_errors_and_the_server_keeps_serving(root
     plugin = make_plugin(root, claims)
     await plugin.start()
     plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
+    total, failed = metrics.PREPARE.total._value.get(), metrics.PREPARE.errors._value.get()
     try:
         async with DraClient(plugin.dra_socket, "v1beta1") as client:
             response = await client.prepare([
                 ("ns", "good", A), ("ns", "missing", "2222"), ("ns", "replaced", "3333"),
                 ("ns", "pending", B), ("ns", "boom", "4444"), ("ns", "../../etc", "5555"), ("ns", "x", ""),
             ])
+            # Metrics count claims, not calls: 7 asked, 6 failed, 1 prepared.
+            assert metrics.PREPARE.total._value.get() - total == 7
+            assert metrics.PREPARE.errors._value.get() - failed == 6
+            assert metrics.PREPARED_CLAIMS._value.get() == 1
             errors = {uid: r.error for uid, r in response.claims.items()}
             assert errors[A] == ""
             assert "not found" in errors["2222"] and "replaced" in errors["3333"]

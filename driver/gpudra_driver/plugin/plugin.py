@@ -24,6 +24,7 @@ import itertools
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +33,7 @@ from typing import Any
 
 import grpc
 
+from gpudra_driver import metrics
 from gpudra_driver.devicemodel import Device
 from gpudra_driver.plugin import service
 from gpudra_driver.plugin.cdi import CdiDir
@@ -173,11 +175,27 @@ class KubeletPlugin:
 
     # -- the calls ------------------------------------------------------------------------------
     async def prepare(self, refs: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
+        started = time.perf_counter()
         fetched = await asyncio.gather(*(self._fetch(ref) for ref in refs))
-        return await self._submit("prepare", list(zip(refs, fetched)))
+        results = await self._submit("prepare", list(zip(refs, fetched)))
+        self._record(metrics.PREPARE, started, [r.error for r in results.values()])
+        return results
 
     async def unprepare(self, refs: Sequence[ClaimRef]) -> Mapping[str, str | None]:
-        return await self._submit("unprepare", list(refs))
+        started = time.perf_counter()
+        results = await self._submit("unprepare", list(refs))
+        self._record(metrics.UNPREPARE, started, list(results.values()))
+        return results
+
+    def _record(self, operation: metrics.ClaimOperation, started: float, errors: list[str | None]) -> None:
+        """Per-claim metrics: the claims of one call share its duration (they are done together)."""
+        seconds = time.perf_counter() - started
+        for error in errors:
+            operation.record(seconds, ok=not error)
+        try:
+            metrics.set_prepared_claims(len(self.state.cdi.claim_uids()))
+        except OSError:  # an unusable CDI directory is already each claim's error; never the call's
+            pass
 
     async def _submit(self, kind: str, items: list[Any]) -> Any:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
