@@ -1,5 +1,5 @@
 # gpudra — one place for the versions the project is tested against.
-# Test a newer Kubernetes the same way: make test KUBE_VERSION=v1.36.3 (needs hack/kube-tools pins too).
+# Test a newer Kubernetes the same way: make test KUBE_VERSION=v1.36.3 (its Go module is generated from that release).
 KUBE_VERSION ?= v1.35.4
 ETCD_VERSION ?= v3.6.16
 PYTHON ?= python3

@@ -93,7 +93,7 @@ build() {
   log "etcd built in $((SECONDS - start)) s"
   start=$SECONDS
   log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl $KUBE_VERSION from Go modules"
-  log "a cold build takes 15-30 minutes on 2 cores (warm Go cache: 1-3 min); progress follows per package group"
+  log "a cold build takes about 10-15 minutes on 2 cores (warm Go cache: under a minute); progress follows per package group"
   (cd "$tools" && CGO_ENABLED=0 go build -trimpath -mod=readonly -ldflags "$ldflags" -o "$STAGE/" \
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
       k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl) &
