@@ -40,6 +40,10 @@ async def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator
 
 async def test_seed_job_lands_on_a_64gi_gpu_and_is_prepared(gpu_cluster: LocalGpuCluster) -> None:
     result = await run_seed(gpu_cluster, SAMPLES / "seed-workload.yaml", say=lambda m: print(f"[e2e] {m}"))
+    # Like a kubelet, the pod starts only after its claim was prepared.
+    assert result.pod["status"]["phase"] == "Pending"
+    running = await gpu_cluster.kube.get(POD, result.pod["metadata"]["name"], "default")
+    assert running["status"]["phase"] == "Running"
     assert result.node_name == "gpu-h100-0"  # the only node whose GPUs have >= 64Gi
     assert result.node_name != "gpu-a100-40g-0"
     assert to_bytes(result.memory) >= 64 * GiB

@@ -85,7 +85,9 @@ class LocalGpuCluster:
                 kubeconfig=self.plane.kubeconfig, node_name=node.name, nvml=f"fake:{node.profile}",
                 driver=self.driver, workdir=self.agent_workdir(node.name),
                 extra_args=("--pod-uid", f"demo-{node.name}"))
-        self._tasks.append(asyncio.create_task(KubeletSimulator(self.kube).run()))
+        # Pods with claims stay Pending until run_seed prepares them through the agent's socket.
+        self.kubelet = KubeletSimulator(self.kube, hold_claims=True)
+        self._tasks.append(asyncio.create_task(self.kubelet.run()))
         log = (self.workdir / "operator.log").open("ab")
         self.operator = subprocess.Popen(
             [sys.executable, "-m", "gpudra_operator.cli", "operator", "--liveness-port", "0"],

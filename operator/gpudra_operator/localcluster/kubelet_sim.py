@@ -35,9 +35,21 @@ def running_status(pod: Obj, now: str) -> dict[str, Any]:
 
 
 class KubeletSimulator:
-    def __init__(self, kube: Kube) -> None:
+    """``hold_claims``: leave pods that use ResourceClaims Pending, for a caller that prepares
+    their claims through the node's DRA plugin first (as a kubelet does) and then calls
+    :meth:`start_pod`."""
+
+    def __init__(self, kube: Kube, *, hold_claims: bool = False) -> None:
         self.kube = kube
+        self.hold_claims = hold_claims
         self._fake_nodes: set[str] = set()
+
+    async def start_pod(self, pod: Obj) -> None:
+        """Report ``pod`` Running and Ready, as its kubelet does once its containers started."""
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        meta = pod["metadata"]
+        await self.kube.patch(POD, meta["name"], running_status(pod, now), namespace=meta["namespace"],
+                              subresource="status")
 
     async def _refresh_nodes(self) -> None:
         self._fake_nodes = {n["metadata"]["name"] async for n in
@@ -57,9 +69,9 @@ class KubeletSimulator:
                 await self.kube.delete(POD, meta["name"], meta["namespace"], grace_period_seconds=0,
                                        uid=meta["uid"])
             elif (pod.get("status") or {}).get("phase") == "Pending":
-                now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-                await self.kube.patch(POD, meta["name"], running_status(pod, now),
-                                      namespace=meta["namespace"], subresource="status")
+                if self.hold_claims and spec.get("resourceClaims"):
+                    return  # the kubelet prepares claims before it starts containers
+                await self.start_pod(pod)
         except Exception as error:  # a pod gone or changed meanwhile is the next event's business
             if not is_status(error, 404, 409):
                 log.warning("kubelet simulator: pod %s/%s: %s", meta["namespace"], meta["name"], error)

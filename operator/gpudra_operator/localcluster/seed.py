@@ -83,7 +83,8 @@ async def run_seed(cluster: LocalGpuCluster, manifest: Path, *, job: str = "trai
     say(f"playing the kubelet on {node_name}: registration handshake, then NodePrepareResources")
     cdi_ids = await prepare_claim(cluster, node_name, claim)
     spec_path = cluster.cdi_dir(node_name) / f"k8s.{cluster.driver}-claim_{claim['metadata']['uid']}.json"
-    say(f"claim prepared: CDI device IDs {', '.join(cdi_ids)}")
+    say(f"claim prepared: CDI device IDs {', '.join(cdi_ids)}; the container can start")
+    await cluster.kubelet.start_pod(pod)
     return SeedResult(pod=pod, claim=claim, node_name=node_name, claim_name=claim_name, device=result["device"],
                       memory=device["capacity"]["memory"]["value"], uuid=device["attributes"]["uuid"]["string"],
                       cdi_device_ids=cdi_ids, cdi_spec_path=spec_path)
