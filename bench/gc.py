@@ -23,8 +23,6 @@ import math
 import os
 import re
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -36,6 +34,7 @@ from gpudra_operator.crd import load_crd
 from gpudra_operator.events import EventRecorder
 from gpudra_operator.localcluster.controlplane import ControlPlane, find_binaries
 from gpudra_operator.localcluster.objects import FAKE_NODE_LABEL, create_fake_node, fake_slice
+from gpudra_operator.localcluster.operatorproc import start_operator
 from gpudra_operator.localcluster.waiting import wait_for
 from gpudra_operator.render import agent_labels
 from gpudra_operator.slicegc import SliceCollector
@@ -157,12 +156,9 @@ async def operator_rss(plane: ControlPlane, kube: Kube, workdir: Path) -> dict[s
     await make_stale(kube, "op")
     await kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench-gc-op"}})
     log_path = workdir / "operator.log"
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gpudra_operator.cli", "operator", "--liveness-port", "0"],
-            stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "KUBECONFIG": str(plane.kubeconfig), "GPUDRA_DRIFT_INTERVAL": "3600",
-                 "GPUDRA_GC_TICK": "0.2", "GPUDRA_GC_DELETE_RATE": "0", "PYTHONUNBUFFERED": "1"})
+    operator = start_operator(kubeconfig=plane.kubeconfig, log_path=log_path,
+                              env={"GPUDRA_DRIFT_INTERVAL": "3600", "GPUDRA_GC_TICK": "0.2",
+                                   "GPUDRA_GC_DELETE_RATE": "0"})
     try:
         await kube.create(config_body(OPERATOR_CONFIG, "bench-gc-op", {"bench": "none"}))
 
@@ -171,17 +167,13 @@ async def operator_rss(plane: ControlPlane, kube: Kube, workdir: Path) -> dict[s
             return gc if gc.get("lastRun") else None
 
         gc = await wait_for(passed, timeout=300, what="the operator's first GC pass", interval=0.2)
-        memory = status_kib(process.pid)
+        memory = status_kib(operator.process.pid)
         match = re.search(r"GC pass over (\d+) slice\(s\), (\d+) node\(s\).* in ([0-9.]+)s", log_path.read_text())
         return {"rss_mib": memory["VmRSS"] / 1024, "peak_rss_mib": memory["VmHWM"] / 1024,
                 "deleted": gc.get("deleted", 0), "pending": gc.get("pending", 0),
                 "pass_s": float(match.group(3)) if match else math.nan}
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        operator.stop()
 
 
 async def run(ctx: Context) -> list[Result]:

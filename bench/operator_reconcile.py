@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -28,6 +26,7 @@ from gpudra_driver.kubeapi import Kube, Obj, connect, resource_type
 from gpudra_operator.crd import default_object, load_crd
 from gpudra_operator.events import EventRecorder
 from gpudra_operator.localcluster.controlplane import ControlPlane, find_binaries
+from gpudra_operator.localcluster.operatorproc import start_operator
 from gpudra_operator.localcluster.waiting import wait_for
 from gpudra_operator.reconcile import Reconciler
 from gpudra_operator.render import render
@@ -96,11 +95,8 @@ async def run_bench(workdir: Path) -> dict[str, Any]:
     try:
         await kube.apply(load_crd())
         await wait_for(lambda: _established(kube), timeout=60, what="CRD Established")
-        log = (workdir / "operator.log").open("ab")
-        operator = subprocess.Popen(
-            [sys.executable, "-m", "gpudra_operator.cli", "operator", "--liveness-port", "0"],
-            stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "KUBECONFIG": str(plane.kubeconfig), "GPUDRA_DRIFT_INTERVAL": "3600"})
+        operator = start_operator(kubeconfig=plane.kubeconfig, log_path=workdir / "operator.log",
+                                  env={"GPUDRA_DRIFT_INTERVAL": "3600"})
         create_op, create_kubectl, change_op, change_kubectl = [], [], [], []
         for round_ in range(-1, ROUNDS):  # round -1 warms up the operator (kopf start, first watch)
             for prefix in ("op", "kc"):
@@ -153,8 +149,7 @@ async def run_bench(workdir: Path) -> dict[str, Any]:
         }
     finally:
         if operator is not None:
-            operator.terminate()
-            operator.wait(timeout=20)
+            operator.stop()
             kept = Path(tempfile.gettempdir()) / "gpudra-bench-operator.log"
             kept.write_bytes((workdir / "operator.log").read_bytes())
         await api.close()

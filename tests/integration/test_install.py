@@ -315,7 +315,7 @@ async def test_operator_and_agent_run_with_their_own_service_accounts(
         if await kube.get(CONFIG, name) is not None:
             await kube.patch(CONFIG, name, {"metadata": {"finalizers": None}})
             await kube.delete(CONFIG, name)
-        print(f"\n--- operator log tail ---\n" + "\n".join(operator_log.read_text().splitlines()[-30:]))
+        print("\n--- operator log tail ---\n" + "\n".join(operator_log.read_text().splitlines()[-30:]))
         if agent is not None:
             print(f"\n--- agent log tail ---\n{agent.log_tail()}")
 

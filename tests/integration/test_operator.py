@@ -5,13 +5,8 @@ platform team can act on (kubectl get/describe/wait), bad input that loses nothi
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +15,7 @@ import pytest_asyncio
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.localcluster.controlplane import ControlPlane
 from gpudra_operator.localcluster.kubelet_sim import KubeletSimulator
+from gpudra_operator.localcluster.operatorproc import OperatorProcess, start_operator
 from gpudra_operator.localcluster.waiting import wait_for
 
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
@@ -29,35 +25,18 @@ SERVICE_ACCOUNT = resource_type("v1", "ServiceAccount")
 EVENT = resource_type("v1", "Event")
 
 
-@dataclass
-class OperatorProcess:
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    def log_count(self, text: str) -> int:
-        return self.log_path.read_text(errors="replace").count(text)
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def operator(cluster: ControlPlane, kube: Kube, crd_installed: Obj,
                    tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[OperatorProcess]:
-    log_path = tmp_path_factory.mktemp("operator") / "operator.log"
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "GPUDRA_DRIFT_INTERVAL": "3",
-           "PYTHONUNBUFFERED": "1"}
-    with log_path.open("ab") as log:
-        process = subprocess.Popen([sys.executable, "-m", "gpudra_operator.cli", "operator", "--liveness-port", "0"],
-                                   stdout=log, stderr=subprocess.STDOUT, env=env)
+    operator = start_operator(kubeconfig=cluster.kubeconfig, log_path=tmp_path_factory.mktemp("operator") / "operator.log",
+                              env={"GPUDRA_DRIFT_INTERVAL": "3"})
     simulator = asyncio.create_task(KubeletSimulator(kube).run())
     try:
-        yield OperatorProcess(process, log_path)
+        yield operator
     finally:
         simulator.cancel()
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        print(f"\n--- operator log tail ({log_path}) ---\n" + "\n".join(log_path.read_text().splitlines()[-30:]))
+        operator.stop()
+        print(f"\n--- operator log tail ({operator.log_path}) ---\n{operator.log_tail()}")
 
 
 @pytest.fixture

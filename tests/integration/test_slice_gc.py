@@ -15,7 +15,6 @@ import signal
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-import pytest
 import pytest_asyncio
 
 from gpudra_driver.kubeapi import Kube, Obj, resource_type

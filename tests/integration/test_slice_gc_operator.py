@@ -6,12 +6,8 @@ driver's slices once no agent pod is left, and nobody else's."""
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +17,7 @@ from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.localcluster.controlplane import ControlPlane
 from gpudra_operator.localcluster.kubelet_sim import KubeletSimulator
 from gpudra_operator.localcluster.objects import fake_slice
+from gpudra_operator.localcluster.operatorproc import OperatorProcess, start_operator
 from gpudra_operator.localcluster.waiting import wait_for
 from gpudra_operator.staleslices import NODE_GONE
 
@@ -29,34 +26,19 @@ SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 EVENT = resource_type("v1", "Event")
 
 
-class Operator:
-    def __init__(self, process: subprocess.Popen[bytes], log_path: Path) -> None:
-        self.process, self.log_path = process, log_path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def operator(cluster: ControlPlane, kube: Kube, crd_installed: Obj,
-                   tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Operator]:
-    log_path = tmp_path_factory.mktemp("gc-operator") / "operator.log"
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "GPUDRA_DRIFT_INTERVAL": "3",
-           "GPUDRA_GC_TICK": "0.2", "PYTHONUNBUFFERED": "1"}
-    with log_path.open("ab") as log:
-        process = subprocess.Popen([sys.executable, "-m", "gpudra_operator.cli", "operator", "--liveness-port", "0"],
-                                   stdout=log, stderr=subprocess.STDOUT, env=env)
+                   tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[OperatorProcess]:
+    operator = start_operator(kubeconfig=cluster.kubeconfig,
+                              log_path=tmp_path_factory.mktemp("gc-operator") / "operator.log",
+                              env={"GPUDRA_DRIFT_INTERVAL": "3", "GPUDRA_GC_TICK": "0.2"})
     simulator = asyncio.create_task(KubeletSimulator(kube).run())
     try:
-        yield Operator(process, log_path)
+        yield operator
     finally:
         simulator.cancel()
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        print(f"\n--- operator log tail ({log_path}) ---\n" + "\n".join(log_path.read_text().splitlines()[-30:]))
+        operator.stop()
+        print(f"\n--- operator log tail ({operator.log_path}) ---\n{operator.log_tail()}")
 
 
 class Cluster:
@@ -98,7 +80,7 @@ async def _absent(kube: Kube, name: str) -> bool:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def scene(kube: Kube, operator: Operator, namespace: str) -> AsyncIterator[Cluster]:
+async def scene(kube: Kube, operator: OperatorProcess, namespace: str) -> AsyncIterator[Cluster]:
     c = Cluster(kube, namespace)
     try:
         yield c
@@ -106,7 +88,7 @@ async def scene(kube: Kube, operator: Operator, namespace: str) -> AsyncIterator
         await c.cleanup()
 
 
-async def test_operator_collects_stale_slices_and_reports(scene: Cluster, kube: Kube, operator: Operator,
+async def test_operator_collects_stale_slices_and_reports(scene: Cluster, kube: Kube, operator: OperatorProcess,
                                                           fake_nodes: Callable[..., Any]) -> None:
     node = await fake_nodes("gcop", labels=scene.selector)
     healthy = await scene.slice(node["metadata"]["name"], owner_uid=node["metadata"]["uid"])

@@ -4,9 +4,6 @@ operator, and a kubelet stand-in. `gpudra demo` and the e2e test both stand on i
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +19,7 @@ from .agents import AgentProcess, start_agent
 from .controlplane import ControlPlane
 from .kubelet_sim import KubeletSimulator
 from .objects import create_fake_node
+from .operatorproc import OperatorProcess, start_operator
 from .waiting import wait_for
 
 CRD = resource_type("apiextensions.k8s.io/v1", "CustomResourceDefinition")
@@ -54,7 +52,7 @@ class LocalGpuCluster:
         self.driver = driver
         self.say = say
         self.agents: dict[str, AgentProcess] = {}
-        self.operator: subprocess.Popen[bytes] | None = None
+        self.operator: OperatorProcess | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.kube: Kube
 
@@ -88,12 +86,7 @@ class LocalGpuCluster:
         # Pods with claims stay Pending until run_seed prepares them through the agent's socket.
         self.kubelet = KubeletSimulator(self.kube, hold_claims=True)
         self._tasks.append(asyncio.create_task(self.kubelet.run()))
-        log = (self.workdir / "operator.log").open("ab")
-        self.operator = subprocess.Popen(
-            [sys.executable, "-m", "gpudra_operator.cli", "operator", "--liveness-port", "0"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, "KUBECONFIG": str(self.plane.kubeconfig), "PYTHONUNBUFFERED": "1"})
-        log.close()
+        self.operator = start_operator(kubeconfig=self.plane.kubeconfig, log_path=self.workdir / "operator.log")
         self.say(f"operator started (log: {self.workdir / 'operator.log'})")
 
     async def _install_crd(self) -> None:
@@ -110,12 +103,8 @@ class LocalGpuCluster:
     async def __aexit__(self, *exc: object) -> None:
         for task in self._tasks:
             task.cancel()
-        if self.operator and self.operator.poll() is None:
-            self.operator.terminate()
-            try:
-                self.operator.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.operator.kill()
+        if self.operator:
+            self.operator.stop()
         for agent in self.agents.values():
             agent.stop()
         if getattr(self, "_api", None):
