@@ -223,12 +223,16 @@ class Kube:
             header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
             _preload_content=False, _request_timeout=timeout_seconds + 30,
         )
+        # One event per line, but a line can exceed aiohttp's readline limit (a slice of 128 MIG
+        # devices is ~140 KiB), so split the byte stream ourselves.
+        buffer = b""
         try:
-            while True:
-                line = await response.content.readline()
-                if not line:
-                    return
-                event = json.loads(line)
-                yield event["type"], event["object"]
+            async for chunk in response.content.iter_any():
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        event = json.loads(line)
+                        yield event["type"], event["object"]
         finally:
             response.release()

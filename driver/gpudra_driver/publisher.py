@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import Sequence
 
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpudra_driver import metrics
 from gpudra_driver.devicemodel import Device
@@ -85,6 +84,9 @@ class SlicePublisher:
                     name = obj["metadata"]["name"]
                     if kind == "DELETED":
                         self.observed.pop(name, None)
+                        # The garbage collector deletes slices whose Node owner is gone: a Node
+                        # recreated under the same name has a new UID, so read it again.
+                        self._node_uid = None
                     else:
                         self.observed[name] = obj
                     self._wake.set()
@@ -118,8 +120,10 @@ class SlicePublisher:
             except asyncio.CancelledError:
                 raise
             except Exception as error:
-                if is_status(error, 409):  # a precondition or conflict: our cache was stale, replan now
-                    log.info("ResourceSlice write conflicted (%s); replanning", _describe(error))
+                if is_status(error, 409):  # a precondition or conflict: our cache is stale
+                    delay = backoff.next()  # let the watch deliver the newer object before replanning
+                    log.info("ResourceSlice write conflicted (%s); replanning in %.1fs", _describe(error), delay)
+                    await asyncio.sleep(delay)
                     self._wake.set()
                     continue
                 metrics.publish_failed()
@@ -144,13 +148,7 @@ class SlicePublisher:
             self.observed.pop(ref.name, None)
         for desired in plan.apply:
             name = desired["metadata"]["name"]
-            try:
-                live = await self.kube.apply(desired)
-            except ApiException as error:
-                if error.status == 404 and "ownerReferences" in error_message(error):
-                    self._node_uid = None  # the Node was recreated: re-read its uid
-                raise
-            self.observed[name] = live
+            self.observed[name] = await self.kube.apply(desired)
         self.generation = plan.generation
         self.last_publish = time.time()
         count = sum(len(s["spec"].get("devices") or []) for s in plan.apply)

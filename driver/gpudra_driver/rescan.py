@@ -64,7 +64,13 @@ class Rescanner:
             if warning not in self.warnings:
                 log.warning("%s", warning)
         self.warnings = set(result.warnings)
-        if self.publish(result.devices):
+        try:
+            changed = self.publish(result.devices)
+        except Exception as error:  # noqa: BLE001 - a bad device must not end the loop (no crash loop)
+            log.error("handing %d discovered device(s) to the publisher and plugin failed: %r",
+                      len(result.devices), error)
+            return False
+        if changed:
             log.info("discovered %d device(s) via NVML (%s): %s", len(result.devices), self.spec,
                      ", ".join(d.name for d in result.devices) or "none")
         else:

@@ -4,6 +4,7 @@ garbage-collects through ownerReferences."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from pathlib import Path
@@ -192,3 +193,20 @@ def test_stop_ends_every_process_it_started(cluster: ControlPlane, tmp_path: Pat
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert not plane.etcd_dir.exists()
+
+
+async def test_watch_streams_events_larger_than_a_readline_buffer(kube: Kube, fake_nodes, driver: str) -> None:
+    """A slice at the API limits (128 devices, 32 attributes and capacities of 64 characters) is
+    ~300 KiB on one watch line."""
+    node = await fake_nodes("big")
+    devices = [{"name": f"gpu-{i}", "attributes": {f"a{j}": {"string": "x" * 64} for j in range(31)},
+                "capacity": {"memory": {"value": str(80 * GiB)}}} for i in range(128)]
+    listed = await kube.request("GET", SLICE.path(), query={"fieldSelector": f"spec.driver={driver}"})
+    created = await kube.create(slice_for(node, driver, devices))
+    events = kube.watch(SLICE, field_selector=f"spec.driver={driver}",
+                        resource_version=listed["metadata"]["resourceVersion"], timeout_seconds=30)
+    kind, obj = await anext(events)
+    await events.aclose()
+    assert (kind, obj["metadata"]["uid"]) == ("ADDED", created["metadata"]["uid"])
+    assert len(obj["spec"]["devices"]) == 128
+    assert len(json.dumps(obj)) > 256 * 1024
