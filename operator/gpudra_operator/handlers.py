@@ -132,7 +132,8 @@ async def cleanup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         pods = [p async for p in kube.list(POD, namespace, label_selector=selector)]
         if pods:
             raise kopf.TemporaryError(f"waiting for {len(pods)} agent pod(s) to terminate", delay=2)
-        others = [o async for o in kube.list(CONFIG) if o["metadata"]["name"] != config.name]
+        others = [o async for o in kube.list(CONFIG)  # configs being deleted too do not keep the slices
+                  if o["metadata"]["name"] != config.name and not o["metadata"].get("deletionTimestamp")]
         if any(GpuDraConfig.from_body(o).spec.driver_name == config.spec.driver_name for o in others):
             log.info("driver %s is still managed by another GpuDraConfig; its slices stay", config.spec.driver_name)
             return

@@ -111,22 +111,22 @@ class Reconciler:
         try:
             async with self.lock(name):
                 self._queued.discard(name)
-                body = await self.kube.get(CONFIG, name)
-                if body is None or body["metadata"].get("deletionTimestamp"):
-                    return None
-                return await self._reconcile(body)
+                return await self._reconcile_current(name)
         finally:
             self._queued.discard(name)
 
-
-    async def reconcile(self, body: Mapping[str, Any]) -> Outcome:
+    async def reconcile(self, body: Mapping[str, Any]) -> Outcome | None:
         name = body["metadata"]["name"]
         async with self.lock(name):
-            # Re-read under the lock: a queued trigger must act on the newest spec.
-            fresh = await self.kube.get(CONFIG, name)
-            if fresh is not None:
-                body = fresh
-            return await self._reconcile(body)
+            return await self._reconcile_current(name)
+
+    async def _reconcile_current(self, name: str) -> Outcome | None:
+        """Under the lock, re-read the config: a queued trigger acts on the newest spec, and one
+        that waited while the finalizer ran must not bring the removed children back."""
+        body = await self.kube.get(CONFIG, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None
+        return await self._reconcile(body)
 
     @metrics.reconciles
     async def _reconcile(self, body: Mapping[str, Any]) -> Outcome:

@@ -153,7 +153,8 @@ def render_daemonset(config: GpuDraConfig) -> Obj:
             field_env("NODE_NAME", "spec.nodeName"),
             field_env("POD_UID", "metadata.uid"),
             field_env("POD_NAMESPACE", "metadata.namespace"),
-            *({"name": e.name, "value": e.value} for e in agent.extra_env),
+            # The API server drops an empty value; leaving it out keeps a no-op drift tick a no-op.
+            *({"name": e.name, "value": e.value} if e.value else {"name": e.name} for e in agent.extra_env),
         ],
         "securityContext": {"privileged": True},
         "ports": [{"name": "metrics", "containerPort": AGENT_METRICS_PORT, "protocol": "TCP"}],

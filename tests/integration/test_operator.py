@@ -13,10 +13,12 @@ import pytest
 import pytest_asyncio
 
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_operator.events import EventRecorder
 from gpudra_operator.localcluster.controlplane import ControlPlane
 from gpudra_operator.localcluster.kubelet_sim import KubeletSimulator
 from gpudra_operator.localcluster.operatorproc import OperatorProcess, start_operator
 from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_operator.reconcile import Reconciler
 
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
@@ -231,7 +233,11 @@ async def test_drift_ticks_write_nothing_when_nothing_changed(kube: Kube, config
     await agent_namespace(kube, namespace)
     name = f"idle-{suffix}"
     classes = [{"name": f"idle{i}-{suffix}.gpudra.io", "template": "full-gpu"} for i in range(3)]
-    await configs(make_config(name, namespace, f"i{suffix}.gpudra.io", classes, nodeSelector={"none": suffix}))
+    # Values the API server stores differently from how they were asked for (canonical
+    # quantities, an empty env value dropped) must not read as drift.
+    await configs(make_config(name, namespace, f"i{suffix}.gpudra.io", classes, nodeSelector={"none": suffix},
+                              resources={"requests": {"cpu": "0.5", "memory": "1024Mi"}},
+                              extraEnv=[{"name": "GPUDRA_EMPTY", "value": ""}]))
     await wait_for(has_condition(kube, name, "Ready", "True"), timeout=60, what="Ready=True")
 
     async def versions() -> dict[str, str]:
@@ -248,6 +254,23 @@ async def test_drift_ticks_write_nothing_when_nothing_changed(kube: Kube, config
     ticks = operator.log_count("Timer 'repair_drift' succeeded")
     await wait_for(lambda: _more(operator, ticks + 2), timeout=30, what="two more drift ticks")
     assert await versions() == settled, (before, settled)
+
+    # The same reconcile in-process, every request counted: reads only (a server-side apply that
+    # changes nothing would not move a resourceVersion, but it is still a write request).
+    counting = CountingKube(kube.api, "gpudra-operator")
+    outcome = await Reconciler(counting, EventRecorder(counting)).reconcile(await kube.get(CONFIG, name))
+    assert outcome is not None and outcome.applied == []
+    assert set(counting.methods) == {"GET"}, counting.methods
+
+
+class CountingKube(Kube):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.methods: list[str] = []
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> Obj:  # type: ignore[override]
+        self.methods.append(method)
+        return await super().request(method, path, **kwargs)
 
 
 async def _more(operator: OperatorProcess, count: int) -> bool:
