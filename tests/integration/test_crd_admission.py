@@ -15,7 +15,7 @@ import pytest
 import yaml
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpudra_driver.kubeapi import Kube, Obj, error_message
+from gpudra_driver.kubeapi import Kube, Obj, error_message, resource_type
 from gpudra_operator import crd
 
 pytestmark = pytest.mark.cluster
@@ -40,6 +40,8 @@ def agent(**fields: Any) -> dict[str, Any]:
 def gc(**fields: Any) -> dict[str, Any]:
     return {"resourceSliceGC": fields}
 
+
+CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
 
 BAD: list[tuple[str, dict[str, Any], str]] = [
     ("driver-not-dns", {"driverName": "GPU_Driver"}, "driverName must be a DNS subdomain"),
@@ -118,3 +120,22 @@ async def test_printer_columns_are_served(crd_installed: Obj) -> None:
     (version,) = crd_installed["spec"]["versions"]
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
         "Driver", "Ready", "Agents", "Classes", "Devices", "Reason", "Age"]
+
+
+@pytest.mark.parametrize("patch, needle", [
+    ({"spec": {"driverName": "other.gpudra.io"}}, "driverName is immutable"),
+    ({"spec": {"agent": {"namespace": "elsewhere"}}}, "agent.namespace is immutable"),
+])
+async def test_driver_name_and_agent_namespace_are_immutable(crd_installed: Obj, kube: Kube,
+                                                             patch: dict[str, Any], needle: str) -> None:
+    name = f"immutable-{secrets.token_hex(3)}"
+    await kube.create({"apiVersion": "gpudra.io/v1alpha1", "kind": "GpuDraConfig", "metadata": {"name": name},
+                       "spec": {"driverName": f"{name}.gpudra.io"}})
+    try:
+        with pytest.raises(ApiException) as raised:
+            await kube.patch(CONFIG, name, patch)
+        assert raised.value.status == 422 and needle in error_message(raised.value)
+        # Everything else still changes freely.
+        await kube.patch(CONFIG, name, {"spec": {"agent": {"image": "example.com/gpudra:2"}}})
+    finally:
+        await kube.delete(CONFIG, name)
