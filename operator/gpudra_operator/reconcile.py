@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -29,6 +30,7 @@ DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 DAEMONSET = resource_type("apps/v1", "DaemonSet")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 log = logging.getLogger("gpudra.operator")
+DEVICE_COUNT_TTL = 10.0
 
 
 @dataclass
@@ -98,6 +100,7 @@ class Reconciler:
         self.events = events
         self._locks: dict[str, asyncio.Lock] = {}
         self._queued: set[str] = set()
+        self._device_counts: dict[str, tuple[float, int]] = {}  # driver -> (monotonic time, count)
 
     def lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -200,9 +203,17 @@ class Reconciler:
 
     # --- status -----------------------------------------------------------------------------
     async def _count_devices(self, driver: str) -> int:
+        """Devices the driver publishes, for status. Listing every slice is the one costly read of a
+        reconcile, and a fleet rollout triggers reconciles back to back, so a count is reused for
+        DEVICE_COUNT_TTL seconds (the printer column lags by at most that)."""
+        cached = self._device_counts.get(driver)
+        now = time.monotonic()
+        if cached and now - cached[0] < DEVICE_COUNT_TTL:
+            return cached[1]
         total = 0
         async for slice_ in self.kube.list(SLICE, field_selector=f"spec.driver={driver}"):
             total += len(slice_["spec"].get("devices") or [])
+        self._device_counts[driver] = (now, total)
         return total
 
     async def _report(self, body: Mapping[str, Any], config: GpuDraConfig, rendered: Rendered,
