@@ -97,10 +97,12 @@ def test_no_role_holds_dangerous_verbs_or_resources() -> None:
                         "serviceaccounts", "serviceaccounts/token", "pods/exec"} & set(rule["resources"]), where
 
 
-def test_agent_role_is_upstreams_plugin_role() -> None:
+def test_agent_role_is_what_the_agent_uses() -> None:
+    # Narrower than upstream's plugin role: the publisher lists, watches, server-side applies
+    # (patch, and create for a new slice) and deletes; it never GETs or PUTs a slice.
     assert rules("ClusterRole", "gpudra-agent") == [
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
-         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+         "verbs": ["list", "watch", "create", "patch", "delete"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]}]
 
@@ -108,8 +110,8 @@ def test_agent_role_is_upstreams_plugin_role() -> None:
 def test_operator_cannot_write_slices_or_pods() -> None:
     granted = {(g, r): set(rule["verbs"]) for rule in rules("ClusterRole", "gpudra-operator")
                for g in rule["apiGroups"] for r in rule["resources"]}
-    assert granted[("resource.k8s.io", "resourceslices")] == {"get", "list", "watch", "delete"}
-    assert granted[("", "nodes")] == {"get", "list", "watch"}
+    assert granted[("resource.k8s.io", "resourceslices")] == {"list", "delete"}
+    assert granted[("", "nodes")] == {"list"}
     assert ("apps", "daemonsets") not in granted  # namespaced Role in the agent namespace only
     namespaced = {(g, r): set(rule["verbs"]) for rule in rules("Role", "gpudra-operator")
                   for g in rule["apiGroups"] for r in rule["resources"]}
