@@ -86,7 +86,9 @@ def encode(checkpoint: Checkpoint) -> bytes:
     body = {"version": VERSION, "bootID": checkpoint.boot_id,
             "claims": {uid: {"state": e.state, **e.claim.to_json()} for uid, e in checkpoint.claims.items()}}
     checksum = "sha256:" + hashlib.sha256(_canonical(body)).hexdigest()
-    return json.dumps({**body, "checksum": checksum}, indent=1, sort_keys=True).encode() + b"\n"
+    # Compact, not indented: the C encoder is several times faster, and this runs twice on every
+    # prepare (the kubelet's critical path). `jq . checkpoint.json` reads it.
+    return _canonical({**body, "checksum": checksum}) + b"\n"
 
 
 def decode(data: bytes) -> Checkpoint:
