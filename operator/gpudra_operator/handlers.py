@@ -41,6 +41,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         prefix="gpudra.io", key="last-handled-configuration")
     settings.posting.enabled = False  # Events go where `kubectl describe gdc` sees them: events.py
     settings.watching.server_timeout = 300
+    # kopf waits this long for more events of one object before handling them (default 0.1 s).
+    # Our reconcile coalesces bursts itself, so the window only adds latency to every reaction.
+    settings.batching.batch_window = 0.01
     settings.networking.request_timeout = 60
     settings.execution.max_workers = 4
     api = await connect(os.environ.get("KUBECONFIG"))
