@@ -19,7 +19,7 @@ from . import metrics
 from .events import EventRecorder
 from .reconcile import CONFIG, DAEMONSET, DEVICE_CLASS, SLICE, Reconciler
 from .slicegc import DEFAULT_DELETE_RATE, SliceCollector, gc_tick
-from .render import AGENT_NAME, LABEL_CONFIG, LABEL_MANAGED_BY, MANAGED_BY, agent_labels, child_selector
+from .render import AGENT_NAME, LABEL_CONFIG, LABEL_MANAGED_BY, MANAGED_BY, agent_selector, child_selector
 from .spec import GpuDraConfig
 
 GROUP, VERSION, PLURAL = "gpudra.io", "v1alpha1", "gpudraconfigs"
@@ -131,7 +131,7 @@ async def cleanup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         if daemonset is not None and (daemonset["metadata"].get("labels") or {}).get(LABEL_CONFIG) == config.name:
             await kube.delete(DAEMONSET, AGENT_NAME, namespace, propagation="Foreground")
             raise kopf.TemporaryError("waiting for the agent DaemonSet and its pods to go", delay=2)
-        selector = ",".join(f"{k}={v}" for k, v in agent_labels(config.name).items())
+        selector = agent_selector(config.name)
         pods = [p async for p in kube.list(POD, namespace, label_selector=selector)]
         if pods:
             raise kopf.TemporaryError(f"waiting for {len(pods)} agent pod(s) to terminate", delay=2)

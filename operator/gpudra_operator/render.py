@@ -92,9 +92,19 @@ def child_labels(config_name: str) -> dict[str, str]:
     return {LABEL_MANAGED_BY: MANAGED_BY, LABEL_CONFIG: config_name}
 
 
+def label_selector(labels: Mapping[str, str]) -> str:
+    """The string form of an equality-based label selector."""
+    return ",".join(f"{k}={v}" for k, v in labels.items())
+
+
 def child_selector(config_name: str) -> str:
-    """Label selector (string form) matching every child of ``config_name``."""
-    return ",".join(f"{k}={v}" for k, v in child_labels(config_name).items())
+    """Label selector matching every child of ``config_name``."""
+    return label_selector(child_labels(config_name))
+
+
+def agent_selector(config_name: str) -> str:
+    """Label selector matching the agent pods of ``config_name``."""
+    return label_selector(agent_labels(config_name))
 
 
 def owner_reference(config: GpuDraConfig) -> Obj | None:

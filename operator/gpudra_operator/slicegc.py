@@ -25,7 +25,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from gpudra_driver.kubeapi import Kube, error_message, is_status, resource_type
 
 from .events import EventRecorder
-from .render import agent_labels
+from .render import agent_selector
 from .spec import GpuDraConfig, parse_duration
 from .staleslices import AgentPlacement, NodeInfo, SliceInfo, Verdict, stale_slices
 
@@ -188,7 +188,7 @@ class SliceCollector:
         async for obj in self.kube.list(NODE, metadata_only=True, page_size=self.page_size):
             node = NodeInfo.from_object(obj)
             nodes[node.name] = node
-        selector = ",".join(f"{k}={v}" for k, v in agent_labels(config.name).items())
+        selector = agent_selector(config.name)
         agent_nodes: set[str] = set()
         async for pod in self.kube.list(POD, config.spec.agent.namespace, label_selector=selector,
                                         page_size=self.page_size):
