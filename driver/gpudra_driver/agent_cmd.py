@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+from pathlib import Path
 
 log = logging.getLogger("gpudra.agent")
 
@@ -35,6 +36,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--pod-uid", default=os.environ.get("POD_UID") or None,
                         help="this agent pod's UID, for unique plugin socket names during rolling updates "
                              "(default: $POD_UID, else a random ID)")
+    parser.add_argument("--ready-file", default=os.environ.get("GPUDRA_READY_FILE") or None,
+                        help="create this file once the kubelet registered the plugin and the slices are "
+                             "published (the DaemonSet's readiness probe tests for it)")
     parser.add_argument("--log-format", choices=["text", "json"], default="text")
     parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("GPUDRA_METRICS_PORT") or 0),
                         help="serve Prometheus /metrics on this port; 0 disables (default: $GPUDRA_METRICS_PORT or 0)")
@@ -62,9 +66,20 @@ async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: obje
     await Rescanner(args.nvml, publish, interval=args.rescan_interval, numa_node_of=numa_node_from_sysfs).run()
 
 
-async def _main(args: argparse.Namespace) -> int:
-    from pathlib import Path
+async def _report_ready(path: Path, registered: asyncio.Event, published: asyncio.Event) -> None:
+    """Ready means usable: the kubelet accepted the plugin and this node's slices are current. A
+    rolling update (maxSurge 1) retires the old agent only then, so the node never lacks one."""
+    await registered.wait()
+    await published.wait()
+    path.touch()
+    log.info("ready: registered with the kubelet and published (%s)", path)
+    try:
+        await asyncio.Event().wait()  # until the agent stops
+    finally:
+        path.unlink(missing_ok=True)
 
+
+async def _main(args: argparse.Namespace) -> int:
     from gpudra_driver.kubeapi import Kube, connect
     from gpudra_driver.plugin.plugin import KubeletPlugin, claim_getter
     from gpudra_driver.publisher import SlicePublisher
@@ -83,6 +98,10 @@ async def _main(args: argparse.Namespace) -> int:
     await plugin.start()
     tasks = [asyncio.create_task(publisher.run(), name="publisher"),
              asyncio.create_task(_rescan_loop(args, publisher, plugin), name="rescan")]
+    if args.ready_file:
+        tasks.append(asyncio.create_task(
+            _report_ready(Path(args.ready_file), plugin.registration.registered, publisher.published),
+            name="readiness"))
     stopper = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
     for task in tasks:

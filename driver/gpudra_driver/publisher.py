@@ -46,6 +46,7 @@ class SlicePublisher:
         self.observed: dict[str, Obj] = {}
         self.synced = asyncio.Event()  # set once the cache holds a full list
         self.last_publish: float | None = None  # wall time of the last successful write or no-op
+        self.published = asyncio.Event()  # set once the pool was first confirmed current
         self.generation = 0
         self._wake = asyncio.Event()
         self._node_uid: str | None = None
@@ -140,6 +141,7 @@ class SlicePublisher:
         if plan.empty:
             self.generation = plan.generation
             self.last_publish = time.time()
+            self.published.set()
             log.debug("pool %s generation %d is up to date", self.node_name, plan.generation)
             return
         for ref in plan.delete:  # obsolete first, so the pool never shows more slices than it has
@@ -151,6 +153,7 @@ class SlicePublisher:
             self.observed[name] = await self.kube.apply(desired)
         self.generation = plan.generation
         self.last_publish = time.time()
+        self.published.set()
         count = sum(len(s["spec"].get("devices") or []) for s in plan.apply)
         log.info("published %d device(s) in %d ResourceSlice(s), pool %s generation %d",
                  count, len(plan.apply), self.node_name, plan.generation)

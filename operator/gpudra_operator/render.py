@@ -60,6 +60,7 @@ LABEL_NAME = "app.kubernetes.io/name"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_CONFIG = "gpudra.io/config"
 DRIVER_ROOT_MOUNT = "/driver-root"
+AGENT_READY_FILE = "/tmp/gpudra-ready"  # written by `gpudra agent --ready-file`
 AGENT_METRICS_PORT = 8082  # the port named "metrics" (PodMonitor: manifests/monitoring/)
 
 Obj = dict[str, Any]
@@ -163,10 +164,14 @@ def render_daemonset(config: GpuDraConfig) -> Obj:
             field_env("NODE_NAME", "spec.nodeName"),
             field_env("POD_UID", "metadata.uid"),
             field_env("POD_NAMESPACE", "metadata.namespace"),
+            {"name": "GPUDRA_READY_FILE", "value": AGENT_READY_FILE},
             # The API server drops an empty value; leaving it out keeps a no-op drift tick a no-op.
             *({"name": e.name, "value": e.value} if e.value else {"name": e.name} for e in agent.extra_env),
         ],
         "securityContext": {"privileged": True},
+        # Ready once the kubelet registered the plugin and the node's slices are published, so a
+        # rolling update (maxSurge 1, maxUnavailable 0) retires the old agent only after that.
+        "readinessProbe": {"exec": {"command": ["test", "-f", AGENT_READY_FILE]}, "periodSeconds": 5},
         "ports": [{"name": "metrics", "containerPort": AGENT_METRICS_PORT, "protocol": "TCP"}],
         "volumeMounts": [
             {"name": "plugins-registry", "mountPath": registry_dir},

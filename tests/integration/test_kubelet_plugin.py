@@ -324,3 +324,26 @@ async def test_overlapping_instances_share_state_and_serialise(kube: Kube, names
         winner = next(r for r in rivals if r["metadata"]["uid"] == winners[0])
         assert (await kubelet.unprepare([ref(winner)])).claims[winners[0]].error == ""
     assert json.loads((new.workdir / "kubelet" / "plugins" / driver / "checkpoint.json").read_text())["claims"] == {}
+
+
+async def test_ready_file_appears_once_registered_and_published(kube: Kube, fake_nodes, plugin_agents,
+                                                                driver: str, tmp_path: Path) -> None:
+    """What the DaemonSet's readiness probe tests: not before the kubelet registered the plugin."""
+    node = (await fake_nodes("ready"))["metadata"]["name"]
+    ready = tmp_path / "ready"
+    plugin = plugin_agents(node, driver, extra_args=("--ready-file", str(ready)))
+    await published_devices(kube, driver, node, 8)
+    await wait_for(lambda: _is_socket(plugin.registration_socket), timeout=30, what="the registration socket")
+    assert not ready.exists()  # published, but no kubelet has registered it yet
+    await plugin.registered()
+    await wait_for(lambda: _exists(ready), timeout=10, what=f"{ready} after registration")
+    assert plugin.agent.stop() == 0
+    assert not ready.exists()  # a stopping agent is no longer ready
+
+
+async def _is_socket(path: Path) -> bool:
+    return path.is_socket()
+
+
+async def _exists(path: Path) -> bool:
+    return path.exists()

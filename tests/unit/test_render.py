@@ -200,3 +200,9 @@ def test_paths_are_joined_without_doubled_slashes() -> None:
     ds = render(config({"agent": {"kubeletDir": "/var/lib/kubelet/"}})).daemonset
     paths = [v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"]["volumes"]]
     assert all("//" not in p for p in paths), paths
+
+
+def test_agent_is_ready_only_once_registered_and_published() -> None:
+    container = render(config()).daemonset["spec"]["template"]["spec"]["containers"][0]
+    ready_file = next(e["value"] for e in container["env"] if e["name"] == "GPUDRA_READY_FILE")
+    assert container["readinessProbe"]["exec"]["command"] == ["test", "-f", ready_file]
