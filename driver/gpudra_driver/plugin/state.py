@@ -75,6 +75,7 @@ class DeviceState:
         self.checkpoint_path = plugin_dir / CHECKPOINT_FILE
         self.lock_path = plugin_dir / LOCK_FILE
         self.devices: Mapping[str, NodeDevice] | None = None  # swapped whole by set_devices
+        self._cached: tuple[tuple[int, int, int], ckpt.Checkpoint] | None = None
 
     def set_devices(self, devices: Mapping[str, NodeDevice]) -> None:
         self.devices = dict(devices)
@@ -83,10 +84,23 @@ class DeviceState:
         return node_lock(self.lock_path, self.lock_timeout)
 
     def _load(self) -> ckpt.Checkpoint:
+        """The checkpoint on disk. Reused while the file is the one this instance last wrote or
+        read (same inode, size and mtime: every save is a rename, so another agent instance's
+        write shows as a new inode); decoding it is O(prepared claims) on every call otherwise."""
+        key = _file_key(self.checkpoint_path)
+        if key is not None and self._cached is not None and self._cached[0] == key:
+            return self._cached[1]
         checkpoint, problem = ckpt.load(self.checkpoint_path, self.boot_id)
         if problem:
             log.warning("%s", problem)
+        self._cached = (key, checkpoint) if key is not None and not problem else None
         return checkpoint
+
+    def _save(self, checkpoint: ckpt.Checkpoint, *, durable: bool = True) -> None:
+        self._cached = None
+        ckpt.save(self.checkpoint_path, checkpoint, durable=durable)
+        key = _file_key(self.checkpoint_path)
+        self._cached = (key, checkpoint) if key is not None else None
 
     # -- start-up ---------------------------------------------------------------------------------
     def startup(self) -> ckpt.Reconciliation:
@@ -126,7 +140,7 @@ class DeviceState:
             if result.changed or temp:
                 self.cdi.sync()
             if result.checkpoint != loaded or not self.checkpoint_path.exists():
-                ckpt.save(self.checkpoint_path, result.checkpoint)
+                self._save(result.checkpoint)
             for name in os.listdir(self.plugin_dir):
                 if name.startswith(f".{CHECKPOINT_FILE}.tmp-"):
                     os.unlink(self.plugin_dir / name)
@@ -159,7 +173,7 @@ class DeviceState:
                     checkpoint = checkpoint.started(plan.claim)
             if not planned:
                 return results
-            ckpt.save(self.checkpoint_path, checkpoint, durable=False)
+            self._save(checkpoint, durable=False)
             self.fault("after-checkpoint-started")
             written: list[PreparedClaim] = []
             for claim in planned:
@@ -177,7 +191,7 @@ class DeviceState:
             try:
                 for claim in written:
                     checkpoint = checkpoint.completed(claim.uid)
-                ckpt.save(self.checkpoint_path, checkpoint)
+                self._save(checkpoint)
             except OSError as error:
                 for claim in written:
                     self.cdi.remove(claim.uid)
@@ -200,7 +214,7 @@ class DeviceState:
 
     def _save_quietly(self, checkpoint: ckpt.Checkpoint) -> None:
         try:
-            ckpt.save(self.checkpoint_path, checkpoint)
+            self._save(checkpoint)
         except OSError as error:  # the next start rolls the PrepareStarted entries back
             log.error("could not roll the checkpoint back: %s", error)
 
@@ -221,7 +235,7 @@ class DeviceState:
             checkpoint = self._load()
             remaining = checkpoint.without(*valid)
             if remaining != checkpoint:
-                ckpt.save(self.checkpoint_path, remaining)
+                self._save(remaining)
                 self.fault("unprepare-after-checkpoint")
             removed = False
             for uid in valid:
@@ -235,3 +249,11 @@ class DeviceState:
                 except OSError as error:
                     log.warning("fsync of %s failed: %s", self.cdi.path, error)
         return results
+
+
+def _file_key(path: Path) -> tuple[int, int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
