@@ -19,16 +19,21 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpudra", description=__doc__.splitlines()[0])
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``only``, just that subcommand's module is imported (the node agent then
+    never loads the operator's modules: every import is resident memory on every GPU node)."""
+    parser = argparse.ArgumentParser(prog="gpudra", description="GPU Dynamic Resource Allocation for "
+                                     "Kubernetes: the operator, the node agent and their tools.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module_name in SUBCOMMANDS.values():
-        importlib.import_module(module_name).add_parser(sub)
+    names = [only] if only in SUBCOMMANDS else list(SUBCOMMANDS)
+    for name in names:
+        importlib.import_module(SUBCOMMANDS[name]).add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     return int(args.run(args) or 0)
 
 
