@@ -210,3 +210,23 @@ async def test_watch_streams_events_larger_than_a_readline_buffer(kube: Kube, fa
     assert (kind, obj["metadata"]["uid"]) == ("ADDED", created["metadata"]["uid"])
     assert len(obj["spec"]["devices"]) == 128
     assert len(json.dumps(obj)) > 256 * 1024
+
+
+def test_a_component_that_fails_is_reported_with_its_log_tail(cluster: ControlPlane, tmp_path: Path) -> None:
+    """A broken kube-apiserver: start() fails fast naming it, with its log tail, and leaves
+    nothing running (etcd, already started, is stopped again)."""
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    for name in ("etcd", "kube-controller-manager", "kube-scheduler", "kubectl"):
+        (bins / name).symlink_to(cluster.bin_dir / name)
+    broken = bins / "kube-apiserver"
+    broken.write_text("#!/bin/sh\necho 'E1129 flag provided but not defined: --no-such-flag' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    plane = ControlPlane(bins, tmp_path / "broken")
+    with pytest.raises(ControlPlaneError) as raised:
+        plane.start(timeout=60)
+    message = str(raised.value)
+    assert "kube-apiserver exited with code 3" in message
+    assert "flag provided but not defined" in message and "--- etcd log tail" in message
+    etcd = plane.components[0].process
+    assert etcd is not None and etcd.poll() is not None
