@@ -27,9 +27,12 @@ What only the API server can check (CEL types, cost) is left to the operator's s
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import signal
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
+from contextlib import contextmanager
+from functools import cache, lru_cache
 from importlib import resources
 from types import TracebackType
 from typing import Any
@@ -41,6 +44,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from gpudra_driver import devicemodel, limits
 
 MAX_RENDERED_CHARS = 64 * 1024
+MAX_RENDER_SECONDS = 2.0  # CPU a template may take (a loop that prints nothing is not size-capped)
 DEVICE_CLASS_API_VERSION = "resource.k8s.io/v1"
 DEVICE_CLASS_KIND = "DeviceClass"
 _TEMPLATE_NAME = "<template>"
@@ -397,7 +401,7 @@ def builtin_source(template: str) -> str:
     return (resources.files("gpudra_operator") / "templates" / f"{template}.j2").read_text("utf-8")
 
 
-@cache
+@lru_cache(maxsize=256)  # inline sources come from users: bounded
 def _compiled(source: str) -> jinja2.Template:
     return _ENV.from_string(source)
 
@@ -442,15 +446,43 @@ def _describe(error: BaseException) -> str:
     return f"template failed{at}: {type(error).__name__}: {error}"
 
 
+class _RenderTimeout(Exception):
+    pass
+
+
+@contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Interrupt the render after ``seconds`` of wall time (SIGALRM; main thread only, which is
+    where the operator's event loop and the CLI run; elsewhere there is no limit)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(_signum: int, _frame: object) -> None:
+        raise _RenderTimeout()
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _render_text(source: str, context: Mapping[str, Any]) -> str:
     template = _compiled(source)
     size = 0
     chunks: list[str] = []
-    for chunk in template.generate(context):
-        size += len(chunk)
-        if size > MAX_RENDERED_CHARS:
-            raise TemplateValueError(f"template output exceeds {MAX_RENDERED_CHARS} characters")
-        chunks.append(chunk)
+    try:
+        with _time_limit(MAX_RENDER_SECONDS):
+            for chunk in template.generate(context):
+                size += len(chunk)
+                if size > MAX_RENDERED_CHARS:
+                    raise TemplateValueError(f"template output exceeds {MAX_RENDERED_CHARS} characters")
+                chunks.append(chunk)
+    except _RenderTimeout:
+        raise TemplateValueError(f"template took longer than {MAX_RENDER_SECONDS:g} s to render") from None
     return "".join(chunks)
 
 

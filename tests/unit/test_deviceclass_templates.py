@@ -334,3 +334,21 @@ def test_mig_sample_inline_template_renders() -> None:
     obj = render_device_class(cls["name"], DRIVER, inline=cls["inline"], params=cls["parameters"])
     assert expr(obj) == (f'{GUARD} && {D}.type == "mig" && {D}.productName == "NVIDIA H100 80GB HBM3"'
                          f' && device.capacity["{DRIVER}"].memory.compareTo(quantity("20Gi")) >= 0')
+
+
+def test_a_template_that_loops_without_output_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Output size is capped; CPU time must be too: nested loops that print nothing."""
+    import time
+
+    from gpudra_operator import deviceclasses
+
+    monkeypatch.setattr(deviceclasses, "MAX_RENDER_SECONDS", 0.2)
+    spin = ("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
+            "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\n")
+    started = time.monotonic()
+    with pytest.raises(RenderError) as raised:
+        render_device_class("spin.gpudra.io", "gpu.gpudra.io", inline=spin)
+    assert time.monotonic() - started < 2
+    assert raised.value.class_name == "spin.gpudra.io" and "longer than 0.2 s" in str(raised.value)
+    # The timer is gone afterwards: a normal render still works and nothing fires later.
+    assert render_device_class("ok.gpudra.io", "gpu.gpudra.io", template="all")["metadata"]["name"] == "ok.gpudra.io"
