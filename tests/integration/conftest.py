@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import pytest_asyncio
 import yaml
 
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_operator.localcluster.agents import AgentProcess, start_agent
+from gpudra_operator.localcluster.controlplane import ControlPlane
 from gpudra_operator.localcluster.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,3 +38,29 @@ async def crd_installed(kube: Kube) -> Obj:
         return live if _established(live) else None
 
     return await wait_for(probe, timeout=60, what=f"CRD {name} to be Established")
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """Agent work dirs right under /tmp: the kubelet plugin's unix sockets live there, and a
+    socket path must stay within 107 bytes (pytest's tmp_path is too deep for that)."""
+    path = Path(tempfile.mkdtemp(prefix="gpudra-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def agents(cluster: ControlPlane, short_dir: Path) -> AsyncIterator[Callable[..., AgentProcess]]:
+    """Start `gpudra agent` subprocesses for fake Nodes; all are stopped after the test."""
+    started: list[AgentProcess] = []
+
+    def start(node_name: str, nvml: str, driver: str, kubeconfig: Path | None = None,
+              **kwargs: Any) -> AgentProcess:
+        agent = start_agent(kubeconfig=kubeconfig or cluster.kubeconfig, node_name=node_name, nvml=nvml,
+                            driver=driver, workdir=short_dir / f"{node_name}-{len(started)}", **kwargs)
+        started.append(agent)
+        return agent
+
+    yield start
+    for agent in started:
+        agent.stop()

@@ -7,9 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,7 @@ import pytest_asyncio
 import yaml
 
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
-from gpudra_operator.localcluster.agents import AgentProcess, start_agent
+from gpudra_operator.localcluster.agents import AgentProcess
 from gpudra_operator.localcluster.controlplane import ControlPlane
 from gpudra_operator.localcluster.waiting import wait_for
 
@@ -31,31 +29,9 @@ def driver() -> str:
     return f"f{secrets.token_hex(4)}.gpudra.io"
 
 
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """Agent work dirs right under /tmp: the kubelet plugin's unix sockets live there, and a
-    socket path must stay within 107 bytes (pytest's tmp_path is too deep for that)."""
-    path = Path(tempfile.mkdtemp(prefix="gpudra-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def agents(cluster: ControlPlane, short_dir: Path,
-                 monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Callable[..., AgentProcess]]:
-    started: list[AgentProcess] = []
+@pytest.fixture(autouse=True)
+def debug_logs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUDRA_LOG_LEVEL", "DEBUG")  # the agents count their quiet retries at DEBUG
-
-    def start(node_name: str, nvml: str, driver: str, kubeconfig: Path | None = None,
-              **kwargs: Any) -> AgentProcess:
-        agent = start_agent(kubeconfig=kubeconfig or cluster.kubeconfig, node_name=node_name, nvml=nvml,
-                            driver=driver, workdir=short_dir / f"{node_name}-{len(started)}", **kwargs)
-        started.append(agent)
-        return agent
-
-    yield start
-    for agent in started:
-        agent.stop()
 
 
 def write_profile(path: Path, doc: dict[str, Any]) -> Path:

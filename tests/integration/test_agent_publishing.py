@@ -4,22 +4,17 @@ scheduler allocates from, restores them when deleted, and republishes when devic
 from __future__ import annotations
 
 import secrets
-import shutil
-import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 import yaml
 
 from gpudra_driver.discovery import scan
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_driver.nvml import load_nvml
 from gpudra_driver.publishing import plan_publish
-from gpudra_operator.localcluster.agents import AgentProcess, start_agent
-from gpudra_operator.localcluster.controlplane import ControlPlane
+from gpudra_operator.localcluster.agents import AgentProcess
 from gpudra_operator.localcluster.waiting import wait_for
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
@@ -34,28 +29,6 @@ def driver() -> str:
     return f"a{secrets.token_hex(4)}.gpudra.io"
 
 
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """Agent work dirs right under /tmp: the kubelet plugin's unix sockets live there, and a
-    socket path must stay within 107 bytes (pytest's tmp_path is too deep for that)."""
-    path = Path(tempfile.mkdtemp(prefix="gpudra-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def agents(cluster: ControlPlane, short_dir: Path) -> AsyncIterator[Callable[..., AgentProcess]]:
-    started: list[AgentProcess] = []
-
-    def start(node_name: str, nvml: str, driver: str, **kwargs: object) -> AgentProcess:
-        agent = start_agent(kubeconfig=cluster.kubeconfig, node_name=node_name, nvml=nvml, driver=driver,
-                            workdir=short_dir / node_name, **kwargs)  # type: ignore[arg-type]
-        started.append(agent)
-        return agent
-
-    yield start
-    for agent in started:
-        agent.stop()
 
 
 async def node_slices(kube: Kube, driver: str, node: str) -> list[Obj]:

@@ -107,7 +107,7 @@ async def published_devices(kube: Kube, driver: str, node: str, count: int) -> d
 async def allocated_claim(kube: Kube, namespace: str, name: str, driver: str, pool: str, devices: list[str],
                           *, result_driver: str | None = None) -> Obj:
     """A ResourceClaim with ``status.allocation`` written directly (what the scheduler would write)."""
-    claim = await kube.create({
+    await kube.create({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
