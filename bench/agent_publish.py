@@ -10,7 +10,8 @@ own watch on the node's slices delivers the event, not by polling.
 - republish: the simulated device set changed on disk -> a slice with the new devices visible;
   this agent rescans every 0.05 s, so up to one interval of the figure is the rescan period
 - footprint: VmRSS of a started agent (target <= 60 MiB) and its CPU use over the 10 s after its
-  first publish (target: ~0, here <= 1% of a core)
+  first publish (target: ~0, here <= 1% of a core), run as the DaemonSet runs it: metrics served,
+  with the DaemonSet's process environment (``render.AGENT_PROCESS_ENV``)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import yaml
 from bench import Context, Result, at_most, median
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.localcluster.agents import AgentProcess, start_agent
+from gpudra_operator.localcluster.controlplane import free_port
 from gpudra_operator.localcluster.objects import create_fake_node, delete_node
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
@@ -158,7 +160,8 @@ async def run(ctx: Context) -> list[Result]:
             events = SliceEvents(kube, driver, node)
             await events.start()
             started = time.perf_counter()
-            agent = agents.start(node, "fake:dgx-h100", driver)
+            # as the DaemonSet runs it: metrics served (and its process env, which start_agent applies)
+            agent = agents.start(node, "fake:dgx-h100", driver, extra_args=("--metrics-port", str(free_port())))
             at, _ = await events.first(0, lambda kind, obj: len(devices_of(obj)) == 8, "the first slice")
             starts.append(at - started)
             if i == 0:

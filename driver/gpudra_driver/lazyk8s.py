@@ -25,11 +25,18 @@ import importlib.machinery
 import importlib.util
 import sys
 from types import ModuleType
+from collections.abc import Callable
 from typing import Any
 
 ROOT = "kubernetes_asyncio"
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version(ROOT)
+
+
 # Names the eager client package re-exports from small modules of its own.
-_CLIENT_LIGHT = {
+_CLIENT_LIGHT: dict[str, str | Callable[[], Any]] = {
     "ApiClient": "api_client",
     "Configuration": "configuration",
     "ApiException": "exceptions",
@@ -44,13 +51,13 @@ def install() -> bool:
     """Make kubernetes_asyncio lazy; False when it was already imported (then nothing changes)."""
     if ROOT in sys.modules:
         return False
-    root = _lazy_package(ROOT, None, {})
+    # The root stays unexecuted too: its __init__ imports dynamic, stream, utils and watch (pydoc
+    # among them, ~0.7 MiB) that the agent never uses. Its one value of its own, ``__version__``,
+    # comes from the distribution's metadata: dynamic reads it mid-import, and running the root's
+    # __init__ at that moment would import dynamic circularly.
+    root = _lazy_package(ROOT, None, {"__version__": _version})
     client = _lazy_package(f"{ROOT}.client", root, _CLIENT_LIGHT)
     _lazy_package(f"{ROOT}.client.models", client, {})
-    # The root's own __init__ is cheap once client is lazy (config, dynamic, stream, utils and
-    # watch only reach generated classes when called), and its submodules expect it to have run
-    # first (dynamic imports __version__ from it mid-way), so run it now.
-    getattr(root, "__version__")
     return True
 
 
@@ -60,7 +67,8 @@ def is_loaded(name: str) -> bool:
     return module is not None and getattr(module, "__gpudra_lazy_state__", {"loaded": True})["loaded"]
 
 
-def _lazy_package(name: str, parent: ModuleType | None, light: dict[str, str]) -> ModuleType:
+def _lazy_package(name: str, parent: ModuleType | None,
+                  light: dict[str, str | Callable[[], Any]]) -> ModuleType:
     if parent is None:
         spec = importlib.util.find_spec(name)
     else:
@@ -72,7 +80,10 @@ def _lazy_package(name: str, parent: ModuleType | None, light: dict[str, str]) -
 
     def __getattr__(attr: str) -> Any:
         if attr in light:
-            return getattr(importlib.import_module(f"{name}.{light[attr]}"), attr)
+            source = light[attr]
+            if callable(source):
+                return source()
+            return getattr(importlib.import_module(f"{name}.{source}"), attr)
         if not attr.startswith("__") and \
                 importlib.machinery.PathFinder.find_spec(f"{name}.{attr}", module.__path__) is not None:
             return importlib.import_module(f"{name}.{attr}")

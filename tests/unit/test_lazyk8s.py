@@ -61,3 +61,29 @@ def test_nothing_changes_when_kubernetes_asyncio_was_imported_first() -> None:
         print(json.dumps({"installed": lazyk8s.install(), "api": kubernetes_asyncio.client.CoreV1Api.__name__}))
     """)
     assert result == {"installed": False, "api": "CoreV1Api"}
+
+
+def test_the_agent_skips_the_packages_it_never_uses() -> None:
+    result = run("""
+        import json, sys
+        import gpudra_driver.kubeapi, gpudra_driver.agent_cmd
+        print(json.dumps(sorted(m for m in ("kubernetes_asyncio.dynamic", "kubernetes_asyncio.stream",
+                                            "kubernetes_asyncio.utils", "kubernetes_asyncio.watch", "pydoc")
+                                if m in sys.modules)))
+    """)
+    assert result == []
+
+
+def test_a_submodule_that_needs_the_root_first_still_imports() -> None:
+    # dynamic reads kubernetes_asyncio.__version__ while it is itself being imported: that must not
+    # run the root's __init__ (which imports dynamic again, circularly)
+    result = run("""
+        import json
+        from gpudra_driver import kubeapi, lazyk8s
+        from kubernetes_asyncio.dynamic import DynamicClient
+        import kubernetes_asyncio
+        print(json.dumps({"client": DynamicClient.__name__, "version": kubernetes_asyncio.__version__,
+                          "root": lazyk8s.is_loaded("kubernetes_asyncio")}))
+    """)
+    assert result == {"client": "DynamicClient", "version": result["version"], "root": False}
+    assert result["version"][0].isdigit()

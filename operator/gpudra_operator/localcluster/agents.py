@@ -10,6 +10,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
+from gpudra_operator.render import AGENT_PROCESS_ENV
+
 
 @dataclass
 class AgentProcess:
@@ -40,7 +44,23 @@ def start_agent(*, kubeconfig: Path, node_name: str, nvml: str, driver: str, wor
             "--node-name", node_name, "--nvml", nvml, "--kubeconfig", str(kubeconfig),
             "--rescan-interval", str(rescan_interval),
             "--kubelet-dir", str(workdir / "kubelet"), "--cdi-dir", str(workdir / "cdi"), *extra_args]
+    # The DaemonSet's process settings, with the local cluster's CA in place of the ServiceAccount's
+    env = {**os.environ, **AGENT_PROCESS_ENV, "PYTHONUNBUFFERED": "1"}
+    ca_file = kubeconfig_ca_file(kubeconfig)
+    if ca_file is None:
+        del env["SSL_CERT_FILE"]
+    else:
+        env["SSL_CERT_FILE"] = ca_file
     with log_path.open("ab") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     return AgentProcess(node_name, log_path, process)
+
+
+def kubeconfig_ca_file(kubeconfig: Path) -> str | None:
+    """The CA file of the kubeconfig's current cluster (None when it embeds the CA or has none)."""
+    config = yaml.safe_load(kubeconfig.read_text()) or {}
+    contexts = {c["name"]: c.get("context", {}) for c in config.get("contexts") or []}
+    clusters = {c["name"]: c.get("cluster", {}) for c in config.get("clusters") or []}
+    cluster = clusters.get(contexts.get(config.get("current-context"), {}).get("cluster"), {})
+    ca = cluster.get("certificate-authority")
+    return str((kubeconfig.parent / ca).resolve()) if ca else None
