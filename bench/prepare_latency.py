@@ -8,6 +8,10 @@ Scenarios (each: plugin vs baseline, then the ratio; target <= 1.5x):
 * ``concurrent``: 16 kubelet-side callers preparing distinct claims at once; claims/s, reported as
   the baseline's throughput over ours (a time ratio, so <= 1.5x reads the same way).
 
+Baseline and plugin take turns in ten slices of every scenario, so a noisy machine's drift hits
+both alike. Where the files go, as on a node: the checkpoint on the disk file system (``/var/lib/kubelet``),
+the CDI specs on tmpfs (``/dev/shm`` here, ``/var/run/cdi`` there).
+
 Usage: ``python -m bench prepare_latency`` (with the other benches: ``make bench``) or
 ``python -m bench.prepare_latency [--rounds N] [--json PATH]``. Needs the
 control-plane binaries (GPUDRA_KUBE_BIN, as for the tests)."""
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,8 +44,12 @@ NODE = resource_type("v1", "Node")
 NAMESPACE = resource_type("v1", "Namespace")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 PROFILES = Path(__file__).resolve().parents[1] / "driver" / "gpudra_driver" / "profiles"
+# Where the agent's CDI directory goes: tmpfs, as /var/run/cdi (the agent's default) is on a node.
+# The checkpoint stays on the work directory's disk file system, as /var/lib/kubelet is.
+TMPFS = Path("/dev/shm")
 GPUS = 64
 CONCURRENCY = 16
+CHUNKS = 10
 TARGET = 1.5
 
 
@@ -77,30 +86,40 @@ async def latency(client: DraClient, batches: list[list[tuple[str, str, str]]], 
     return samples
 
 
-async def throughput(client: DraClient, claims: list[tuple[str, str, str]], rounds: int) -> float:
-    total, elapsed = 0, 0.0
-    for _ in range(rounds):
-        queue = list(claims)
+async def throughput(client: DraClient, claims: list[tuple[str, str, str]]) -> float:
+    """Seconds for CONCURRENCY callers to prepare all ``claims``, one claim per call."""
+    queue = list(claims)
 
-        async def caller() -> None:
-            while queue:
-                response = await client.prepare([queue.pop()])
-                assert not [r.error for r in response.claims.values() if r.error]
+    async def caller() -> None:
+        while queue:
+            response = await client.prepare([queue.pop()])
+            assert not [r.error for r in response.claims.values() if r.error]
 
-        started = time.perf_counter()
-        await asyncio.gather(*(caller() for _ in range(CONCURRENCY)))
-        elapsed += time.perf_counter() - started
-        total += len(claims)
-        await client.unprepare(claims)
-    return total / elapsed
+    started = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(CONCURRENCY)))
+    elapsed = time.perf_counter() - started
+    await client.unprepare(claims)
+    return elapsed
 
 
-async def measure(client: DraClient, claims: list[tuple[str, str, str]], rounds: int) -> dict[str, float]:
-    await latency(client, [[c] for c in claims[:8]], 20)  # warm-up: connections, caches
-    one = await latency(client, [[c] for c in claims], rounds)
-    eight = await latency(client, [claims[i:i + 8] for i in range(0, len(claims), 8)], max(rounds // 4, 20))
-    return {"p50_1": pct(one, 0.5), "p99_1": pct(one, 0.99), "p50_8": pct(eight, 0.5), "p99_8": pct(eight, 0.99),
-            "claims_per_s": await throughput(client, claims, max(rounds // 40, 3))}
+async def measure(clients: dict[str, DraClient], claims: list[tuple[str, str, str]],
+                  rounds: int) -> dict[str, dict[str, float]]:
+    """Each scenario for every server, the servers taking turns in CHUNKS slices, so that the
+    drift of a noisy machine (other processes, page cache, CPU frequency) hits all of them alike."""
+    singles, eights = [[c] for c in claims], [claims[i:i + 8] for i in range(0, len(claims), 8)]
+    one: dict[str, list[float]] = {name: [] for name in clients}
+    eight: dict[str, list[float]] = {name: [] for name in clients}
+    busy: dict[str, float] = {name: 0.0 for name in clients}
+    for client in clients.values():
+        await latency(client, singles[:8], 20)  # warm-up: connections, caches
+    for _ in range(CHUNKS):
+        for name, client in clients.items():
+            one[name] += await latency(client, singles, max(rounds // CHUNKS, 1))
+            eight[name] += await latency(client, eights, max(rounds // 4 // CHUNKS, 2))
+            busy[name] += await throughput(client, claims)
+    return {name: {"p50_1": pct(one[name], 0.5), "p99_1": pct(one[name], 0.99), "p50_8": pct(eight[name], 0.5),
+                   "p99_8": pct(eight[name], 0.99), "claims_per_s": CHUNKS * len(claims) / busy[name]}
+            for name in clients}
 
 
 async def run(ctx) -> list:  # type: ignore[no-untyped-def]
@@ -135,6 +154,7 @@ async def run_standalone(rounds: int) -> dict:
 
 async def measure_all(plane: ControlPlane, kube: Kube, work: Path, rounds: int) -> dict:
     processes: list[subprocess.Popen] = []
+    cdi_dir: Path | None = None
     agent = None
     try:
         driver, node = f"b{uuid.uuid4().hex[:6]}.gpudra.io", f"bench-{uuid.uuid4().hex[:6]}"
@@ -146,8 +166,11 @@ async def measure_all(plane: ControlPlane, kube: Kube, work: Path, rounds: int) 
                                 busId=f"00000000:{i // 32 + 0x10:02x}:{i % 32:02x}.0") for i in range(GPUS)]
         (work / "profile.yaml").write_text(yaml.safe_dump(profile))
         pod_uid = str(uuid.uuid4())
+        if TMPFS.is_dir():
+            cdi_dir = Path(tempfile.mkdtemp(prefix="gpudra-bench-cdi-", dir=TMPFS))
         agent = start_agent(kubeconfig=plane.kubeconfig, node_name=node, nvml=f"fake:{work / 'profile.yaml'}",
-                            driver=driver, workdir=work / "agent", extra_args=("--pod-uid", pod_uid))
+                            driver=driver, workdir=work / "agent", extra_args=("--pod-uid", pod_uid),
+                            cdi_dir=cdi_dir)
         reg_socket = socket_paths(work / "agent" / "kubelet", driver, pod_uid)[1]
 
         async def ready() -> bool:
@@ -165,10 +188,9 @@ async def measure_all(plane: ControlPlane, kube: Kube, work: Path, rounds: int) 
         processes.append(baseline)
         assert baseline.stdout is not None and baseline.stdout.readline().strip() == "ready"
 
-        async with DraClient(baseline_socket) as client:
-            base = await measure(client, claims, rounds)
-        async with DraClient(registered.endpoint) as client:
-            ours = await measure(client, claims, rounds)
+        async with DraClient(baseline_socket) as bare, DraClient(registered.endpoint) as plugin:
+            measured = await measure({"baseline": bare, "plugin": plugin}, claims, rounds)
+        base, ours = measured["baseline"], measured["plugin"]
         await kube.delete(NODE, node)
         await kube.delete(NAMESPACE, namespace)
         return {"rounds": rounds, "gpus": GPUS, "concurrency": CONCURRENCY, "baseline": base, "plugin": ours,
@@ -182,6 +204,8 @@ async def measure_all(plane: ControlPlane, kube: Kube, work: Path, rounds: int) 
             process.wait(timeout=10)
         if agent is not None:
             agent.stop()
+        if cdi_dir is not None:
+            shutil.rmtree(cdi_dir, ignore_errors=True)
 
 
 def table(result: dict) -> str:

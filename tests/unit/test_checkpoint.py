@@ -41,6 +41,21 @@ def test_round_trip_with_version_checksum_and_boot_id() -> None:
     assert ckpt.decode(data) == cp
 
 
+def test_the_file_is_the_canonical_json_of_its_body() -> None:
+    # encode() assembles the body from per-entry fragments; it must be byte for byte what the
+    # reader re-canonicalises, in any insertion order and with a device-less PrepareStarted entry.
+    cp = (Checkpoint("boot-\u00e9").started(prepared(B, "gpu-1")).completed(B)
+          .started(PreparedClaim(ClaimRef("ns", "a", A), ())))
+    data = ckpt.encode(cp)
+    doc = json.loads(data)
+    body = {k: v for k, v in doc.items() if k != "checksum"}
+    assert data == b'{"checksum":' + json.dumps(doc["checksum"]).encode() + b"," + ckpt._canonical(body)[1:] + b"\n"
+    assert list(doc["claims"]) == [A, B] and doc["claims"][A] == {"state": STARTED, "namespace": "ns", "name": "a",
+                                                                   "devices": []}
+    assert ckpt.decode(data) == cp and ckpt.encode(ckpt.decode(data)) == data
+    assert cp.completed_count() == 1
+
+
 @pytest.mark.parametrize(("mutate", "message"), [
     (lambda d: d["claims"].clear(), "checksum mismatch"),
     (lambda d: d.update(version=2), "version 2"),

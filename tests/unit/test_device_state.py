@@ -113,6 +113,35 @@ def test_a_deleted_spec_of_a_prepared_claim_is_written_again(tmp_path: Path) -> 
     assert len(spec_files(tmp_path)) == 1
 
 
+class CountingSaves(DeviceState):
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.saves: list[bool] = []  # durable?
+
+    def _save(self, checkpoint: ckpt.Checkpoint, *, durable: bool = True) -> None:
+        self.saves.append(durable)
+        super()._save(checkpoint, durable=durable)
+
+
+def counting(tmp_path: Path) -> CountingSaves:
+    state = CountingSaves(tmp_path / "plugin", CdiDir(tmp_path / "cdi", DRIVER), driver=DRIVER, node=NODE,
+                          boot_id="boot-1")
+    state.startup()
+    state.set_devices(devices())
+    state.saves.clear()
+    return state
+
+
+def test_a_prepare_writes_the_checkpoint_twice_and_only_the_commit_is_durable(tmp_path: Path) -> None:
+    state = counting(tmp_path)
+    assert state.prepare(items((REF_A, claim(A, name="a")), (REF_B, claim(B, name="b", results=[result("gpu-1")]))))
+    assert state.saves == [False, True] and state.prepared_count == 2  # one batch: PrepareStarted, commit
+    state.prepare(items((REF_A, claim(A, name="a"))))  # answered again: nothing written
+    assert state.saves == [False, True]
+    state.unprepare([REF_A])
+    assert state.saves == [False, True, True] and state.prepared_count == 1
+
+
 @pytest.mark.parametrize("point", [p for p in POINTS if not p.startswith("unprepare")])
 def test_a_crash_anywhere_in_prepare_loses_nothing_and_leaves_nothing(tmp_path: Path, point: str) -> None:
     state = make(tmp_path)

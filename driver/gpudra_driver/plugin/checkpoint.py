@@ -21,6 +21,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -43,6 +44,13 @@ class Entry:
     state: str
     claim: PreparedClaim
 
+    @cached_property
+    def canonical(self) -> str:
+        """``"<uid>":{...}``, this entry's member of the canonical ``claims`` object: computed once
+        per entry, as every save encodes them all."""
+        body = json.dumps({"state": self.state, **self.claim.to_json()}, sort_keys=True, separators=(",", ":"))
+        return f"{json.dumps(self.claim.uid)}:{body}"
+
 
 @dataclass(frozen=True)
 class Checkpoint:
@@ -64,6 +72,9 @@ class Checkpoint:
         return replace(self, claims=MappingProxyType({**self.claims, uid: entry}))
 
     # -- queries ------------------------------------------------------------------------------
+    def completed_count(self) -> int:
+        return sum(1 for entry in self.claims.values() if entry.state == COMPLETED)
+
     def device_owner(self, pool: str, device: str) -> str | None:
         """The claim UID holding ``device`` (in either state), if any."""
         for uid, entry in self.claims.items():
@@ -83,13 +94,14 @@ def _canonical(body: Mapping[str, Any]) -> bytes:
 
 
 def encode(checkpoint: Checkpoint) -> bytes:
-    body = {"version": VERSION, "bootID": checkpoint.boot_id,
-            "claims": {uid: {"state": e.state, **e.claim.to_json()} for uid, e in checkpoint.claims.items()}}
-    canonical = _canonical(body)
+    # Exactly _canonical() of {"version", "bootID", "claims"}, assembled from each entry's cached
+    # canonical JSON (keys in sorted order: bootID < claims < version; claims by UID), because the
+    # commit of every prepare encodes the whole checkpoint on the kubelet's critical path.
+    claims = ",".join(entry.canonical for _, entry in sorted(checkpoint.claims.items()))
+    canonical = f'{{"bootID":{json.dumps(checkpoint.boot_id)},"claims":{{{claims}}},"version":{VERSION}}}'.encode()
     checksum = "sha256:" + hashlib.sha256(canonical).hexdigest()
-    # The canonical body with the checksum spliced in front: encoded once, compactly, by the C
-    # encoder, as this runs twice on every prepare (the kubelet's critical path). Readers
-    # re-canonicalise the body, so key order in the file does not matter; `jq .` pretty-prints it.
+    # The checksum spliced in front of the canonical body. Readers re-canonicalise the body, so
+    # key order in the file does not matter; `jq .` pretty-prints it.
     return b'{"checksum":' + json.dumps(checksum).encode() + b"," + canonical[1:] + b"\n"
 
 

@@ -13,7 +13,8 @@ Stop (SIGTERM): registration socket first (deregistration), then the DRA server 
 calls finish, then our socket files. Prepare GETs each claim (concurrently, before taking the
 lock), then queues them for :class:`DeviceState`, which runs on one worker thread: calls that
 arrive while a batch is on disk are committed together in the next one (group commit), so
-concurrent pod starts share the fsync instead of queueing behind one each."""
+concurrent pod starts share the fsync instead of queueing behind one each; each call is answered
+as soon as its own batch is committed."""
 
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ from gpudra_driver.plugin.state import DeviceState, Fetched, PrepareResult
 
 log = logging.getLogger(__name__)
 
+# GET a claim (None: not found). The getter bounds its own time: claim_getter's is CLAIM_GET_TIMEOUT.
 GetClaim = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
 CLAIM_GET_TIMEOUT = 20.0  # well inside the kubelet's 45 s per call
 
@@ -192,10 +194,7 @@ class KubeletPlugin:
         seconds = time.perf_counter() - started
         for error in errors:
             operation.record(seconds, ok=not error)
-        try:
-            metrics.set_prepared_claims(len(self.state.cdi.claim_uids()))
-        except OSError:  # an unusable CDI directory is already each claim's error; never the call's
-            pass
+        metrics.set_prepared_claims(self.state.prepared_count)
 
     async def _submit(self, kind: str, items: list[Any]) -> Any:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -207,40 +206,50 @@ class KubeletPlugin:
         return await asyncio.shield(future)
 
     async def _drain(self) -> None:
-        """Run queued calls in arrival order; consecutive calls of one kind form one batch."""
+        """Hand everything queued to the state thread in one go, until the queue stays empty."""
         loop = asyncio.get_running_loop()
         try:
             while self._queue:
                 queued, self._queue = self._queue, []
-                for kind, group in itertools.groupby(queued, key=lambda q: q[0]):
-                    calls = list(group)
-                    work = self.state.prepare if kind == "prepare" else self.state.unprepare
-                    try:
-                        results = await loop.run_in_executor(self._executor, work,
-                                                             [item for _, items, _ in calls for item in items])
-                    except Exception as error:  # a bug or an unusable plugin dir: fail these calls loudly
-                        log.exception("%s failed", kind)
-                        for _, _, future in calls:
-                            if not future.done():
-                                future.set_exception(error)
-                        continue
-                    for _, items, future in calls:
-                        if not future.done():
-                            uids = [i[0].uid if kind == "prepare" else i.uid for i in items]
-                            future.set_result({uid: results[uid] for uid in uids if uid in results})
+                await loop.run_in_executor(self._executor, self._run_batches, loop, queued)
         finally:
             self._draining = False
+
+    def _run_batches(self, loop: asyncio.AbstractEventLoop, queued: list[tuple[str, list[Any], Any]]) -> None:
+        """On the state thread: queued calls in arrival order, consecutive calls of one kind as one
+        batch; each batch's callers are answered as soon as it is done, not after the others."""
+        for kind, group in itertools.groupby(queued, key=lambda q: q[0]):
+            calls = list(group)
+            items = [item for _, call_items, _ in calls for item in call_items]
+            try:
+                outcome: Any = getattr(self.state, kind)(items)
+            except Exception as error:  # a bug or an unusable plugin dir: fail these calls loudly
+                log.exception("%s failed", kind)
+                outcome = error
+            loop.call_soon_threadsafe(_settle, kind, calls, outcome)
 
     async def _fetch(self, ref: ClaimRef) -> Fetched:
         try:
             ref.check()  # never put a malformed name into an API path
-            return await asyncio.wait_for(self.get_claim(ref.namespace, ref.name), CLAIM_GET_TIMEOUT)
+            return await self.get_claim(ref.namespace, ref.name)  # bounded by the getter's timeout
         except ClaimError as error:
             return error
         except Exception as error:  # the API server's answer, a timeout, a dropped connection
             from gpudra_driver.kubeapi import error_message
 
             return ClaimError(f"{ref}: reading it from the API server failed: {error_message(error) or error!r}")
+
+
+def _settle(kind: str, calls: list[tuple[str, list[Any], asyncio.Future[Any]]], outcome: Any) -> None:
+    """Give each call of a batch its own claims' results (or the batch's exception)."""
+    for _, items, future in calls:
+        if future.done():
+            continue
+        if isinstance(outcome, Exception):
+            future.set_exception(outcome)
+        else:
+            uids = [i[0].uid if kind == "prepare" else i.uid for i in items]
+            future.set_result({uid: outcome[uid] for uid in uids if uid in outcome})
 
 
 def _unlink(path: Path) -> None:
@@ -257,6 +266,6 @@ def claim_getter(kube: Any) -> GetClaim:
     claims = resource_type("resource.k8s.io/v1", "ResourceClaim")
 
     async def get(namespace: str, name: str) -> Mapping[str, Any] | None:
-        return await kube.get(claims, name, namespace)
+        return await kube.get(claims, name, namespace, timeout=CLAIM_GET_TIMEOUT)
 
     return get

@@ -75,6 +75,7 @@ class DeviceState:
         self.checkpoint_path = plugin_dir / CHECKPOINT_FILE
         self.lock_path = plugin_dir / LOCK_FILE
         self.devices: Mapping[str, NodeDevice] | None = None  # swapped whole by set_devices
+        self.prepared_count = 0  # completed claims in the checkpoint last read or written (a metric)
         self._cached: tuple[tuple[int, int, int], ckpt.Checkpoint] | None = None
 
     def set_devices(self, devices: Mapping[str, NodeDevice]) -> None:
@@ -94,6 +95,7 @@ class DeviceState:
         if problem:
             log.warning("%s", problem)
         self._cached = (key, checkpoint) if key is not None and not problem else None
+        self.prepared_count = checkpoint.completed_count()
         return checkpoint
 
     def _save(self, checkpoint: ckpt.Checkpoint, *, durable: bool = True) -> None:
@@ -101,6 +103,7 @@ class DeviceState:
         ckpt.save(self.checkpoint_path, checkpoint, durable=durable)
         key = _file_key(self.checkpoint_path)
         self._cached = (key, checkpoint) if key is not None else None
+        self.prepared_count = checkpoint.completed_count()
 
     # -- start-up ---------------------------------------------------------------------------------
     def startup(self) -> ckpt.Reconciliation:
