@@ -11,24 +11,21 @@ CDI directory are reconciled, the DRA socket is served; the registration socket 
 devices have been discovered, so the kubelet never prefers an instance that cannot prepare yet.
 Stop (SIGTERM): registration socket first (deregistration), then the DRA server after in-flight
 calls finish, then our socket files. Prepare GETs each claim (concurrently, before taking the
-lock), then queues them for :class:`DeviceState`, which runs on one worker thread: calls that
-arrive while a batch is on disk are committed together in the next one (group commit), so
-concurrent pod starts share the fsync instead of queueing behind one each; each call is answered
-as soon as its own batch is committed."""
+lock), then hands them to :class:`DeviceState` on its one thread (:mod:`.statethread`): calls
+that arrive while a batch is on disk are committed together in the next one (group commit), so
+concurrent pod starts share the fsync instead of queueing behind one each."""
 
 from __future__ import annotations
 
 import asyncio
 import errno
 import hashlib
-import itertools
 import logging
 import os
 import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +43,7 @@ from gpudra_driver.plugin.model import ClaimError, ClaimRef
 from gpudra_driver.plugin.registration import SUPPORTED_VERSIONS, RegistrationServicer
 from gpudra_driver.plugin.sockets import MAX_SOCKET_PATH, SocketAddress
 from gpudra_driver.plugin.state import DeviceState, Fetched, PrepareResult
+from gpudra_driver.plugin.statethread import StateThread
 
 log = logging.getLogger(__name__)
 
@@ -108,12 +106,10 @@ class KubeletPlugin:
             driver, os.fspath(self.dra_socket),
             tuple(v for v in SUPPORTED_VERSIONS if v.split(".")[0] in self.api_versions))
         self.devices_known = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpudra-plugin-state")
+        self._state_thread = StateThread({"prepare": self.state.prepare, "unprepare": self.state.unprepare})
         self._dra_server: grpc.aio.Server | None = None
         self._reg_server: grpc.aio.Server | None = None
         self._register_task: asyncio.Task[None] | None = None
-        self._queue: list[tuple[str, list[Any], asyncio.Future[Any]]] = []
-        self._draining = False
 
     # -- devices ------------------------------------------------------------------------------
     def set_devices(self, devices: Sequence[Device]) -> None:
@@ -126,7 +122,8 @@ class KubeletPlugin:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.registry_dir.mkdir(parents=True, exist_ok=True)
         self._remove_stale_sockets()
-        await asyncio.get_running_loop().run_in_executor(self._executor, self.state.startup)
+        await asyncio.to_thread(self.state.startup)  # before any call can reach the state thread
+        self._state_thread.start()
         self._dra_server = grpc.aio.server()
         for version in self.api_versions:
             servicer_class, add = service.VERSIONS[version]
@@ -155,7 +152,7 @@ class KubeletPlugin:
         if self._dra_server is not None:
             await self._dra_server.stop(grace)  # in-flight prepares finish, new ones are refused
         _unlink(self.dra_socket)
-        self._executor.shutdown(wait=True)
+        await self._state_thread.stop()
         log.info("kubelet plugin stopped; sockets removed")
 
     def _listen(self, server: grpc.aio.Server, path: Path) -> None:
@@ -179,13 +176,13 @@ class KubeletPlugin:
     async def prepare(self, refs: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
         started = time.perf_counter()
         fetched = await asyncio.gather(*(self._fetch(ref) for ref in refs))
-        results = await self._submit("prepare", list(zip(refs, fetched)))
+        results = await self._state_thread.submit("prepare", list(zip(refs, fetched)), key=lambda item: item[0].uid)
         self._record(metrics.PREPARE, started, [r.error for r in results.values()])
         return results
 
     async def unprepare(self, refs: Sequence[ClaimRef]) -> Mapping[str, str | None]:
         started = time.perf_counter()
-        results = await self._submit("unprepare", list(refs))
+        results = await self._state_thread.submit("unprepare", refs, key=lambda ref: ref.uid)
         self._record(metrics.UNPREPARE, started, list(results.values()))
         return results
 
@@ -195,38 +192,6 @@ class KubeletPlugin:
         for error in errors:
             operation.record(seconds, ok=not error)
         metrics.set_prepared_claims(self.state.prepared_count)
-
-    async def _submit(self, kind: str, items: list[Any]) -> Any:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append((kind, items, future))
-        if not self._draining:
-            self._draining = True
-            asyncio.create_task(self._drain(), name="plugin-state")
-        # shield: a caller that gives up does not cancel the batch its claims are part of
-        return await asyncio.shield(future)
-
-    async def _drain(self) -> None:
-        """Hand everything queued to the state thread in one go, until the queue stays empty."""
-        loop = asyncio.get_running_loop()
-        try:
-            while self._queue:
-                queued, self._queue = self._queue, []
-                await loop.run_in_executor(self._executor, self._run_batches, loop, queued)
-        finally:
-            self._draining = False
-
-    def _run_batches(self, loop: asyncio.AbstractEventLoop, queued: list[tuple[str, list[Any], Any]]) -> None:
-        """On the state thread: queued calls in arrival order, consecutive calls of one kind as one
-        batch; each batch's callers are answered as soon as it is done, not after the others."""
-        for kind, group in itertools.groupby(queued, key=lambda q: q[0]):
-            calls = list(group)
-            items = [item for _, call_items, _ in calls for item in call_items]
-            try:
-                outcome: Any = getattr(self.state, kind)(items)
-            except Exception as error:  # a bug or an unusable plugin dir: fail these calls loudly
-                log.exception("%s failed", kind)
-                outcome = error
-            loop.call_soon_threadsafe(_settle, kind, calls, outcome)
 
     async def _fetch(self, ref: ClaimRef) -> Fetched:
         try:
@@ -238,18 +203,6 @@ class KubeletPlugin:
             from gpudra_driver.kubeapi import error_message
 
             return ClaimError(f"{ref}: reading it from the API server failed: {error_message(error) or error!r}")
-
-
-def _settle(kind: str, calls: list[tuple[str, list[Any], asyncio.Future[Any]]], outcome: Any) -> None:
-    """Give each call of a batch its own claims' results (or the batch's exception)."""
-    for _, items, future in calls:
-        if future.done():
-            continue
-        if isinstance(outcome, Exception):
-            future.set_exception(outcome)
-        else:
-            uids = [i[0].uid if kind == "prepare" else i.uid for i in items]
-            future.set_result({uid: outcome[uid] for uid in uids if uid in outcome})
 
 
 def _unlink(path: Path) -> None:

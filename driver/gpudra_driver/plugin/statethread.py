@@ -1,0 +1,92 @@
+"""The one thread that runs :class:`~gpudra_driver.plugin.state.DeviceState`'s blocking calls.
+
+The event loop hands a call over with :meth:`StateThread.submit` and awaits its future; the
+thread takes every call queued while it was busy as one round (group commit: concurrent pod
+starts share the commit's fsync), runs consecutive calls of one kind as one batch, and answers
+each batch's callers as soon as that batch is done.
+
+A plain thread with a queue, not ``run_in_executor``: a prepare crosses threads twice (hand-over,
+answer), and the executor's future chaining costs twice the CPU of a queue put plus
+``call_soon_threadsafe`` (~160 µs against ~70 µs per round trip here), on the kubelet's critical
+path."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# kind -> the blocking call that handles a batch: items in, {claim UID: result} out
+Handlers = Mapping[str, Callable[[list[Any]], Mapping[str, Any]]]
+# (kind, items, the caller's future, the key of an item: its claim UID)
+Call = tuple[str, list[Any], "asyncio.Future[dict[str, Any]]", Callable[[Any], str]]
+
+
+class StateThread:
+    def __init__(self, handlers: Handlers, name: str = "gpudra-plugin-state") -> None:
+        self.handlers = handlers
+        self._calls: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Finish what is queued, then end the thread."""
+        if self._thread.is_alive():
+            self._calls.put(None)
+            await asyncio.to_thread(self._thread.join)
+
+    def submit(self, kind: str, items: Sequence[Any], key: Callable[[Any], str]) -> asyncio.Future[dict[str, Any]]:
+        """Queue a call; its future gets the results of its own items. A caller that gives up
+        (cancels the future) does not stop the batch its items are part of."""
+        if kind not in self.handlers:
+            raise ValueError(f"unknown call kind {kind!r}")
+        assert self._loop is not None, "StateThread.start() first"
+        future: asyncio.Future[dict[str, Any]] = self._loop.create_future()
+        self._calls.put((kind, list(items), future, key))
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            round_ = [self._calls.get()]
+            while True:  # everything that queued up while the last round was on disk
+                try:
+                    round_.append(self._calls.get_nowait())
+                except queue.Empty:
+                    break
+            calls = [call for call in round_ if call is not None]
+            self._run(calls)
+            if len(calls) < len(round_):
+                return
+
+    def _run(self, calls: list[Call]) -> None:
+        assert self._loop is not None
+        for kind, group in itertools.groupby(calls, key=lambda call: call[0]):
+            batch = list(group)
+            try:
+                outcome: Mapping[str, Any] | Exception = self.handlers[kind](
+                    [item for _, items, _, _ in batch for item in items])
+            except Exception as error:  # a bug or an unusable plugin dir: fail these calls loudly
+                log.exception("%s failed", kind)
+                outcome = error
+            self._loop.call_soon_threadsafe(_settle, batch, outcome)
+
+
+def _settle(batch: list[Call], outcome: Mapping[str, Any] | Exception) -> None:
+    """On the event loop: give each call of a batch its own items' results (or the batch's error)."""
+    for _, items, future, key in batch:
+        if future.done():  # its caller gave up
+            continue
+        if isinstance(outcome, Exception):
+            future.set_exception(outcome)
+        else:
+            future.set_result({uid: outcome[uid] for uid in map(key, items) if uid in outcome})
