@@ -24,11 +24,13 @@ import importlib
 import importlib.machinery
 import importlib.util
 import sys
-from types import ModuleType
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 ROOT = "kubernetes_asyncio"
+
+
 def _version() -> str:
     from importlib.metadata import version
 

@@ -157,7 +157,8 @@ def test_the_agent_process_env_is_set_and_extra_env_overrides_it_without_duplica
     env = container(render(config({})).daemonset)["env"]
     assert {"name": "MALLOC_ARENA_MAX", "value": "1"} in env
     assert {"name": "SSL_CERT_FILE", "value": "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"} in env
-    env = container(render(config({"agent": {"extraEnv": [{"name": "MALLOC_ARENA_MAX", "value": "4"}]}})).daemonset)["env"]
+    override = {"agent": {"extraEnv": [{"name": "MALLOC_ARENA_MAX", "value": "4"}]}}
+    env = container(render(config(override)).daemonset)["env"]
     names = [e["name"] for e in env]
     assert len(names) == len(set(names))  # env is a list keyed by name: a duplicate fails the apply
     assert {"name": "MALLOC_ARENA_MAX", "value": "4"} in env and "SSL_CERT_FILE" in names

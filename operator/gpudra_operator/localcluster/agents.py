@@ -47,11 +47,10 @@ def start_agent(*, kubeconfig: Path, node_name: str, nvml: str, driver: str, wor
             "--rescan-interval", str(rescan_interval),
             "--kubelet-dir", str(workdir / "kubelet"), "--cdi-dir", str(cdi_dir or workdir / "cdi"), *extra_args]
     # The DaemonSet's process settings, with the local cluster's CA in place of the ServiceAccount's
-    env = {**os.environ, **AGENT_PROCESS_ENV, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **{k: v for k, v in AGENT_PROCESS_ENV.items() if k != "SSL_CERT_FILE"},
+           "PYTHONUNBUFFERED": "1"}
     ca_file = kubeconfig_ca_file(kubeconfig)
-    if ca_file is None:
-        del env["SSL_CERT_FILE"]
-    else:
+    if ca_file is not None:
         env["SSL_CERT_FILE"] = ca_file
     with log_path.open("ab") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
