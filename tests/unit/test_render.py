@@ -155,7 +155,7 @@ def test_agent_settings_flow_into_the_pod() -> None:
 
 def test_the_agent_process_env_is_set_and_extra_env_overrides_it_without_duplicates() -> None:
     env = container(render(config({})).daemonset)["env"]
-    assert {"name": "MALLOC_ARENA_MAX", "value": "1"} in env
+    assert {"name": "MALLOC_ARENA_MAX", "value": "2"} in env
     assert {"name": "SSL_CERT_FILE", "value": "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"} in env
     override = {"agent": {"extraEnv": [{"name": "MALLOC_ARENA_MAX", "value": "4"}]}}
     env = container(render(config(override)).daemonset)["env"]
