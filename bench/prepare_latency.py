@@ -112,8 +112,9 @@ async def measure(clients: dict[str, DraClient], claims: list[tuple[str, str, st
     busy: dict[str, float] = {name: 0.0 for name in clients}
     for client in clients.values():
         await latency(client, singles[:8], 20)  # warm-up: connections, caches
-    for _ in range(CHUNKS):
-        for name, client in clients.items():
+    for chunk in range(CHUNKS):
+        turns = list(clients.items())
+        for name, client in turns if chunk % 2 == 0 else reversed(turns):  # neither always goes first
             one[name] += await latency(client, singles, max(rounds // CHUNKS, 1))
             eight[name] += await latency(client, eights, max(rounds // 4 // CHUNKS, 2))
             busy[name] += await throughput(client, claims)

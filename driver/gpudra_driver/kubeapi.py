@@ -134,10 +134,9 @@ class Kube:
             _request_timeout=timeout,
         )
 
-    async def get(self, rtype: ResourceType, name: str, namespace: str | None = None, *,
-                  timeout: float | None = None) -> Obj | None:
+    async def get(self, rtype: ResourceType, name: str, namespace: str | None = None) -> Obj | None:
         try:
-            return await self.request("GET", rtype.path(namespace, name), timeout=timeout)
+            return await self.request("GET", rtype.path(namespace, name))
         except ApiException as error:
             if error.status == 404:
                 return None

@@ -70,9 +70,10 @@ SERVICE_ACCOUNT_CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 #   mostly idle daemon (~0.8 MiB of RSS for concurrency it never needs). Two, not one: the event
 #   loop keeps an arena of its own; sharing one with grpc's and the state thread's mallocs made
 #   NodePrepareResources ~5-10 % slower;
-# * trust in the cluster CA only: aiohttp builds a default TLS context from the system CA bundle
-#   when it is imported (~1.8 MiB under OpenSSL 3). The agent talks to nothing but the API server,
-#   whose client already verifies against the cluster CA explicitly, so no public CA is ever needed.
+# * the cluster CA as the default CA file: aiohttp builds a default TLS context from the system CA
+#   bundle when it is imported (~1.8 MiB under OpenSSL 3). The agent talks to nothing but the API
+#   server, whose client verifies against the cluster CA explicitly, so the bundle is never used
+#   (OpenSSL's lazily read CA directory, /etc/ssl/certs, stays the fallback for anything else).
 AGENT_PROCESS_ENV = {"MALLOC_ARENA_MAX": "2", "SSL_CERT_FILE": SERVICE_ACCOUNT_CA}
 
 Obj = dict[str, Any]

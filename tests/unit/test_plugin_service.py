@@ -4,6 +4,7 @@ the API server (the integration tests use the real one)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from pathlib import Path
@@ -29,6 +30,8 @@ def make_plugin(root: Path, claims: dict, instance: str = "pod-1", **kwargs) -> 
         value = claims.get((namespace, name))
         if isinstance(value, Exception):
             raise value
+        if isinstance(value, asyncio.Event):  # an API server that never answers
+            await value.wait()
         return value
 
     return KubeletPlugin(driver=DRIVER, node=NODE, kubelet_dir=root / "kubelet", cdi_dir=root / "cdi",
@@ -81,8 +84,8 @@ async def test_registration_then_prepare_and_unprepare_over_v1_and_v1beta1(root:
 async def test_bad_input_gets_per_claim_errors_and_the_server_keeps_serving(root: Path) -> None:
     claims = {("ns", "good"): claim(A, name="good"), ("ns", "replaced"): claim("1111", name="replaced"),
               ("ns", "pending"): claim(B, name="pending", allocated=False),
-              ("ns", "boom"): RuntimeError("connection reset")}
-    plugin = make_plugin(root, claims)
+              ("ns", "boom"): RuntimeError("connection reset"), ("ns", "hung"): asyncio.Event()}
+    plugin = make_plugin(root, claims, claim_get_timeout=0.5)
     await plugin.start()
     plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
     total, failed = metrics.PREPARE.total._value.get(), metrics.PREPARE.errors._value.get()
@@ -91,17 +94,19 @@ async def test_bad_input_gets_per_claim_errors_and_the_server_keeps_serving(root
             response = await client.prepare([
                 ("ns", "good", A), ("ns", "missing", "2222"), ("ns", "replaced", "3333"),
                 ("ns", "pending", B), ("ns", "boom", "4444"), ("ns", "../../etc", "5555"), ("ns", "x", ""),
+                ("ns", "hung", "6666"),
             ])
-            # Metrics count claims, not calls: 7 asked, 6 failed, 1 prepared.
-            assert metrics.PREPARE.total._value.get() - total == 7
-            assert metrics.PREPARE.errors._value.get() - failed == 6
+            # Metrics count claims, not calls: 8 asked, 7 failed, 1 prepared.
+            assert metrics.PREPARE.total._value.get() - total == 8
+            assert metrics.PREPARE.errors._value.get() - failed == 7
             assert metrics.PREPARED_CLAIMS._value.get() == 1
             errors = {uid: r.error for uid, r in response.claims.items()}
             assert errors[A] == ""
             assert "not found" in errors["2222"] and "replaced" in errors["3333"]
             assert "not allocated" in errors[B] and "connection reset" in errors["4444"]
             assert "malformed" in errors["5555"] and "uid is required" in errors[""]
-            assert len(response.claims) == 7
+            assert "from the API server took over 0.5s" in errors["6666"]
+            assert len(response.claims) == 8
             # The server is still there and still exact.
             again = await client.prepare([("ns", "good", A)])
             assert again.claims[A].devices[0].device_name == "gpu-3"

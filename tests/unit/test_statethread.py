@@ -82,3 +82,17 @@ async def test_a_caller_that_gives_up_does_not_stop_its_batch_and_stop_drains_th
     await thread.stop()  # returns once everything queued before it is done
     assert rec.batches == [("prepare", ["a"]), ("prepare", ["b", "c"])]
     assert first.result() == {"a": "prepare:a"} and last.result() == {"c": "prepare:c"} and impatient.cancelled()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the point of it
+async def test_a_thread_that_dies_answers_what_it_took_and_refuses_the_rest() -> None:
+    def die(items: list[str]) -> dict[str, Any]:
+        raise SystemExit("killed")
+
+    thread = StateThread({"prepare": die})
+    thread.start()
+    with pytest.raises(RuntimeError, match="state thread stopped"):
+        await thread.submit("prepare", ["a"], same)
+    await thread.stop()
+    with pytest.raises(RuntimeError, match="not running"):
+        thread.submit("prepare", ["b"], same)

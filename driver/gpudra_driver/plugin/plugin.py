@@ -47,7 +47,7 @@ from gpudra_driver.plugin.statethread import StateThread
 
 log = logging.getLogger(__name__)
 
-# GET a claim (None: not found). The getter bounds its own time: claim_getter's is CLAIM_GET_TIMEOUT.
+# GET a claim (None: not found)
 GetClaim = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
 CLAIM_GET_TIMEOUT = 20.0  # well inside the kubelet's 45 s per call
 
@@ -91,13 +91,14 @@ class KubeletPlugin:
     def __init__(self, *, driver: str, node: str, kubelet_dir: Path, cdi_dir: Path, get_claim: GetClaim,
                  driver_root: str = "/", instance: str | None = None, boot_id: str | None = None,
                  proc_root: Path = Path("/proc"), api_versions: Sequence[str] = ("v1", "v1beta1"),
-                 fault: FaultHook | None = None) -> None:
+                 fault: FaultHook | None = None, claim_get_timeout: float = CLAIM_GET_TIMEOUT) -> None:
         self.driver, self.node = driver, node
         self.instance = instance or str(uuid.uuid4())
         self.plugin_dir = kubelet_dir / "plugins" / driver
         self.registry_dir = kubelet_dir / "plugins_registry"
         self.dra_socket, self.registration_socket = socket_paths(kubelet_dir, driver, self.instance)
         self.get_claim = get_claim
+        self.claim_get_timeout = claim_get_timeout
         self.cap_minor: CapMinor = read_mig_cap_minor(proc_root)
         self.state = DeviceState(self.plugin_dir, CdiDir(cdi_dir, driver, driver_root), driver=driver, node=node,
                                  boot_id=boot_id or read_boot_id(), fault=fault or FaultHook())
@@ -123,13 +124,18 @@ class KubeletPlugin:
         self.registry_dir.mkdir(parents=True, exist_ok=True)
         self._remove_stale_sockets()
         await asyncio.to_thread(self.state.startup)  # before any call can reach the state thread
+        metrics.set_prepared_claims(self.state.prepared_count)  # claims prepared by earlier instances
         self._state_thread.start()
-        self._dra_server = grpc.aio.server()
-        for version in self.api_versions:
-            servicer_class, add = service.VERSIONS[version]
-            add(servicer_class(self), self._dra_server)
-        self._listen(self._dra_server, self.dra_socket)
-        await self._dra_server.start()
+        try:
+            self._dra_server = grpc.aio.server()
+            for version in self.api_versions:
+                servicer_class, add = service.VERSIONS[version]
+                add(servicer_class(self), self._dra_server)
+            self._listen(self._dra_server, self.dra_socket)
+            await self._dra_server.start()
+        except BaseException:
+            await self._state_thread.stop()
+            raise
         log.info("DRA service (%s) on %s", ", ".join(self.api_versions), self.dra_socket)
         self._register_task = asyncio.create_task(self._register(), name="plugin-registration")
 
@@ -196,10 +202,13 @@ class KubeletPlugin:
     async def _fetch(self, ref: ClaimRef) -> Fetched:
         try:
             ref.check()  # never put a malformed name into an API path
-            return await self.get_claim(ref.namespace, ref.name)  # bounded by the getter's timeout
+            async with asyncio.timeout(self.claim_get_timeout):  # token refresh included; no extra task
+                return await self.get_claim(ref.namespace, ref.name)
         except ClaimError as error:
             return error
-        except Exception as error:  # the API server's answer, a timeout, a dropped connection
+        except TimeoutError:
+            return ClaimError(f"{ref}: reading it from the API server took over {self.claim_get_timeout:g}s")
+        except Exception as error:  # the API server's answer, a dropped connection
             from gpudra_driver.kubeapi import error_message
 
             return ClaimError(f"{ref}: reading it from the API server failed: {error_message(error) or error!r}")
@@ -219,6 +228,6 @@ def claim_getter(kube: Any) -> GetClaim:
     claims = resource_type("resource.k8s.io/v1", "ResourceClaim")
 
     async def get(namespace: str, name: str) -> Mapping[str, Any] | None:
-        return await kube.get(claims, name, namespace, timeout=CLAIM_GET_TIMEOUT)
+        return await kube.get(claims, name, namespace)
 
     return get

@@ -34,13 +34,15 @@ class StateThread:
         self._calls: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._thread.start()
 
     async def stop(self) -> None:
-        """Finish what is queued, then end the thread."""
+        """Finish what is queued, then end the thread; later calls are refused."""
+        self._stopping = True
         if self._thread.is_alive():
             self._calls.put(None)
             await asyncio.to_thread(self._thread.join)
@@ -50,7 +52,9 @@ class StateThread:
         (cancels the future) does not stop the batch its items are part of."""
         if kind not in self.handlers:
             raise ValueError(f"unknown call kind {kind!r}")
-        assert self._loop is not None, "StateThread.start() first"
+        if self._stopping or not self._thread.is_alive():  # never queue what nobody will read
+            raise RuntimeError("the plugin's state thread is not running")
+        assert self._loop is not None
         future: asyncio.Future[dict[str, Any]] = self._loop.create_future()
         self._calls.put((kind, list(items), future, key))
         return future
@@ -78,6 +82,11 @@ class StateThread:
             except Exception as error:  # a bug or an unusable plugin dir: fail these calls loudly
                 log.exception("%s failed", kind)
                 outcome = error
+            except BaseException as error:  # the thread ends: answer every call it took, then go
+                log.critical("the plugin's state thread stopped: %r", error)
+                self._stopping = True
+                self._loop.call_soon_threadsafe(_settle, calls, RuntimeError(f"state thread stopped: {error!r}"))
+                raise
             self._loop.call_soon_threadsafe(_settle, batch, outcome)
 
 

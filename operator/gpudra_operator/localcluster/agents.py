@@ -60,8 +60,8 @@ def start_agent(*, kubeconfig: Path, node_name: str, nvml: str, driver: str, wor
 def kubeconfig_ca_file(kubeconfig: Path) -> str | None:
     """The CA file of the kubeconfig's current cluster (None when it embeds the CA or has none)."""
     config = yaml.safe_load(kubeconfig.read_text()) or {}
-    contexts = {c["name"]: c.get("context", {}) for c in config.get("contexts") or []}
-    clusters = {c["name"]: c.get("cluster", {}) for c in config.get("clusters") or []}
+    contexts = {c["name"]: c.get("context") or {} for c in config.get("contexts") or []}
+    clusters = {c["name"]: c.get("cluster") or {} for c in config.get("clusters") or []}
     cluster = clusters.get(contexts.get(config.get("current-context"), {}).get("cluster"), {})
     ca = cluster.get("certificate-authority")
     return str((kubeconfig.parent / ca).resolve()) if ca else None
