@@ -35,9 +35,10 @@ class CrashAt(FaultHook):
             raise Crash(point)
 
 
-def make(tmp_path: Path, fault: FaultHook | None = None, boot: str = "boot-1") -> DeviceState:
-    state = DeviceState(tmp_path / "plugin", CdiDir(tmp_path / "cdi", DRIVER), driver=DRIVER, node=NODE,
-                        boot_id=boot, fault=fault)
+def make(tmp_path: Path, fault: FaultHook | None = None, boot: str = "boot-1",
+         cls: type[DeviceState] = DeviceState) -> DeviceState:
+    state = cls(tmp_path / "plugin", CdiDir(tmp_path / "cdi", DRIVER), driver=DRIVER, node=NODE,
+                boot_id=boot, fault=fault)
     state.startup()
     state.set_devices(devices())
     return state
@@ -124,11 +125,9 @@ class CountingSaves(DeviceState):
 
 
 def counting(tmp_path: Path) -> CountingSaves:
-    state = CountingSaves(tmp_path / "plugin", CdiDir(tmp_path / "cdi", DRIVER), driver=DRIVER, node=NODE,
-                          boot_id="boot-1")
-    state.startup()
-    state.set_devices(devices())
-    state.saves.clear()
+    state = make(tmp_path, cls=CountingSaves)
+    assert isinstance(state, CountingSaves)
+    state.saves.clear()  # start-up's own write does not count
     return state
 
 
