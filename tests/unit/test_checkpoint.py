@@ -86,9 +86,19 @@ def test_a_checkpoint_from_another_boot_is_void(tmp_path: Path) -> None:
 def test_save_is_atomic_and_private(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint.json"
     ckpt.save(path, Checkpoint("b"))
-    ckpt.save(path, Checkpoint("b").started(prepared(A, "gpu-0")))
-    assert os.listdir(tmp_path) == ["checkpoint.json"]
-    assert path.stat().st_mode & 0o777 == 0o600
+    ckpt.save(path, Checkpoint("b").started(prepared(A, "gpu-0")), durable=False)
+    written = ckpt.save(path, Checkpoint("b").started(prepared(A, "gpu-0")).completed(A))
+    assert path.read_bytes() == written
+    # besides the file, one scratch file per kind of write (durable or not), nothing else
+    assert sorted(os.listdir(tmp_path)) == [".checkpoint.json.scratch-durable", ".checkpoint.json.scratch-volatile",
+                                            "checkpoint.json"]
+    assert all((tmp_path / name).stat().st_mode & 0o777 == 0o600 for name in os.listdir(tmp_path))
+
+
+def test_start_up_may_delete_only_the_writers_leftovers() -> None:
+    leftovers = [".checkpoint.json.tmp-1234", ".checkpoint.json.scratch-durable", ".checkpoint.json.scratch-volatile"]
+    kept = ["checkpoint.json", "checkpoint.json.corrupt-1700000000", "serialize.lock", ".checkpoint.json.other"]
+    assert [n for n in leftovers + kept if ckpt.is_leftover(n, "checkpoint.json")] == leftovers
 
 
 def test_reconcile_rolls_back_started_rewrites_missing_and_removes_orphans() -> None:

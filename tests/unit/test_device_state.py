@@ -103,7 +103,8 @@ def test_an_unwritable_cdi_directory_is_a_per_claim_error_and_nothing_is_recorde
     assert "writing its CDI spec" in (out[A].error or "")
     assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims == {}
     assert sorted(os.listdir(tmp_path)) == ["cdi", "plugin"]
-    assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", "serialize.lock"]
+    assert {n for n in os.listdir(tmp_path / "plugin") if not ckpt.is_leftover(n, "checkpoint.json")} == {
+        "checkpoint.json", "serialize.lock"}  # and the checkpoint's scratch files
 
 
 def test_a_deleted_spec_of_a_prepared_claim_is_written_again(tmp_path: Path) -> None:
@@ -112,6 +113,26 @@ def test_a_deleted_spec_of_a_prepared_claim_is_written_again(tmp_path: Path) -> 
     (tmp_path / "cdi" / spec_files(tmp_path)[0]).unlink()
     assert state.prepare(items((REF_A, None)))[A].error is None  # answered from the checkpoint
     assert len(spec_files(tmp_path)) == 1
+
+
+def test_a_checkpoint_changed_by_another_instance_is_read_again_even_with_the_same_size_and_mtime(
+        tmp_path: Path) -> None:
+    state = make(tmp_path)
+    state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+    before = state.checkpoint_path.stat()
+    elsewhere = make(tmp_path / "elsewhere")
+    elsewhere.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
+    only_b = elsewhere.checkpoint_path.read_bytes()
+    assert len(only_b) == before.st_size
+    # as if another agent instance had written it: B instead of A, in the same inode with the same
+    # size and mtime, which no stat-based cache key could tell apart
+    with state.checkpoint_path.open("r+b") as f:
+        f.write(only_b)
+    os.utime(state.checkpoint_path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert state.checkpoint_path.stat().st_ino == before.st_ino
+    out = state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-2")]))))
+    assert out[A].error is None and out[A].claim.devices[0].device == "gpu-2"  # prepared anew, not answered again
+    assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims.keys() == {A, B}
 
 
 class CountingSaves(DeviceState):
@@ -149,6 +170,8 @@ def test_a_crash_anywhere_in_prepare_loses_nothing_and_leaves_nothing(tmp_path: 
     with pytest.raises(Crash):
         state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
     restarted = make(tmp_path)  # a new agent instance: start-up reconciliation
+    # the writers' temp and scratch files are gone too: a crash may have left them half-written
+    assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", "serialize.lock"]
     claims = ckpt.load(restarted.checkpoint_path, "boot-1")[0].claims
     prepared_b = point == "after-checkpoint-completed"  # B completed before the crash: kept
     assert set(claims) == ({A, B} if prepared_b else {A})

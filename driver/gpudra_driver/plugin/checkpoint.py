@@ -26,7 +26,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from gpudra_driver.plugin.fsutil import write_atomic
+from gpudra_driver.plugin.fsutil import swap_in
 from gpudra_driver.plugin.model import PreparedClaim
 
 VERSION = 1
@@ -165,6 +165,10 @@ def reconcile(checkpoint: Checkpoint, spec_uids: Iterable[str]) -> Reconciliatio
 
 # -- file I/O --------------------------------------------------------------------------------------
 
+# Scratch files of :func:`save` (see :func:`fsutil.swap_in`): one per kind of write.
+SCRATCH = {True: "scratch-durable", False: "scratch-volatile"}
+
+
 def load(path: Path, boot_id: str) -> tuple[Checkpoint, str | None]:
     """The checkpoint at ``path`` and, when it had to be discarded, why. A missing file or one
     from an earlier boot is an empty checkpoint. A corrupt file or a newer version raises."""
@@ -172,6 +176,11 @@ def load(path: Path, boot_id: str) -> tuple[Checkpoint, str | None]:
         data = path.read_bytes()
     except FileNotFoundError:
         return Checkpoint(boot_id), None
+    return parse(data, boot_id)
+
+
+def parse(data: bytes, boot_id: str) -> tuple[Checkpoint, str | None]:
+    """:func:`load` for bytes already read."""
     checkpoint = decode(data)
     if checkpoint.boot_id != boot_id:
         return Checkpoint(boot_id), (f"checkpoint is from boot {checkpoint.boot_id}, this is boot {boot_id}: "
@@ -179,11 +188,21 @@ def load(path: Path, boot_id: str) -> tuple[Checkpoint, str | None]:
     return checkpoint, None
 
 
-def save(path: Path, checkpoint: Checkpoint, *, durable: bool = True) -> None:
-    """Atomically replace the checkpoint. ``durable``: temp file, fsync, rename, fsync dir (the
-    commit of a prepare or unprepare); otherwise temp file and rename, which a crash of the agent
-    cannot tear either (see :mod:`.state` for when that is enough)."""
-    write_atomic(path, encode(checkpoint), mode=0o600, fsync=durable, sync_dir=durable)
+def save(path: Path, checkpoint: Checkpoint, *, durable: bool = True) -> bytes:
+    """Atomically replace the checkpoint; returns the bytes written. ``durable``: written, fsync'd,
+    renamed into place, directory fsync'd (the commit of a prepare or unprepare); otherwise written
+    and renamed, which a crash of the agent cannot tear either (see :mod:`.state` for when that is
+    enough). The rename is an exchange with a standing scratch file where the file system can."""
+    data = encode(checkpoint)
+    swap_in(path, data, scratch=SCRATCH[durable], mode=0o600, durable=durable)
+    return data
+
+
+def is_leftover(name: str, checkpoint_name: str) -> bool:
+    """A file of the checkpoint's writers that start-up may delete: a temp file of an older agent,
+    or a scratch file, which a crash may have left half-written."""
+    prefix = f".{checkpoint_name}."
+    return name.startswith(f"{prefix}tmp-") or name in {prefix + s for s in SCRATCH.values()}
 
 
 def read_boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str:

@@ -76,7 +76,7 @@ class DeviceState:
         self.lock_path = plugin_dir / LOCK_FILE
         self.devices: Mapping[str, NodeDevice] | None = None  # swapped whole by set_devices
         self.prepared_count = 0  # completed claims in the checkpoint last read or written (a metric)
-        self._cached: tuple[tuple[int, int, int], ckpt.Checkpoint] | None = None
+        self._cached: tuple[bytes, ckpt.Checkpoint] | None = None  # the file's bytes, decoded
 
     def set_devices(self, devices: Mapping[str, NodeDevice]) -> None:
         self.devices = dict(devices)
@@ -85,24 +85,27 @@ class DeviceState:
         return node_lock(self.lock_path, self.lock_timeout)
 
     def _load(self) -> ckpt.Checkpoint:
-        """The checkpoint on disk. Reused while the file is the one this instance last wrote or
-        read (same inode, size and mtime: every save is a rename, so another agent instance's
-        write shows as a new inode); decoding it is O(prepared claims) on every call otherwise."""
-        key = _file_key(self.checkpoint_path)
-        if key is not None and self._cached is not None and self._cached[0] == key:
+        """The checkpoint on disk. Decoding and verifying it is O(prepared claims), so the last one
+        this instance read or wrote is reused while the file holds exactly its bytes (reading
+        them is cheap; another agent instance's write changes them)."""
+        try:
+            data = self.checkpoint_path.read_bytes()
+        except FileNotFoundError:
+            data = None
+        if data is not None and self._cached is not None and self._cached[0] == data:
             return self._cached[1]
-        checkpoint, problem = ckpt.load(self.checkpoint_path, self.boot_id)
+        self._cached = None
+        checkpoint, problem = (ckpt.Checkpoint(self.boot_id), None) if data is None else ckpt.parse(data, self.boot_id)
         if problem:
             log.warning("%s", problem)
-        self._cached = (key, checkpoint) if key is not None and not problem else None
+        if data is not None and not problem:
+            self._cached = (data, checkpoint)
         self.prepared_count = checkpoint.completed_count()
         return checkpoint
 
     def _save(self, checkpoint: ckpt.Checkpoint, *, durable: bool = True) -> None:
         self._cached = None
-        ckpt.save(self.checkpoint_path, checkpoint, durable=durable)
-        key = _file_key(self.checkpoint_path)
-        self._cached = (key, checkpoint) if key is not None else None
+        self._cached = (ckpt.save(self.checkpoint_path, checkpoint, durable=durable), checkpoint)
         self.prepared_count = checkpoint.completed_count()
 
     # -- start-up ---------------------------------------------------------------------------------
@@ -145,7 +148,7 @@ class DeviceState:
             if result.checkpoint != loaded or not self.checkpoint_path.exists():
                 self._save(result.checkpoint)
             for name in os.listdir(self.plugin_dir):
-                if name.startswith(f".{CHECKPOINT_FILE}.tmp-"):
+                if ckpt.is_leftover(name, CHECKPOINT_FILE):
                     os.unlink(self.plugin_dir / name)
         if result.changed:
             log.info("start-up reconciliation: rolled back %s, removed orphan specs %s, rewrote specs %s",
@@ -253,10 +256,3 @@ class DeviceState:
                     log.warning("fsync of %s failed: %s", self.cdi.path, error)
         return results
 
-
-def _file_key(path: Path) -> tuple[int, int, int] | None:
-    try:
-        stat = os.stat(path)
-    except OSError:
-        return None
-    return stat.st_ino, stat.st_size, stat.st_mtime_ns
