@@ -4,6 +4,8 @@ garbage-collects through ownerReferences."""
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 import os
 import secrets
@@ -81,6 +83,23 @@ async def test_serves_resource_k8s_io_v1(kube: Kube) -> None:
     assert {"deviceclasses", "resourceslices", "resourceclaims", "resourceclaimtemplates"} <= served
     version = await kube.request("GET", "/version")
     assert version["gitVersion"].startswith("v1.35."), version
+
+
+async def test_api_requests_take_no_thread_pool_hop(kube: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
+    """aiohttp, trusting the environment, would read ~/.netrc and the proxy variables in the
+    thread pool on every request; connect() resolves them once (see kubeapi.read_environment_once)."""
+    loop = asyncio.get_running_loop()
+    hops: list[object] = []
+    run_in_executor = loop.run_in_executor
+
+    def counting(executor, function, *args):  # type: ignore[no-untyped-def]
+        hops.append(function)
+        return run_in_executor(executor, function, *args)
+
+    monkeypatch.setattr(loop, "run_in_executor", counting)
+    for _ in range(3):
+        assert (await kube.request("GET", "/version"))["gitVersion"]
+    assert hops == []
 
 
 async def test_apiserver_validates_device_class_cel(kube: Kube, driver: str) -> None:
