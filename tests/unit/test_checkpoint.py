@@ -56,6 +56,32 @@ def test_the_file_is_the_canonical_json_of_its_body() -> None:
     assert cp.completed_count() == 1
 
 
+def test_state_goes_last_in_an_entry_because_it_sorts_after_every_key_of_a_claim() -> None:
+    # Entry.canonical appends "state" to the claim's cached canonical JSON instead of re-encoding
+    assert all(key < "state" for key in prepared(A, "gpu-0").to_json())
+
+
+def test_the_device_owner_index_follows_every_transition() -> None:
+    import random
+
+    rng = random.Random(7)
+    uids = [f"0c1d2e3f-0000-4000-8000-0000000000{i:02x}" for i in range(12)]
+    cp = Checkpoint("b")
+    cp.device_owner(NODE, "gpu-0")  # build the index, so transitions carry it over
+    for _ in range(300):
+        uid, device = rng.choice(uids), f"gpu-{rng.randrange(8)}"
+        move = rng.choice(["started", "completed", "without"])
+        if move == "started" and cp.device_owner(NODE, device) is None:
+            cp = cp.started(prepared(uid, device)) if uid not in cp.claims else cp
+        elif move == "completed" and uid in cp.claims:
+            cp = cp.completed(uid)
+        elif move == "without":
+            cp = cp.without(uid)
+        truth = {(d.pool, d.device): u for u, e in cp.claims.items() for d in e.claim.devices}
+        assert {d: cp.device_owner(NODE, d) for d in (f"gpu-{i}" for i in range(8))} == {
+            d: truth.get((NODE, d)) for d in (f"gpu-{i}" for i in range(8))}
+
+
 @pytest.mark.parametrize(("mutate", "message"), [
     (lambda d: d["claims"].clear(), "checksum mismatch"),
     (lambda d: d.update(version=2), "version 2"),

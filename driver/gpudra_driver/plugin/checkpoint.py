@@ -47,9 +47,11 @@ class Entry:
     @cached_property
     def canonical(self) -> str:
         """``"<uid>":{...}``, this entry's member of the canonical ``claims`` object: computed once
-        per entry, as every save encodes them all."""
-        body = json.dumps({"state": self.state, **self.claim.to_json()}, sort_keys=True, separators=(",", ":"))
-        return f"{json.dumps(self.claim.uid)}:{body}"
+        per entry, as every save encodes them all. The claim's part is the claim's own cached
+        canonical JSON (unchanged from PrepareStarted to PrepareCompleted); ``state`` sorts after
+        all of its keys, so it goes last."""
+        body = self.claim.canonical_json
+        return f'{json.dumps(self.claim.uid)}:{body[:-1]},"state":{json.dumps(self.state)}}}'
 
 
 @dataclass(frozen=True)
@@ -63,13 +65,16 @@ class Checkpoint:
 
     def completed(self, uid: str) -> Checkpoint:
         entry = self.claims[uid]
-        return self._with(uid, replace(entry, state=COMPLETED))
+        return self._with(uid, Entry(COMPLETED, entry.claim))
 
     def without(self, *uids: str) -> Checkpoint:
         return replace(self, claims=MappingProxyType({u: e for u, e in self.claims.items() if u not in uids}))
 
     def _with(self, uid: str, entry: Entry) -> Checkpoint:
-        return replace(self, claims=MappingProxyType({**self.claims, uid: entry}))
+        after = Checkpoint(self.boot_id, MappingProxyType({**self.claims, uid: entry}))
+        if "_owners" in self.__dict__ and uid not in self.claims:  # keep the index instead of rebuilding it
+            after.__dict__["_owners"] = {**self._owners, **_owned_by(uid, entry)}
+        return after
 
     # -- queries ------------------------------------------------------------------------------
     def completed_count(self) -> int:
@@ -77,14 +82,24 @@ class Checkpoint:
 
     def device_owner(self, pool: str, device: str) -> str | None:
         """The claim UID holding ``device`` (in either state), if any."""
+        return self._owners.get((pool, device))
+
+    @cached_property
+    def _owners(self) -> dict[tuple[str, str], str]:
+        """(pool, device) -> claim UID, built once per checkpoint (planning asks for every device
+        of every claim of a batch) and carried over by :meth:`started`."""
+        owners: dict[tuple[str, str], str] = {}
         for uid, entry in self.claims.items():
-            if any(d.pool == pool and d.device == device for d in entry.claim.devices):
-                return uid
-        return None
+            owners.update(_owned_by(uid, entry))
+        return owners
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Checkpoint) and self.boot_id == other.boot_id
                 and dict(self.claims) == dict(other.claims))
+
+
+def _owned_by(uid: str, entry: Entry) -> dict[tuple[str, str], str]:
+    return {(d.pool, d.device): uid for d in entry.claim.devices}
 
 
 # -- encoding ----------------------------------------------------------------------------------
@@ -97,7 +112,8 @@ def encode(checkpoint: Checkpoint) -> bytes:
     # Exactly _canonical() of {"version", "bootID", "claims"}, assembled from each entry's cached
     # canonical JSON (keys in sorted order: bootID < claims < version; claims by UID), because the
     # commit of every prepare encodes the whole checkpoint on the kubelet's critical path.
-    claims = ",".join(entry.canonical for _, entry in sorted(checkpoint.claims.items()))
+    entries = checkpoint.claims
+    claims = ",".join([entries[uid].canonical for uid in sorted(entries)])
     canonical = f'{{"bootID":{json.dumps(checkpoint.boot_id)},"claims":{{{claims}}},"version":{VERSION}}}'.encode()
     checksum = "sha256:" + hashlib.sha256(canonical).hexdigest()
     # The checksum spliced in front of the canonical body. Readers re-canonicalise the body, so

@@ -5,8 +5,10 @@ CDI spec; the checkpoint stores it, so an answer never depends on re-discovery."
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from gpudra_driver import limits
@@ -74,6 +76,11 @@ class PreparedClaim:
     def to_json(self) -> dict[str, Any]:
         return {"namespace": self.ref.namespace, "name": self.ref.name,
                 "devices": [d.to_json() for d in self.devices]}
+
+    @cached_property
+    def canonical_json(self) -> str:
+        """:meth:`to_json` as canonical JSON (sorted keys, no spaces), encoded once per claim."""
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, uid: str, data: dict[str, Any]) -> PreparedClaim:
