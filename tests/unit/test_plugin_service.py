@@ -209,7 +209,7 @@ async def test_concurrent_calls_are_committed_together(root: Path, monkeypatch: 
     def counting_save(path, checkpoint, *, durable=True):  # type: ignore[no-untyped-def]
         if durable:
             commits.append(len(checkpoint.claims))
-        real_save(path, checkpoint, durable=durable)
+        return real_save(path, checkpoint, durable=durable)
 
     monkeypatch.setattr(ckpt, "save", counting_save)
     try:

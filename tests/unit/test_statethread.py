@@ -96,3 +96,38 @@ async def test_a_thread_that_dies_answers_what_it_took_and_refuses_the_rest() ->
     await thread.stop()
     with pytest.raises(RuntimeError, match="not running"):
         thread.submit("prepare", ["b"], same)
+
+
+async def test_a_round_waits_for_calls_that_are_coming_and_takes_them_along() -> None:
+    rec = Recorder()
+    rec.release.set()
+    coming = 1  # another call's claim GET is in flight
+    thread = StateThread({"prepare": rec.handler("prepare")}, coming=lambda: coming, gather_delay=60)
+    thread.start()
+    try:
+        first = thread.submit("prepare", ["a"], same)  # its round waits (up to 60 s) for the coming call
+        coming = 0
+        second = thread.submit("prepare", ["b"], same)
+        assert await asyncio.wait_for(asyncio.gather(first, second), 10) == [{"a": "prepare:a"}, {"b": "prepare:b"}]
+    finally:
+        await thread.stop()
+    assert rec.batches == [("prepare", ["a", "b"])]  # one round, one commit
+
+
+async def test_a_lone_call_never_waits_and_a_call_that_never_comes_delays_a_round_only_briefly() -> None:
+    rec = Recorder()
+    rec.release.set()
+    coming = 0
+    thread = StateThread({"prepare": rec.handler("prepare")}, coming=lambda: coming, gather_delay=60)
+    thread.start()
+    try:  # nothing coming: answered at once, not after the 60 s delay
+        assert await asyncio.wait_for(thread.submit("prepare", ["a"], same), 10) == {"a": "prepare:a"}
+    finally:
+        await thread.stop()
+    coming = 1  # a call that announces itself but never arrives (its GET hangs)
+    thread = StateThread({"prepare": rec.handler("prepare")}, coming=lambda: coming, gather_delay=0.05)
+    thread.start()
+    try:
+        assert await asyncio.wait_for(thread.submit("prepare", ["b"], same), 10) == {"b": "prepare:b"}
+    finally:
+        await thread.stop()

@@ -50,6 +50,11 @@ log = logging.getLogger(__name__)
 # GET a claim (None: not found)
 GetClaim = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
 CLAIM_GET_TIMEOUT = 20.0  # well inside the kubelet's 45 s per call
+# While other prepare calls are still reading their claims, a round of the state thread waits up
+# to this long for them (see statethread). Measured with 16 concurrent callers on the development
+# VM: 2.7 -> 4.2 claims per round, state-thread CPU per claim 0.91 -> 0.73 ms; a lone call never
+# waits.
+PREPARE_GATHER_DELAY = 0.003
 
 
 def socket_paths(kubelet_dir: Path, driver: str, instance: str) -> tuple[Path, Path]:
@@ -107,7 +112,9 @@ class KubeletPlugin:
             driver, os.fspath(self.dra_socket),
             tuple(v for v in SUPPORTED_VERSIONS if v.split(".")[0] in self.api_versions))
         self.devices_known = asyncio.Event()
-        self._state_thread = StateThread({"prepare": self.state.prepare, "unprepare": self.state.unprepare})
+        self._fetching = 0  # prepare calls whose claim GETs are in flight (the state thread reads it)
+        self._state_thread = StateThread({"prepare": self.state.prepare, "unprepare": self.state.unprepare},
+                                         coming=lambda: self._fetching, gather_delay=PREPARE_GATHER_DELAY)
         self._dra_server: grpc.aio.Server | None = None
         self._reg_server: grpc.aio.Server | None = None
         self._register_task: asyncio.Task[None] | None = None
@@ -181,8 +188,13 @@ class KubeletPlugin:
     # -- the calls ------------------------------------------------------------------------------
     async def prepare(self, refs: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
         started = time.perf_counter()
-        fetched = await asyncio.gather(*(self._fetch(ref) for ref in refs))
-        results = await self._state_thread.submit("prepare", list(zip(refs, fetched)), key=lambda item: item[0].uid)
+        self._fetching += 1
+        try:
+            fetched = await asyncio.gather(*(self._fetch(ref) for ref in refs))
+            future = self._state_thread.submit("prepare", list(zip(refs, fetched)), key=lambda item: item[0].uid)
+        finally:
+            self._fetching -= 1
+        results = await future
         self._record(metrics.PREPARE, started, [r.error for r in results.values()])
         return results
 
