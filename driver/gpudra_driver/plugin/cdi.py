@@ -122,10 +122,12 @@ class CdiDir:
     def write(self, claim: PreparedClaim, *, durable: bool = True) -> Path:
         """Write the claim's spec atomically (an existing one is replaced whole). ``durable`` adds
         the fsyncs; specs are derived from the checkpoint, so the prepare path skips them."""
-        path = self.spec_path(claim.uid)
-        if not self.path.is_dir():  # e.g. /var/run/cdi on a fresh tmpfs; a file there fails here
-            self.path.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, self.content(claim), fsync=durable, sync_dir=durable)
+        path, content = self.spec_path(claim.uid), self.content(claim)
+        try:
+            write_atomic(path, content, fsync=durable, sync_dir=durable)
+        except FileNotFoundError:  # no directory yet, e.g. /var/run/cdi on a fresh tmpfs
+            self.path.mkdir(parents=True, exist_ok=True)  # (a file in its place fails here)
+            write_atomic(path, content, fsync=durable, sync_dir=durable)
         return path
 
     def matches(self, claim: PreparedClaim) -> bool:
