@@ -223,3 +223,29 @@ async def test_concurrent_calls_are_committed_together(root: Path, monkeypatch: 
         assert len(os.listdir(root / "cdi")) == 8
     finally:
         await plugin.stop()
+
+
+async def test_a_lone_prepare_never_waits_for_the_gather_delay(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpudra_driver.plugin import plugin as plugin_module
+
+    monkeypatch.setattr(plugin_module, "PREPARE_GATHER_DELAY", 60.0)  # a wait would show as a timeout
+    plugin = make_plugin(root, {("ns", "a"): claim(A, name="a", results=[result("gpu-1")])})
+    await plugin.start()
+    plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
+    coming_when_queued: list[int] = []
+    submit = plugin._state_thread.submit
+
+    def recording_submit(kind, items, key):  # type: ignore[no-untyped-def]
+        coming_when_queued.append(plugin._state_thread.coming())
+        return submit(kind, items, key)
+
+    monkeypatch.setattr(plugin._state_thread, "submit", recording_submit)
+    try:
+        async with DraClient(plugin.dra_socket) as client:
+            response = await asyncio.wait_for(client.prepare([("ns", "a", A)]), 10)
+            assert response.claims[A].error == ""
+            assert (await asyncio.wait_for(client.unprepare([("ns", "a", A)]), 10)).claims[A].error == ""
+    finally:
+        await plugin.stop()
+    # the state thread may take the round the moment the call is queued: it must not count as coming
+    assert coming_when_queued == [0, 0]

@@ -191,10 +191,10 @@ class KubeletPlugin:
         self._fetching += 1
         try:
             fetched = await asyncio.gather(*(self._fetch(ref) for ref in refs))
-            future = self._state_thread.submit("prepare", list(zip(refs, fetched)), key=lambda item: item[0].uid)
         finally:
+            # before the call is queued: a round the state thread takes meanwhile must not wait for it
             self._fetching -= 1
-        results = await future
+        results = await self._state_thread.submit("prepare", list(zip(refs, fetched)), key=lambda item: item[0].uid)
         self._record(metrics.PREPARE, started, [r.error for r in results.values()])
         return results
 
