@@ -41,10 +41,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         prefix="gpudra.io", key="last-handled-configuration")
     settings.posting.enabled = False  # Events go where `kubectl describe gdc` sees them: events.py
     settings.watching.server_timeout = 300
-    # kopf waits this long for more events of one object before handling them (default 0.1 s).
-    # Our reconcile coalesces bursts itself, so the window only adds latency to every reaction.
-    settings.batching.batch_window = 0.01
     settings.networking.request_timeout = 60
+    # HTTPS_PROXY/NO_PROXY for kopf's own client too, as for ours (kubeapi.read_environment_once)
+    # and client-go; kopf's few requests can afford aiohttp's per-request lookups.
+    settings.networking.trust_env = True
     settings.execution.max_workers = 4
     api = await connect(os.environ.get("KUBECONFIG"))
     memo.api = api

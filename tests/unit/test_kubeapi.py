@@ -66,3 +66,18 @@ async def test_a_kubeconfig_proxy_url_wins_over_the_environment(tmp_path: Path, 
         assert api.rest_client.proxy == "http://kubeconfig-proxy.example:8080"
     finally:
         await api.close()
+
+
+async def test_the_operators_kopf_client_follows_the_same_proxy_settings(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import kopf
+
+    from gpudra_operator.handlers import close, configure
+
+    monkeypatch.setenv("KUBECONFIG", kubeconfig(tmp_path))
+    settings, memo = kopf.OperatorSettings(), kopf.Memo()
+    await configure(settings=settings, memo=memo)
+    try:
+        assert settings.networking.trust_env is True
+    finally:
+        await close(memo=memo)

@@ -15,8 +15,9 @@ arrive while the previous batch is on disk: group commit):
 5. one durable checkpoint write (temp file, fsync, rename, fsync dir): PrepareCompleted, failed
    claims dropped. This is the commit; unlock; answer.
 
-Durability. Every write is atomic (temp file + rename), so no reader and no restarted agent ever
-sees a torn file, and the page cache outlives a killed agent, so SIGKILL at any point leaves a
+Durability. Every write is atomic (a new file renamed into place; for the checkpoint, a standing
+scratch file exchanged with it, see :func:`fsutil.swap_in`), so no reader and no restarted agent
+ever sees a torn file, and the page cache outlives a killed agent, so SIGKILL at any point leaves a
 state that start-up reconciliation resolves. Only step 5 also fsyncs: the kubelet's answer depends
 on it. Steps 3 and 4 do not need to survive power loss: a power loss is a reboot, which voids the
 whole checkpoint (boot ID); and a lost PrepareStarted entry or a lost/torn spec is found at start
