@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpudra_driver.plugin import fsutil
-from gpudra_driver.plugin.fsutil import exchange, swap_in, write_atomic
+from gpudra_driver.plugin.fsutil import exchange, read_file, swap_in, write_atomic
 
 
 def test_write_atomic_replaces_and_leaves_no_temp_file(tmp_path: Path) -> None:
@@ -55,3 +55,9 @@ def test_exchange_reports_other_failures(tmp_path: Path) -> None:
     (tmp_path / "a").write_text("A")
     with pytest.raises(NotADirectoryError):  # a path through a regular file: ENOTDIR, not "cannot exchange"
         exchange(tmp_path / "a", tmp_path / "a" / "b")
+
+
+def test_read_file_reads_everything_or_says_missing(tmp_path: Path) -> None:
+    big = bytes(range(256)) * 1000  # more than one read
+    (tmp_path / "f").write_bytes(big)
+    assert read_file(tmp_path / "f") == big and read_file(tmp_path / "missing") is None

@@ -45,6 +45,7 @@ from gpudra_driver.plugin import checkpoint as ckpt
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.devicenodes import NodeDevice
 from gpudra_driver.plugin.faults import FaultHook
+from gpudra_driver.plugin.fsutil import read_file
 from gpudra_driver.plugin.locking import LOCK_FILE, node_lock
 from gpudra_driver.plugin.model import ClaimError, ClaimRef, PreparedClaim
 from gpudra_driver.plugin.prepare import plan_prepare
@@ -89,10 +90,7 @@ class DeviceState:
         """The checkpoint on disk. Decoding and verifying it is O(prepared claims), so the last one
         this instance read or wrote is reused while the file holds exactly its bytes (reading
         them is cheap; another agent instance's write changes them)."""
-        try:
-            data = self.checkpoint_path.read_bytes()
-        except FileNotFoundError:
-            data = None
+        data = read_file(self.checkpoint_path)
         if data is not None and self._cached is not None and self._cached[0] == data:
             return self._cached[1]
         self._cached = None
