@@ -3,6 +3,8 @@ file exchanged into place (swap_in), with its fallback where a file system canno
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 from pathlib import Path
 
@@ -34,9 +36,17 @@ def test_swap_in_reuses_the_scratch_inode_instead_of_creating_one_per_write(tmp_
     assert all((tmp_path / n).stat().st_mode & 0o777 == 0o600 for n in os.listdir(tmp_path))
 
 
+def refusing_renameat2(code: int):  # type: ignore[no-untyped-def]
+    def renameat2(*args):  # type: ignore[no-untyped-def]
+        ctypes.set_errno(code)
+        return -1
+    return renameat2
+
+
+@pytest.mark.parametrize("code", [errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP])
 def test_swap_in_falls_back_to_rename_where_the_file_system_cannot_exchange(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fsutil, "exchange", lambda a, b: False)
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    monkeypatch.setattr(fsutil, "_renameat2", lambda: refusing_renameat2(code))  # e.g. an old overlayfs
     path = tmp_path / "checkpoint.json"
     for content in (b"one", b"two"):
         swap_in(path, content, scratch="spare")
@@ -51,7 +61,11 @@ def test_exchange_swaps_names_and_declines_a_missing_target(tmp_path: Path) -> N
     assert exchange(a, b) is True and (a.read_text(), b.read_text()) == ("B", "A")
 
 
-def test_exchange_reports_other_failures(tmp_path: Path) -> None:
+def test_exchange_reports_other_failures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fsutil, "_renameat2", lambda: refusing_renameat2(errno.EACCES))
+    with pytest.raises(PermissionError):
+        exchange(tmp_path / "a", tmp_path / "b")
+    monkeypatch.undo()
     (tmp_path / "a").write_text("A")
     with pytest.raises(NotADirectoryError):  # a path through a regular file: ENOTDIR, not "cannot exchange"
         exchange(tmp_path / "a", tmp_path / "a" / "b")
@@ -61,3 +75,11 @@ def test_read_file_reads_everything_or_says_missing(tmp_path: Path) -> None:
     big = bytes(range(256)) * 1000  # more than one read
     (tmp_path / "f").write_bytes(big)
     assert read_file(tmp_path / "f") == big and read_file(tmp_path / "missing") is None
+
+
+def test_without_renameat2_swap_in_renames_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fsutil, "_renameat2", lambda: None)  # an old C library
+    path = tmp_path / "checkpoint.json"
+    for content in (b"one", b"two"):
+        swap_in(path, content, scratch="spare")
+        assert path.read_bytes() == content and os.listdir(tmp_path) == ["checkpoint.json"]

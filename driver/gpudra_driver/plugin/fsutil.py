@@ -98,8 +98,12 @@ def exchange(a: Path, b: Path) -> bool:
 
 @functools.cache
 def _renameat2() -> Callable[..., int] | None:
-    """glibc's renameat2 (2.28 and later; musl has it too); the os module has no binding."""
-    function = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    """glibc's renameat2 (2.28 and later; musl has it too); the os module has no binding. None
+    where the C library cannot be loaded or lacks it: callers fall back to rename-over."""
+    try:
+        function = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    except OSError:
+        return None
     if function is not None:
         function.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
         function.restype = ctypes.c_int
