@@ -15,6 +15,7 @@ from cdispec import load_and_validate
 from plugin_fixtures import DRIVER, NODE, claim, devices, result
 
 from gpudra_driver.plugin import checkpoint as ckpt
+from gpudra_driver.plugin import fsutil
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.faults import POINTS, FaultHook
 from gpudra_driver.plugin.model import ClaimError, ClaimRef
@@ -135,31 +136,62 @@ def test_a_checkpoint_changed_by_another_instance_is_read_again_even_with_the_sa
     assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims.keys() == {A, B}
 
 
-class CountingSaves(DeviceState):
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        self.saves: list[bool] = []  # durable?
+def test_a_prepare_writes_the_checkpoint_twice_and_only_the_commit_is_durable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = make(tmp_path)
+    swaps: list[tuple[str, bool]] = []  # (scratch file, durable?) of each write that took effect
+    real_swap = fsutil.swap
 
-    def _save(self, checkpoint: ckpt.Checkpoint, *, durable: bool = True) -> None:
-        self.saves.append(durable)
-        super()._save(checkpoint, durable=durable)
+    def recording_swap(path, *, scratch, durable=True):  # type: ignore[no-untyped-def]
+        swaps.append((scratch, durable))
+        real_swap(path, scratch=scratch, durable=durable)
 
-
-def counting(tmp_path: Path) -> CountingSaves:
-    state = make(tmp_path, cls=CountingSaves)
-    assert isinstance(state, CountingSaves)
-    state.saves.clear()  # start-up's own write does not count
-    return state
-
-
-def test_a_prepare_writes_the_checkpoint_twice_and_only_the_commit_is_durable(tmp_path: Path) -> None:
-    state = counting(tmp_path)
+    monkeypatch.setattr(fsutil, "swap", recording_swap)
     assert state.prepare(items((REF_A, claim(A, name="a")), (REF_B, claim(B, name="b", results=[result("gpu-1")]))))
-    assert state.saves == [False, True] and state.prepared_count == 2  # one batch: PrepareStarted, commit
+    # one batch: PrepareStarted, then the commit, staged while the specs were written
+    assert swaps == [("scratch-volatile", False), ("scratch-durable", True)] and state.prepared_count == 2
+    assert ckpt.load(state.checkpoint_path, "boot-1")[0].completed_count() == 2
     state.prepare(items((REF_A, claim(A, name="a"))))  # answered again: nothing written
-    assert state.saves == [False, True]
+    assert len(swaps) == 2
     state.unprepare([REF_A])
-    assert state.saves == [False, True, True] and state.prepared_count == 1
+    assert swaps[2:] == [("scratch-durable", True)] and state.prepared_count == 1
+
+
+def test_a_spec_that_cannot_be_written_drops_its_claim_from_the_staged_commit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = make(tmp_path)
+    real_write = state.cdi.write
+
+    def failing_for_b(claim, *, durable=True):  # type: ignore[no-untyped-def]
+        if claim.uid == B:
+            raise OSError(28, "No space left on device")
+        return real_write(claim, durable=durable)
+
+    monkeypatch.setattr(state.cdi, "write", failing_for_b)
+    out = state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])),
+                              (REF_B, claim(B, name="b", results=[result("gpu-1")]))))
+    assert out[A].error is None and "No space left" in (out[B].error or "")
+    claims = ckpt.load(state.checkpoint_path, "boot-1")[0].claims
+    assert set(claims) == {A} and claims[A].state == ckpt.COMPLETED  # B is not committed
+    assert state.cdi.claim_uids() == {A}
+
+
+def test_a_commit_that_cannot_be_staged_is_an_error_for_every_claim_and_nothing_stays(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = make(tmp_path)
+    real_stage = fsutil.stage
+
+    def failing_durable_stage(path, data, *, scratch, mode=0o644, durable=True):  # type: ignore[no-untyped-def]
+        if durable:
+            raise OSError(5, "Input/output error")
+        return real_stage(path, data, scratch=scratch, mode=mode, durable=durable)
+
+    monkeypatch.setattr(fsutil, "stage", failing_durable_stage)
+    out = state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+    assert "recording the prepared claim failed" in (out[A].error or "")
+    # no commit: at most the PrepareStarted entry, which the next start rolls back; no spec
+    assert {e.state for e in ckpt.load(state.checkpoint_path, "boot-1")[0].claims.values()} <= {ckpt.STARTED}
+    assert state.cdi.claim_uids() == set()
 
 
 @pytest.mark.parametrize("point", [p for p in POINTS if not p.startswith("unprepare")])

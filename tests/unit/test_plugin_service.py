@@ -197,21 +197,22 @@ async def test_kubelet_refuses_a_plugin_without_common_versions(root: Path) -> N
 
 async def test_concurrent_calls_are_committed_together(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpudra_driver.plugin import checkpoint as ckpt
+    from gpudra_driver.plugin import fsutil
 
     uids = [f"0c1d2e3f-0000-4000-8000-00000000001{i}" for i in range(8)]
     claims = {("ns", f"c{i}"): claim(uid, name=f"c{i}", results=[result(f"gpu-{i}")]) for i, uid in enumerate(uids)}
     plugin = make_plugin(root, claims)
     await plugin.start()
     plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
-    commits: list[int] = []
-    real_save = ckpt.save
+    commits: list[int] = []  # claims in the checkpoint after each durable write
+    real_swap = fsutil.swap
 
-    def counting_save(path, checkpoint, *, durable=True):  # type: ignore[no-untyped-def]
+    def counting_swap(path, *, scratch, durable=True):  # type: ignore[no-untyped-def]
+        real_swap(path, scratch=scratch, durable=durable)
         if durable:
-            commits.append(len(checkpoint.claims))
-        return real_save(path, checkpoint, durable=durable)
+            commits.append(len(ckpt.load(path, "boot-1")[0].claims))
 
-    monkeypatch.setattr(ckpt, "save", counting_save)
+    monkeypatch.setattr(fsutil, "swap", counting_swap)
     try:
         async with DraClient(plugin.dra_socket) as client:
             import asyncio

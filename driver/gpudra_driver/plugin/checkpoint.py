@@ -26,7 +26,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from gpudra_driver.plugin.fsutil import swap_in
+from gpudra_driver.plugin import fsutil
 from gpudra_driver.plugin.model import PreparedClaim
 
 VERSION = 1
@@ -210,8 +210,21 @@ def save(path: Path, checkpoint: Checkpoint, *, durable: bool = True) -> bytes:
     and renamed, which a crash of the agent cannot tear either (see :mod:`.state` for when that is
     enough). The rename is an exchange with a standing scratch file where the file system can."""
     data = encode(checkpoint)
-    swap_in(path, data, scratch=SCRATCH[durable], mode=0o600, durable=durable)
+    fsutil.swap_in(path, data, scratch=SCRATCH[durable], mode=0o600, durable=durable)
     return data
+
+
+def stage_commit(path: Path, checkpoint: Checkpoint) -> bytes:
+    """The durable :func:`save` of ``checkpoint``, written and fsync'd but not yet in place (a
+    prepare stages its commit while it writes the specs); :func:`publish_commit` puts it there."""
+    data = encode(checkpoint)
+    fsutil.stage(path, data, scratch=SCRATCH[True], mode=0o600)
+    return data
+
+
+def publish_commit(path: Path) -> None:
+    """Rename the staged commit into place and fsync the directory: the end of a durable save."""
+    fsutil.swap(path, scratch=SCRATCH[True])
 
 
 def is_leftover(name: str, checkpoint_name: str) -> bool:

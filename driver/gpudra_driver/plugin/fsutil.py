@@ -55,7 +55,8 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o644, fsync: bool = Tr
 
 
 def swap_in(path: Path, data: bytes, *, scratch: str, mode: int = 0o644, durable: bool = True) -> None:
-    """Replace ``path`` with ``data`` atomically through the scratch file ``.<name>.<scratch>``.
+    """Replace ``path`` with ``data`` atomically through the scratch file ``.<name>.<scratch>``:
+    :func:`stage`, then :func:`swap`.
 
     The scratch file is overwritten in place (its blocks stay allocated), fsync'd when ``durable``,
     then exchanged with ``path``; ``durable`` also fsyncs the directory. A crash at any point
@@ -67,8 +68,14 @@ def swap_in(path: Path, data: bytes, *, scratch: str, mode: int = 0o644, durable
     so a power loss leaves ``path`` whole as well. Two non-durable writes in a row do not have
     that property; for the checkpoint it does not matter, a reboot voids it anyway.
     """
-    spare = path.with_name(f".{path.name}.{scratch}")
-    fd = os.open(spare, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+    stage(path, data, scratch=scratch, mode=mode, durable=durable)
+    swap(path, scratch=scratch, durable=durable)
+
+
+def stage(path: Path, data: bytes, *, scratch: str, mode: int = 0o644, durable: bool = True) -> None:
+    """The first half of :func:`swap_in`: ``data`` into the scratch file, fsync'd when ``durable``.
+    Nothing reads the scratch file, so this may run ahead, e.g. while other files are written."""
+    fd = os.open(_scratch(path, scratch), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
     try:
         _write_all(fd, data)
         os.ftruncate(fd, len(data))
@@ -76,10 +83,19 @@ def swap_in(path: Path, data: bytes, *, scratch: str, mode: int = 0o644, durable
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def swap(path: Path, *, scratch: str, durable: bool = True) -> None:
+    """The second half of :func:`swap_in`: the staged scratch file becomes ``path``."""
+    spare = _scratch(path, scratch)
     if not exchange(spare, path):
         os.replace(spare, path)  # the first write, or no exchange here: the scratch name is used up
     if durable:
         fsync_dir(path.parent)
+
+
+def _scratch(path: Path, scratch: str) -> Path:
+    return path.with_name(f".{path.name}.{scratch}")
 
 
 def exchange(a: Path, b: Path) -> bool:

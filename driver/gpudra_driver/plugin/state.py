@@ -13,7 +13,9 @@ arrive while the previous batch is on disk: group commit):
 3. one checkpoint write: the new claims as PrepareStarted;
 4. one atomic CDI spec write per claim;
 5. one durable checkpoint write (temp file, fsync, rename, fsync dir): PrepareCompleted, failed
-   claims dropped. This is the commit; unlock; answer.
+   claims dropped. This is the commit; unlock; answer. Its temp file is written and fsync'd on
+   the stager thread during 3 and 4 (the commit as it will be if every spec is written); the
+   rename and the directory fsync come after 4. A failed spec means a fresh commit instead.
 
 Durability. Every write is atomic (a new file renamed into place; for the checkpoint, a standing
 scratch file exchanged with it, see :func:`fsutil.swap_in`), so no reader and no restarted agent
@@ -37,6 +39,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,6 +82,8 @@ class DeviceState:
         self.devices: Mapping[str, NodeDevice] | None = None  # swapped whole by set_devices
         self.prepared_count = 0  # completed claims in the checkpoint last read or written (a metric)
         self._cached: tuple[bytes, ckpt.Checkpoint] | None = None  # the file's bytes, decoded
+        # Stages a prepare's commit while its specs are written (see prepare); one at a time.
+        self._stager = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpudra-checkpoint-stager")
 
     def set_devices(self, devices: Mapping[str, NodeDevice]) -> None:
         self.devices = dict(devices)
@@ -104,7 +109,11 @@ class DeviceState:
 
     def _save(self, checkpoint: ckpt.Checkpoint, *, durable: bool = True) -> None:
         self._cached = None
-        self._cached = (ckpt.save(self.checkpoint_path, checkpoint, durable=durable), checkpoint)
+        self._remember(ckpt.save(self.checkpoint_path, checkpoint, durable=durable), checkpoint)
+
+    def _remember(self, data: bytes, checkpoint: ckpt.Checkpoint) -> None:
+        """``checkpoint`` (encoded as ``data``) is now the file."""
+        self._cached = (data, checkpoint)
         self.prepared_count = checkpoint.completed_count()
 
     # -- start-up ---------------------------------------------------------------------------------
@@ -178,25 +187,26 @@ class DeviceState:
                     checkpoint = checkpoint.started(plan.claim)
             if not planned:
                 return results
-            self._save(checkpoint, durable=False)
-            self.fault("after-checkpoint-started")
-            written: list[PreparedClaim] = []
+            # The commit as it will be if every spec is written: staged (written and fsync'd, not
+            # yet in place) on the stager thread, so its fsync overlaps the writes below.
+            commit = checkpoint
             for claim in planned:
-                if not claim.devices:  # nothing of ours in this claim: nothing to write
-                    written.append(claim)
-                    continue
-                try:
-                    self.cdi.write(claim, durable=False)
-                    written.append(claim)
-                    self.fault("after-cdi-write")
-                except OSError as error:
-                    results[claim.uid] = PrepareResult(error=f"{claim.ref}: writing its CDI spec into "
-                                                             f"{self.cdi.path} failed: {error}")
-                    checkpoint = checkpoint.without(claim.uid)
+                commit = commit.completed(claim.uid)
+            staged = self._stager.submit(ckpt.stage_commit, self.checkpoint_path, commit)
             try:
-                for claim in written:
-                    checkpoint = checkpoint.completed(claim.uid)
-                self._save(checkpoint)
+                self._save(checkpoint, durable=False)
+                self.fault("after-checkpoint-started")
+                written = self._write_specs(planned, results)
+            finally:
+                wait([staged])  # never leave the stager writing behind an exception
+            try:
+                if len(written) == len(planned) and staged.exception() is None:
+                    ckpt.publish_commit(self.checkpoint_path)
+                    self._remember(staged.result(), commit)
+                else:  # a spec failed (those claims are dropped), or staging did: commit plainly
+                    for claim in planned:
+                        checkpoint = checkpoint.completed(claim.uid) if claim in written else checkpoint.without(claim.uid)
+                    self._save(checkpoint)
             except OSError as error:
                 for claim in written:
                     self.cdi.remove(claim.uid)
@@ -208,6 +218,23 @@ class DeviceState:
             for claim in written:
                 results[claim.uid] = PrepareResult(claim)
         return results
+
+    def _write_specs(self, planned: Sequence[PreparedClaim], results: dict[str, PrepareResult]) -> list[PreparedClaim]:
+        """Each planned claim's CDI spec; the claims whose spec is there (or who need none). A
+        failure is that claim's error in ``results``."""
+        written: list[PreparedClaim] = []
+        for claim in planned:
+            if not claim.devices:  # nothing of ours in this claim: nothing to write
+                written.append(claim)
+                continue
+            try:
+                self.cdi.write(claim, durable=False)
+                written.append(claim)
+                self.fault("after-cdi-write")
+            except OSError as error:
+                results[claim.uid] = PrepareResult(error=f"{claim.ref}: writing its CDI spec into "
+                                                         f"{self.cdi.path} failed: {error}")
+        return written
 
     def _answer_again(self, claim: PreparedClaim) -> PrepareResult:
         if claim.devices and not self.cdi.exists(claim.uid):  # someone deleted it: put it back
