@@ -188,11 +188,8 @@ SCRATCH = {True: "scratch-durable", False: "scratch-volatile"}
 def load(path: Path, boot_id: str) -> tuple[Checkpoint, str | None]:
     """The checkpoint at ``path`` and, when it had to be discarded, why. A missing file or one
     from an earlier boot is an empty checkpoint. A corrupt file or a newer version raises."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return Checkpoint(boot_id), None
-    return parse(data, boot_id)
+    data = fsutil.read_file(path)
+    return (Checkpoint(boot_id), None) if data is None else parse(data, boot_id)
 
 
 def parse(data: bytes, boot_id: str) -> tuple[Checkpoint, str | None]:
