@@ -68,7 +68,7 @@ SERVICE_ACCOUNT_CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 # Process settings of the agent, which the local harness applies as well (docs/agent.md, "Footprint"):
 # * two malloc arenas: glibc makes one per thread, and grpc's event engine adds six threads to a
 #   mostly idle daemon (~0.8 MiB of RSS for concurrency it never needs). Two, not one: the event
-#   loop keeps an arena of its own; sharing one with grpc's and the state thread's mallocs made
+#   loop keeps an arena of its own; sharing one with grpc's and the stager thread's mallocs made
 #   NodePrepareResources ~5-10 % slower;
 # * the cluster CA as the default CA file: aiohttp builds a default TLS context from the system CA
 #   bundle when it is imported (~1.8 MiB under OpenSSL 3). The agent talks to nothing but the API

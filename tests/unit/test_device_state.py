@@ -53,9 +53,9 @@ def spec_files(tmp_path: Path) -> list[str]:
     return sorted(os.listdir(tmp_path / "cdi"))
 
 
-def test_prepare_writes_spec_and_checkpoint_then_unprepare_removes_both(tmp_path: Path) -> None:
+async def test_prepare_writes_spec_and_checkpoint_then_unprepare_removes_both(tmp_path: Path) -> None:
     state = make(tmp_path)
-    out = state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-2")]))))
+    out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-2")]))))
     assert out[A].error is None and [d.device for d in out[A].claim.devices] == ["gpu-2"]
     (name,) = spec_files(tmp_path)
     spec = load_and_validate(tmp_path / "cdi" / name)
@@ -65,18 +65,18 @@ def test_prepare_writes_spec_and_checkpoint_then_unprepare_removes_both(tmp_path
 
     # Idempotent: same answer, spec not rewritten (same inode and mtime).
     before = (tmp_path / "cdi" / name).stat()
-    again = state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-2")]))))
+    again = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-2")]))))
     after = (tmp_path / "cdi" / name).stat()
     assert again[A] == out[A] and (before.st_ino, before.st_mtime_ns) == (after.st_ino, after.st_mtime_ns)
 
-    assert state.unprepare([REF_A]) == {A: None}
+    assert await state.unprepare([REF_A]) == {A: None}
     assert spec_files(tmp_path) == [] and ckpt.load(state.checkpoint_path, "boot-1")[0].claims == {}
-    assert state.unprepare([REF_A]) == {A: None}  # unknown claim: success
+    assert await state.unprepare([REF_A]) == {A: None}  # unknown claim: success
 
 
-def test_one_bad_claim_never_fails_the_others(tmp_path: Path) -> None:
+async def test_one_bad_claim_never_fails_the_others(tmp_path: Path) -> None:
     state = make(tmp_path)
-    out = state.prepare(items(
+    out = await state.prepare(items(
         (REF_A, claim(A, name="a", results=[result("gpu-1")])),
         (REF_B, claim(B, name="b", results=[result("gpu-1")])),  # the same GPU: refused
         (ClaimRef("ns", "c", "../x"), claim()),
@@ -89,18 +89,18 @@ def test_one_bad_claim_never_fails_the_others(tmp_path: Path) -> None:
     assert set(ckpt.load(state.checkpoint_path, "boot-1")[0].claims) == {A}
 
 
-def test_the_same_claim_twice_in_one_call_is_prepared_once(tmp_path: Path) -> None:
+async def test_the_same_claim_twice_in_one_call_is_prepared_once(tmp_path: Path) -> None:
     state = make(tmp_path)
     obj = claim(A, name="a", results=[result("gpu-1")])
-    out = state.prepare(items((REF_A, obj), (REF_A, obj)))
+    out = await state.prepare(items((REF_A, obj), (REF_A, obj)))
     assert list(out) == [A] and out[A].error is None
 
 
-def test_an_unwritable_cdi_directory_is_a_per_claim_error_and_nothing_is_recorded(tmp_path: Path) -> None:
+async def test_an_unwritable_cdi_directory_is_a_per_claim_error_and_nothing_is_recorded(tmp_path: Path) -> None:
     state = make(tmp_path)
     os.rmdir(tmp_path / "cdi")
     (tmp_path / "cdi").write_text("a file where the directory should be")
-    out = state.prepare(items((REF_A, claim(A, name="a"))))
+    out = await state.prepare(items((REF_A, claim(A, name="a"))))
     assert "writing its CDI spec" in (out[A].error or "")
     assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims == {}
     assert sorted(os.listdir(tmp_path)) == ["cdi", "plugin"]
@@ -108,21 +108,21 @@ def test_an_unwritable_cdi_directory_is_a_per_claim_error_and_nothing_is_recorde
         "checkpoint.json", "serialize.lock"}  # and the checkpoint's scratch files
 
 
-def test_a_deleted_spec_of_a_prepared_claim_is_written_again(tmp_path: Path) -> None:
+async def test_a_deleted_spec_of_a_prepared_claim_is_written_again(tmp_path: Path) -> None:
     state = make(tmp_path)
-    state.prepare(items((REF_A, claim(A, name="a"))))
+    await state.prepare(items((REF_A, claim(A, name="a"))))
     (tmp_path / "cdi" / spec_files(tmp_path)[0]).unlink()
-    assert state.prepare(items((REF_A, None)))[A].error is None  # answered from the checkpoint
+    assert (await state.prepare(items((REF_A, None))))[A].error is None  # answered from the checkpoint
     assert len(spec_files(tmp_path)) == 1
 
 
-def test_a_checkpoint_changed_by_another_instance_is_read_again_even_with_the_same_size_and_mtime(
+async def test_a_checkpoint_changed_by_another_instance_is_read_again_even_with_the_same_size_and_mtime(
         tmp_path: Path) -> None:
     state = make(tmp_path)
-    state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+    await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
     before = state.checkpoint_path.stat()
     elsewhere = make(tmp_path / "elsewhere")
-    elsewhere.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
+    await elsewhere.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
     only_b = elsewhere.checkpoint_path.read_bytes()
     assert len(only_b) == before.st_size
     # as if another agent instance had written it: B instead of A, in the same inode with the same
@@ -131,12 +131,12 @@ def test_a_checkpoint_changed_by_another_instance_is_read_again_even_with_the_sa
         f.write(only_b)
     os.utime(state.checkpoint_path, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert state.checkpoint_path.stat().st_ino == before.st_ino
-    out = state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-2")]))))
+    out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-2")]))))
     assert out[A].error is None and out[A].claim.devices[0].device == "gpu-2"  # prepared anew, not answered again
     assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims.keys() == {A, B}
 
 
-def test_a_prepare_writes_the_checkpoint_twice_and_only_the_commit_is_durable(
+async def test_a_prepare_writes_the_checkpoint_twice_and_only_the_commit_is_durable(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     state = make(tmp_path)
     swaps: list[tuple[str, bool]] = []  # (scratch file, durable?) of each write that took effect
@@ -147,17 +147,17 @@ def test_a_prepare_writes_the_checkpoint_twice_and_only_the_commit_is_durable(
         real_swap(path, scratch=scratch, durable=durable)
 
     monkeypatch.setattr(fsutil, "swap", recording_swap)
-    assert state.prepare(items((REF_A, claim(A, name="a")), (REF_B, claim(B, name="b", results=[result("gpu-1")]))))
+    assert await state.prepare(items((REF_A, claim(A, name="a")), (REF_B, claim(B, name="b", results=[result("gpu-1")]))))
     # one batch: PrepareStarted, then the commit, staged while the specs were written
     assert swaps == [("scratch-volatile", False), ("scratch-durable", True)] and state.prepared_count == 2
     assert ckpt.load(state.checkpoint_path, "boot-1")[0].completed_count() == 2
-    state.prepare(items((REF_A, claim(A, name="a"))))  # answered again: nothing written
+    await state.prepare(items((REF_A, claim(A, name="a"))))  # answered again: nothing written
     assert len(swaps) == 2
-    state.unprepare([REF_A])
+    await state.unprepare([REF_A])
     assert swaps[2:] == [("scratch-durable", True)] and state.prepared_count == 1
 
 
-def test_a_spec_that_cannot_be_written_drops_its_claim_from_the_staged_commit(
+async def test_a_spec_that_cannot_be_written_drops_its_claim_from_the_staged_commit(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     state = make(tmp_path)
     real_write = state.cdi.write
@@ -168,7 +168,7 @@ def test_a_spec_that_cannot_be_written_drops_its_claim_from_the_staged_commit(
         return real_write(claim, durable=durable)
 
     monkeypatch.setattr(state.cdi, "write", failing_for_b)
-    out = state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])),
+    out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])),
                               (REF_B, claim(B, name="b", results=[result("gpu-1")]))))
     assert out[A].error is None and "No space left" in (out[B].error or "")
     claims = ckpt.load(state.checkpoint_path, "boot-1")[0].claims
@@ -176,7 +176,7 @@ def test_a_spec_that_cannot_be_written_drops_its_claim_from_the_staged_commit(
     assert state.cdi.claim_uids() == {A}
 
 
-def test_a_commit_that_cannot_be_staged_is_an_error_for_every_claim_and_nothing_stays(
+async def test_a_commit_that_cannot_be_staged_is_an_error_for_every_claim_and_nothing_stays(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     state = make(tmp_path)
     real_stage = fsutil.stage
@@ -187,7 +187,7 @@ def test_a_commit_that_cannot_be_staged_is_an_error_for_every_claim_and_nothing_
         return real_stage(path, data, scratch=scratch, mode=mode, durable=durable)
 
     monkeypatch.setattr(fsutil, "stage", failing_durable_stage)
-    out = state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+    out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
     assert "recording the prepared claim failed" in (out[A].error or "")
     # no commit: at most the PrepareStarted entry, which the next start rolls back; no spec
     assert {e.state for e in ckpt.load(state.checkpoint_path, "boot-1")[0].claims.values()} <= {ckpt.STARTED}
@@ -195,12 +195,12 @@ def test_a_commit_that_cannot_be_staged_is_an_error_for_every_claim_and_nothing_
 
 
 @pytest.mark.parametrize("point", [p for p in POINTS if not p.startswith("unprepare")])
-def test_a_crash_anywhere_in_prepare_loses_nothing_and_leaves_nothing(tmp_path: Path, point: str) -> None:
+async def test_a_crash_anywhere_in_prepare_loses_nothing_and_leaves_nothing(tmp_path: Path, point: str) -> None:
     state = make(tmp_path)
-    state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+    await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
     state.fault = CrashAt(point)
     with pytest.raises(Crash):
-        state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
+        await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
     restarted = make(tmp_path)  # a new agent instance: start-up reconciliation
     # the writers' temp and scratch files are gone too: a crash may have left them half-written
     assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", "serialize.lock"]
@@ -210,33 +210,33 @@ def test_a_crash_anywhere_in_prepare_loses_nothing_and_leaves_nothing(tmp_path: 
     assert all(e.state == ckpt.COMPLETED for e in claims.values())
     assert restarted.cdi.claim_uids() == set(claims)  # no orphan spec, no missing one
     assert not [n for n in os.listdir(tmp_path / "cdi") if n.startswith(".")]  # no temp files
-    out = restarted.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
+    out = await restarted.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
     assert out[B].error is None and restarted.cdi.claim_uids() == {A, B}
     for uid in (A, B):
         load_and_validate(restarted.cdi.spec_path(uid))
 
 
-def test_a_crash_in_unprepare_leaves_no_orphan_after_restart(tmp_path: Path) -> None:
+async def test_a_crash_in_unprepare_leaves_no_orphan_after_restart(tmp_path: Path) -> None:
     state = make(tmp_path)
-    state.prepare(items((REF_A, claim(A, name="a"))))
+    await state.prepare(items((REF_A, claim(A, name="a"))))
     state.fault = CrashAt("unprepare-after-checkpoint")
     with pytest.raises(Crash):
-        state.unprepare([REF_A])
+        await state.unprepare([REF_A])
     assert spec_files(tmp_path)  # the spec outlived the crash...
     restarted = make(tmp_path)
     assert spec_files(tmp_path) == []  # ...and start-up removed it
-    assert restarted.unprepare([REF_A]) == {A: None}
+    assert await restarted.unprepare([REF_A]) == {A: None}
 
 
-def test_after_a_reboot_everything_prepared_before_is_dropped(tmp_path: Path) -> None:
-    make(tmp_path).prepare(items((REF_A, claim(A, name="a"))))
+async def test_after_a_reboot_everything_prepared_before_is_dropped(tmp_path: Path) -> None:
+    await make(tmp_path).prepare(items((REF_A, claim(A, name="a"))))
     rebooted = make(tmp_path, boot="boot-2")
     assert spec_files(tmp_path) == [] and ckpt.load(rebooted.checkpoint_path, "boot-2")[0].claims == {}
 
 
-def test_a_corrupt_checkpoint_is_moved_aside_and_specs_are_kept(tmp_path: Path) -> None:
+async def test_a_corrupt_checkpoint_is_moved_aside_and_specs_are_kept(tmp_path: Path) -> None:
     state = make(tmp_path)
-    state.prepare(items((REF_A, claim(A, name="a"))))
+    await state.prepare(items((REF_A, claim(A, name="a"))))
     state.checkpoint_path.write_text(json.dumps({"version": 1, "claims": {}, "checksum": "sha256:bad"}))
     make(tmp_path)
     assert len(spec_files(tmp_path)) == 1  # a running container may still need it
@@ -252,9 +252,9 @@ def test_a_checkpoint_from_a_newer_agent_stops_the_plugin(tmp_path: Path) -> Non
         make(tmp_path)
 
 
-def test_start_up_rewrites_a_spec_that_differs_from_the_checkpoint(tmp_path: Path) -> None:
+async def test_start_up_rewrites_a_spec_that_differs_from_the_checkpoint(tmp_path: Path) -> None:
     state = make(tmp_path)
-    state.prepare(items((REF_A, claim(A, name="a"))))
+    await state.prepare(items((REF_A, claim(A, name="a"))))
     path = state.cdi.spec_path(A)
     good = path.read_bytes()
     path.write_bytes(good[: len(good) // 2])  # torn by a power loss, say

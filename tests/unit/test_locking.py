@@ -40,3 +40,40 @@ def test_a_killed_holder_releases_the_lock(tmp_path: Path) -> None:
         if holder.poll() is None:
             holder.kill()
             holder.wait()
+
+
+async def test_the_async_lock_waits_for_a_holder_without_blocking_the_loop(tmp_path: Path) -> None:
+    import asyncio
+
+    from gpudra_driver.plugin.locking import node_lock_async
+
+    path = tmp_path / "serialize.lock"
+    with node_lock(path):  # a peer instance holds it
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        ticker = asyncio.create_task(tick())
+        with pytest.raises(LockTimeout, match="held by another agent instance"):
+            async with node_lock_async(path, timeout=0.05):
+                pass
+        ticker.cancel()
+        assert ticks > 1  # the loop kept running other tasks while the lock was polled
+        waiter = asyncio.create_task(_hold_briefly(path))
+        await asyncio.sleep(0)
+        assert not waiter.done()  # still waiting for the holder
+    assert await asyncio.wait_for(waiter, 10) == "locked"  # the holder let go: it gets the lock
+
+
+async def _hold_briefly(path: Path) -> str:
+    from gpudra_driver.plugin.locking import node_lock_async
+
+    async with node_lock_async(path, timeout=10):
+        with pytest.raises(LockTimeout):  # exclusive against the sync lock as well
+            with node_lock(path, timeout=0.01):
+                pass
+    return "locked"

@@ -234,13 +234,13 @@ async def test_a_lone_prepare_never_waits_for_the_gather_delay(root: Path, monke
     await plugin.start()
     plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
     coming_when_queued: list[int] = []
-    submit = plugin._state_thread.submit
+    submit = plugin._rounds.submit
 
     def recording_submit(kind, items, key):  # type: ignore[no-untyped-def]
-        coming_when_queued.append(plugin._state_thread.coming())
+        coming_when_queued.append(plugin._rounds.coming())
         return submit(kind, items, key)
 
-    monkeypatch.setattr(plugin._state_thread, "submit", recording_submit)
+    monkeypatch.setattr(plugin._rounds, "submit", recording_submit)
     try:
         async with DraClient(plugin.dra_socket) as client:
             response = await asyncio.wait_for(client.prepare([("ns", "a", A)]), 10)
@@ -248,5 +248,5 @@ async def test_a_lone_prepare_never_waits_for_the_gather_delay(root: Path, monke
             assert (await asyncio.wait_for(client.unprepare([("ns", "a", A)]), 10)).claims[A].error == ""
     finally:
         await plugin.stop()
-    # the state thread may take the round the moment the call is queued: it must not count as coming
+    # a round may be taken the moment the call is queued: it must not count as coming
     assert coming_when_queued == [0, 0]

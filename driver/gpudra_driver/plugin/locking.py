@@ -6,15 +6,18 @@ plugin directory makes their read-modify-write sections exclusive. The kernel dr
 its holder dies (SIGKILL included), so a crashed agent never wedges the node.
 
 flock belongs to an open file description, so the lock is taken with a fresh descriptor each
-time; within one process callers are already serialised by the plugin's single state thread."""
+time; within one process callers are already serialised by the plugin's group commit (one round
+at a time). :func:`node_lock_async` is the same lock for a round on the event loop: uncontended it
+never leaves the loop; contended (a peer instance holds it) it waits without blocking the loop."""
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 LOCK_FILE = "serialize.lock"
@@ -32,7 +35,8 @@ def node_lock(path: Path, timeout: float = 40.0) -> Iterator[None]:
     per-claim error the kubelet retries, not a hung call."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        _acquire(fd, path, timeout)
+        for delay in _attempts(fd, path, timeout):
+            time.sleep(delay)
         try:
             yield
         finally:
@@ -41,22 +45,32 @@ def node_lock(path: Path, timeout: float = 40.0) -> Iterator[None]:
         os.close(fd)
 
 
-def _acquire(fd: int, path: Path, timeout: float) -> None:
+@asynccontextmanager
+async def node_lock_async(path: Path, timeout: float = 40.0) -> AsyncIterator[None]:
+    """:func:`node_lock` for a coroutine: while a peer holds the lock, the event loop keeps serving."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the uncontended case: no waiting at all
-        return
-    except BlockingIOError:
-        pass
-    deadline = time.monotonic() + timeout
-    # Contended: another agent instance holds it. A blocking flock cannot time out, so poll with a
-    # short backoff; this waits on a peer process, it does not synchronise anything of ours.
-    delay = 0.001
+        for delay in _attempts(fd, path, timeout):
+            await asyncio.sleep(delay)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _attempts(fd: int, path: Path, timeout: float) -> Iterator[float]:
+    """Try to lock ``fd``; while a peer holds the lock, yield how long to wait before the next try.
+    A blocking flock cannot time out, so a contended lock is polled with a short backoff (this
+    waits on a peer process, it does not synchronise anything of ours)."""
+    deadline, delay = time.monotonic() + timeout, 0.001
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # uncontended: no waiting at all
             return
         except BlockingIOError:
             if time.monotonic() >= deadline:
                 raise LockTimeout(f"{path} is held by another agent instance for over {timeout:.0f}s") from None
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
+        yield delay
+        delay = min(delay * 2, 0.05)

@@ -1,9 +1,11 @@
 """Prepared-claim state on this node: the checkpoint and the CDI specs, changed only under the
 node lock (the role of dra-example-driver's device_state.go).
 
-Every method here is synchronous and blocking (file I/O, fsync, flock); the plugin runs them one
-at a time on its single state thread, so the event loop keeps serving while a call waits for the
-disk or for another agent instance's lock.
+:meth:`DeviceState.prepare` and :meth:`DeviceState.unprepare` are coroutines that the plugin runs
+one round at a time (:mod:`.groupcommit`). A prepare does its page-cache work on the event loop
+(reading the checkpoint, the PrepareStarted write, the CDI specs on tmpfs: microseconds each) and
+awaits what waits: the fsyncs, on the stager thread, and a node lock held by a peer instance.
+Unprepare, off the kubelet's pod-start path, runs whole on the stager thread. Start-up is blocking.
 
 Prepare, for all claims of one batch of kubelet calls together (the plugin batches calls that
 arrive while the previous batch is on disk: group commit):
@@ -14,8 +16,9 @@ arrive while the previous batch is on disk: group commit):
 4. one atomic CDI spec write per claim;
 5. one durable checkpoint write (temp file, fsync, rename, fsync dir): PrepareCompleted, failed
    claims dropped. This is the commit; unlock; answer. Its temp file is written and fsync'd on
-   the stager thread during 3 and 4 (the commit as it will be if every spec is written); the
-   rename and the directory fsync come after 4. A failed spec means a fresh commit instead.
+   the stager thread during 3 and 4 (the commit as it will be if every spec is written); once the
+   specs are written, the same job renames it into place and fsyncs the directory. A failed spec
+   means a fresh commit instead.
 
 Durability. Every write is atomic (a new file renamed into place; for the checkpoint, a standing
 scratch file exchanged with it, see :func:`fsutil.swap_in`), so no reader and no restarted agent
@@ -35,26 +38,29 @@ start.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpudra_driver.plugin import checkpoint as ckpt
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.devicenodes import NodeDevice
 from gpudra_driver.plugin.faults import FaultHook
 from gpudra_driver.plugin.fsutil import read_file
-from gpudra_driver.plugin.locking import LOCK_FILE, node_lock
+from gpudra_driver.plugin.locking import LOCK_FILE, node_lock, node_lock_async
 from gpudra_driver.plugin.model import ClaimError, ClaimRef, PreparedClaim
 from gpudra_driver.plugin.prepare import plan_prepare
 
 log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "checkpoint.json"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,7 @@ class DeviceState:
         self.devices: Mapping[str, NodeDevice] | None = None  # swapped whole by set_devices
         self.prepared_count = 0  # completed claims in the checkpoint last read or written (a metric)
         self._cached: tuple[bytes, ckpt.Checkpoint] | None = None  # the file's bytes, decoded
-        # Stages a prepare's commit while its specs are written (see prepare); one at a time.
+        # The fsyncs of prepare's commit (while its specs are written) and unprepare; one at a time.
         self._stager = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpudra-checkpoint-stager")
 
     def set_devices(self, devices: Mapping[str, NodeDevice]) -> None:
@@ -163,10 +169,10 @@ class DeviceState:
                      list(result.rolled_back), list(result.remove_specs), [c.uid for c in result.rewrite_specs])
         return result
 
-    # -- prepare ----------------------------------------------------------------------------------
-    def prepare(self, claims: Sequence[tuple[ClaimRef, Fetched]]) -> dict[str, PrepareResult]:
+    # -- prepare ---------------------------------------------------------------------------------
+    async def prepare(self, claims: Sequence[tuple[ClaimRef, Fetched]]) -> dict[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
-        with self._lock():
+        async with node_lock_async(self.lock_path, self.lock_timeout):
             checkpoint = self._load()
             original = checkpoint
             planned: list[PreparedClaim] = []
@@ -188,36 +194,44 @@ class DeviceState:
             if not planned:
                 return results
             # The commit as it will be if every spec is written: staged (written and fsync'd, not
-            # yet in place) on the stager thread, so its fsync overlaps the writes below.
+            # yet in place) on the stager thread while the specs are written here, then published
+            # there if they all were.
             commit = checkpoint
             for claim in planned:
                 commit = commit.completed(claim.uid)
-            staged = self._stager.submit(ckpt.stage_commit, self.checkpoint_path, commit)
+            publish: Future[bool] = Future()
+            committing = asyncio.wrap_future(self._stager.submit(_stage_and_publish, self.checkpoint_path,
+                                                                 commit, publish))
+            written: list[PreparedClaim] = []
             try:
                 self._save(checkpoint, durable=False)
                 self.fault("after-checkpoint-started")
                 written = self._write_specs(planned, results)
             finally:
-                wait([staged])  # never leave the stager writing behind an exception
+                publish.set_result(len(written) == len(planned))
+                await asyncio.wait([committing])  # never leave the stager writing behind an exception
             try:
-                if len(written) == len(planned) and staged.exception() is None:
-                    ckpt.publish_commit(self.checkpoint_path)
-                    self._remember(staged.result(), commit)
+                staged = committing.result()  # raises what publishing raised
+                if publish.result() and staged is not None:
+                    self._remember(staged, commit)
                 else:  # a spec failed (those claims are dropped), or staging did: commit plainly
                     for claim in planned:
                         checkpoint = checkpoint.completed(claim.uid) if claim in written else checkpoint.without(claim.uid)
-                    self._save(checkpoint)
+                    await self._on_stager(self._save, checkpoint)
             except OSError as error:
                 for claim in written:
                     self.cdi.remove(claim.uid)
                     results[claim.uid] = PrepareResult(error=f"{claim.ref}: recording the prepared claim "
                                                              f"failed: {error}")
-                self._save_quietly(original)
+                await self._on_stager(self._save_quietly, original)
                 return results
             self.fault("after-checkpoint-completed")
             for claim in written:
                 results[claim.uid] = PrepareResult(claim)
         return results
+
+    async def _on_stager(self, function: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._stager, functools.partial(function, *args))
 
     def _write_specs(self, planned: Sequence[PreparedClaim], results: dict[str, PrepareResult]) -> list[PreparedClaim]:
         """Each planned claim's CDI spec; the claims whose spec is there (or who need none). A
@@ -239,7 +253,7 @@ class DeviceState:
     def _answer_again(self, claim: PreparedClaim) -> PrepareResult:
         if claim.devices and not self.cdi.exists(claim.uid):  # someone deleted it: put it back
             try:
-                self.cdi.write(claim)
+                self.cdi.write(claim, durable=False)  # as in prepare: start-up rewrites what is lost
             except OSError as error:
                 return PrepareResult(error=f"{claim.ref}: rewriting its missing CDI spec failed: {error}")
         return PrepareResult(claim)
@@ -251,7 +265,11 @@ class DeviceState:
             log.error("could not roll the checkpoint back: %s", error)
 
     # -- unprepare --------------------------------------------------------------------------------
-    def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str | None]:
+    async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str | None]:
+        """Off the pod-start path, and two durable writes: on the stager thread, whole."""
+        return await self._on_stager(self._unprepare, refs)
+
+    def _unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str | None]:
         results: dict[str, str | None] = {}
         valid: list[str] = []
         for ref in refs:
@@ -282,3 +300,18 @@ class DeviceState:
                     log.warning("fsync of %s failed: %s", self.cdi.path, error)
         return results
 
+
+
+def _stage_and_publish(path: Path, commit: ckpt.Checkpoint, publish: Future[bool]) -> bytes | None:
+    """On the stager thread: stage ``commit`` (written and fsync'd into the scratch file); then, if
+    ``publish`` says so once the specs are written, put it in place (rename, directory fsync).
+    Returns the bytes staged; None when staging failed (the caller commits plainly instead, and
+    meets the error again if the disk is really gone). Publishing's errors are raised."""
+    try:
+        data = ckpt.stage_commit(path, commit)
+    except OSError as error:
+        log.warning("staging the checkpoint commit failed (%s); committing without staging", error)
+        return None
+    if publish.result():
+        ckpt.publish_commit(path)
+    return data

@@ -1,0 +1,147 @@
+"""GroupCommit: calls that queue up while a round runs become one batch (group commit), in
+arrival order; every caller gets its own items' results; a failing batch fails only its calls."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gpudra_driver.plugin.groupcommit import GroupCommit
+
+
+class Recorder:
+    """Handlers that record each batch; the first batch waits until released."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[str, list[str]]] = []
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def handler(self, kind: str, fail: bool = False):  # type: ignore[no-untyped-def]
+        async def handle(items: list[str]) -> dict[str, Any]:
+            self.batches.append((kind, list(items)))
+            self.entered.set()
+            await asyncio.wait_for(self.release.wait(), 10)
+            if fail:
+                raise OSError(f"{kind}: disk gone")
+            return {item: f"{kind}:{item}" for item in items}
+        return handle
+
+
+def same(item: str) -> str:
+    return item
+
+
+async def test_calls_queued_during_a_round_form_the_next_batch_in_order() -> None:
+    rec = Recorder()
+    rounds = GroupCommit({"prepare": rec.handler("prepare"), "unprepare": rec.handler("unprepare")})
+    rounds.start()
+    try:
+        first = rounds.submit("prepare", ["a"], same)
+        await asyncio.wait_for(rec.entered.wait(), 10)  # the round with "a" runs
+        queued = [rounds.submit("prepare", ["b", "c"], same), rounds.submit("prepare", ["d"], same),
+                  rounds.submit("unprepare", ["a"], same), rounds.submit("prepare", ["e"], same)]
+        rec.release.set()
+        results = await asyncio.gather(first, *queued)
+    finally:
+        await rounds.stop()
+    assert rec.batches == [("prepare", ["a"]), ("prepare", ["b", "c", "d"]), ("unprepare", ["a"]),
+                           ("prepare", ["e"])]
+    assert results == [{"a": "prepare:a"}, {"b": "prepare:b", "c": "prepare:c"}, {"d": "prepare:d"},
+                       {"a": "unprepare:a"}, {"e": "prepare:e"}]
+
+
+async def test_a_failing_batch_fails_its_own_calls_only_and_the_rounds_go_on() -> None:
+    rec = Recorder()
+    rec.release.set()
+    rounds = GroupCommit({"prepare": rec.handler("prepare"), "unprepare": rec.handler("unprepare", fail=True)})
+    rounds.start()
+    try:
+        with pytest.raises(OSError, match="disk gone"):
+            await rounds.submit("unprepare", ["a"], same)
+        assert await rounds.submit("prepare", ["b"], same) == {"b": "prepare:b"}
+        with pytest.raises(ValueError, match="unknown call kind"):
+            rounds.submit("explode", ["c"], same)
+    finally:
+        await rounds.stop()
+
+
+async def test_a_caller_that_gives_up_does_not_stop_its_batch_and_stop_drains_the_queue() -> None:
+    rec = Recorder()
+    rounds = GroupCommit({"prepare": rec.handler("prepare")})
+    rounds.start()
+    first = rounds.submit("prepare", ["a"], same)
+    await asyncio.wait_for(rec.entered.wait(), 10)
+    impatient = rounds.submit("prepare", ["b"], same)
+    impatient.cancel()
+    last = rounds.submit("prepare", ["c"], same)
+    rec.release.set()
+    await rounds.stop()  # returns once everything queued before it is done
+    assert rec.batches == [("prepare", ["a"]), ("prepare", ["b", "c"])]
+    assert first.result() == {"a": "prepare:a"} and last.result() == {"c": "prepare:c"} and impatient.cancelled()
+    with pytest.raises(RuntimeError, match="not running"):
+        rounds.submit("prepare", ["d"], same)
+
+
+class Fatal(BaseException):
+    """What ends the rounds' task (e.g. its cancellation at shutdown), as opposed to a batch's error."""
+
+
+async def test_rounds_that_end_answer_what_they_took_and_refuse_the_rest() -> None:
+    async def die(items: list[str]) -> dict[str, Any]:
+        raise Fatal("killed")
+
+    rounds = GroupCommit({"prepare": die})
+    rounds.start()
+    taken = [rounds.submit("prepare", ["a"], same), rounds.submit("prepare", ["b"], same)]
+    for call in taken:
+        with pytest.raises(RuntimeError, match="group commit stopped"):
+            await call
+    with pytest.raises(RuntimeError, match="not running"):
+        rounds.submit("prepare", ["c"], same)
+    await rounds.stop()
+
+
+async def test_a_round_waits_for_calls_that_are_coming_and_takes_them_along() -> None:
+    rec = Recorder()
+    rec.release.set()
+    asked = asyncio.Event()
+    pending = 1  # another call's claim GET is in flight
+
+    def coming() -> int:
+        asked.set()
+        return pending
+
+    rounds = GroupCommit({"prepare": rec.handler("prepare")}, coming=coming, gather_delay=60)
+    rounds.start()
+    try:
+        first = rounds.submit("prepare", ["a"], same)
+        await asyncio.wait_for(asked.wait(), 10)  # its round has looked: it waits (up to 60 s) for more
+        assert not first.done()
+        pending = 0
+        second = rounds.submit("prepare", ["b"], same)
+        assert await asyncio.wait_for(asyncio.gather(first, second), 10) == [{"a": "prepare:a"}, {"b": "prepare:b"}]
+    finally:
+        await rounds.stop()
+    assert rec.batches == [("prepare", ["a", "b"])]  # one round, one commit
+
+
+async def test_a_lone_call_never_waits_and_a_call_that_never_comes_delays_a_round_only_briefly() -> None:
+    rec = Recorder()
+    rec.release.set()
+    coming = 0
+    rounds = GroupCommit({"prepare": rec.handler("prepare")}, coming=lambda: coming, gather_delay=60)
+    rounds.start()
+    try:  # nothing coming: answered at once, not after the 60 s delay
+        assert await asyncio.wait_for(rounds.submit("prepare", ["a"], same), 10) == {"a": "prepare:a"}
+    finally:
+        await rounds.stop()
+    coming = 1  # a call that announces itself but never arrives (its GET hangs)
+    rounds = GroupCommit({"prepare": rec.handler("prepare")}, coming=lambda: coming, gather_delay=0.05)
+    rounds.start()
+    try:
+        assert await asyncio.wait_for(rounds.submit("prepare", ["b"], same), 10) == {"b": "prepare:b"}
+    finally:
+        await rounds.stop()
