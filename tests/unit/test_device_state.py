@@ -194,6 +194,53 @@ async def test_a_commit_that_cannot_be_staged_is_an_error_for_every_claim_and_no
     assert state.cdi.claim_uids() == set()
 
 
+async def test_a_prepare_cancelled_during_its_commit_keeps_the_lock_until_the_commit_is_done(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent shutting down mid-commit: the node lock outlives the stager's write under it."""
+    import asyncio
+    import threading
+
+    from gpudra_driver.plugin import state as state_module
+    from gpudra_driver.plugin.locking import LockTimeout, node_lock
+
+    state = make(tmp_path)
+    staging, released, cancel_seen = threading.Event(), threading.Event(), threading.Event()
+    real_stage, real_wait = fsutil.stage, state_module.wait
+
+    def slow_durable_stage(path, data, *, scratch, mode=0o644, durable=True):  # type: ignore[no-untyped-def]
+        if durable:
+            staging.set()
+            assert released.wait(10), "the test never let the commit go on"
+        return real_stage(path, data, scratch=scratch, mode=mode, durable=durable)
+
+    def noting_wait(jobs):  # type: ignore[no-untyped-def]
+        cancel_seen.set()  # the cancelled prepare now waits for its job, on the event loop
+        return real_wait(jobs)
+
+    monkeypatch.setattr(fsutil, "stage", slow_durable_stage)
+    monkeypatch.setattr(state_module, "wait", noting_wait)
+    lock_held_meanwhile: list[bool] = []
+
+    def peer() -> None:  # another agent instance, trying the lock while the commit is under way
+        assert cancel_seen.wait(10)
+        try:
+            with node_lock(state.lock_path, timeout=0.05):
+                lock_held_meanwhile.append(False)
+        except LockTimeout:
+            lock_held_meanwhile.append(True)
+        released.set()
+
+    task = asyncio.create_task(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])))))
+    assert await asyncio.to_thread(staging.wait, 10)  # the commit is being staged
+    threading.Thread(target=peer).start()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert lock_held_meanwhile == [True]
+    loaded = ckpt.load(state.checkpoint_path, "boot-1")[0]  # whole, and a restart resolves the rest
+    assert make(tmp_path).prepared_count == loaded.completed_count()
+
+
 @pytest.mark.parametrize("point", [p for p in POINTS if not p.startswith("unprepare")])
 async def test_a_crash_anywhere_in_prepare_loses_nothing_and_leaves_nothing(tmp_path: Path, point: str) -> None:
     state = make(tmp_path)

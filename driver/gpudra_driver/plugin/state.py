@@ -39,12 +39,11 @@ start.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -200,8 +199,7 @@ class DeviceState:
             for claim in planned:
                 commit = commit.completed(claim.uid)
             publish: Future[bool] = Future()
-            committing = asyncio.wrap_future(self._stager.submit(_stage_and_publish, self.checkpoint_path,
-                                                                 commit, publish))
+            committing = self._stager.submit(_stage_and_publish, self.checkpoint_path, commit, publish)
             written: list[PreparedClaim] = []
             try:
                 self._save(checkpoint, durable=False)
@@ -209,7 +207,7 @@ class DeviceState:
                 written = self._write_specs(planned, results)
             finally:
                 publish.set_result(len(written) == len(planned))
-                await asyncio.wait([committing])  # never leave the stager writing behind an exception
+                await _settled(committing)  # never leave the stager writing behind an exception
             try:
                 staged = committing.result()  # raises what publishing raised
                 if publish.result() and staged is not None:
@@ -231,7 +229,9 @@ class DeviceState:
         return results
 
     async def _on_stager(self, function: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._stager, functools.partial(function, *args))
+        job = self._stager.submit(function, *args)
+        await _settled(job)
+        return job.result()
 
     def _write_specs(self, planned: Sequence[PreparedClaim], results: dict[str, PrepareResult]) -> list[PreparedClaim]:
         """Each planned claim's CDI spec; the claims whose spec is there (or who need none). A
@@ -300,6 +300,21 @@ class DeviceState:
                     log.warning("fsync of %s failed: %s", self.cdi.path, error)
         return results
 
+
+
+async def _settled(job: Future[Any]) -> None:
+    """Wait until the stager ``job`` is done; its outcome stays in it. Cancelled meanwhile (the
+    agent shutting down), it still waits for the job, blocking (a job is at most a write and two
+    fsyncs), before the cancellation goes on: what runs under the node lock ends before the lock
+    is released."""
+    done = asyncio.wrap_future(job)
+    try:
+        await asyncio.wait([done])
+    except asyncio.CancelledError:
+        wait([job])
+        raise
+    if not done.cancelled():
+        done.exception()  # the caller reads the outcome from ``job``; this copy counts as read
 
 
 def _stage_and_publish(path: Path, commit: ckpt.Checkpoint, publish: Future[bool]) -> bytes | None:
