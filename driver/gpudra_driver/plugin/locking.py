@@ -33,31 +33,32 @@ def node_lock(path: Path, timeout: float = 40.0) -> Iterator[None]:
 
     ``timeout`` stays under the kubelet's 45 s call deadline so a stuck peer turns into a
     per-claim error the kubelet retries, not a hung call."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
+    with _lock_file(path) as fd:
         for delay in _attempts(fd, path, timeout):
             time.sleep(delay)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+        yield
 
 
 @asynccontextmanager
 async def node_lock_async(path: Path, timeout: float = 40.0) -> AsyncIterator[None]:
     """:func:`node_lock` for a coroutine: while a peer holds the lock, the event loop keeps serving."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
+    with _lock_file(path) as fd:
         for delay in _attempts(fd, path, timeout):
             await asyncio.sleep(delay)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+        yield
+
+
+@contextmanager
+def _lock_file(path: Path) -> Iterator[int]:
+    """The lock file, open; unlocked (if it was locked) and closed on the way out."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        yield fd
     finally:
-        os.close(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
 
 def _attempts(fd: int, path: Path, timeout: float) -> Iterator[float]:
