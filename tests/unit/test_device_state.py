@@ -194,6 +194,43 @@ async def test_a_commit_that_cannot_be_staged_is_an_error_for_every_claim_and_no
     assert state.cdi.claim_uids() == set()
 
 
+async def test_a_commit_that_fails_in_place_is_an_error_and_rolled_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = make(tmp_path)
+    real_publish = ckpt.publish_commit
+
+    def renamed_but_not_synced(path):  # type: ignore[no-untyped-def]
+        real_publish(path)
+        raise OSError(5, "Input/output error")  # as if the directory fsync failed after the rename
+
+    monkeypatch.setattr(ckpt, "publish_commit", renamed_but_not_synced)
+    out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+    assert "recording the prepared claim failed" in (out[A].error or "")
+    assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims == {}  # rolled back to before
+    assert state.cdi.claim_uids() == set() and state.prepared_count == 0
+
+
+async def test_a_failing_prepare_started_write_fails_the_batch_and_leaves_the_stager_free(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    state = make(tmp_path)
+    real_swap_in = fsutil.swap_in
+
+    def full_disk_for_volatile(path, data, *, scratch, mode=0o644, durable=True):  # type: ignore[no-untyped-def]
+        if not durable:
+            raise OSError(28, "No space left on device")
+        return real_swap_in(path, data, scratch=scratch, mode=mode, durable=durable)
+
+    monkeypatch.setattr(fsutil, "swap_in", full_disk_for_volatile)
+    with pytest.raises(OSError, match="No space left"):
+        await asyncio.wait_for(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])))), 10)
+    assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims == {} and state.cdi.claim_uids() == set()
+    monkeypatch.setattr(fsutil, "swap_in", real_swap_in)
+    out = await asyncio.wait_for(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])))), 10)
+    assert out[A].error is None and state.prepared_count == 1  # the stager was not left waiting
+
+
 async def test_a_prepare_cancelled_during_its_commit_keeps_the_lock_until_the_commit_is_done(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The agent shutting down mid-commit: the node lock outlives the stager's write under it."""
@@ -232,10 +269,12 @@ async def test_a_prepare_cancelled_during_its_commit_keeps_the_lock_until_the_co
 
     task = asyncio.create_task(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])))))
     assert await asyncio.to_thread(staging.wait, 10)  # the commit is being staged
-    threading.Thread(target=peer).start()
+    peer_instance = threading.Thread(target=peer)
+    peer_instance.start()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    peer_instance.join(10)
     assert lock_held_meanwhile == [True]
     loaded = ckpt.load(state.checkpoint_path, "boot-1")[0]  # whole, and a restart resolves the rest
     assert make(tmp_path).prepared_count == loaded.completed_count()

@@ -145,3 +145,52 @@ async def test_a_lone_call_never_waits_and_a_call_that_never_comes_delays_a_roun
         assert await asyncio.wait_for(rounds.submit("prepare", ["b"], same), 10) == {"b": "prepare:b"}
     finally:
         await rounds.stop()
+
+
+async def test_results_that_cannot_be_given_fail_their_calls_and_the_rounds_go_on() -> None:
+    async def broken(items: list[str]) -> Any:
+        return None  # a bug: not a mapping of results
+
+    rec = Recorder()
+    rec.release.set()
+    rounds = GroupCommit({"prepare": broken, "unprepare": rec.handler("unprepare")})
+    rounds.start()
+    try:
+        with pytest.raises(TypeError):
+            await asyncio.wait_for(rounds.submit("prepare", ["a"], same), 10)
+        assert await asyncio.wait_for(rounds.submit("unprepare", ["a"], same), 10) == {"a": "unprepare:a"}
+    finally:
+        await rounds.stop()
+
+
+async def test_rounds_cancelled_while_gathering_or_running_answer_every_call_taken_or_queued() -> None:
+    asked = asyncio.Event()
+
+    def coming() -> int:
+        asked.set()
+        return 1  # a call that never arrives: the round keeps gathering
+
+    rec = Recorder()
+    rounds = GroupCommit({"prepare": rec.handler("prepare")}, coming=coming, gather_delay=60)
+    rounds.start()
+    gathering = rounds.submit("prepare", ["a"], same)
+    await asyncio.wait_for(asked.wait(), 10)
+    assert rounds._task is not None
+    rounds._task.cancel()  # the agent going down
+    with pytest.raises(RuntimeError, match="group commit stopped"):
+        await asyncio.wait_for(gathering, 10)
+    await rounds.stop()
+
+    rounds = GroupCommit({"prepare": rec.handler("prepare")})
+    rounds.start()
+    running = rounds.submit("prepare", ["b"], same)
+    await asyncio.wait_for(rec.entered.wait(), 10)  # its round runs (and waits for the test)
+    queued = rounds.submit("prepare", ["c"], same)
+    assert rounds._task is not None
+    rounds._task.cancel()
+    for call in (running, queued):
+        with pytest.raises(RuntimeError, match="group commit stopped"):
+            await asyncio.wait_for(call, 10)
+    with pytest.raises(RuntimeError, match="not running"):
+        rounds.submit("prepare", ["d"], same)
+    await rounds.stop()

@@ -70,32 +70,46 @@ class GroupCommit:
         return future
 
     async def _serve(self) -> None:
-        while True:
-            round_ = await self._take_round()
-            calls = [call for call in round_ if call is not None]
-            await self._run(calls)
-            if len(calls) < len(round_):
-                return
+        taken: list[Call | None] = []
+        try:
+            while True:
+                taken = []
+                await self._take_round(taken)
+                calls = [call for call in taken if call is not None]
+                await self._run(calls)
+                if len(calls) < len(taken):
+                    return
+        except BaseException as error:  # cancelled (the agent going down) or worse: answer, then go
+            log.critical("the plugin's group commit stopped: %r", error)
+            self._stopping = True
+            left = [call for call in taken if call is not None]
+            while not self._calls.empty():
+                call = self._calls.get_nowait()
+                if call is not None:
+                    left.append(call)
+            _settle(left, RuntimeError(f"group commit stopped: {error!r}"))
+            raise
 
-    async def _take_round(self) -> list[Call | None]:
-        """The next call, everything that queued up behind it while the last round ran, and what
-        arrives within ``gather_delay`` while more calls are coming."""
-        round_ = [await self._calls.get()]
+    async def _take_round(self, round_: list[Call | None]) -> None:
+        """Into ``round_`` (so that what was taken is known if the wait is cancelled): the next
+        call, everything that queued up behind it while the last round ran, and what arrives
+        within ``gather_delay`` while more calls are coming."""
+        round_.append(await self._calls.get())
         deadline: float | None = None
         loop = asyncio.get_running_loop()
         while True:
             while not self._calls.empty():
                 round_.append(self._calls.get_nowait())
             if round_[-1] is None or self.gather_delay <= 0 or self.coming() <= 0:
-                return round_
+                return
             deadline = deadline or loop.time() + self.gather_delay
             if loop.time() >= deadline:
-                return round_
+                return
             try:
                 async with asyncio.timeout_at(deadline):
                     round_.append(await self._calls.get())
             except TimeoutError:
-                return round_
+                return
 
     async def _run(self, calls: list[Call]) -> None:
         for kind, group in itertools.groupby(calls, key=lambda call: call[0]):
@@ -106,12 +120,11 @@ class GroupCommit:
             except Exception as error:  # a bug or an unusable plugin dir: fail these calls loudly
                 log.exception("%s failed", kind)
                 outcome = error
-            except BaseException as error:  # the task ends: answer every call it took, then go
-                log.critical("the plugin's group commit stopped: %r", error)
-                self._stopping = True
-                _settle(calls, RuntimeError(f"group commit stopped: {error!r}"))
-                raise
-            _settle(batch, outcome)
+            try:
+                _settle(batch, outcome)
+            except Exception as error:  # results the callers cannot be given (a bug): the error instead
+                log.exception("answering %s failed", kind)
+                _settle(batch, error)
 
 
 def _settle(batch: list[Call], outcome: Mapping[str, Any] | Exception) -> None:

@@ -266,10 +266,8 @@ class DeviceState:
 
     # -- unprepare --------------------------------------------------------------------------------
     async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str | None]:
-        """Off the pod-start path, and two durable writes: on the stager thread, whole."""
-        return await self._on_stager(self._unprepare, refs)
-
-    def _unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str | None]:
+        """The node lock on the loop (a peer holding it never blocks the loop); the rest, off the
+        pod-start path and two durable writes, on the stager thread."""
         results: dict[str, str | None] = {}
         valid: list[str] = []
         for ref in refs:
@@ -279,27 +277,31 @@ class DeviceState:
                 results[ref.uid] = None
             except ClaimError as error:
                 results[ref.uid] = str(error)
-        if not valid:
-            return results
-        with self._lock():
-            checkpoint = self._load()
-            remaining = checkpoint.without(*valid)
-            if remaining != checkpoint:
-                self._save(remaining)
-                self.fault("unprepare-after-checkpoint")
-            removed = False
-            for uid in valid:
-                try:
-                    removed |= self.cdi.remove(uid)
-                except OSError as error:
-                    results[uid] = f"claim {uid}: removing its CDI spec failed: {error}"
-            if removed:
-                try:
-                    self.cdi.sync()
-                except OSError as error:
-                    log.warning("fsync of %s failed: %s", self.cdi.path, error)
+        if valid:
+            async with node_lock_async(self.lock_path, self.lock_timeout):
+                results.update(await self._on_stager(self._unprepare_locked, valid))
         return results
 
+    def _unprepare_locked(self, uids: Sequence[str]) -> dict[str, str | None]:
+        """Unprepare ``uids`` (valid claim UIDs); the caller holds the node lock."""
+        results: dict[str, str | None] = dict.fromkeys(uids)
+        checkpoint = self._load()
+        remaining = checkpoint.without(*uids)
+        if remaining != checkpoint:
+            self._save(remaining)
+            self.fault("unprepare-after-checkpoint")
+        removed = False
+        for uid in uids:
+            try:
+                removed |= self.cdi.remove(uid)
+            except OSError as error:
+                results[uid] = f"claim {uid}: removing its CDI spec failed: {error}"
+        if removed:
+            try:
+                self.cdi.sync()
+            except OSError as error:
+                log.warning("fsync of %s failed: %s", self.cdi.path, error)
+        return results
 
 
 async def _settled(job: Future[Any]) -> None:
@@ -312,9 +314,15 @@ async def _settled(job: Future[Any]) -> None:
         await asyncio.wait([done])
     except asyncio.CancelledError:
         wait([job])
+        done.add_done_callback(_retrieved)  # its copy of the outcome arrives later: read it then
         raise
-    if not done.cancelled():
-        done.exception()  # the caller reads the outcome from ``job``; this copy counts as read
+    _retrieved(done)  # the caller reads the outcome from ``job``; this copy counts as read
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Mark a future's exception as read (asyncio logs unread ones when they are collected)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _stage_and_publish(path: Path, commit: ckpt.Checkpoint, publish: Future[bool]) -> bytes | None:
@@ -324,7 +332,7 @@ def _stage_and_publish(path: Path, commit: ckpt.Checkpoint, publish: Future[bool
     meets the error again if the disk is really gone). Publishing's errors are raised."""
     try:
         data = ckpt.stage_commit(path, commit)
-    except OSError as error:
+    except Exception as error:  # whatever it was, a plain commit is the way out
         log.warning("staging the checkpoint commit failed (%s); committing without staging", error)
         return None
     if publish.result():
