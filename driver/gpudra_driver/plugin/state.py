@@ -5,7 +5,8 @@ node lock (the role of dra-example-driver's device_state.go).
 one round at a time (:mod:`.groupcommit`). A prepare does its page-cache work on the event loop
 (reading the checkpoint, the PrepareStarted write, the CDI specs on tmpfs: microseconds each) and
 awaits what waits: the fsyncs, on the stager thread, and a node lock held by a peer instance.
-Unprepare, off the kubelet's pod-start path, runs whole on the stager thread. Start-up is blocking.
+Unprepare, off the kubelet's pod-start path, takes the lock on the loop and does the rest on the
+stager thread. Start-up is blocking.
 
 Prepare, for all claims of one batch of kubelet calls together (the plugin batches calls that
 arrive while the previous batch is on disk: group commit):
