@@ -169,7 +169,7 @@ class DeviceState:
                      list(result.rolled_back), list(result.remove_specs), [c.uid for c in result.rewrite_specs])
         return result
 
-    # -- prepare ---------------------------------------------------------------------------------
+    # -- prepare ----------------------------------------------------------------------------------
     async def prepare(self, claims: Sequence[tuple[ClaimRef, Fetched]]) -> dict[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
         async with node_lock_async(self.lock_path, self.lock_timeout):
