@@ -97,6 +97,9 @@ class DeviceState:
     def _lock(self):  # type: ignore[no-untyped-def]
         return node_lock(self.lock_path, self.lock_timeout)
 
+    def _lock_async(self):  # type: ignore[no-untyped-def]
+        return node_lock_async(self.lock_path, self.lock_timeout)
+
     def _load(self) -> ckpt.Checkpoint:
         """The checkpoint on disk. Decoding and verifying it is O(prepared claims), so the last one
         this instance read or wrote is reused while the file holds exactly its bytes (reading
@@ -172,7 +175,7 @@ class DeviceState:
     # -- prepare ----------------------------------------------------------------------------------
     async def prepare(self, claims: Sequence[tuple[ClaimRef, Fetched]]) -> dict[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
-        async with node_lock_async(self.lock_path, self.lock_timeout):
+        async with self._lock_async():
             checkpoint = self._load()
             original = checkpoint
             planned: list[PreparedClaim] = []
@@ -279,7 +282,7 @@ class DeviceState:
             except ClaimError as error:
                 results[ref.uid] = str(error)
         if valid:
-            async with node_lock_async(self.lock_path, self.lock_timeout):
+            async with self._lock_async():
                 results.update(await self._on_stager(self._unprepare_locked, valid))
         return results
 
