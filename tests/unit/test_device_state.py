@@ -138,23 +138,98 @@ async def test_a_checkpoint_changed_by_another_instance_is_read_again_even_with_
 
 async def test_a_prepare_writes_the_checkpoint_twice_and_only_the_commit_is_durable(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
     state = make(tmp_path)
-    swaps: list[tuple[str, bool]] = []  # (scratch file, durable?) of each write that took effect
-    real_swap = fsutil.swap
+    writes: list[tuple[str, ...]] = []  # in order: stage (scratch, fsync'd?), swap (scratch), dir fsync
+    real_stage, real_swap, real_fsync_dir = fsutil.stage, fsutil.swap, fsutil.fsync_dir
 
-    def recording_swap(path, *, scratch, durable=True):  # type: ignore[no-untyped-def]
-        swaps.append((scratch, durable))
-        real_swap(path, scratch=scratch, durable=durable)
+    def recording_stage(path, data, *, scratch, mode=0o644, durable=True):  # type: ignore[no-untyped-def]
+        writes.append(("stage", scratch, "fsync" if durable else "no fsync"))
+        real_stage(path, data, scratch=scratch, mode=mode, durable=durable)
 
+    def recording_swap(path, *, scratch):  # type: ignore[no-untyped-def]
+        writes.append(("swap", scratch))
+        real_swap(path, scratch=scratch)
+
+    def recording_fsync_dir(directory):  # type: ignore[no-untyped-def]
+        writes.append(("fsync dir", Path(directory).name))
+        real_fsync_dir(directory)
+
+    monkeypatch.setattr(fsutil, "stage", recording_stage)
     monkeypatch.setattr(fsutil, "swap", recording_swap)
+    monkeypatch.setattr(fsutil, "fsync_dir", recording_fsync_dir)
     assert await state.prepare(items((REF_A, claim(A, name="a")), (REF_B, claim(B, name="b", results=[result("gpu-1")]))))
-    # one batch: PrepareStarted, then the commit, staged while the specs were written
-    assert swaps == [("scratch-volatile", False), ("scratch-durable", True)] and state.prepared_count == 2
-    assert ckpt.load(state.checkpoint_path, "boot-1")[0].completed_count() == 2
+    assert state.dir_synced is not None
+    await asyncio.wrap_future(state.dir_synced)
+    # one batch: PrepareStarted, then the commit (staged while the specs were written), the
+    # plugin directory fsync'd after it
+    assert sorted(writes[:2]) == [("stage", "scratch-durable", "fsync"), ("stage", "scratch-volatile", "no fsync")]
+    assert writes[2:] == [("swap", "scratch-volatile"), ("swap", "scratch-durable"), ("fsync dir", "plugin")]
+    assert writes.index(("swap", "scratch-volatile")) > writes.index(("stage", "scratch-volatile", "no fsync"))
+    assert state.prepared_count == 2 and ckpt.load(state.checkpoint_path, "boot-1")[0].completed_count() == 2
+    del writes[:]
     await state.prepare(items((REF_A, claim(A, name="a"))))  # answered again: nothing written
-    assert len(swaps) == 2
+    assert writes == []
     await state.unprepare([REF_A])
-    assert swaps[2:] == [("scratch-durable", True)] and state.prepared_count == 1
+    assert writes[:3] == [("stage", "scratch-durable", "fsync"), ("swap", "scratch-durable"), ("fsync dir", "plugin")]
+    assert state.prepared_count == 1
+
+
+async def test_the_answer_does_not_wait_for_the_commits_directory_fsync_and_later_writes_do(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kubelet gets its answer once the commit is fsync'd and renamed; the directory fsync
+    runs after, and this instance's next durable write waits for it."""
+    import asyncio
+    import threading
+
+    state = make(tmp_path)
+    syncing, release = threading.Event(), threading.Event()
+    order: list[str] = []
+    real_stage, real_fsync_dir = fsutil.stage, fsutil.fsync_dir
+
+    def held_fsync_dir(directory):  # type: ignore[no-untyped-def]
+        if Path(directory) == state.plugin_dir and not release.is_set():
+            syncing.set()
+            assert release.wait(10), "the test never let the directory fsync go on"
+            order.append("commit's directory fsync")
+        real_fsync_dir(directory)
+
+    def noting_stage(path, data, *, scratch, mode=0o644, durable=True):  # type: ignore[no-untyped-def]
+        if durable:
+            order.append("durable stage")
+        real_stage(path, data, scratch=scratch, mode=mode, durable=durable)
+
+    monkeypatch.setattr(fsutil, "fsync_dir", held_fsync_dir)
+    monkeypatch.setattr(fsutil, "stage", noting_stage)
+    out = await asyncio.wait_for(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])))), 10)
+    assert out[A].error is None  # answered while the directory fsync is still held
+    assert await asyncio.to_thread(syncing.wait, 10)
+    assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims[A].state == ckpt.COMPLETED
+    unprepare = asyncio.ensure_future(state.unprepare([REF_A]))
+    await asyncio.sleep(0)  # the unprepare reaches the stager, behind the held fsync
+    assert order == ["durable stage"] and not unprepare.done()
+    release.set()
+    assert await asyncio.wait_for(unprepare, 10) == {A: None}
+    assert order == ["durable stage", "commit's directory fsync", "durable stage"]
+
+
+async def test_a_failing_directory_fsync_after_the_answer_is_logged_and_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import asyncio
+
+    state = make(tmp_path)
+
+    def failing_fsync_dir(directory):  # type: ignore[no-untyped-def]
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(fsutil, "fsync_dir", failing_fsync_dir)
+    out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+    assert state.dir_synced is not None
+    await asyncio.wrap_future(state.dir_synced)  # it does not raise: the error is logged
+    assert out[A].error is None and state.cdi.claim_uids() == {A}
+    assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims[A].state == ckpt.COMPLETED
+    assert any("Input/output error" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
 
 
 async def test_a_spec_that_cannot_be_written_drops_its_claim_from_the_staged_commit(
@@ -201,7 +276,7 @@ async def test_a_commit_that_fails_in_place_is_an_error_and_rolled_back(
 
     def renamed_but_not_synced(path):  # type: ignore[no-untyped-def]
         real_publish(path)
-        raise OSError(5, "Input/output error")  # as if the directory fsync failed after the rename
+        raise OSError(5, "Input/output error")  # the rename reports an error, having taken effect
 
     monkeypatch.setattr(ckpt, "publish_commit", renamed_but_not_synced)
     out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))

@@ -207,9 +207,9 @@ async def test_concurrent_calls_are_committed_together(root: Path, monkeypatch: 
     commits: list[int] = []  # claims in the checkpoint after each durable write
     real_swap = fsutil.swap
 
-    def counting_swap(path, *, scratch, durable=True):  # type: ignore[no-untyped-def]
-        real_swap(path, scratch=scratch, durable=durable)
-        if durable:
+    def counting_swap(path, *, scratch):  # type: ignore[no-untyped-def]
+        real_swap(path, scratch=scratch)
+        if scratch == ckpt.SCRATCH[True]:
             commits.append(len(ckpt.load(path, "boot-1")[0].claims))
 
     monkeypatch.setattr(fsutil, "swap", counting_swap)

@@ -220,7 +220,8 @@ def stage_commit(path: Path, checkpoint: Checkpoint) -> bytes:
 
 
 def publish_commit(path: Path) -> None:
-    """Rename the staged commit into place and fsync the directory: the end of a durable save."""
+    """Rename the staged commit into place. The directory fsync that completes the durable save
+    is the caller's: prepare answers the kubelet first (see :mod:`.state`)."""
     fsutil.swap(path, scratch=SCRATCH[True])
 
 

@@ -66,10 +66,14 @@ def swap_in(path: Path, data: bytes, *, scratch: str, mode: int = 0o644, durable
     write, durable and not: a durable write then never overwrites in place the inode that the
     disk may still hold as ``path`` (a non-durable exchange may not have reached the journal),
     so a power loss leaves ``path`` whole as well. Two non-durable writes in a row do not have
-    that property; for the checkpoint it does not matter, a reboot voids it anyway.
+    that property; for the checkpoint it does not matter, a reboot voids it anyway. A caller that
+    does a durable write in parts (:func:`stage`, :func:`swap`, :func:`fsync_dir` later) must let
+    the directory fsync finish before its next durable :func:`stage`.
     """
     stage(path, data, scratch=scratch, mode=mode, durable=durable)
-    swap(path, scratch=scratch, durable=durable)
+    swap(path, scratch=scratch)
+    if durable:
+        fsync_dir(path.parent)
 
 
 def stage(path: Path, data: bytes, *, scratch: str, mode: int = 0o644, durable: bool = True) -> None:
@@ -85,13 +89,12 @@ def stage(path: Path, data: bytes, *, scratch: str, mode: int = 0o644, durable: 
         os.close(fd)
 
 
-def swap(path: Path, *, scratch: str, durable: bool = True) -> None:
-    """The second half of :func:`swap_in`: the staged scratch file becomes ``path``."""
+def swap(path: Path, *, scratch: str) -> None:
+    """The second half of :func:`swap_in`: the staged scratch file becomes ``path`` (the rename;
+    the directory fsync that makes it survive power loss is the caller's)."""
     spare = _scratch(path, scratch)
     if not exchange(spare, path):
         os.replace(spare, path)  # the first write, or no exchange here: the scratch name is used up
-    if durable:
-        fsync_dir(path.parent)
 
 
 def _scratch(path: Path, scratch: str) -> Path:
