@@ -33,7 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--kubelet-dir", default="/var/lib/kubelet", help="the kubelet's root directory")
     parser.add_argument("--cdi-dir", default="/var/run/cdi", help="where CDI specs are written")
     parser.add_argument("--driver-root", default="/", help="host root of the NVIDIA driver files")
-    parser.add_argument("--pod-uid", default=os.environ.get("POD_UID") or None,
+    parser.add_argument("--pod-uid", default=os.environ.get("POD_UID") or None, type=_pod_uid,
                         help="this agent pod's UID, for unique plugin socket names during rolling updates "
                              "(default: $POD_UID, else a random ID)")
     parser.add_argument("--ready-file", default=os.environ.get("GPUDRA_READY_FILE") or None,
@@ -43,6 +43,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("GPUDRA_METRICS_PORT") or 0),
                         help="serve Prometheus /metrics on this port; 0 disables (default: $GPUDRA_METRICS_PORT or 0)")
     parser.set_defaults(run=run)
+
+
+def _pod_uid(value: str) -> str:
+    """The pod UID goes into the plugin's socket file names: a UID, nothing path-like."""
+    from gpudra_driver.plugin.model import is_uid
+
+    if not is_uid(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a pod UID (letters, digits and '-', at most 64)")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,7 +106,8 @@ async def _main(args: argparse.Namespace) -> int:
                            get_claim=claim_getter(kube))
     await plugin.start()
     tasks = [asyncio.create_task(publisher.run(), name="publisher"),
-             asyncio.create_task(_rescan_loop(args, publisher, plugin), name="rescan")]
+             asyncio.create_task(_rescan_loop(args, publisher, plugin), name="rescan"),
+             asyncio.create_task(plugin.watch(), name="kubelet-plugin")]
     if args.ready_file:
         tasks.append(asyncio.create_task(
             _report_ready(Path(args.ready_file), plugin.registration.registered, publisher.published),

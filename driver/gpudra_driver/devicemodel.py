@@ -238,7 +238,7 @@ _BDF = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2
 def normalize_pci_bus_id(bus_id: str) -> str:
     """NVML's ``00000000:3B:00.0`` -> ``0000:3b:00.0``, the extended BDF Kubernetes' standard
     attribute requires (``^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-9a-f]$``)."""
-    m = _BDF.match(bus_id.strip())
+    m = _BDF.fullmatch(bus_id.strip())
     if not m:
         raise ValueError(f"not a PCI bus ID: {bus_id!r}")
     domain, bus, dev, fn = m.groups()

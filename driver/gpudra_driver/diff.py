@@ -16,7 +16,7 @@ def quantity_value(value: Any) -> Decimal | None:
     """The number a Kubernetes quantity stands for (``"1Gi"``, ``"500m"``, ``2``); None otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         return None
-    match = _QUANTITY.match(str(value))
+    match = _QUANTITY.fullmatch(str(value))
     if not match:
         return None
     number, suffix = match.group(1), match.group(2) or ""

@@ -35,6 +35,7 @@ MAX_SELECTORS = 32
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
+# Used with fullmatch: with match, "$" also matches before a trailing newline ("name\n" would pass).
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -56,22 +57,22 @@ class LimitError(ValueError):
 
 
 def is_dns_label(value: str) -> bool:
-    return len(value) <= MAX_DNS_LABEL_LENGTH and bool(_DNS_LABEL.match(value))
+    return len(value) <= MAX_DNS_LABEL_LENGTH and bool(_DNS_LABEL.fullmatch(value))
 
 
 def is_dns_subdomain(value: str) -> bool:
     return (
         0 < len(value) <= MAX_DNS_SUBDOMAIN_LENGTH
-        and all(_DNS_LABEL.match(part) for part in value.split("."))
+        and all(_DNS_LABEL.fullmatch(part) for part in value.split("."))
     )
 
 
 def is_semver(value: str) -> bool:
-    return bool(_SEMVER.match(value))
+    return bool(_SEMVER.fullmatch(value))
 
 
 def is_label_value(value: str) -> bool:
-    return len(value) <= MAX_LABEL_VALUE_LENGTH and bool(_LABEL_VALUE.match(value))
+    return len(value) <= MAX_LABEL_VALUE_LENGTH and bool(_LABEL_VALUE.fullmatch(value))
 
 
 def check_dns_label(subject: str, value: str) -> None:
@@ -99,7 +100,7 @@ def check_qualified_name(subject: str, name: str) -> None:
     domain, sep, ident = name.rpartition("/")
     if sep:
         check_dns_subdomain(f"{subject} domain", domain, MAX_DOMAIN_LENGTH)
-    if len(ident) > MAX_ID_LENGTH or not _C_IDENTIFIER.match(ident):
+    if len(ident) > MAX_ID_LENGTH or not _C_IDENTIFIER.fullmatch(ident):
         raise LimitError(
             subject, f"{name!r}: name part must be a C identifier of at most {MAX_ID_LENGTH} characters"
         )

@@ -25,7 +25,7 @@ def prepared(*results, uid: str = UID, profile: str = "dgx-h100") -> PreparedCla
 
 
 def test_gpu_claim_spec_names_the_gpu_node_uuid_and_common_nodes() -> None:
-    spec = validate_cdi_spec(cdi_spec(prepared(result("gpu-3"), result("gpu-5", request="other")), DRIVER))
+    spec = validate_cdi_spec(cdi_spec(prepared(result("gpu-3"), result("gpu-5")), DRIVER))
     gpus = devices()
     assert spec["kind"] == "k8s.gpu.gpudra.io/claim"
     assert spec["cdiVersion"] == "0.5.0"  # the device names start with a digit (the claim UID)
@@ -37,6 +37,20 @@ def test_gpu_claim_spec_names_the_gpu_node_uuid_and_common_nodes() -> None:
         "env": [f"NVIDIA_VISIBLE_DEVICES={gpus['gpu-3'].uuid},{gpus['gpu-5'].uuid}"],
         "deviceNodes": [{"path": "/dev/nvidiactl"}, {"path": "/dev/nvidia-uvm"}, {"path": "/dev/nvidia-uvm-tools"}],
     }
+
+
+def test_devices_of_different_requests_name_only_their_own_request_gpus() -> None:
+    """A container that references one request of the claim gets only that request's devices
+    (and the spec-wide edits): NVIDIA_VISIBLE_DEVICES must not name the other request's GPUs."""
+    claim = prepared(result("gpu-1", request="train"), result("gpu-2", request="train"),
+                     result("gpu-6", request="serve"))
+    spec = validate_cdi_spec(cdi_spec(claim, DRIVER))
+    gpus = devices()
+    assert "env" not in spec["containerEdits"]
+    env = {d["name"].rsplit("-", 2)[-2] + "-" + d["name"].rsplit("-", 1)[-1]: d["containerEdits"]["env"]
+           for d in spec["devices"]}
+    train = f"NVIDIA_VISIBLE_DEVICES={gpus['gpu-1'].uuid},{gpus['gpu-2'].uuid}"
+    assert env == {"gpu-1": [train], "gpu-2": [train], "gpu-6": [f"NVIDIA_VISIBLE_DEVICES={gpus['gpu-6'].uuid}"]}
 
 
 def test_spec_version_is_the_minimum_never_newer() -> None:

@@ -285,7 +285,7 @@ async def test_a_commit_that_fails_in_place_is_an_error_and_rolled_back(
     assert state.cdi.claim_uids() == set() and state.prepared_count == 0
 
 
-async def test_a_failing_prepare_started_write_fails_the_batch_and_leaves_the_stager_free(
+async def test_a_failing_prepare_started_write_fails_the_new_claims_and_leaves_the_stager_free(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncio
 
@@ -297,13 +297,16 @@ async def test_a_failing_prepare_started_write_fails_the_batch_and_leaves_the_st
             raise OSError(28, "No space left on device")
         return real_swap_in(path, data, scratch=scratch, mode=mode, durable=durable)
 
+    await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))  # before the disk filled up
     monkeypatch.setattr(fsutil, "swap_in", full_disk_for_volatile)
-    with pytest.raises(OSError, match="No space left"):
-        await asyncio.wait_for(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])))), 10)
-    assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims == {} and state.cdi.claim_uids() == set()
+    out = await asyncio.wait_for(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])),
+                                                     (REF_B, claim(B, name="b", results=[result("gpu-1")])))), 10)
+    assert "preparing on node" in (out[A].error or "") and "No space left" in (out[A].error or "")
+    assert out[B].error is None and out[B].claim is not None  # already prepared: still answered
+    assert set(ckpt.load(state.checkpoint_path, "boot-1")[0].claims) == {B} and state.cdi.claim_uids() == {B}
     monkeypatch.setattr(fsutil, "swap_in", real_swap_in)
     out = await asyncio.wait_for(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])))), 10)
-    assert out[A].error is None and state.prepared_count == 1  # the stager was not left waiting
+    assert out[A].error is None and state.prepared_count == 2  # the stager was not left waiting
 
 
 async def test_a_prepare_cancelled_during_its_commit_keeps_the_lock_until_the_commit_is_done(
@@ -393,6 +396,48 @@ async def test_after_a_reboot_everything_prepared_before_is_dropped(tmp_path: Pa
     await make(tmp_path).prepare(items((REF_A, claim(A, name="a"))))
     rebooted = make(tmp_path, boot="boot-2")
     assert spec_files(tmp_path) == [] and ckpt.load(rebooted.checkpoint_path, "boot-2")[0].claims == {}
+    # the old boot's file is replaced at start, so later calls neither re-read nor warn about it again
+    assert json.loads(rebooted.checkpoint_path.read_text())["bootID"] == "boot-2"
+
+
+async def test_a_lock_held_by_a_peer_past_the_timeout_is_an_error_for_each_claim(tmp_path: Path) -> None:
+    import asyncio
+
+    from gpudra_driver.plugin.locking import node_lock
+
+    state = make(tmp_path)
+    await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
+    state.lock_timeout = 0.2
+    with node_lock(state.lock_path):  # a peer instance holds it (another open file description)
+        out = await asyncio.wait_for(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])),
+                                                         (REF_B, claim(B, name="b", results=[result("gpu-1")])))), 10)
+        gone = await asyncio.wait_for(state.unprepare([REF_B]), 10)
+    for error in (out[A].error, out[B].error, gone[B]):
+        assert error and "held by another agent instance for over 0.2s" in error
+    assert REF_A.name in (out[A].error or "") and B in (gone[B] or "")
+    # nothing changed; once the peer lets go, both calls work
+    assert set(ckpt.load(state.checkpoint_path, "boot-1")[0].claims) == {B}
+    out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+    assert out[A].error is None and await state.unprepare([REF_B]) == {B: None}
+
+
+async def test_a_checkpoint_corrupted_while_running_is_an_error_for_each_claim(tmp_path: Path) -> None:
+    state = make(tmp_path)
+    await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
+    state.checkpoint_path.write_text("{not json")
+    out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+    assert "preparing on node" in (out[A].error or "") and state.cdi.claim_uids() == {B}
+    assert "unpreparing on node" in ((await state.unprepare([REF_B]))[B] or "")
+    assert state.checkpoint_path.read_text() == "{not json"  # left for start-up to set aside, not overwritten
+
+
+async def test_a_claim_of_unexpected_shape_is_its_own_error(tmp_path: Path) -> None:
+    state = make(tmp_path)
+    odd = claim(B, name="b", results=[result("gpu-1")])
+    odd["status"]["allocation"]["devices"]["results"] = [["not", "a", "mapping"]]
+    out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])), (REF_B, odd)))
+    assert out[A].error is None and "cannot be read" in (out[B].error or "")
+    assert state.cdi.claim_uids() == {A}
 
 
 async def test_a_corrupt_checkpoint_is_moved_aside_and_specs_are_kept(tmp_path: Path) -> None:

@@ -194,3 +194,34 @@ async def test_rounds_cancelled_while_gathering_or_running_answer_every_call_tak
     with pytest.raises(RuntimeError, match="not running"):
         rounds.submit("prepare", ["d"], same)
     await rounds.stop()
+
+
+async def test_ended_raises_when_the_rounds_end_unasked_and_returns_after_stop() -> None:
+    rec = Recorder()
+    rounds = GroupCommit({"prepare": rec.handler("prepare")})
+    rounds.start()
+    watching = asyncio.ensure_future(rounds.ended())
+    await asyncio.sleep(0)
+    assert not watching.done()  # serving: the watcher waits
+    assert rounds._task is not None
+    rounds._task.cancel()  # ended by something other than stop()
+    with pytest.raises(RuntimeError, match="group commit was cancelled"):
+        await asyncio.wait_for(watching, 10)
+    await rounds.stop()
+
+    rounds = GroupCommit({"prepare": rec.handler("prepare")})
+    rounds.start()
+    watching = asyncio.ensure_future(rounds.ended())
+    await rounds.stop()
+    await asyncio.wait_for(watching, 10)  # the normal end: no error
+
+    rounds = GroupCommit({"prepare": rec.handler("prepare")})
+    rounds.start()
+    watcher = asyncio.ensure_future(rounds.ended())
+    await asyncio.sleep(0)
+    watcher.cancel()  # cancelling the watcher leaves the rounds running
+    with pytest.raises(asyncio.CancelledError):
+        await watcher
+    rec.release.set()
+    assert await asyncio.wait_for(rounds.submit("prepare", ["a"], same), 10) == {"a": "prepare:a"}
+    await rounds.stop()

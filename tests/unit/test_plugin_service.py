@@ -250,3 +250,40 @@ async def test_a_lone_prepare_never_waits_for_the_gather_delay(root: Path, monke
         await plugin.stop()
     # a round may be taken the moment the call is queued: it must not count as coming
     assert coming_when_queued == [0, 0]
+
+
+async def test_watch_raises_when_the_registration_socket_cannot_be_served(
+        root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import shutil
+
+    plugin = make_plugin(root, {})
+    await plugin.start()
+    try:
+        watching = asyncio.ensure_future(plugin.watch())
+        await asyncio.sleep(0)
+        assert not watching.done()  # waiting for discovery, then serving
+        shutil.rmtree(plugin.registry_dir)
+        plugin.registry_dir.write_text("not a directory")  # nothing can listen in there
+        plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
+        with pytest.raises(OSError, match="cannot listen on unix socket"):
+            await asyncio.wait_for(watching, 10)
+        assert any("registration socket could not be served" in r.getMessage() for r in caplog.records)
+    finally:
+        await plugin.stop()
+
+
+async def test_watch_raises_when_the_rounds_that_answer_calls_end(root: Path) -> None:
+    plugin = make_plugin(root, {})
+    await plugin.start()
+    try:
+        plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
+        watching = asyncio.ensure_future(plugin.watch())
+        await plugin._register_task  # type: ignore[misc]
+        await asyncio.sleep(0)
+        assert not watching.done()  # registered and serving
+        assert plugin._rounds._task is not None
+        plugin._rounds._task.cancel()
+        with pytest.raises(RuntimeError, match="group commit was cancelled"):
+            await asyncio.wait_for(watching, 10)
+    finally:
+        await plugin.stop()

@@ -61,6 +61,9 @@ def test_bad_claims_are_refused_with_a_reason(obj, message: str) -> None:
     ClaimRef("../kube-system", "c1", UID),
     ClaimRef("ns", "c1/../../x", UID),
     ClaimRef("", "c1", UID),
+    ClaimRef("ns", "c1", UID + "\n"),  # "$" alone would match before the newline
+    ClaimRef("ns\n", "c1", UID),
+    ClaimRef("ns", "c1\n", UID),
 ])
 def test_names_with_path_characters_are_malformed(ref: ClaimRef) -> None:
     with pytest.raises(ClaimError, match="malformed claim"):

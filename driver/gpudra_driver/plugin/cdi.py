@@ -65,23 +65,32 @@ def cdi_spec(claim: PreparedClaim, driver: str, driver_root: str = "/") -> dict[
     """The CDI spec for a prepared claim with at least one device.
 
     Device edits: the device's own nodes. Spec-wide edits (applied once whenever any device of the
-    spec is injected): the control and UVM nodes and ``NVIDIA_VISIBLE_DEVICES`` listing the
-    claim's GPU/MIG UUIDs."""
+    spec is injected): the control and UVM nodes, and ``NVIDIA_VISIBLE_DEVICES`` listing the
+    claim's GPU/MIG UUIDs when every device serves the same requests. Otherwise a container may be
+    given only some of the claim's devices (it references one request of the claim), so each
+    device carries the UUIDs of the devices serving exactly its requests instead: the variable
+    never names a GPU the container was not given."""
     if not claim.devices:
         raise ValueError(f"claim {claim.uid} has no devices: no CDI spec to write")
-    spec: dict[str, Any] = {
-        "cdiVersion": "",
-        "kind": cdi_kind(driver),
-        "devices": [{"name": cdi_device_name(claim.uid, d.device),
-                     "containerEdits": {"deviceNodes": [_device_node(p, driver_root) for p in d.device_nodes]}}
-                    for d in claim.devices],
-        "containerEdits": {
-            "env": [f"{VISIBLE_DEVICES_ENV}={','.join(d.uuid for d in claim.devices)}"],
-            "deviceNodes": [_device_node(p, driver_root) for p in COMMON_NODES],
-        },
-    }
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for d in claim.devices:
+        groups.setdefault(tuple(sorted(d.requests)), []).append(d.uuid)
+    per_device = len(groups) > 1
+    devices = []
+    for d in claim.devices:
+        edits: dict[str, Any] = {"deviceNodes": [_device_node(p, driver_root) for p in d.device_nodes]}
+        if per_device:
+            edits["env"] = [_visible(groups[tuple(sorted(d.requests))])]
+        devices.append({"name": cdi_device_name(claim.uid, d.device), "containerEdits": edits})
+    common: dict[str, Any] = {} if per_device else {"env": [_visible([d.uuid for d in claim.devices])]}
+    common["deviceNodes"] = [_device_node(p, driver_root) for p in COMMON_NODES]
+    spec: dict[str, Any] = {"cdiVersion": "", "kind": cdi_kind(driver), "devices": devices, "containerEdits": common}
     spec["cdiVersion"] = minimum_version(spec)
     return spec
+
+
+def _visible(uuids: list[str]) -> str:
+    return f"{VISIBLE_DEVICES_ENV}={','.join(uuids)}"
 
 
 def minimum_version(spec: dict[str, Any]) -> str:

@@ -58,6 +58,20 @@ class GroupCommit:
         elif not self._task.cancelled():
             self._task.exception()  # it ended on its own, logged then: retrieved, not raised again
 
+    async def ended(self) -> None:
+        """Wait until the rounds end. After :meth:`stop` that is the normal end; otherwise raise
+        what ended them: no later call could be answered, so the agent should stop."""
+        if self._task is None:
+            raise RuntimeError("the plugin's group commit was never started")
+        try:
+            await asyncio.shield(self._task)  # raises what the task raised
+        except asyncio.CancelledError:
+            if not self._task.cancelled():
+                raise  # our own waiter was cancelled
+            raise RuntimeError("the plugin's group commit was cancelled") from None
+        if not self._stopping:
+            raise RuntimeError("the plugin's group commit ended")
+
     def submit(self, kind: str, items: Sequence[Any], key: Callable[[Any], str]) -> asyncio.Future[dict[str, Any]]:
         """Queue a call; its future gets the results of its own items. A caller that gives up
         (cancels the future) does not stop the batch its items are part of."""

@@ -21,6 +21,10 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 LOCK_FILE = "serialize.lock"
+# How long a prepare or unprepare waits for a peer holding the lock. With the claim GET's own limit
+# (plugin.CLAIM_GET_TIMEOUT, 10 s) and the writes it stays under the kubelet's 45 s per call, so a
+# stuck peer turns into a per-claim error the kubelet logs and retries, not a deadline exceeded.
+LOCK_TIMEOUT = 25.0
 
 
 class LockTimeout(TimeoutError):
@@ -28,11 +32,8 @@ class LockTimeout(TimeoutError):
 
 
 @contextmanager
-def node_lock(path: Path, timeout: float = 40.0) -> Iterator[None]:
-    """Hold an exclusive flock on ``path`` (created if missing). Blocking; call it off the event loop.
-
-    ``timeout`` stays under the kubelet's 45 s call deadline so a stuck peer turns into a
-    per-claim error the kubelet retries, not a hung call."""
+def node_lock(path: Path, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (created if missing). Blocking; call it off the event loop."""
     with _lock_file(path) as fd:
         for delay in _attempts(fd, path, timeout):
             time.sleep(delay)
@@ -40,7 +41,7 @@ def node_lock(path: Path, timeout: float = 40.0) -> Iterator[None]:
 
 
 @asynccontextmanager
-async def node_lock_async(path: Path, timeout: float = 40.0) -> AsyncIterator[None]:
+async def node_lock_async(path: Path, timeout: float = LOCK_TIMEOUT) -> AsyncIterator[None]:
     """:func:`node_lock` for a coroutine: while a peer holds the lock, the event loop keeps serving."""
     with _lock_file(path) as fd:
         for delay in _attempts(fd, path, timeout):
@@ -72,6 +73,6 @@ def _attempts(fd: int, path: Path, timeout: float) -> Iterator[float]:
             return
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                raise LockTimeout(f"{path} is held by another agent instance for over {timeout:.0f}s") from None
+                raise LockTimeout(f"{path} is held by another agent instance for over {timeout:g}s") from None
         yield delay
         delay = min(delay * 2, 0.05)

@@ -18,6 +18,11 @@ from gpudra_driver import limits
 _UID = re.compile(r"^[0-9A-Za-z]([0-9A-Za-z-]{0,62}[0-9A-Za-z])?$")
 
 
+def is_uid(value: str) -> bool:
+    """A Kubernetes UID, or anything as safe in a file or socket name and a CDI device name."""
+    return bool(_UID.fullmatch(value))
+
+
 class ClaimError(Exception):
     """Preparing or unpreparing one claim failed; the message goes into the kubelet's response."""
 
@@ -37,7 +42,7 @@ class ClaimRef:
         """Reject malformed names before they reach an API path or a file name."""
         if not self.uid:
             raise ClaimError("malformed claim: uid is required")
-        if not _UID.match(self.uid):
+        if not is_uid(self.uid):
             raise ClaimError(f"malformed claim: uid {self.uid!r} is not a Kubernetes UID")
         if not limits.is_dns_label(self.namespace):
             raise ClaimError(f"malformed claim {self.uid}: namespace {self.namespace!r} is not a DNS label")

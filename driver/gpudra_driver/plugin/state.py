@@ -62,7 +62,7 @@ from gpudra_driver.plugin.devicenodes import NodeDevice
 from gpudra_driver.plugin.faults import FaultHook
 from gpudra_driver.plugin import fsutil
 from gpudra_driver.plugin.fsutil import read_file
-from gpudra_driver.plugin.locking import LOCK_FILE, node_lock, node_lock_async
+from gpudra_driver.plugin.locking import LOCK_FILE, LOCK_TIMEOUT, node_lock, node_lock_async
 from gpudra_driver.plugin.model import ClaimError, ClaimRef, PreparedClaim
 from gpudra_driver.plugin.prepare import plan_prepare
 
@@ -83,7 +83,7 @@ Fetched = Mapping[str, Any] | None | ClaimError
 
 class DeviceState:
     def __init__(self, plugin_dir: Path, cdi: CdiDir, *, driver: str, node: str, boot_id: str,
-                 fault: FaultHook | None = None, lock_timeout: float = 40.0) -> None:
+                 fault: FaultHook | None = None, lock_timeout: float = LOCK_TIMEOUT) -> None:
         self.plugin_dir = plugin_dir
         self.cdi = cdi
         self.driver = driver
@@ -99,6 +99,7 @@ class DeviceState:
         # The fsyncs of prepare's commit (while its specs are written) and unprepare; one at a time.
         self._stager = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpudra-checkpoint-stager")
         self.dir_synced: Future[None] | None = None  # the last commit's directory fsync, once queued
+        self.discarded = False  # the last read found another boot's checkpoint and discarded it
 
     def set_devices(self, devices: Mapping[str, NodeDevice]) -> None:
         self.devices = dict(devices)
@@ -118,6 +119,7 @@ class DeviceState:
             return self._cached[1]
         self._cached = None
         checkpoint, problem = (ckpt.Checkpoint(self.boot_id), None) if data is None else ckpt.parse(data, self.boot_id)
+        self.discarded = problem is not None
         if problem:
             log.warning("%s", problem)
         if data is not None and not problem:
@@ -171,8 +173,8 @@ class DeviceState:
             temp = self.cdi.remove_temp_files() if on_disk or self.cdi.path.is_dir() else 0
             if result.changed or temp:
                 self.cdi.sync()
-            if result.checkpoint != loaded or not self.checkpoint_path.exists():
-                self._save(result.checkpoint)
+            if result.checkpoint != loaded or self.discarded or not self.checkpoint_path.exists():
+                self._save(result.checkpoint)  # another boot's is replaced too: read once, warned once
             for name in os.listdir(self.plugin_dir):
                 if ckpt.is_leftover(name, CHECKPOINT_FILE):
                     os.unlink(self.plugin_dir / name)
@@ -183,7 +185,20 @@ class DeviceState:
 
     # -- prepare ----------------------------------------------------------------------------------
     async def prepare(self, claims: Sequence[tuple[ClaimRef, Fetched]]) -> dict[str, PrepareResult]:
+        """Every claim's answer. A failure of the node rather than of a claim (the lock held by a
+        peer past the timeout, an unreadable checkpoint, a failing disk) is the error of each claim
+        not answered yet; claims answered before it (already prepared, or refused) keep theirs."""
         results: dict[str, PrepareResult] = {}
+        try:
+            await self._prepare(claims, results)
+        except (OSError, ckpt.CheckpointError) as error:  # LockTimeout is an OSError too
+            log.error("prepare on node %s failed: %s", self.node, error)
+            for ref, _ in claims:
+                results.setdefault(ref.uid, PrepareResult(error=f"{ref}: preparing on node {self.node} "
+                                                                f"failed: {error}"))
+        return results
+
+    async def _prepare(self, claims: Sequence[tuple[ClaimRef, Fetched]], results: dict[str, PrepareResult]) -> None:
         async with self._lock_async():
             checkpoint = self._load()
             original = checkpoint
@@ -198,13 +213,17 @@ class DeviceState:
                 except ClaimError as error:
                     results[ref.uid] = PrepareResult(error=str(error))
                     continue
+                except Exception as error:  # a claim shaped as no API server would return it
+                    log.exception("planning %s failed", ref)
+                    results[ref.uid] = PrepareResult(error=f"{ref}: its allocation cannot be read: {error!r}")
+                    continue
                 if plan.done:
                     results[ref.uid] = self._answer_again(plan.claim)
                 else:
                     planned.append(plan.claim)
                     checkpoint = checkpoint.started(plan.claim)
             if not planned:
-                return results
+                return
             # The commit as it will be if every spec is written: staged (written and fsync'd, not
             # yet in place) on the stager thread while the specs are written here, then published
             # there if they all were.
@@ -238,11 +257,10 @@ class DeviceState:
                     results[claim.uid] = PrepareResult(error=f"{claim.ref}: recording the prepared claim "
                                                              f"failed: {error}")
                 await self._on_stager(self._save_quietly, original)
-                return results
+                return
             self.fault("after-checkpoint-completed")
             for claim in written:
                 results[claim.uid] = PrepareResult(claim)
-        return results
 
     async def _on_stager(self, function: Callable[..., T], *args: Any) -> T:
         job = self._stager.submit(function, *args)
@@ -294,8 +312,12 @@ class DeviceState:
             except ClaimError as error:
                 results[ref.uid] = str(error)
         if valid:
-            async with self._lock_async():
-                results.update(await self._on_stager(self._unprepare_locked, valid))
+            try:
+                async with self._lock_async():
+                    results.update(await self._on_stager(self._unprepare_locked, valid))
+            except (OSError, ckpt.CheckpointError) as error:  # of the node, not of a claim
+                log.error("unprepare on node %s failed: %s", self.node, error)  # the kubelet retries
+                results.update((uid, f"claim {uid}: unpreparing on node {self.node} failed: {error}") for uid in valid)
         return results
 
     def _unprepare_locked(self, uids: Sequence[str]) -> dict[str, str | None]:
