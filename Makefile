@@ -9,12 +9,13 @@ PYTEST_ARGS ?=
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv kube-bin helm-bin test unit demo demo-down bench protos images image-operator image-agent clean
+.PHONY: help venv kube-bin helm-bin cdi-schema test unit demo demo-down bench protos images image-operator image-agent clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
 	@echo "make unit       unit tests only (no cluster)"
 	@echo "make kube-bin   fetch or build etcd $(ETCD_VERSION) + Kubernetes $(KUBE_VERSION) binaries"
+	@echo "make cdi-schema fetch the pinned official CDI JSON schema the tests validate CDI specs against"
 	@echo "make bench      benchmarks (not part of make test)"
 	@echo "make protos     regenerate the kubelet plugin's gRPC stubs"
 	@echo "make images     build the operator and agent images (needs a docker or podman engine)"
@@ -33,12 +34,17 @@ kube-bin:
 helm-bin:
 	@hack/helm-bin.sh
 
-test: venv
+# From the Go module proxy (GOPROXY), checked against the SHA-256 pinned in tests/cdispec.py,
+# cached under ~/.cache/gpudra/cdi-schema; the tests would fetch it on first use too.
+cdi-schema: venv
+	@$(BIN)/python tests/cdispec.py >/dev/null
+
+test: venv cdi-schema
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
 	  helm="$$(hack/helm-bin.sh | tail -n 1)" && test -n "$$helm" && \
 	  GPUDRA_KUBE_BIN="$$bin_dir" GPUDRA_HELM="$$helm" $(BIN)/pytest $(PYTEST_ARGS)
 
-unit: venv
+unit: venv cdi-schema
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 demo: venv

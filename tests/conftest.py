@@ -1,6 +1,6 @@
 """Session-wide fixtures: one real control plane per test run, a Kube client, scratch namespaces
 and fake Nodes per test. Nothing here fakes the API server; without binaries the run fails with
-the command that fixes it."""
+the command that fixes it. Every CDI spec an in-process test writes is validated (cdispec.py)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,51 @@ import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
+from cdispec import load_and_validate
 
 from gpudra_driver.kubeapi import Kube, Obj, connect
+from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_operator.localcluster.controlplane import ControlPlane, find_binaries
 from gpudra_operator.localcluster.objects import (create_fake_node, create_scratch_namespace,
                                                   delete_namespace, delete_node)
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class CdiWrites:
+    validated: list[Path] = field(default_factory=list)
+    invalid: list[str] = field(default_factory=list)
+
+
+@pytest.fixture(autouse=True)
+def cdi_writes(monkeypatch: pytest.MonkeyPatch) -> Iterator[CdiWrites]:
+    """Validates every CDI spec written in this test's process as it is written: CdiDir.write is
+    how the driver writes one. A bad spec fails the test at teardown rather than raising inside
+    the code under test, whose error handling could turn it into a per-claim error."""
+    writes = CdiWrites()
+    write = CdiDir.write
+
+    def validating_write(self: CdiDir, *args: Any, **kwargs: Any) -> Path:
+        path = write(self, *args, **kwargs)
+        try:
+            load_and_validate(path)
+        except Exception as error:  # AssertionError, ValidationError, SchemaUnavailable, OSError
+            writes.invalid.append(f"{path}: {type(error).__name__}: {error}")
+        else:
+            writes.validated.append(path)
+        return path
+
+    monkeypatch.setattr(CdiDir, "write", validating_write)
+    yield writes
+    if writes.invalid:
+        pytest.fail("invalid CDI spec written:\n" + "\n".join(writes.invalid), pytrace=False)
 
 
 @pytest.fixture(scope="session")

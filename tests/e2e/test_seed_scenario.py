@@ -1,21 +1,24 @@
 """The seed scenario end to end, headless, on the same path as `make demo`: simulated GPU nodes
-with their agents, the operator, the sample GpuDraConfig, the seed's claim template and Job, the
-real scheduler's allocation, and the claim prepared through the agent's kubelet plugin socket."""
+with their agents, the operator, the sample GpuDraConfig, the seed's claim template and Job from
+manifests/samples unchanged, the real scheduler's allocation, the claim prepared through the agent's
+kubelet plugin socket into a CDI spec valid against the official CDI schema, then unprepared."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 import yaml
+from cdispec import validate_claim_spec
+from nodestate import checkpoint_states
 
 from gpudra_driver.kubeapi import Obj, resource_type
+from gpudra_driver.plugin.kubelet_client import DraClient, register
 from gpudra_operator.localcluster.controlplane import find_binaries
-from gpudra_operator.localcluster.gpucluster import LocalGpuCluster
-from gpudra_operator.localcluster.seed import run_seed
+from gpudra_operator.localcluster.gpucluster import DEMO_NODES, LocalGpuCluster
+from gpudra_operator.localcluster.seed import published_device, run_seed
 from gpudra_operator.localcluster.waiting import wait_for
 
 SAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "samples"
@@ -31,32 +34,53 @@ def to_bytes(quantity: str) -> int:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalGpuCluster]:
-    async with LocalGpuCluster(find_binaries(), tmp_path_factory.mktemp("seed"), say=lambda m: print(f"[e2e] {m}")) as cluster:
+    async with LocalGpuCluster(find_binaries(), tmp_path_factory.mktemp("seed"),
+                               say=lambda m: print(f"[e2e] {m}")) as cluster:
         await cluster.apply_file(SAMPLES / "gpudraconfig.yaml")
         await cluster.wait_ready("default")
         await cluster.wait_published()
         yield cluster
 
 
-async def test_seed_job_lands_on_a_64gi_gpu_and_is_prepared(gpu_cluster: LocalGpuCluster) -> None:
+async def test_seed_job_lands_on_a_64gi_gpu_is_prepared_and_unprepared(gpu_cluster: LocalGpuCluster) -> None:
     result = await run_seed(gpu_cluster, SAMPLES / "seed-workload.yaml", say=lambda m: print(f"[e2e] {m}"))
+    # run_seed returns right after NodePrepareResources (and the pod start): the spec, validated now.
+    uid, node, driver = result.claim["metadata"]["uid"], result.node_name, gpu_cluster.driver
+    spec = validate_claim_spec(gpu_cluster.cdi_dir(node), uid, result.cdi_device_ids)
     # Like a kubelet, the pod starts only after its claim was prepared.
     assert result.pod["status"]["phase"] == "Pending"
     running = await gpu_cluster.kube.get(POD, result.pod["metadata"]["name"], "default")
     assert running["status"]["phase"] == "Running"
     assert result.node_name == "gpu-h100-0"  # the only node whose GPUs have >= 64Gi
+    assert next(n.profile for n in DEMO_NODES if n.name == node) == "dgx-h100"
     assert result.node_name != "gpu-a100-40g-0"
     assert to_bytes(result.memory) >= 64 * GiB
     (allocated,) = result.claim["status"]["allocation"]["devices"]["results"]
-    assert (allocated["driver"], allocated["pool"], allocated["device"]) == ("gpu.gpudra.io", "gpu-h100-0", result.device)
+    assert (allocated["driver"], allocated["pool"], allocated["device"]) == (
+        "gpu.gpudra.io", "gpu-h100-0", result.device)
 
-    spec = json.loads(result.cdi_spec_path.read_text())
+    # The spec names that GPU's own device node and UUID, and nothing of another GPU.
+    minor = (await published_device(gpu_cluster, node, result.device))["attributes"]["minor"]["int"]
     assert spec["kind"] == "k8s.gpu.gpudra.io/claim"
-    assert f"NVIDIA_VISIBLE_DEVICES={result.uuid}" in spec["containerEdits"]["env"]
-    assert result.cdi_device_ids == [f"k8s.gpu.gpudra.io/claim={result.claim['metadata']['uid']}-{result.device}"]
+    assert result.cdi_device_ids == [f"k8s.gpu.gpudra.io/claim={uid}-{result.device}"]
+    assert spec["devices"] == [{"name": f"{uid}-{result.device}",
+                                "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{minor}"}]}}]
+    assert result.uuid.startswith("GPU-")
+    assert spec["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={result.uuid}"]
+    kubelet_dir = gpu_cluster.agent_workdir(node) / "kubelet"
+    assert checkpoint_states(kubelet_dir, driver) == {uid: "PrepareCompleted"}
     # What the README tells users to run shows the same allocation.
-    described = gpu_cluster.kubectl("get", "resourceclaim", result.claim_name, "-o", "jsonpath={.status.allocation.devices.results[0].device}")
+    described = gpu_cluster.kubectl("get", "resourceclaim", result.claim_name, "-o",
+                                    "jsonpath={.status.allocation.devices.results[0].device}")
     assert described.strip() == result.device
+
+    # NodeUnprepareResources, as the kubelet calls it once the pod is gone: spec and checkpoint entry go.
+    registered = await register(gpu_cluster.registration_socket(node), driver=driver)
+    async with DraClient(registered.endpoint, registered.version) as kubelet:
+        unprepared = await kubelet.unprepare([("default", result.claim_name, uid)])
+    assert unprepared.claims[uid].error == ""
+    assert not result.cdi_spec_path.exists() and list(gpu_cluster.cdi_dir(node).iterdir()) == []
+    assert checkpoint_states(kubelet_dir, driver) == {}
 
 
 async def test_too_big_a_request_stays_pending_and_the_troubleshooting_shows_why(

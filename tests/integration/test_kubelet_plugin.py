@@ -10,16 +10,19 @@ import os
 import secrets
 import signal
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
-from cdispec import load_and_validate
+import yaml
+from cdispec import load_and_validate, validate_prepared
+from nodestate import checkpoint_states
 
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
-from gpudra_driver.plugin.checkpoint import decode, is_leftover
+from gpudra_driver.plugin.checkpoint import is_leftover
 from gpudra_driver.plugin.state import CHECKPOINT_FILE
 from gpudra_driver.plugin.kubelet_client import DraClient, Registered, register
 from gpudra_driver.plugin.plugin import socket_paths
@@ -31,6 +34,7 @@ SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
 POD = resource_type("v1", "Pod")
+SEED = Path(__file__).resolve().parents[2] / "manifests" / "samples" / "seed-workload.yaml"
 
 
 @pytest.fixture
@@ -61,9 +65,13 @@ class PluginAgent:
         return self.cdi_dir / f"k8s.{self.driver}-claim_{claim_uid}.json"
 
     def checkpoint(self) -> dict[str, str]:
-        """claim UID -> state, from the checkpoint file (verified)."""
-        path = self.workdir / "kubelet" / "plugins" / self.driver / "checkpoint.json"
-        return {uid: e.state for uid, e in decode(path.read_bytes()).claims.items()}
+        return checkpoint_states(self.workdir / "kubelet", self.driver)
+
+    async def prepare(self, kubelet: DraClient, claims: Iterable[tuple[str, str, str]]) -> Any:
+        """NodePrepareResources; the spec of every claim it reports prepared is validated at once."""
+        response = await kubelet.prepare(claims)
+        validate_prepared(self.cdi_dir, response)
+        return response
 
     async def registered(self) -> Registered:
         """Wait for the registration socket like the kubelet's inotify watcher, then register."""
@@ -123,6 +131,17 @@ def ref(claim: Obj) -> tuple[str, str, str]:
     return meta["namespace"], meta["name"], meta["uid"]
 
 
+def seed_objects(driver: str, namespace: str) -> tuple[Obj, Obj]:
+    """The seed manifest's claim template and a Pod from its Job's pod template, in ``namespace``
+    and for this test's own driver: the session cluster is shared, so gpu.gpudra.io is renamed."""
+    template, job = yaml.safe_load_all(SEED.read_text().replace("gpu.gpudra.io", driver))
+    assert (template["kind"], job["kind"]) == ("ResourceClaimTemplate", "Job")
+    template["metadata"]["namespace"] = namespace
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": job["metadata"]["name"], "namespace": namespace},
+           "spec": job["spec"]["template"]["spec"]}
+    return template, pod
+
+
 async def test_seed_pod_is_scheduled_prepared_and_unprepared(kube: Kube, namespace: str, fake_nodes,
                                                              plugin_agents, driver: str) -> None:
     node = (await fake_nodes("h100"))["metadata"]["name"]
@@ -135,20 +154,12 @@ async def test_seed_pod_is_scheduled_prepared_and_unprepared(kube: Kube, namespa
     await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": driver},
                        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}})
     try:
-        selector = f'device.capacity["{driver}"].memory.compareTo(quantity("64Gi")) >= 0'
-        await kube.create({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "gpu-64gi", "namespace": namespace},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": driver, "selectors": [{"cel": {"expression": selector}}]}}]}}}})
-        await kube.create({
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train", "namespace": namespace},
-            "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu-64gi"}],
-                     "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                                     "resources": {"claims": [{"name": "gpu"}]}}]}})
+        template, seed_pod = seed_objects(driver, namespace)
+        await kube.create(template)
+        await kube.create(seed_pod)
 
         async def scheduled() -> Obj | None:
-            pod = await kube.get(POD, "train", namespace)
+            pod = await kube.get(POD, seed_pod["metadata"]["name"], namespace)
             return pod if pod and pod["spec"].get("nodeName") else None
 
         pod = await wait_for(scheduled, timeout=30, what="the seed pod to be scheduled")
@@ -160,7 +171,7 @@ async def test_seed_pod_is_scheduled_prepared_and_unprepared(kube: Kube, namespa
         minor, gpu_uuid = gpu["attributes"]["minor"]["int"], gpu["attributes"]["uuid"]["string"]
 
         async with DraClient(registered.endpoint, registered.version) as kubelet:
-            response = await kubelet.prepare([ref(claim)])
+            response = await plugin.prepare(kubelet, [ref(claim)])
             out = response.claims[uid]
             assert out.error == ""
             (device,) = out.devices
@@ -168,14 +179,14 @@ async def test_seed_pod_is_scheduled_prepared_and_unprepared(kube: Kube, namespa
                                                                                             allocated["device"])
             cdi_id = f"k8s.{driver}/claim={uid}-{allocated['device']}"
             assert list(device.cdi_device_ids) == [cdi_id]
-            spec = load_and_validate(plugin.spec_path(uid))
+            spec = load_and_validate(plugin.spec_path(uid))  # where the tests expect it, too
             assert f"{spec['kind']}={spec['devices'][0]['name']}" == cdi_id
             assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": f"/dev/nvidia{minor}"}]
             assert spec["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={gpu_uuid}"]
             assert plugin.checkpoint() == {uid: "PrepareCompleted"}
 
             stat = plugin.spec_path(uid).stat()
-            again = await kubelet.prepare([ref(claim)])  # a kubelet retry: same answer, nothing rewritten
+            again = await plugin.prepare(kubelet, [ref(claim)])  # a kubelet retry: same answer, nothing rewritten
             assert again == response
             assert (plugin.spec_path(uid).stat().st_ino, plugin.spec_path(uid).stat().st_mtime_ns) == (
                 stat.st_ino, stat.st_mtime_ns)
@@ -212,7 +223,7 @@ async def test_bad_claims_get_their_own_errors_over_v1beta1(kube: Kube, namespac
 
     before = files_outside_cdi()
     async with DraClient(registered.endpoint, "v1beta1") as kubelet:
-        response = await kubelet.prepare([
+        response = await plugin.prepare(kubelet, [
             ref(good), ref(other_node), ref(other_driver), ref(unknown), ref(taken), ref(pending),
             (namespace, "good", "0badc0de-0000-4000-8000-000000000000"),  # replaced: UID mismatch
             (namespace, "missing", "0badc0de-0000-4000-8000-000000000001"),
@@ -252,7 +263,7 @@ async def test_unwritable_cdi_directory_is_a_per_claim_error(kube: Kube, namespa
     registered = await plugin.registered()
     claim = await allocated_claim(kube, namespace, "c", driver, node, ["gpu-0"])
     async with DraClient(registered.endpoint) as kubelet:
-        out = (await kubelet.prepare([ref(claim)])).claims[claim["metadata"]["uid"]]
+        out = (await plugin.prepare(kubelet, [ref(claim)])).claims[claim["metadata"]["uid"]]
     assert "writing its CDI spec" in out.error and not out.devices
     assert plugin.checkpoint() == {} and blocker.read_text().startswith("a file")
 
@@ -267,7 +278,7 @@ async def test_sigkill_mid_prepare_loses_nothing_and_leaves_nothing(kube: Kube, 
     kept = await allocated_claim(kube, namespace, "kept", driver, node, ["gpu-0"])
     crashing = await allocated_claim(kube, namespace, "crashing", driver, node, ["gpu-1"])
     async with DraClient(registered.endpoint) as kubelet:
-        assert (await kubelet.prepare([ref(kept)])).claims[kept["metadata"]["uid"]].error == ""
+        assert (await first.prepare(kubelet, [ref(kept)])).claims[kept["metadata"]["uid"]].error == ""
     first.agent.stop()
 
     monkeypatch.setenv("GPUDRA_FAULT", "after-cdi-write")
@@ -276,7 +287,7 @@ async def test_sigkill_mid_prepare_loses_nothing_and_leaves_nothing(kube: Kube, 
     registered = await doomed.registered()
     async with DraClient(registered.endpoint) as kubelet:
         with pytest.raises(Exception) as failure:  # the connection dies with the agent
-            await kubelet.prepare([ref(crashing)], timeout=20)
+            await kubelet.prepare([ref(crashing)], timeout=20)  # never answers: nothing to validate
     assert "UNAVAILABLE" in str(failure.value) or "reset" in str(failure.value).lower()
     assert doomed.agent.process.wait(timeout=10) == -signal.SIGKILL
     uid = crashing["metadata"]["uid"]
@@ -289,7 +300,7 @@ async def test_sigkill_mid_prepare_loses_nothing_and_leaves_nothing(kube: Kube, 
     assert not restarted.spec_path(uid).exists()  # the half-done prepare was rolled back
     assert restarted.checkpoint() == {kept["metadata"]["uid"]: "PrepareCompleted"}  # nothing lost
     async with DraClient(registered.endpoint, "v1beta1") as kubelet:
-        response = await kubelet.prepare([ref(crashing), ref(kept)])
+        response = await restarted.prepare(kubelet, [ref(crashing), ref(kept)])
     assert {u: r.error for u, r in response.claims.items()} == {uid: "", kept["metadata"]["uid"]: ""}
     assert sorted(os.listdir(restarted.cdi_dir)) == sorted(
         [restarted.spec_path(uid).name, restarted.spec_path(kept["metadata"]["uid"]).name])
@@ -309,12 +320,12 @@ async def test_overlapping_instances_share_state_and_serialise(kube: Kube, names
     claim = await allocated_claim(kube, namespace, "c", driver, node, ["gpu-4"])
     rivals = [await allocated_claim(kube, namespace, f"r{i}", driver, node, ["gpu-5"]) for i in range(6)]
     async with DraClient(old_reg.endpoint) as via_old, DraClient(new_reg.endpoint, "v1beta1") as via_new:
-        assert (await via_old.prepare([ref(claim)])).claims[claim["metadata"]["uid"]].error == ""
+        assert (await old.prepare(via_old, [ref(claim)])).claims[claim["metadata"]["uid"]].error == ""
         assert (await via_new.unprepare([ref(claim)])).claims[claim["metadata"]["uid"]].error == ""  # stateless
         assert not new.spec_path(claim["metadata"]["uid"]).exists()
         # Six claims for the same GPU, raced through both instances: exactly one gets it.
         responses = await asyncio.gather(*(
-            (via_old if i % 2 else via_new).prepare([ref(r)]) for i, r in enumerate(rivals)))
+            new.prepare(via_old if i % 2 else via_new, [ref(r)]) for i, r in enumerate(rivals)))
         winners = [r["metadata"]["uid"] for r, resp in zip(rivals, responses)
                    if resp.claims[r["metadata"]["uid"]].error == ""]
         assert len(winners) == 1, [resp for resp in responses]

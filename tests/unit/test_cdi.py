@@ -75,6 +75,8 @@ def test_spec_version_is_the_minimum_never_newer() -> None:
     ({"kind": "a.b/c", "annotations": {"k": "v"}, "devices": [{"name": "x", "containerEdits": {"env": ["A=1"]}}]},
      "0.6.0"),
     ({"kind": "a.b/c", "devices": [{"name": "x", "containerEdits": {"additionalGids": [5]}}]}, "0.7.0"),
+    ({"kind": "a.b/c", "devices": [{"name": "x", "containerEdits": {"intelRdt": {}}}]}, "0.7.0"),
+    ({"kind": "a.b/c", "devices": [{"name": "x", "containerEdits": {"intelRdt": {"schemata": ["L3:0=f"]}}}]}, "1.1.0"),
     ({"kind": "a.b/c", "devices": [{"name": "x", "containerEdits": {"netDevices": [
         {"hostInterfaceName": "eth1", "name": "net1"}]}}]}, "1.1.0"),
 ])

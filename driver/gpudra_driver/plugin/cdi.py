@@ -97,9 +97,11 @@ def minimum_version(spec: dict[str, Any]) -> str:
     """The lowest CDI spec version whose schema accepts ``spec`` (CDI ``MinimumRequiredVersion``)."""
     devices = spec.get("devices") or []
     edits = [d.get("containerEdits") or {} for d in devices] + [spec.get("containerEdits") or {}]
-    if any(e.get("netDevices") for e in edits):
+    rdt = [e["intelRdt"] for e in edits if e.get("intelRdt") is not None]  # any intelRdt counts, even {}
+    if any(e.get("netDevices") for e in edits) or any(
+            r.get("schemata") is not None or r.get("enableMonitoring") for r in rdt):
         return "1.1.0"
-    if any(e.get("intelRdt") or e.get("additionalGids") for e in edits):
+    if rdt or any(e.get("additionalGids") for e in edits):
         return "0.7.0"
     kind_class = str(spec.get("kind", "")).partition("/")[2]
     if spec.get("annotations") or any(d.get("annotations") for d in devices) or "." in kind_class:
