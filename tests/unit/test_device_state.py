@@ -400,6 +400,20 @@ async def test_after_a_reboot_everything_prepared_before_is_dropped(tmp_path: Pa
     assert json.loads(rebooted.checkpoint_path.read_text())["bootID"] == "boot-2"
 
 
+async def test_a_claim_allocated_anew_replaces_its_devices_spec_and_entry(tmp_path: Path) -> None:
+    state = make(tmp_path)
+    await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+    out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-1")]))))
+    assert out[A].error is None and [d.device for d in out[A].claim.devices] == ["gpu-1"]
+    (name,) = spec_files(tmp_path)
+    spec = load_and_validate(tmp_path / "cdi" / name)
+    assert [d["name"] for d in spec["devices"]] == [f"{A}-gpu-1"]
+    saved = ckpt.load(state.checkpoint_path, "boot-1")[0]
+    assert [d.device for d in saved.claims[A].claim.devices] == ["gpu-1"] and saved.claims[A].state == ckpt.COMPLETED
+    out = await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-0")]))))
+    assert out[B].error is None  # gpu-0 is free again
+
+
 async def test_a_lock_held_by_a_peer_past_the_timeout_is_an_error_for_each_claim(tmp_path: Path) -> None:
     import asyncio
 

@@ -93,6 +93,26 @@ def test_admin_access_does_not_need_exclusive_use() -> None:
     assert [d.device for d in p.claim.devices] == ["gpu-3"]
 
 
+def test_a_device_held_with_admin_access_only_does_not_block_a_normal_claim() -> None:
+    """A monitoring claim (adminAccess) on every GPU must not make the GPUs unpreparable: the
+    scheduler allocates them to normal claims too."""
+    monitor = plan(claim(uid=OTHER, name="c2", results=[result("gpu-3", adminAccess=True)]),
+                   ref=ClaimRef("ns", "c2", OTHER)).claim
+    assert [d.admin_access for d in monitor.devices] == [True]
+    p = plan(claim(), checkpoint=EMPTY.started(monitor).completed(OTHER))
+    assert [(d.device, d.admin_access) for d in p.claim.devices] == [("gpu-3", False)]
+    assert PreparedDevice.from_json(monitor.devices[0].to_json()) == monitor.devices[0]
+    assert "adminAccess" not in p.claim.devices[0].to_json()  # entries as before: same checksums
+
+
+def test_a_completed_claim_allocated_anew_to_another_device_is_prepared_again() -> None:
+    prepared = plan(claim()).claim  # gpu-3
+    checkpoint = EMPTY.started(prepared).completed(UID)
+    again = plan(claim(results=[result("gpu-4")]), checkpoint=checkpoint)
+    assert not again.done and [d.device for d in again.claim.devices] == ["gpu-4"]
+    assert plan(claim(), checkpoint=checkpoint).done  # the same allocation: answered again
+
+
 def test_a_completed_claim_is_answered_again_whatever_the_api_says() -> None:
     prepared = plan(claim()).claim
     checkpoint = EMPTY.started(prepared).completed(UID)

@@ -81,7 +81,7 @@ class Checkpoint:
         return sum(1 for entry in self.claims.values() if entry.state == COMPLETED)
 
     def device_owner(self, pool: str, device: str) -> str | None:
-        """The claim UID holding ``device`` (in either state), if any."""
+        """The claim UID holding ``device`` (in either state), if any; admin access holds nothing."""
         return self._owners.get((pool, device))
 
     @cached_property
@@ -99,7 +99,7 @@ class Checkpoint:
 
 
 def _owned_by(uid: str, entry: Entry) -> dict[tuple[str, str], str]:
-    return {(d.pool, d.device): uid for d in entry.claim.devices}
+    return {(d.pool, d.device): uid for d in entry.claim.devices if not d.admin_access}
 
 
 # -- encoding ----------------------------------------------------------------------------------

@@ -58,15 +58,20 @@ class PreparedDevice:
     uuid: str
     device_nodes: tuple[str, ...]  # device-specific container paths
     cdi_device_id: str
+    # Allocated with adminAccess only (monitoring): it does not hold the device for this claim.
+    admin_access: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"requests": list(self.requests), "pool": self.pool, "device": self.device, "uuid": self.uuid,
+        data = {"requests": list(self.requests), "pool": self.pool, "device": self.device, "uuid": self.uuid,
                 "deviceNodes": list(self.device_nodes), "cdiDeviceID": self.cdi_device_id}
+        if self.admin_access:  # absent otherwise: entries written before it stay byte-identical
+            data["adminAccess"] = True
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PreparedDevice:
         return cls(tuple(data["requests"]), data["pool"], data["device"], data["uuid"],
-                   tuple(data["deviceNodes"]), data["cdiDeviceID"])
+                   tuple(data["deviceNodes"]), data["cdiDeviceID"], bool(data.get("adminAccess", False)))
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ def plan_prepare(ref: ClaimRef, claim: Mapping[str, Any] | ClaimError | None, de
     failed arrives as its :class:`ClaimError`; it matters only if the claim is not prepared yet."""
     ref.check()
     entry = checkpoint.claims.get(ref.uid)
-    if entry is not None and entry.state == COMPLETED:
+    if entry is not None and entry.state == COMPLETED and not _reallocated(entry.claim, claim, driver):
         # Idempotent: the kubelet retries after timeouts and restarts; answer what we answered.
         return Plan(entry.claim, done=True)
     if isinstance(claim, ClaimError):
@@ -49,7 +49,7 @@ def plan_prepare(ref: ClaimRef, claim: Mapping[str, Any] | ClaimError | None, de
     if results and devices is None:
         raise ClaimError(f"{ref}: this node's devices are not discovered yet; retry")
     by_device: dict[str, list[str]] = {}
-    admin: set[str] = set()
+    exclusive: set[str] = set()  # devices with at least one result without adminAccess
     for result in results:
         pool, name = result.get("pool"), result.get("device")
         if pool != node:
@@ -62,19 +62,32 @@ def plan_prepare(ref: ClaimRef, claim: Mapping[str, Any] | ClaimError | None, de
         requests = by_device.setdefault(name, [])
         if request and request not in requests:
             requests.append(request)
-        if result.get("adminAccess"):
-            admin.add(name)
-    for name in by_device:
+        if not result.get("adminAccess"):
+            exclusive.add(name)
+    for name in exclusive:
         owner = checkpoint.device_owner(node, name)
-        if owner is not None and owner != ref.uid and name not in admin:
+        if owner is not None and owner != ref.uid:
             raise ClaimError(f"{ref}: device {name} is already prepared for claim {owner}; "
                              f"sharing a device between claims is not supported")
     assert devices is not None or not by_device
     prepared = tuple(
         PreparedDevice(tuple(requests), node, name, devices[name].uuid, devices[name].device_nodes,  # type: ignore[index]
-                       cdi_device_id(driver, ref.uid, name))
+                       cdi_device_id(driver, ref.uid, name), admin_access=name not in exclusive)
         for name, requests in by_device.items())
     return Plan(PreparedClaim(ref, prepared), done=False)
+
+
+def _reallocated(prepared: PreparedClaim, claim: Mapping[str, Any] | ClaimError | None, driver: str) -> bool:
+    """True when the API server shows the claim (same UID) allocated to other devices of ours than
+    those it was prepared with: deallocated and allocated again while an unprepare never reached
+    us. Answering the old devices would hand the container the wrong GPU. A failed GET, a missing
+    or unallocated claim is no evidence: the prepared answer stands."""
+    if not isinstance(claim, Mapping) or (claim.get("metadata") or {}).get("uid") != prepared.uid:
+        return False
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    now = {(r.get("pool"), r.get("device")) for r in results if isinstance(r, Mapping) and r.get("driver") == driver}
+    return bool(now) and now != {(d.pool, d.device) for d in prepared.devices}
 
 
 def _check_node_selector(ref: ClaimRef, allocation: Mapping[str, Any], node: str) -> None:
