@@ -162,7 +162,7 @@ def yaml_string(value: object) -> str:
 
 
 def is_quantity(value: str) -> bool:
-    return bool(QUANTITY_PATTERN.match(value))
+    return bool(QUANTITY_PATTERN.fullmatch(value))
 
 
 def quantity_literal(value: object) -> str:
@@ -181,7 +181,7 @@ def normalize_semver(value: object) -> str:
     text = value.strip()
     if limits.is_semver(text):
         return text
-    if _NUMERIC_VERSION.match(text):
+    if _NUMERIC_VERSION.fullmatch(text):
         return devicemodel.normalize_version(text.lstrip("v"))
     raise TemplateValueError(f"{value!r} is not a version (MAJOR[.MINOR[.PATCH]], e.g. 8.0)")
 

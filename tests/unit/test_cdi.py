@@ -51,6 +51,12 @@ def test_devices_of_different_requests_name_only_their_own_request_gpus() -> Non
            for d in spec["devices"]}
     train = f"NVIDIA_VISIBLE_DEVICES={gpus['gpu-1'].uuid},{gpus['gpu-2'].uuid}"
     assert env == {"gpu-1": [train], "gpu-2": [train], "gpu-6": [f"NVIDIA_VISIBLE_DEVICES={gpus['gpu-6'].uuid}"]}
+    # Whatever a container is given (one request, or the whole claim), CDI applies the edits of its
+    # devices in order and the last value of a variable wins: it names no GPU the container lacks.
+    for given in (["gpu-1", "gpu-2"], ["gpu-6"], ["gpu-1", "gpu-2", "gpu-6"]):
+        last = [e for name in given for e in env[name]][-1]
+        named = set(last.split("=", 1)[1].split(","))
+        assert named and named <= {gpus[name].uuid for name in given}
 
 
 def test_spec_version_is_the_minimum_never_newer() -> None:

@@ -435,6 +435,117 @@ async def test_a_lock_held_by_a_peer_past_the_timeout_is_an_error_for_each_claim
     assert out[A].error is None and await state.unprepare([REF_B]) == {B: None}
 
 
+async def test_a_call_queued_behind_a_stuck_peer_waits_for_the_lock_only_within_its_deadline(tmp_path: Path) -> None:
+    import asyncio
+    import time
+
+    from gpudra_driver.plugin.locking import node_lock
+
+    state = make(tmp_path)
+    state.lock_timeout = 30.0  # longer than the test would ever wait
+    with node_lock(state.lock_path):
+        started = time.monotonic()
+        out = await asyncio.wait_for(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))),
+                                                   deadline=time.monotonic() + 0.3), 10)
+        gone = await asyncio.wait_for(state.unprepare([REF_A], deadline=time.monotonic() - 1), 10)  # spent
+    assert time.monotonic() - started < 5
+    assert "held by another agent instance for over 0.3s" in (out[A].error or "")
+    assert "held by another agent instance for over 0.0s" in (gone[A] or "")
+
+
+async def test_a_prepare_waits_for_the_last_commits_directory_fsync_before_its_prepare_started_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PrepareStarted overwrites in place the scratch file that, until that fsync, the disk may
+    still hold as the checkpoint."""
+    import asyncio
+    import threading
+
+    from gpudra_driver.plugin.locking import LockTimeout, node_lock
+    from gpudra_operator.localcluster.waiting import wait_for
+
+    state = make(tmp_path)
+    release = threading.Event()
+    order: list[str] = []
+    real_stage, real_fsync_dir = fsutil.stage, fsutil.fsync_dir
+
+    def held_fsync_dir(directory):  # type: ignore[no-untyped-def]
+        if Path(directory) == state.plugin_dir and not release.is_set():
+            assert release.wait(10), "the test never let the directory fsync go on"
+            order.append("directory fsync")
+        real_fsync_dir(directory)
+
+    def noting_stage(path, data, *, scratch, mode=0o644, durable=True):  # type: ignore[no-untyped-def]
+        order.append("durable stage" if durable else "PrepareStarted")
+        real_stage(path, data, scratch=scratch, mode=mode, durable=durable)
+
+    monkeypatch.setattr(fsutil, "fsync_dir", held_fsync_dir)
+    monkeypatch.setattr(fsutil, "stage", noting_stage)
+    assert (await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])))))[A].error is None
+    second = asyncio.ensure_future(state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")])))))
+
+    async def second_holds_the_lock() -> bool:  # it first waits for anything once it holds it
+        try:
+            with node_lock(state.lock_path, timeout=0):
+                return False
+        except LockTimeout:
+            return True
+
+    await wait_for(second_holds_the_lock, timeout=10, what="the second prepare to take the node lock")
+    assert not second.done() and order.count("PrepareStarted") == 1  # not written yet: it waits
+    release.set()
+    assert (await asyncio.wait_for(second, 10))[B].error is None
+    first, rest = order[:order.index("directory fsync")], order[order.index("directory fsync") + 1:]
+    assert sorted(first) == ["PrepareStarted", "durable stage"] and rest[0] == "PrepareStarted"
+
+
+async def test_a_claim_allocated_anew_that_fails_leaves_neither_old_nor_new_state(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = make(tmp_path)
+    await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+    real_write = state.cdi.write
+
+    def full_disk(claim, *, durable=True):  # type: ignore[no-untyped-def]
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(state.cdi, "write", full_disk)
+    out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-1")]))))
+    assert "No space left" in (out[A].error or "")
+    # the old spec (naming gpu-0) is gone with its entry: a retry whose GET fails cannot answer gpu-0
+    assert state.cdi.claim_uids() == set() and A not in ckpt.load(state.checkpoint_path, "boot-1")[0].claims
+    monkeypatch.setattr(state.cdi, "write", real_write)
+
+    await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-2")]))))
+    real_publish = ckpt.publish_commit
+
+    def failing_publish(path):  # type: ignore[no-untyped-def]
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(ckpt, "publish_commit", failing_publish)
+    out = await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-3")]))))
+    assert "recording the prepared claim failed" in (out[B].error or "")
+    assert state.cdi.claim_uids() == set() and ckpt.load(state.checkpoint_path, "boot-1")[0].claims == {}
+    monkeypatch.setattr(ckpt, "publish_commit", real_publish)
+    retry = await state.prepare(items((REF_B, ClaimError("API down"))))
+    assert "API down" in (retry[B].error or "")  # not answered with the old gpu-2
+
+
+async def test_a_spec_that_cannot_be_removed_after_a_failed_commit_still_rolls_the_checkpoint_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = make(tmp_path)
+
+    def failing_publish(path):  # type: ignore[no-untyped-def]
+        raise OSError(5, "Input/output error")
+
+    def stuck_remove(uid):  # type: ignore[no-untyped-def]
+        raise OSError(16, "Device or resource busy")
+
+    monkeypatch.setattr(ckpt, "publish_commit", failing_publish)
+    monkeypatch.setattr(state.cdi, "remove", stuck_remove)
+    out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+    assert "recording the prepared claim failed" in (out[A].error or "")
+    assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims == {}  # rolled back all the same
+
+
 async def test_a_checkpoint_corrupted_while_running_is_an_error_for_each_claim(tmp_path: Path) -> None:
     state = make(tmp_path)
     await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))

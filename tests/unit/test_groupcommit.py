@@ -20,7 +20,7 @@ class Recorder:
         self.release = asyncio.Event()
 
     def handler(self, kind: str, fail: bool = False):  # type: ignore[no-untyped-def]
-        async def handle(items: list[str]) -> dict[str, Any]:
+        async def handle(items: list[str], deadline: float | None = None) -> dict[str, Any]:
             self.batches.append((kind, list(items)))
             self.entered.set()
             await asyncio.wait_for(self.release.wait(), 10)
@@ -90,7 +90,7 @@ class Fatal(BaseException):
 
 
 async def test_rounds_that_end_answer_what_they_took_and_refuse_the_rest() -> None:
-    async def die(items: list[str]) -> dict[str, Any]:
+    async def die(items: list[str], deadline: float | None = None) -> dict[str, Any]:
         raise Fatal("killed")
 
     rounds = GroupCommit({"prepare": die})
@@ -148,7 +148,7 @@ async def test_a_lone_call_never_waits_and_a_call_that_never_comes_delays_a_roun
 
 
 async def test_results_that_cannot_be_given_fail_their_calls_and_the_rounds_go_on() -> None:
-    async def broken(items: list[str]) -> Any:
+    async def broken(items: list[str], deadline: float | None = None) -> Any:
         return None  # a bug: not a mapping of results
 
     rec = Recorder()
@@ -225,3 +225,29 @@ async def test_ended_raises_when_the_rounds_end_unasked_and_returns_after_stop()
     rec.release.set()
     assert await asyncio.wait_for(rounds.submit("prepare", ["a"], same), 10) == {"a": "prepare:a"}
     await rounds.stop()
+
+
+async def test_a_batch_gets_the_earliest_deadline_of_its_calls() -> None:
+    seen: list[float | None] = []
+
+    async def handle(items: list[str], deadline: float | None = None) -> dict[str, Any]:
+        seen.append(deadline)
+        return {item: item for item in items}
+
+    gate = asyncio.Event()
+
+    async def first(items: list[str], deadline: float | None = None) -> dict[str, Any]:
+        await asyncio.wait_for(gate.wait(), 10)  # the next calls queue up behind this round
+        return await handle(items, deadline)
+
+    rounds = GroupCommit({"first": first, "prepare": handle})
+    rounds.start()
+    try:
+        running = rounds.submit("first", ["x"], same)
+        queued = [rounds.submit("prepare", ["a"], same, deadline=30.0), rounds.submit("prepare", ["b"], same),
+                  rounds.submit("prepare", ["c"], same, deadline=20.0)]
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(running, *queued), 10)
+        assert seen == [None, 20.0]  # one batch of a, b, c: the earliest deadline
+    finally:
+        await rounds.stop()

@@ -236,9 +236,9 @@ async def test_a_lone_prepare_never_waits_for_the_gather_delay(root: Path, monke
     coming_when_queued: list[int] = []
     submit = plugin._rounds.submit
 
-    def recording_submit(kind, items, key):  # type: ignore[no-untyped-def]
+    def recording_submit(kind, items, key, deadline=None):  # type: ignore[no-untyped-def]
         coming_when_queued.append(plugin._rounds.coming())
-        return submit(kind, items, key)
+        return submit(kind, items, key, deadline)
 
     monkeypatch.setattr(plugin._rounds, "submit", recording_submit)
     try:
@@ -281,6 +281,21 @@ async def test_watch_raises_when_the_rounds_that_answer_calls_end(root: Path) ->
         await plugin._register_task  # type: ignore[misc]
         await asyncio.sleep(0)
         assert not watching.done()  # registered and serving
+        assert plugin._rounds._task is not None
+        plugin._rounds._task.cancel()
+        with pytest.raises(RuntimeError, match="group commit was cancelled"):
+            await asyncio.wait_for(watching, 10)
+    finally:
+        await plugin.stop()
+
+
+async def test_watch_raises_when_the_rounds_end_even_before_discovery(root: Path) -> None:
+    plugin = make_plugin(root, {})
+    await plugin.start()
+    try:
+        watching = asyncio.ensure_future(plugin.watch())
+        await asyncio.sleep(0)
+        assert not watching.done()  # no devices yet: registration waits
         assert plugin._rounds._task is not None
         plugin._rounds._task.cancel()
         with pytest.raises(RuntimeError, match="group commit was cancelled"):

@@ -26,10 +26,11 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# kind -> the coroutine that handles a batch: items in, {claim UID: result} out
-Handlers = Mapping[str, Callable[[list[Any]], Awaitable[Mapping[str, Any]]]]
-# (kind, items, the caller's future, the key of an item: its claim UID)
-Call = tuple[str, list[Any], "asyncio.Future[dict[str, Any]]", Callable[[Any], str]]
+# kind -> the coroutine that handles a batch: items and the batch's deadline (the earliest of its
+# calls', time.monotonic, or None) in, {claim UID: result} out
+Handlers = Mapping[str, Callable[[list[Any], float | None], Awaitable[Mapping[str, Any]]]]
+# (kind, items, the caller's future, the key of an item: its claim UID, the caller's deadline)
+Call = tuple[str, list[Any], "asyncio.Future[dict[str, Any]]", Callable[[Any], str], float | None]
 
 
 class GroupCommit:
@@ -72,15 +73,17 @@ class GroupCommit:
         if not self._stopping:
             raise RuntimeError("the plugin's group commit ended")
 
-    def submit(self, kind: str, items: Sequence[Any], key: Callable[[Any], str]) -> asyncio.Future[dict[str, Any]]:
+    def submit(self, kind: str, items: Sequence[Any], key: Callable[[Any], str],
+               deadline: float | None = None) -> asyncio.Future[dict[str, Any]]:
         """Queue a call; its future gets the results of its own items. A caller that gives up
-        (cancels the future) does not stop the batch its items are part of."""
+        (cancels the future) does not stop the batch its items are part of. ``deadline``
+        (time.monotonic): when the caller stops waiting; its batch's handler gets the earliest."""
         if kind not in self.handlers:
             raise ValueError(f"unknown call kind {kind!r}")
         if self._stopping or self._task is None or self._task.done():  # never queue what nobody will read
             raise RuntimeError("the plugin's group commit is not running")
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._calls.put_nowait((kind, list(items), future, key))
+        self._calls.put_nowait((kind, list(items), future, key, deadline))
         return future
 
     async def _serve(self) -> None:
@@ -129,8 +132,9 @@ class GroupCommit:
         for kind, group in itertools.groupby(calls, key=lambda call: call[0]):
             batch = list(group)
             try:
+                deadline = min((d for *_, d in batch if d is not None), default=None)
                 outcome: Mapping[str, Any] | Exception = await self.handlers[kind](
-                    [item for _, items, _, _ in batch for item in items])
+                    [item for _, items, _, _, _ in batch for item in items], deadline)
             except Exception as error:  # a bug or an unusable plugin dir: fail these calls loudly
                 log.exception("%s failed", kind)
                 outcome = error
@@ -143,7 +147,7 @@ class GroupCommit:
 
 def _settle(batch: list[Call], outcome: Mapping[str, Any] | Exception) -> None:
     """Give each call of a batch its own items' results (or the batch's error)."""
-    for _, items, future, key in batch:
+    for _, items, future, key, _ in batch:
         if future.done():  # its caller gave up
             continue
         if isinstance(outcome, Exception):

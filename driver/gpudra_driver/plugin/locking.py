@@ -73,6 +73,6 @@ def _attempts(fd: int, path: Path, timeout: float) -> Iterator[float]:
             return
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                raise LockTimeout(f"{path} is held by another agent instance for over {timeout:g}s") from None
+                raise LockTimeout(f"{path} is held by another agent instance for over {timeout:.1f}s") from None
         yield delay
         delay = min(delay * 2, 0.05)

@@ -19,7 +19,8 @@ arrive while the previous batch is on disk: group commit):
    claims dropped. This is the commit. Its temp file is written and fsync'd on the stager thread
    during 3 and 4 (the commit as it will be if every spec is written); once the specs are
    written, the same job renames it into place. Unlock; answer; the directory fsync follows on the
-   stager, before any later job of it. A failed spec means a fresh commit instead.
+   stager, before any later job of it, and the next prepare waits for it before step 3. A failed
+   spec means a fresh commit instead.
 
 Durability. Every write is atomic (a new file renamed into place; for the checkpoint, a standing
 scratch file exchanged with it, see :func:`fsutil.swap_in`), so no reader and no restarted agent
@@ -50,7 +51,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,8 +108,13 @@ class DeviceState:
     def _lock(self):  # type: ignore[no-untyped-def]
         return node_lock(self.lock_path, self.lock_timeout)
 
-    def _lock_async(self):  # type: ignore[no-untyped-def]
-        return node_lock_async(self.lock_path, self.lock_timeout)
+    def _lock_async(self, deadline: float | None = None):  # type: ignore[no-untyped-def]
+        """The node lock, waited for until ``deadline`` (time.monotonic) at the latest: the
+        kubelet's call budget, which calls queued behind a stuck peer have partly spent."""
+        timeout = self.lock_timeout
+        if deadline is not None:
+            timeout = max(0.0, min(timeout, deadline - time.monotonic()))
+        return node_lock_async(self.lock_path, timeout)
 
     def _load(self) -> ckpt.Checkpoint:
         """The checkpoint on disk. Decoding and verifying it is O(prepared claims), so the last one
@@ -184,13 +190,14 @@ class DeviceState:
         return result
 
     # -- prepare ----------------------------------------------------------------------------------
-    async def prepare(self, claims: Sequence[tuple[ClaimRef, Fetched]]) -> dict[str, PrepareResult]:
+    async def prepare(self, claims: Sequence[tuple[ClaimRef, Fetched]],
+                      deadline: float | None = None) -> dict[str, PrepareResult]:
         """Every claim's answer. A failure of the node rather than of a claim (the lock held by a
         peer past the timeout, an unreadable checkpoint, a failing disk) is the error of each claim
         not answered yet; claims answered before it (already prepared, or refused) keep theirs."""
         results: dict[str, PrepareResult] = {}
         try:
-            await self._prepare(claims, results)
+            await self._prepare(claims, results, deadline)
         except (OSError, ckpt.CheckpointError) as error:  # LockTimeout is an OSError too
             log.error("prepare on node %s failed: %s", self.node, error)
             for ref, _ in claims:
@@ -198,8 +205,13 @@ class DeviceState:
                                                                 f"failed: {error}"))
         return results
 
-    async def _prepare(self, claims: Sequence[tuple[ClaimRef, Fetched]], results: dict[str, PrepareResult]) -> None:
-        async with self._lock_async():
+    async def _prepare(self, claims: Sequence[tuple[ClaimRef, Fetched]], results: dict[str, PrepareResult],
+                       deadline: float | None) -> None:
+        async with self._lock_async(deadline):
+            if self.dir_synced is not None and not self.dir_synced.done():
+                # The last commit's directory fsync first: PrepareStarted overwrites in place the
+                # scratch file that, until then, the disk may still hold as the checkpoint.
+                await _settled(self.dir_synced)
             checkpoint = self._load()
             original = checkpoint
             planned: list[PreparedClaim] = []
@@ -224,6 +236,9 @@ class DeviceState:
                     checkpoint = checkpoint.started(plan.claim)
             if not planned:
                 return
+            # Entries this batch replaces: a claim allocated anew, or one a crashed peer left
+            # half-done. Whatever fails, their old entries and specs must not come back.
+            replaced = {claim.uid for claim in planned if claim.uid in original.claims}
             # The commit as it will be if every spec is written: staged (written and fsync'd, not
             # yet in place) on the stager thread while the specs are written here, then published
             # there if they all were.
@@ -249,18 +264,28 @@ class DeviceState:
                     self.dir_synced = self._stager.submit(_sync_dir, self.plugin_dir)
                 else:  # a spec failed (those claims are dropped), or staging did: commit plainly
                     for claim in planned:
-                        checkpoint = checkpoint.completed(claim.uid) if claim in written else checkpoint.without(claim.uid)
+                        done = claim in written
+                        checkpoint = checkpoint.completed(claim.uid) if done else checkpoint.without(claim.uid)
                     await self._on_stager(self._save, checkpoint)
+                    self._remove_specs(c.uid for c in planned if c not in written and c.uid in replaced)
             except OSError as error:
+                self._remove_specs({c.uid for c in written} | replaced)
                 for claim in written:
-                    self.cdi.remove(claim.uid)
                     results[claim.uid] = PrepareResult(error=f"{claim.ref}: recording the prepared claim "
                                                              f"failed: {error}")
-                await self._on_stager(self._save_quietly, original)
+                await self._on_stager(self._save_quietly, original.without(*replaced))
                 return
             self.fault("after-checkpoint-completed")
             for claim in written:
                 results[claim.uid] = PrepareResult(claim)
+
+    def _remove_specs(self, uids: Iterable[str]) -> None:
+        """Best effort, after a failure: a spec left behind is an orphan that start-up removes."""
+        for uid in uids:
+            try:
+                self.cdi.remove(uid)
+            except OSError as error:
+                log.warning("removing the CDI spec of claim %s failed: %s", uid, error)
 
     async def _on_stager(self, function: Callable[..., T], *args: Any) -> T:
         job = self._stager.submit(function, *args)
@@ -299,7 +324,7 @@ class DeviceState:
             log.error("could not roll the checkpoint back: %s", error)
 
     # -- unprepare --------------------------------------------------------------------------------
-    async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str | None]:
+    async def unprepare(self, refs: Sequence[ClaimRef], deadline: float | None = None) -> dict[str, str | None]:
         """The node lock on the loop (a peer holding it never blocks the loop); the rest, off the
         pod-start path and two durable writes, on the stager thread."""
         results: dict[str, str | None] = {}
@@ -313,7 +338,7 @@ class DeviceState:
                 results[ref.uid] = str(error)
         if valid:
             try:
-                async with self._lock_async():
+                async with self._lock_async(deadline):
                     results.update(await self._on_stager(self._unprepare_locked, valid))
             except (OSError, ckpt.CheckpointError) as error:  # of the node, not of a claim
                 log.error("unprepare on node %s failed: %s", self.node, error)  # the kubelet retries
