@@ -272,30 +272,17 @@ async def test_watch_raises_when_the_registration_socket_cannot_be_served(
         await plugin.stop()
 
 
-async def test_watch_raises_when_the_rounds_that_answer_calls_end(root: Path) -> None:
+@pytest.mark.parametrize("discovered", [True, False], ids=["registered", "before-discovery"])
+async def test_watch_raises_when_the_rounds_that_answer_calls_end(root: Path, discovered: bool) -> None:
     plugin = make_plugin(root, {})
     await plugin.start()
     try:
-        plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
-        watching = asyncio.ensure_future(plugin.watch())
-        await plugin._register_task  # type: ignore[misc]
-        await asyncio.sleep(0)
-        assert not watching.done()  # registered and serving
-        assert plugin._rounds._task is not None
-        plugin._rounds._task.cancel()
-        with pytest.raises(RuntimeError, match="group commit was cancelled"):
-            await asyncio.wait_for(watching, 10)
-    finally:
-        await plugin.stop()
-
-
-async def test_watch_raises_when_the_rounds_end_even_before_discovery(root: Path) -> None:
-    plugin = make_plugin(root, {})
-    await plugin.start()
-    try:
+        if discovered:
+            plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
+            await plugin._register_task  # type: ignore[misc]
         watching = asyncio.ensure_future(plugin.watch())
         await asyncio.sleep(0)
-        assert not watching.done()  # no devices yet: registration waits
+        assert not watching.done()  # serving (registered, or waiting for discovery to register)
         assert plugin._rounds._task is not None
         plugin._rounds._task.cancel()
         with pytest.raises(RuntimeError, match="group commit was cancelled"):
