@@ -31,7 +31,7 @@ fsync'd (the temp-file protocol: the states the kubelet was told about reach the
 nothing else is: a lost PrepareStarted entry or a lost/torn spec is found at start anyway (a spec
 without a completed entry is an orphan and removed, a completed entry whose spec is missing or
 differs is rewritten from the checkpoint). The kubelet's answer waits for the commit's fsync and
-rename, not for its directory fsync (~0.4 ms of every pod start on the development VM): what the
+rename, not for its directory fsync (0.3-0.45 ms on the development VM): what the
 kubelet's own checkpoint store waits for (pkg/kubelet/util/store: temp file, fsync, rename; it
 never fsyncs the directory). The stager runs one job at a time, so a commit's directory fsync ends
 before this instance's next durable write stages over the scratch file it freed (the rule of
