@@ -140,6 +140,11 @@ async def run(ctx) -> list:  # type: ignore[no-untyped-def]
         for key, label in labels.items()]
     rows.append(at_most(f"NodePrepare {CONCURRENCY} callers throughput", result["ratio"]["throughput"],
                         "x baseline", TARGET, note=f"{ours['claims_per_s']:.0f} vs {base['claims_per_s']:.0f} claims/s"))
+    # The agent's own cost in absolute terms, to compare machines and runs whose speed differs:
+    # on the development VM mostly a disk flush and thread wake-ups (docs/kubelet-plugin.md).
+    for key, label in (("p50_1", "NodePrepare 1 claim p50"), ("p50_8", "NodePrepare 8 claims p50")):
+        rows.append(Result(f"{label} over the baseline", (ours[key] - base[key]) * 1e3, "ms",
+                           note="the agent's time minus the bare gRPC+GET's, same run (no target)"))
     return rows
 
 
