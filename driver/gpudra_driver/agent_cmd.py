@@ -120,7 +120,7 @@ async def _main(args: argparse.Namespace) -> int:
     await plugin.stop()
     await api.close()
     failed = [t for t in done if t is not stopper and t.exception()]
-    for task in failed:
-        log.error("agent task %s failed: %r", task.get_name(), task.exception())
+    for ended in failed:
+        log.error("agent task %s failed: %r", ended.get_name(), ended.exception())
     log.info("gpudra agent stopped; ResourceSlices left in place for the next instance")
     return 1 if failed else 0

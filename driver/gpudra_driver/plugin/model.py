@@ -62,8 +62,9 @@ class PreparedDevice:
     admin_access: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        data = {"requests": list(self.requests), "pool": self.pool, "device": self.device, "uuid": self.uuid,
-                "deviceNodes": list(self.device_nodes), "cdiDeviceID": self.cdi_device_id}
+        data: dict[str, Any] = {"requests": list(self.requests), "pool": self.pool, "device": self.device,
+                                "uuid": self.uuid, "deviceNodes": list(self.device_nodes),
+                                "cdiDeviceID": self.cdi_device_id}
         if self.admin_access:  # absent otherwise: entries written before it stay byte-identical
             data["adminAccess"] = True
         return data
