@@ -72,15 +72,16 @@ def cdi_spec(claim: PreparedClaim, driver: str, driver_root: str = "/") -> dict[
     never names a GPU the container was not given."""
     if not claim.devices:
         raise ValueError(f"claim {claim.uid} has no devices: no CDI spec to write")
+    keys = [tuple(sorted(d.requests)) for d in claim.devices]
     groups: dict[tuple[str, ...], list[str]] = {}
-    for d in claim.devices:
-        groups.setdefault(tuple(sorted(d.requests)), []).append(d.uuid)
+    for key, d in zip(keys, claim.devices):
+        groups.setdefault(key, []).append(d.uuid)
     per_device = len(groups) > 1
     devices = []
-    for d in claim.devices:
+    for key, d in zip(keys, claim.devices):
         edits: dict[str, Any] = {"deviceNodes": [_device_node(p, driver_root) for p in d.device_nodes]}
         if per_device:
-            edits["env"] = [_visible(groups[tuple(sorted(d.requests))])]
+            edits["env"] = [_visible(groups[key])]
         devices.append({"name": cdi_device_name(claim.uid, d.device), "containerEdits": edits})
     common: dict[str, Any] = {} if per_device else {"env": [_visible([d.uuid for d in claim.devices])]}
     common["deviceNodes"] = [_device_node(p, driver_root) for p in COMMON_NODES]

@@ -43,7 +43,7 @@ def plan_prepare(ref: ClaimRef, claim: Mapping[str, Any] | ClaimError | None, de
     if not allocation:
         raise ClaimError(f"{ref}: not allocated")
     _check_node_selector(ref, allocation, node)
-    results = [r for r in ((allocation.get("devices") or {}).get("results") or []) if r.get("driver") == driver]
+    results = _driver_results(allocation, driver)
     if not results:  # the kubelet only asks the drivers named in the allocation
         raise ClaimError(f"{ref}: no device of driver {driver} is allocated to it")
     if results and devices is None:
@@ -85,9 +85,13 @@ def _reallocated(prepared: PreparedClaim, claim: Mapping[str, Any] | ClaimError 
     if not isinstance(claim, Mapping) or (claim.get("metadata") or {}).get("uid") != prepared.uid:
         return False
     allocation = (claim.get("status") or {}).get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or []
-    now = {(r.get("pool"), r.get("device")) for r in results if isinstance(r, Mapping) and r.get("driver") == driver}
+    now = {(r.get("pool"), r.get("device")) for r in _driver_results(allocation, driver)}
     return bool(now) and now != {(d.pool, d.device) for d in prepared.devices}
+
+
+def _driver_results(allocation: Mapping[str, Any], driver: str) -> list[Any]:
+    """The allocation's results for ``driver`` (the kubelet asks each driver about its own)."""
+    return [r for r in ((allocation.get("devices") or {}).get("results") or []) if r.get("driver") == driver]
 
 
 def _check_node_selector(ref: ClaimRef, allocation: Mapping[str, Any], node: str) -> None:

@@ -58,11 +58,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpudra_driver.plugin import checkpoint as ckpt
+from gpudra_driver.plugin import fsutil
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.devicenodes import NodeDevice
 from gpudra_driver.plugin.faults import FaultHook
-from gpudra_driver.plugin import fsutil
-from gpudra_driver.plugin.fsutil import read_file
 from gpudra_driver.plugin.locking import LOCK_FILE, LOCK_TIMEOUT, node_lock, node_lock_async
 from gpudra_driver.plugin.model import ClaimError, ClaimRef, PreparedClaim
 from gpudra_driver.plugin.prepare import plan_prepare
@@ -100,7 +99,6 @@ class DeviceState:
         # The fsyncs of prepare's commit (while its specs are written) and unprepare; one at a time.
         self._stager = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpudra-checkpoint-stager")
         self.dir_synced: Future[None] | None = None  # the last commit's directory fsync, once queued
-        self.discarded = False  # the last read found another boot's checkpoint and discarded it
 
     def set_devices(self, devices: Mapping[str, NodeDevice]) -> None:
         self.devices = dict(devices)
@@ -120,12 +118,11 @@ class DeviceState:
         """The checkpoint on disk. Decoding and verifying it is O(prepared claims), so the last one
         this instance read or wrote is reused while the file holds exactly its bytes (reading
         them is cheap; another agent instance's write changes them)."""
-        data = read_file(self.checkpoint_path)
+        data = fsutil.read_file(self.checkpoint_path)
         if data is not None and self._cached is not None and self._cached[0] == data:
             return self._cached[1]
         self._cached = None
         checkpoint, problem = (ckpt.Checkpoint(self.boot_id), None) if data is None else ckpt.parse(data, self.boot_id)
-        self.discarded = problem is not None
         if problem:
             log.warning("%s", problem)
         if data is not None and not problem:
@@ -179,8 +176,10 @@ class DeviceState:
             temp = self.cdi.remove_temp_files() if on_disk or self.cdi.path.is_dir() else 0
             if result.changed or temp:
                 self.cdi.sync()
-            if result.checkpoint != loaded or self.discarded or not self.checkpoint_path.exists():
-                self._save(result.checkpoint)  # another boot's is replaced too: read once, warned once
+            if result.checkpoint != loaded or self._cached is None:
+                # no file, or not one this boot can use (another boot's is replaced too: read once,
+                # warned once): write the reconciled one
+                self._save(result.checkpoint)
             for name in os.listdir(self.plugin_dir):
                 if ckpt.is_leftover(name, CHECKPOINT_FILE):
                     os.unlink(self.plugin_dir / name)
