@@ -341,6 +341,36 @@ async def test_overlapping_instances_share_state_and_serialise(kube: Kube, names
     assert json.loads((new.workdir / "kubelet" / "plugins" / driver / "checkpoint.json").read_text())["claims"] == {}
 
 
+
+async def test_a_live_instance_rolls_back_what_a_sigkilled_peer_left_half_done(
+        kube: Kube, namespace: str, fake_nodes, plugin_agents, driver: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rolling update where the old instance is SIGKILLed mid-prepare: the new one, already
+    running, cleans up at its next call; nothing waits for a restart."""
+    node = (await fake_nodes("h100"))["metadata"]["name"]
+    monkeypatch.setenv("GPUDRA_FAULT", "after-cdi-write")
+    doomed = plugin_agents(node, driver)
+    monkeypatch.delenv("GPUDRA_FAULT")
+    await published_devices(kube, driver, node, 8)
+    doomed_reg = await doomed.registered()
+    live = plugin_agents(node, driver, workdir=doomed.workdir)
+    live_reg = await live.registered()
+    crashing = await allocated_claim(kube, namespace, "crashing", driver, node, ["gpu-2"])
+    other = await allocated_claim(kube, namespace, "other", driver, node, ["gpu-3"])
+    uid = crashing["metadata"]["uid"]
+    async with DraClient(doomed_reg.endpoint) as kubelet:
+        with pytest.raises(Exception):  # the connection dies with the agent
+            await kubelet.prepare([ref(crashing)], timeout=20)
+    assert doomed.agent.process.wait(timeout=10) == -signal.SIGKILL
+    assert live.spec_path(uid).exists() and live.checkpoint() == {uid: "PrepareStarted"}  # half done
+
+    async with DraClient(live_reg.endpoint, "v1beta1") as kubelet:
+        assert (await live.prepare(kubelet, [ref(other)])).claims[other["metadata"]["uid"]].error == ""
+        assert not live.spec_path(uid).exists()  # rolled back by the live instance
+        assert live.checkpoint() == {other["metadata"]["uid"]: "PrepareCompleted"}
+        # the kubelet, which got no answer, retries through the live instance
+        assert (await live.prepare(kubelet, [ref(crashing)])).claims[uid].error == ""
+    assert live.checkpoint() == {other["metadata"]["uid"]: "PrepareCompleted", uid: "PrepareCompleted"}
+
 async def test_ready_file_appears_once_registered_and_published(kube: Kube, fake_nodes, plugin_agents,
                                                                 driver: str, tmp_path: Path) -> None:
     """What the DaemonSet's readiness probe tests: not before the kubelet registered the plugin."""

@@ -592,3 +592,60 @@ async def test_start_up_rewrites_a_spec_that_differs_from_the_checkpoint(tmp_pat
     make(tmp_path)
     assert path.read_bytes() == good
     load_and_validate(path)
+
+
+@pytest.mark.parametrize("point", ["after-checkpoint-started", "after-cdi-write"])
+async def test_a_live_peer_rolls_back_what_a_crashed_instance_left_half_done(tmp_path: Path, point: str) -> None:
+    """A rolling update: two instances on one node, one SIGKILLed mid-prepare. The one still
+    running cleans up at its next call instead of leaving the spec and entry until a restart."""
+    live = make(tmp_path)
+    crashing = make(tmp_path, fault=CrashAt(point))
+    with pytest.raises(Crash):
+        await crashing.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+    assert ckpt.load(live.checkpoint_path, "boot-1")[0].half_done == (A,)
+    out = await live.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-0")]))))
+    assert out[B].error is None  # gpu-0 is no longer held by the dead prepare
+    saved = ckpt.load(live.checkpoint_path, "boot-1")[0]
+    assert {u: e.state for u, e in saved.claims.items()} == {B: ckpt.COMPLETED}
+    assert live.cdi.claim_uids() == {B}
+
+
+async def test_a_live_peers_unprepare_rolls_back_what_a_crashed_instance_left_half_done(tmp_path: Path) -> None:
+    live = make(tmp_path)
+    await live.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
+    crashing = make(tmp_path, fault=CrashAt("after-cdi-write"))
+    with pytest.raises(Crash):
+        await crashing.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+    assert live.cdi.claim_uids() == {A, B}
+    assert await live.unprepare([REF_B]) == {B: None}
+    assert ckpt.load(live.checkpoint_path, "boot-1")[0].claims == {} and spec_files(tmp_path) == []
+
+
+async def test_the_kubelets_retry_through_the_live_peer_prepares_the_claim_afresh(tmp_path: Path) -> None:
+    live = make(tmp_path)
+    crashing = make(tmp_path, fault=CrashAt("after-cdi-write"))
+    with pytest.raises(Crash):
+        await crashing.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+    out = await live.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+    assert out[A].error is None and live.cdi.claim_uids() == {A}
+    assert ckpt.load(live.checkpoint_path, "boot-1")[0].claims[A].state == ckpt.COMPLETED
+    load_and_validate(live.cdi.spec_path(A))
+
+
+async def test_a_half_done_spec_that_cannot_be_removed_keeps_its_entry_for_a_later_try(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    live = make(tmp_path)
+    crashing = make(tmp_path, fault=CrashAt("after-cdi-write"))
+    with pytest.raises(Crash):
+        await crashing.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+
+    def refuse(uid: str) -> bool:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(live.cdi, "remove", refuse)
+    out = await live.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
+    assert out[B].error is None
+    assert ckpt.load(live.checkpoint_path, "boot-1")[0].half_done == (A,)  # not dropped while its spec stays
+    monkeypatch.undo()
+    await live.unprepare([REF_B])
+    assert ckpt.load(live.checkpoint_path, "boot-1")[0].claims == {} and spec_files(tmp_path) == []

@@ -80,6 +80,12 @@ class Checkpoint:
     def completed_count(self) -> int:
         return sum(1 for entry in self.claims.values() if entry.state == COMPLETED)
 
+    @cached_property
+    def half_done(self) -> tuple[str, ...]:
+        """The claims in PrepareStarted, sorted. Found by a reader holding the node lock, they are
+        a crashed instance's: a prepare holds the lock from its PrepareStarted write to its commit."""
+        return tuple(sorted(uid for uid, entry in self.claims.items() if entry.state == STARTED))
+
     def device_owner(self, pool: str, device: str) -> str | None:
         """The claim UID holding ``device`` (in either state), if any; admin access holds nothing."""
         return self._owners.get((pool, device))
@@ -172,7 +178,7 @@ def reconcile(checkpoint: Checkpoint, spec_uids: Iterable[str]) -> Reconciliatio
     * a spec of ours without a completed entry: an orphan, removed.
     """
     on_disk = set(spec_uids)
-    started = tuple(sorted(u for u, e in checkpoint.claims.items() if e.state == STARTED))
+    started = checkpoint.half_done
     completed = {u: e for u, e in checkpoint.claims.items() if e.state == COMPLETED}
     remove = tuple(sorted(u for u in on_disk if u not in completed))
     rewrite = tuple(e.claim for u, e in sorted(completed.items()) if u not in on_disk and e.claim.devices)

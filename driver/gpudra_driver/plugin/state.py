@@ -39,8 +39,11 @@ before this instance's next durable write stages over the scratch file it freed 
 to a power loss). That keeps the prepare path at one fsync'd write per batch, however many claims
 it holds.
 
-A crash before 5 leaves PrepareStarted entries, which the next start rolls back (spec removed);
-the kubelet, which never got an answer, prepares again. Unprepare drops the entries first (one
+A crash before 5 leaves PrepareStarted entries, which are rolled back (spec removed) by the next
+start or, sooner, by the next call of a live peer instance (a rolling update overlaps two): a
+prepare holds the node lock from its PrepareStarted write to its commit, so entries in that state
+found under the lock are a crashed instance's. The kubelet, which never got an answer, prepares
+again. Unprepare drops the entries first (one
 durable checkpoint write), then removes the specs; a crash between leaves orphan specs, removed at
 start.
 """
@@ -212,6 +215,10 @@ class DeviceState:
                 # scratch file that, until then, the disk may still hold as the checkpoint.
                 await _settled(self.dir_synced)
             checkpoint = self._load()
+            if checkpoint.half_done:
+                gone = self._remove_half_done_specs(checkpoint)
+                checkpoint = checkpoint.without(*gone)
+                await self._on_stager(self._save, checkpoint)
             original = checkpoint
             planned: list[PreparedClaim] = []
             seen: set[str] = set()
@@ -277,6 +284,24 @@ class DeviceState:
             self.fault("after-checkpoint-completed")
             for claim in written:
                 results[claim.uid] = PrepareResult(claim)
+
+    def _remove_half_done_specs(self, checkpoint: ckpt.Checkpoint) -> list[str]:
+        """Roll back, as start-up would, the half-done prepares found under the node lock: a
+        crashed instance's (a peer SIGKILLed during a rolling update; or this one, when a commit and
+        its rollback both failed). Removes their specs; returns the claims whose spec is gone, for
+        the caller to drop from the checkpoint. The kubelet, which got no answer for them, prepares
+        them again."""
+        gone: list[str] = []
+        for uid in checkpoint.half_done:
+            try:
+                self.cdi.remove(uid)
+                gone.append(uid)
+            except OSError as error:  # the entry stays: the next call or start tries again
+                log.warning("removing the CDI spec of half-done claim %s failed: %s", uid, error)
+        if gone:
+            log.info("rolled back the half-done prepare of claim(s) %s, left by an agent instance that "
+                     "crashed", gone)
+        return gone
 
     def _remove_specs(self, uids: Iterable[str]) -> None:
         """Best effort, after a failure: a spec left behind is an orphan that start-up removes."""
@@ -349,6 +374,8 @@ class DeviceState:
         results: dict[str, str | None] = dict.fromkeys(uids)
         checkpoint = self._load()
         remaining = checkpoint.without(*uids)
+        if remaining.half_done:
+            remaining = remaining.without(*self._remove_half_done_specs(remaining))
         if remaining != checkpoint:
             self._save(remaining)
             self.fault("unprepare-after-checkpoint")
