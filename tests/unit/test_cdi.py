@@ -153,3 +153,11 @@ def test_claim_uid_of_recognises_only_this_drivers_specs() -> None:
     assert claim_uid_of(DRIVER, "k8s.gpu.gpudra.io-claim_.json") is None
     assert claim_uid_of(DRIVER, f"k8s.gpu.gpudra.io-claim_{UID}.yaml") is None
     assert json.loads(json.dumps(cdi_spec(prepared(result("gpu-2")), DRIVER)))  # plain JSON types only
+
+
+def test_the_devices_a_spec_names_are_read_back_and_an_unreadable_spec_names_none(tmp_path: Path) -> None:
+    cdi = CdiDir(tmp_path, DRIVER)
+    cdi.write(prepared(result("gpu-1"), result("gpu-4")))
+    assert sorted(cdi.device_names(UID)) == ["gpu-1", "gpu-4"]
+    cdi.spec_path(UID).write_text("{torn")
+    assert cdi.device_names(UID) == [] and cdi.device_names("0c1d2e3f-0000-4000-8000-0000000000ff") == []

@@ -138,6 +138,44 @@ def test_reconcile_rolls_back_started_rewrites_missing_and_removes_orphans() -> 
     assert not clean.changed and clean.checkpoint == r.checkpoint
 
 
+
+C = "0c1d2e3f-0000-4000-8000-00000000000c"
+
+
+def test_adopted_specs_round_trip_hold_their_devices_and_go_with_unprepare() -> None:
+    cp = Checkpoint("boot").started(prepared(A, "gpu-0")).completed(A).adopting({C: [(NODE, "gpu-5"), (NODE, "gpu-6")]})
+    data = ckpt.encode(cp)
+    doc = json.loads(data)
+    body = {k: v for k, v in doc.items() if k != "checksum"}
+    assert data == b'{"checksum":' + json.dumps(doc["checksum"]).encode() + b"," + ckpt._canonical(body)[1:] + b"\n"
+    assert doc["adopted"] == {C: [[NODE, "gpu-5"], [NODE, "gpu-6"]]}
+    assert ckpt.decode(data) == cp and ckpt.encode(ckpt.decode(data)) == data
+    assert cp.device_owner(NODE, "gpu-6") == C and cp.completed_count() == 1
+    assert cp.without(C) == Checkpoint("boot").started(prepared(A, "gpu-0")).completed(A)
+    assert cp.without(C).device_owner(NODE, "gpu-6") is None
+    # prepared again (the kubelet asked): an entry replaces the adoption
+    again = cp.started(prepared(C, "gpu-5"))
+    assert C not in again.adopted and again.device_owner(NODE, "gpu-6") is None
+    assert again.device_owner(NODE, "gpu-5") == C
+    # without adoptions, nothing in the file says so: earlier files stay byte-identical
+    assert "adopted" not in json.loads(ckpt.encode(cp.without(C)))
+
+
+@pytest.mark.parametrize("adopted", [["x"], {C: "gpu-5"}, {C: [["node-a"]]}, {C: [["node-a", 5]]}])
+def test_malformed_adoptions_are_rejected(adopted) -> None:
+    doc = json.loads(ckpt.encode(Checkpoint("boot")))
+    doc["adopted"] = adopted
+    body = {k: v for k, v in doc.items() if k != "checksum"}
+    doc["checksum"] = "sha256:" + __import__("hashlib").sha256(ckpt._canonical(body)).hexdigest()
+    with pytest.raises(CheckpointError, match="adopted"):
+        ckpt.decode(json.dumps(doc).encode())
+
+
+def test_reconcile_keeps_adopted_specs_and_forgets_adoptions_whose_spec_is_gone() -> None:
+    cp = Checkpoint("b").adopting({A: [(NODE, "gpu-0")], C: [(NODE, "gpu-2")]})
+    r = ckpt.reconcile(cp, {A})  # C's spec was removed by hand
+    assert r.remove_specs == () and dict(r.checkpoint.adopted) == {A: ((NODE, "gpu-0"),)}
+
 def test_boot_id_is_read_from_the_kernel() -> None:
     boot_id = ckpt.read_boot_id()
     assert len(boot_id) == 36 and boot_id == ckpt.read_boot_id()

@@ -565,13 +565,45 @@ async def test_a_claim_of_unexpected_shape_is_its_own_error(tmp_path: Path) -> N
     assert state.cdi.claim_uids() == {A}
 
 
-async def test_a_corrupt_checkpoint_is_moved_aside_and_specs_are_kept(tmp_path: Path) -> None:
+async def test_a_corrupt_checkpoint_is_moved_aside_and_specs_are_kept_until_unprepared(tmp_path: Path) -> None:
     state = make(tmp_path)
-    await state.prepare(items((REF_A, claim(A, name="a"))))
+    await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-3")]))))
+    kept = spec_files(tmp_path)
     state.checkpoint_path.write_text(json.dumps({"version": 1, "claims": {}, "checksum": "sha256:bad"}))
     make(tmp_path)
-    assert len(spec_files(tmp_path)) == 1  # a running container may still need it
+    assert spec_files(tmp_path) == kept  # a running container may still need it
     assert any(n.startswith("checkpoint.json.corrupt-") for n in os.listdir(tmp_path / "plugin"))
+    later = make(tmp_path)  # and the next start (a rolling update, say) keeps it as well
+    assert spec_files(tmp_path) == kept
+    # its device stays held: nothing else about the claim survived, but its spec names the GPU
+    out = await later.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-3")]))))
+    assert "already prepared for claim " + A in (out[B].error or "")
+    assert await later.unprepare([REF_A]) == {A: None}
+    assert spec_files(tmp_path) == [] and ckpt.load(later.checkpoint_path, "boot-1")[0] == ckpt.Checkpoint("boot-1")
+    out = await later.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-3")]))))
+    assert out[B].error is None
+
+
+async def test_kept_specs_of_a_corrupt_checkpoint_go_with_a_reboot(tmp_path: Path) -> None:
+    state = make(tmp_path)
+    await state.prepare(items((REF_A, claim(A, name="a"))))
+    state.checkpoint_path.write_text("{torn")
+    make(tmp_path)
+    assert spec_files(tmp_path)
+    make(tmp_path, boot="boot-2")  # a persistent CDI directory (e.g. /etc/cdi) outlives the boot
+    assert spec_files(tmp_path) == []
+
+
+async def test_a_kept_spec_prepared_again_gets_an_entry(tmp_path: Path) -> None:
+    state = make(tmp_path)
+    await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-3")]))))
+    state.checkpoint_path.write_text("{torn")
+    later = make(tmp_path)
+    out = await later.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-3")]))))
+    assert out[A].error is None
+    saved = ckpt.load(later.checkpoint_path, "boot-1")[0]
+    assert saved.claims[A].state == ckpt.COMPLETED and not saved.adopted
+    load_and_validate(later.cdi.spec_path(A))
 
 
 def test_a_checkpoint_from_a_newer_agent_stops_the_plugin(tmp_path: Path) -> None:

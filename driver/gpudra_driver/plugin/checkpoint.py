@@ -7,7 +7,9 @@ State machine per claim (keyed by claim UID)::
                                 +------------- failure, or restart (rollback) ---------+
 
 The file is JSON: ``{"version", "checksum", "bootID", "claims": {uid: {"state", "namespace",
-"name", "devices"}}}``. ``checksum`` is ``sha256:<hex>`` over the canonical JSON of everything else,
+"name", "devices"}}}``, plus ``"adopted": {uid: [[pool, device], ...]}`` when a corrupt checkpoint
+was set aside: claims whose CDI spec was kept for running containers without an entry (nothing
+else about them survived), with the devices their spec names; kept until unprepared. ``checksum`` is ``sha256:<hex>`` over the canonical JSON of everything else,
 so a torn or hand-edited file is detected. ``bootID`` is the node's
 ``/proc/sys/kernel/random/boot_id`` when it was written: after a reboot no container holds a
 prepared device any more (and the kubelet prepares again), so an old boot's checkpoint is void.
@@ -58,8 +60,15 @@ class Entry:
 class Checkpoint:
     boot_id: str
     claims: Mapping[str, Entry] = field(default_factory=lambda: MappingProxyType({}))
+    # claim UID -> the (pool, device) pairs its kept spec names (see the module docstring)
+    adopted: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=lambda: MappingProxyType({}))
 
     # -- transitions (pure: each returns a new Checkpoint) ------------------------------------
+    def adopting(self, specs: Mapping[str, Iterable[tuple[str, str]]]) -> Checkpoint:
+        """Record kept specs without entries: claim UID -> the (pool, device) pairs each names."""
+        adopted = {**self.adopted, **{uid: tuple(pairs) for uid, pairs in specs.items() if uid not in self.claims}}
+        return replace(self, adopted=MappingProxyType(adopted))
+
     def started(self, claim: PreparedClaim) -> Checkpoint:
         return self._with(claim.uid, Entry(STARTED, claim))
 
@@ -68,13 +77,20 @@ class Checkpoint:
         return self._with(uid, Entry(COMPLETED, entry.claim))
 
     def without(self, *uids: str) -> Checkpoint:
-        return replace(self, claims=MappingProxyType({u: e for u, e in self.claims.items() if u not in uids}))
+        return replace(self, claims=MappingProxyType({u: e for u, e in self.claims.items() if u not in uids}),
+                       adopted=self._adopted_without(uids))
 
     def _with(self, uid: str, entry: Entry) -> Checkpoint:
-        after = Checkpoint(self.boot_id, MappingProxyType({**self.claims, uid: entry}))
-        if "_owners" in self.__dict__ and uid not in self.claims:  # keep the index instead of rebuilding it
-            after.__dict__["_owners"] = {**self._owners, **_owned_by(uid, entry)}
+        # an adopted claim prepared again gets an entry instead
+        after = Checkpoint(self.boot_id, MappingProxyType({**self.claims, uid: entry}), self._adopted_without((uid,)))
+        if "_owners" in self.__dict__ and uid not in self.claims and uid not in self.adopted:
+            after.__dict__["_owners"] = {**self._owners, **_owned_by(uid, entry)}  # keep the index, not rebuild it
         return after
+
+    def _adopted_without(self, uids: Iterable[str]) -> Mapping[str, tuple[tuple[str, str], ...]]:
+        if not self.adopted or not any(uid in self.adopted for uid in uids):
+            return self.adopted
+        return MappingProxyType({u: pairs for u, pairs in self.adopted.items() if u not in uids})
 
     # -- queries ------------------------------------------------------------------------------
     def completed_count(self) -> int:
@@ -95,13 +111,15 @@ class Checkpoint:
         """(pool, device) -> claim UID, built once per checkpoint (planning asks for every device
         of every claim of a batch) and carried over by :meth:`started`."""
         owners: dict[tuple[str, str], str] = {}
+        for uid, pairs in self.adopted.items():  # a kept spec's devices stay held until unprepared
+            owners.update(dict.fromkeys(pairs, uid))
         for uid, entry in self.claims.items():
             owners.update(_owned_by(uid, entry))
         return owners
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Checkpoint) and self.boot_id == other.boot_id
-                and dict(self.claims) == dict(other.claims))
+                and dict(self.claims) == dict(other.claims) and dict(self.adopted) == dict(other.adopted))
 
 
 def _owned_by(uid: str, entry: Entry) -> dict[tuple[str, str], str]:
@@ -115,12 +133,17 @@ def _canonical(body: Mapping[str, Any]) -> bytes:
 
 
 def encode(checkpoint: Checkpoint) -> bytes:
-    # Exactly _canonical() of {"version", "bootID", "claims"}, assembled from each entry's cached
-    # canonical JSON (keys in sorted order: bootID < claims < version; claims by UID), because the
-    # commit of every prepare encodes the whole checkpoint on the kubelet's critical path.
+    # Exactly _canonical() of {("adopted",) "bootID", "claims", "version"}, assembled from each
+    # entry's cached canonical JSON (keys in sorted order: adopted < bootID < claims < version;
+    # claims by UID), because the commit of every prepare encodes the whole checkpoint on the
+    # kubelet's critical path. "adopted" only when there are any: other files stay as they were.
     entries = checkpoint.claims
     claims = ",".join([entries[uid].canonical for uid in sorted(entries)])
-    canonical = f'{{"bootID":{json.dumps(checkpoint.boot_id)},"claims":{{{claims}}},"version":{VERSION}}}'.encode()
+    adopted = ""
+    if checkpoint.adopted:
+        adopted = '"adopted":' + _canonical({u: [list(p) for p in pairs] for u, pairs in checkpoint.adopted.items()}).decode() + ","
+    canonical = (f'{{{adopted}"bootID":{json.dumps(checkpoint.boot_id)},"claims":{{{claims}}},'
+                 f'"version":{VERSION}}}').encode()
     checksum = "sha256:" + hashlib.sha256(canonical).hexdigest()
     # The checksum spliced in front of the canonical body. Readers re-canonicalise the body, so
     # key order in the file does not matter; `jq .` pretty-prints it.
@@ -149,9 +172,20 @@ def decode(data: bytes) -> Checkpoint:
             if raw["state"] not in STATES:
                 raise CheckpointError(f"claim {uid}: unknown state {raw['state']!r}")
             claims[uid] = Entry(raw["state"], PreparedClaim.from_json(uid, raw))
-        return Checkpoint(str(doc["bootID"]), MappingProxyType(claims))
-    except (KeyError, TypeError, AttributeError) as error:
+        return Checkpoint(str(doc["bootID"]), MappingProxyType(claims), _adopted_from_json(doc.get("adopted") or {}))
+    except (KeyError, TypeError, AttributeError, ValueError) as error:
         raise CheckpointError(f"malformed content: {error!r}") from None
+
+
+def _adopted_from_json(raw: Any) -> Mapping[str, tuple[tuple[str, str], ...]]:
+    def pair(item: Any) -> tuple[str, str]:
+        if not (isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)):
+            raise CheckpointError(f"adopted: {item!r} is not a [pool, device] pair")
+        return item[0], item[1]
+
+    if not isinstance(raw, dict) or not all(isinstance(pairs, list) for pairs in raw.values()):
+        raise CheckpointError("adopted: not an object of claim UID -> [[pool, device], ...]")
+    return MappingProxyType({uid: tuple(pair(item) for item in pairs) for uid, pairs in raw.items()})
 
 
 # -- reconciliation (pure) -----------------------------------------------------------------------
@@ -175,14 +209,17 @@ def reconcile(checkpoint: Checkpoint, spec_uids: Iterable[str]) -> Reconciliatio
       call again and get a fresh prepare.
     * PrepareCompleted without its spec: roll forward, rewrite it (the kubelet believes the claim
       is prepared; containers that restart need the spec).
-    * a spec of ours without a completed entry: an orphan, removed.
+    * an adopted claim's spec (kept when a corrupt checkpoint was set aside) stays; an adopted
+      claim whose spec is gone is forgotten (nothing is left to keep);
+    * a spec of ours without a completed entry and not adopted: an orphan, removed.
     """
     on_disk = set(spec_uids)
     started = checkpoint.half_done
     completed = {u: e for u, e in checkpoint.claims.items() if e.state == COMPLETED}
-    remove = tuple(sorted(u for u in on_disk if u not in completed))
+    remove = tuple(sorted(u for u in on_disk if u not in completed and u not in checkpoint.adopted))
     rewrite = tuple(e.claim for u, e in sorted(completed.items()) if u not in on_disk and e.claim.devices)
-    return Reconciliation(checkpoint.without(*started), remove, rewrite, started)
+    vanished = [u for u in checkpoint.adopted if u not in on_disk]
+    return Reconciliation(checkpoint.without(*started, *vanished), remove, rewrite, started)
 
 
 # -- file I/O --------------------------------------------------------------------------------------

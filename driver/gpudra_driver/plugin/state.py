@@ -156,8 +156,8 @@ class DeviceState:
                 aside = self.checkpoint_path.with_name(f"{CHECKPOINT_FILE}.corrupt-{int(time.time())}")
                 os.replace(self.checkpoint_path, aside)
                 log.error("checkpoint %s is unusable (%s); moved it to %s. Existing CDI specs are kept for "
-                          "running containers; the kubelet's unprepare calls remove them", self.checkpoint_path,
-                          error, aside)
+                          "running containers, and their devices held, until the kubelet unprepares their "
+                          "claims", self.checkpoint_path, error, aside)
                 loaded, keep_specs = ckpt.Checkpoint(self.boot_id), True
             try:
                 self.cdi.path.mkdir(parents=True, exist_ok=True)
@@ -165,9 +165,9 @@ class DeviceState:
             except OSError as error:
                 log.error("CDI directory %s is unusable: %s", self.cdi.path, error)
                 on_disk = set()
+            if keep_specs:  # recorded, so that later starts keep them too
+                loaded = loaded.adopting({uid: [(self.node, d) for d in self.cdi.device_names(uid)] for uid in on_disk})
             result = ckpt.reconcile(loaded, on_disk)
-            if keep_specs:
-                result = ckpt.Reconciliation(result.checkpoint, (), result.rewrite_specs, result.rolled_back)
             for uid in result.remove_specs:
                 self.cdi.remove(uid)
             stale = [e.claim for u, e in result.checkpoint.claims.items()
@@ -244,7 +244,7 @@ class DeviceState:
                 return
             # Entries this batch replaces: a claim allocated anew, or one a crashed peer left
             # half-done. Whatever fails, their old entries and specs must not come back.
-            replaced = {claim.uid for claim in planned if claim.uid in original.claims}
+            replaced = {claim.uid for claim in planned if claim.uid in original.claims or claim.uid in original.adopted}
             # The commit as it will be if every spec is written: staged (written and fsync'd, not
             # yet in place) on the stager thread while the specs are written here, then published
             # there if they all were.
