@@ -565,7 +565,7 @@ async def test_a_claim_of_unexpected_shape_is_its_own_error(tmp_path: Path) -> N
     assert state.cdi.claim_uids() == {A}
 
 
-async def test_a_corrupt_checkpoint_is_moved_aside_and_specs_are_kept_until_unprepared(tmp_path: Path) -> None:
+async def test_a_corrupt_checkpoint_is_copied_aside_and_specs_are_kept_until_unprepared(tmp_path: Path) -> None:
     state = make(tmp_path)
     await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-3")]))))
     kept = spec_files(tmp_path)
@@ -593,6 +593,64 @@ async def test_kept_specs_of_a_corrupt_checkpoint_go_with_a_reboot(tmp_path: Pat
     make(tmp_path, boot="boot-2")  # a persistent CDI directory (e.g. /etc/cdi) outlives the boot
     assert spec_files(tmp_path) == []
 
+
+
+def test_a_crash_of_the_start_that_adopts_the_specs_finds_them_again(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    asyncio.run(make(tmp_path).prepare(items((REF_A, claim(A, name="a", results=[result("gpu-3")])))))
+    kept = spec_files(tmp_path)
+    (tmp_path / "plugin" / "checkpoint.json").write_text("{torn")
+
+    def full(self: DeviceState, checkpoint: ckpt.Checkpoint, *, durable: bool = True) -> None:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(DeviceState, "_save", full)
+        with pytest.raises(OSError):
+            make(tmp_path)  # the agent exits before recording the adoptions; its pod restarts
+    make(tmp_path)  # the corrupt file is still there: adopted now
+    make(tmp_path)
+    assert spec_files(tmp_path) == kept
+    assert len([n for n in os.listdir(tmp_path / "plugin") if n.startswith("checkpoint.json.corrupt-")]) >= 1
+
+
+async def test_an_adopted_claim_whose_prepare_fails_stays_adopted(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    await make(tmp_path).prepare(items((REF_A, claim(A, name="a", results=[result("gpu-3")]))))
+    kept = spec_files(tmp_path)
+    (tmp_path / "plugin" / "checkpoint.json").write_text("{torn")
+    later = make(tmp_path)
+
+    def full(claim: object, *, durable: bool = True) -> None:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(later.cdi, "write", full)
+        out = await later.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-3")]))))
+    assert "No space left" in (out[A].error or "")
+    assert spec_files(tmp_path) == kept and set(ckpt.load(later.checkpoint_path, "boot-1")[0].adopted) == {A}
+    out = await later.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-3")]))))
+    assert "already prepared for claim " + A in (out[B].error or "")  # its GPU is still held
+
+
+async def test_a_cdi_directory_unreadable_for_one_start_forgets_no_adoption(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpudra_driver.plugin.cdi import CdiDir
+
+    await make(tmp_path).prepare(items((REF_A, claim(A, name="a", results=[result("gpu-3")]))))
+    (tmp_path / "plugin" / "checkpoint.json").write_text("{torn")
+    make(tmp_path)
+
+    def eio(self: CdiDir) -> set[str]:
+        raise OSError(5, "Input/output error")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(CdiDir, "claim_uids", eio)
+        make(tmp_path)
+    make(tmp_path)
+    assert spec_files(tmp_path) and set(ckpt.load(tmp_path / "plugin" / "checkpoint.json", "boot-1")[0].adopted) == {A}
 
 async def test_a_kept_spec_prepared_again_gets_an_entry(tmp_path: Path) -> None:
     state = make(tmp_path)

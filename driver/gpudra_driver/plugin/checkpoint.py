@@ -66,6 +66,8 @@ class Checkpoint:
     # -- transitions (pure: each returns a new Checkpoint) ------------------------------------
     def adopting(self, specs: Mapping[str, Iterable[tuple[str, str]]]) -> Checkpoint:
         """Record kept specs without entries: claim UID -> the (pool, device) pairs each names."""
+        if not specs:
+            return self
         adopted = {**self.adopted, **{uid: tuple(pairs) for uid, pairs in specs.items() if uid not in self.claims}}
         return replace(self, adopted=MappingProxyType(adopted))
 

@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -153,21 +154,24 @@ class DeviceState:
             except ckpt.CheckpointError as error:
                 if str(error).startswith("version"):
                     raise RuntimeError(f"{self.checkpoint_path}: {error}") from None
+                # A copy, not a move: the file stays until the checkpoint recording the adoptions
+                # replaces it, so that a crash before then finds it (and adopts) again.
                 aside = self.checkpoint_path.with_name(f"{CHECKPOINT_FILE}.corrupt-{int(time.time())}")
-                os.replace(self.checkpoint_path, aside)
-                log.error("checkpoint %s is unusable (%s); moved it to %s. Existing CDI specs are kept for "
+                shutil.copyfile(self.checkpoint_path, aside)
+                log.error("checkpoint %s is unusable (%s); a copy is in %s. Existing CDI specs are kept for "
                           "running containers, and their devices held, until the kubelet unprepares their "
                           "claims", self.checkpoint_path, error, aside)
                 loaded, keep_specs = ckpt.Checkpoint(self.boot_id), True
             try:
                 self.cdi.path.mkdir(parents=True, exist_ok=True)
-                on_disk = self.cdi.claim_uids()
+                on_disk, listed = self.cdi.claim_uids(), True
             except OSError as error:
                 log.error("CDI directory %s is unusable: %s", self.cdi.path, error)
-                on_disk = set()
+                on_disk, listed = set(), False
             if keep_specs:  # recorded, so that later starts keep them too
                 loaded = loaded.adopting({uid: [(self.node, d) for d in self.cdi.device_names(uid)] for uid in on_disk})
-            result = ckpt.reconcile(loaded, on_disk)
+            # an adopted spec is forgotten only when the directory was read and it is not there
+            result = ckpt.reconcile(loaded, on_disk if listed else on_disk | set(loaded.adopted))
             for uid in result.remove_specs:
                 self.cdi.remove(uid)
             stale = [e.claim for u, e in result.checkpoint.claims.items()
@@ -215,8 +219,8 @@ class DeviceState:
                 # scratch file that, until then, the disk may still hold as the checkpoint.
                 await _settled(self.dir_synced)
             checkpoint = self._load()
-            if checkpoint.half_done:
-                gone = self._remove_half_done_specs(checkpoint)
+            gone = self._remove_half_done_specs(checkpoint) if checkpoint.half_done else []
+            if gone:
                 checkpoint = checkpoint.without(*gone)
                 await self._on_stager(self._save, checkpoint)
             original = checkpoint
@@ -244,7 +248,7 @@ class DeviceState:
                 return
             # Entries this batch replaces: a claim allocated anew, or one a crashed peer left
             # half-done. Whatever fails, their old entries and specs must not come back.
-            replaced = {claim.uid for claim in planned if claim.uid in original.claims or claim.uid in original.adopted}
+            replaced = {claim.uid for claim in planned if claim.uid in original.claims}
             # The commit as it will be if every spec is written: staged (written and fsync'd, not
             # yet in place) on the stager thread while the specs are written here, then published
             # there if they all were.
@@ -272,10 +276,13 @@ class DeviceState:
                     for claim in planned:
                         done = claim in written
                         checkpoint = checkpoint.completed(claim.uid) if done else checkpoint.without(claim.uid)
+                    # an adopted claim whose prepare failed stays adopted, its spec and devices kept
+                    checkpoint = checkpoint.adopting({c.uid: original.adopted[c.uid] for c in planned
+                                                      if c not in written and c.uid in original.adopted})
                     await self._on_stager(self._save, checkpoint)
                     self._remove_specs(c.uid for c in planned if c not in written and c.uid in replaced)
-            except OSError as error:
-                self._remove_specs({c.uid for c in written} | replaced)
+            except OSError as error:  # adopted claims stay as they were: the rollback keeps them
+                self._remove_specs(({c.uid for c in written} | replaced) - original.adopted.keys())
                 for claim in written:
                     results[claim.uid] = PrepareResult(error=f"{claim.ref}: recording the prepared claim "
                                                              f"failed: {error}")
