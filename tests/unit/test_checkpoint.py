@@ -84,7 +84,8 @@ def test_the_device_owner_index_follows_every_transition() -> None:
 
 @pytest.mark.parametrize(("mutate", "message"), [
     (lambda d: d["claims"].clear(), "checksum mismatch"),
-    (lambda d: d.update(version=2), "version 2"),
+    (lambda d: d.update(version=3), "version 3"),
+    (lambda d: d.update(version=True), "version True"),
     (lambda d: d.update(checksum="sha256:00"), "checksum mismatch"),
 ])
 def test_tampered_or_newer_files_are_rejected(mutate, message: str) -> None:
@@ -140,6 +141,18 @@ def test_reconcile_rolls_back_started_rewrites_missing_and_removes_orphans() -> 
 
 
 C = "0c1d2e3f-0000-4000-8000-00000000000c"
+
+
+def test_the_version_is_the_lowest_whose_readers_keep_everything() -> None:
+    plain = Checkpoint("boot").started(prepared(A, "gpu-0")).completed(A)
+    assert json.loads(ckpt.encode(plain))["version"] == 1  # what agents before version 2 read and write
+    monitored = plan_prepare(ClaimRef("ns", "m", B), claim(B, name="m", results=[result("gpu-0", adminAccess=True)]),
+                             devices(), plain, node=NODE, driver=DRIVER).claim
+    with_admin = plain.started(monitored).completed(B)
+    assert json.loads(ckpt.encode(with_admin))["version"] == 2
+    assert ckpt.decode(ckpt.encode(with_admin)) == with_admin
+    assert json.loads(ckpt.encode(with_admin.without(B)))["version"] == 1
+    assert json.loads(ckpt.encode(plain.adopting({C: [(NODE, "gpu-5")]})))["version"] == 2
 
 
 def test_adopted_specs_round_trip_hold_their_devices_and_go_with_unprepare() -> None:

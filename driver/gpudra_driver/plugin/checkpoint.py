@@ -3,14 +3,15 @@
 State machine per claim (keyed by claim UID)::
 
     (absent) --prepare--> PrepareStarted --CDI spec written--> PrepareCompleted --unprepare--> (absent)
-                                |                                                      ^
-                                +------------- failure, or restart (rollback) ---------+
+                                |                                                          ^
+                                +--- failure, or rollback (at start, or by a live peer) ---+
 
 The file is JSON: ``{"version", "checksum", "bootID", "claims": {uid: {"state", "namespace",
 "name", "devices"}}}``, plus ``"adopted": {uid: [[pool, device], ...]}`` when a corrupt checkpoint
 was set aside: claims whose CDI spec was kept for running containers without an entry (nothing
-else about them survived), with the devices their spec names; kept until unprepared. ``checksum`` is ``sha256:<hex>`` over the canonical JSON of everything else,
-so a torn or hand-edited file is detected. ``bootID`` is the node's
+else about them survived), with the devices their spec names; kept until unprepared.
+``checksum`` is ``sha256:<hex>`` over the canonical JSON of everything else, so a torn or
+hand-edited file is detected. ``bootID`` is the node's
 ``/proc/sys/kernel/random/boot_id`` when it was written: after a reboot no container holds a
 prepared device any more (and the kubelet prepares again), so an old boot's checkpoint is void.
 
@@ -31,7 +32,12 @@ from typing import Any
 from gpudra_driver.plugin import fsutil
 from gpudra_driver.plugin.model import PreparedClaim
 
-VERSION = 1
+# The file's version is the lowest whose readers keep all of its content, as a CDI spec's is:
+# 2 when it holds adoptions or admin-access devices, which an agent reading only version 1 would
+# drop on its next write (it would then hand a monitored GPU, or a kept spec's GPU, to a second
+# claim). Such an agent refuses the file instead: a downgrade with them needs them unprepared.
+VERSION = 2
+READS = (1, 2)
 STARTED = "PrepareStarted"
 COMPLETED = "PrepareCompleted"
 STATES = (STARTED, COMPLETED)
@@ -54,6 +60,10 @@ class Entry:
         all of its keys, so it goes last."""
         body = self.claim.canonical_json
         return f'{json.dumps(self.claim.uid)}:{body[:-1]},"state":{json.dumps(self.state)}}}'
+
+    @cached_property
+    def admin_access(self) -> bool:
+        return any(device.admin_access for device in self.claim.devices)
 
 
 @dataclass(frozen=True)
@@ -144,8 +154,9 @@ def encode(checkpoint: Checkpoint) -> bytes:
     adopted = ""
     if checkpoint.adopted:
         adopted = '"adopted":' + _canonical({u: [list(p) for p in pairs] for u, pairs in checkpoint.adopted.items()}).decode() + ","
+    version = 2 if checkpoint.adopted or any(entry.admin_access for entry in entries.values()) else 1
     canonical = (f'{{{adopted}"bootID":{json.dumps(checkpoint.boot_id)},"claims":{{{claims}}},'
-                 f'"version":{VERSION}}}').encode()
+                 f'"version":{version}}}').encode()
     checksum = "sha256:" + hashlib.sha256(canonical).hexdigest()
     # The checksum spliced in front of the canonical body. Readers re-canonicalise the body, so
     # key order in the file does not matter; `jq .` pretty-prints it.
@@ -161,8 +172,8 @@ def decode(data: bytes) -> Checkpoint:
     if not isinstance(doc, dict):
         raise CheckpointError("not a JSON object")
     version = doc.get("version")
-    if version != VERSION:
-        raise CheckpointError(f"version {version!r}; this agent reads version {VERSION} "
+    if not isinstance(version, int) or isinstance(version, bool) or version not in READS:
+        raise CheckpointError(f"version {version!r}; this agent reads versions up to {VERSION} "
                               "(downgrading an agent with prepared claims needs them unprepared first)")
     body = {k: v for k, v in doc.items() if k != "checksum"}
     expected = "sha256:" + hashlib.sha256(_canonical(body)).hexdigest()
