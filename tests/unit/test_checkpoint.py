@@ -166,10 +166,12 @@ def test_adopted_specs_round_trip_hold_their_devices_and_go_with_unprepare() -> 
     assert cp.device_owner(NODE, "gpu-6") == C and cp.completed_count() == 1
     assert cp.without(C) == Checkpoint("boot").started(prepared(A, "gpu-0")).completed(A)
     assert cp.without(C).device_owner(NODE, "gpu-6") is None
-    # prepared again (the kubelet asked): an entry replaces the adoption
+    # prepared again (the kubelet asked): adopted until the prepare completes, then an entry
     again = cp.started(prepared(C, "gpu-5"))
-    assert C not in again.adopted and again.device_owner(NODE, "gpu-6") is None
-    assert again.device_owner(NODE, "gpu-5") == C
+    assert C in again.adopted and again.device_owner(NODE, "gpu-6") == C
+    assert again.rolled_back(C) == cp  # a rollback keeps the adoption
+    done = again.completed(C)
+    assert C not in done.adopted and done.device_owner(NODE, "gpu-6") is None and done.device_owner(NODE, "gpu-5") == C
     # without adoptions, nothing in the file says so: earlier files stay byte-identical
     assert "adopted" not in json.loads(ckpt.encode(cp.without(C)))
 
@@ -188,6 +190,9 @@ def test_reconcile_keeps_adopted_specs_and_forgets_adoptions_whose_spec_is_gone(
     cp = Checkpoint("b").adopting({A: [(NODE, "gpu-0")], C: [(NODE, "gpu-2")]})
     r = ckpt.reconcile(cp, {A})  # C's spec was removed by hand
     assert r.remove_specs == () and dict(r.checkpoint.adopted) == {A: ((NODE, "gpu-0"),)}
+    # a half-done prepare of an adopted claim is rolled back to the adoption, its spec kept
+    r = ckpt.reconcile(cp.started(prepared(A, "gpu-1")), {A, C})
+    assert r.rolled_back == (A,) and r.remove_specs == () and r.checkpoint == cp
 
 def test_boot_id_is_read_from_the_kernel() -> None:
     boot_id = ckpt.read_boot_id()

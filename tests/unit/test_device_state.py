@@ -739,3 +739,80 @@ async def test_a_half_done_spec_that_cannot_be_removed_keeps_its_entry_for_a_lat
     monkeypatch.undo()
     await live.unprepare([REF_B])
     assert ckpt.load(live.checkpoint_path, "boot-1")[0].claims == {} and spec_files(tmp_path) == []
+
+
+
+async def adopted_a(tmp_path: Path, device: str = "gpu-3") -> DeviceState:
+    """A prepared on ``device``, then its checkpoint corrupted: the next instance adopts its spec."""
+    await make(tmp_path).prepare(items((REF_A, claim(A, name="a", results=[result(device)]))))
+    (tmp_path / "plugin" / "checkpoint.json").write_text("{torn")
+    return make(tmp_path)
+
+
+def adopted(state: DeviceState) -> dict[str, tuple[tuple[str, str], ...]]:
+    return dict(ckpt.load(state.checkpoint_path, "boot-1")[0].adopted)
+
+
+@pytest.mark.parametrize("point", ["after-checkpoint-started", "after-cdi-write"])
+@pytest.mark.parametrize("device", ["gpu-3", "gpu-4"])  # the same GPU, or allocated anew
+async def test_a_crash_while_an_adopted_claim_is_prepared_again_keeps_it_adopted(tmp_path: Path, point: str,
+                                                                                 device: str) -> None:
+    crashing = await adopted_a(tmp_path)
+    crashing.fault = CrashAt(point)
+    with pytest.raises(Crash):
+        await crashing.prepare(items((REF_A, claim(A, name="a", results=[result(device)]))))
+    restarted = make(tmp_path)
+    on_disk = "gpu-3" if point == "after-checkpoint-started" else device  # what its spec names now
+    assert restarted.cdi.claim_uids() == {A} and adopted(restarted) == {A: ((NODE, on_disk),)}
+    out = await restarted.prepare(items((REF_B, claim(B, name="b", results=[result(on_disk)]))))
+    assert "already prepared for claim " + A in (out[B].error or "")
+
+
+async def test_a_live_peer_keeps_an_adopted_claim_a_crashed_instance_was_preparing_again(tmp_path: Path) -> None:
+    live = await adopted_a(tmp_path)
+    crashing = make(tmp_path, fault=CrashAt("after-cdi-write"))
+    with pytest.raises(Crash):
+        await crashing.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-4")]))))
+    out = await live.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-3")]))))
+    assert out[B].error is None  # gpu-3 is free: A's spec names gpu-4 now
+    assert live.cdi.claim_uids() == {A, B} and adopted(live) == {A: ((NODE, "gpu-4"),)}
+    c_uid = "0c1d2e3f-0000-4000-8000-00000000000c"
+    out = await live.prepare(items((ClaimRef("ns", "c", c_uid), claim(c_uid, name="c", results=[result("gpu-4")]))))
+    assert "already prepared for claim " + A in (out[c_uid].error or "")
+
+
+async def test_an_adopted_claim_allocated_anew_whose_commit_fails_holds_what_its_spec_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    later = await adopted_a(tmp_path)
+
+    def fails(path: Path) -> None:
+        raise OSError(5, "Input/output error")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(ckpt, "publish_commit", fails)
+        out = await later.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-4")]))))
+    assert "Input/output error" in (out[A].error or "")
+    assert later.cdi.claim_uids() == {A} and adopted(later) == {A: ((NODE, "gpu-4"),)}
+    out = await later.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-4")]))))
+    assert "already prepared for claim " + A in (out[B].error or "")
+
+
+def test_a_corrupt_checkpoint_with_an_unreadable_cdi_directory_stops_the_start_and_loses_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from gpudra_driver.plugin.cdi import CdiDir
+
+    asyncio.run(make(tmp_path).prepare(items((REF_A, claim(A, name="a", results=[result("gpu-3")])))))
+    kept = spec_files(tmp_path)
+    (tmp_path / "plugin" / "checkpoint.json").write_text("{torn")
+
+    def eio(self: CdiDir) -> set[str]:
+        raise OSError(5, "Input/output error")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(CdiDir, "claim_uids", eio)
+        with pytest.raises(RuntimeError, match="cannot tell which specs"):
+            make(tmp_path)  # the agent exits; its pod restarts
+    later = make(tmp_path)
+    assert spec_files(tmp_path) == kept and adopted(later) == {A: ((NODE, "gpu-3"),)}

@@ -75,13 +75,17 @@ class Checkpoint:
 
     # -- transitions (pure: each returns a new Checkpoint) ------------------------------------
     def adopting(self, specs: Mapping[str, Iterable[tuple[str, str]]]) -> Checkpoint:
-        """Record kept specs without entries: claim UID -> the (pool, device) pairs each names."""
+        """Record kept specs (claim UID -> the (pool, device) pairs each names), replacing what
+        was recorded for them; a completed claim needs none."""
+        specs = {uid: tuple(pairs) for uid, pairs in specs.items()
+                 if uid not in self.claims or self.claims[uid].state != COMPLETED}
         if not specs:
             return self
-        adopted = {**self.adopted, **{uid: tuple(pairs) for uid, pairs in specs.items() if uid not in self.claims}}
-        return replace(self, adopted=MappingProxyType(adopted))
+        return replace(self, adopted=MappingProxyType({**self.adopted, **specs}))
 
     def started(self, claim: PreparedClaim) -> Checkpoint:
+        """An adopted claim prepared again stays adopted until its prepare completes: a rollback
+        keeps its spec."""
         return self._with(claim.uid, Entry(STARTED, claim))
 
     def completed(self, uid: str) -> Checkpoint:
@@ -89,12 +93,16 @@ class Checkpoint:
         return self._with(uid, Entry(COMPLETED, entry.claim))
 
     def without(self, *uids: str) -> Checkpoint:
-        return replace(self, claims=MappingProxyType({u: e for u, e in self.claims.items() if u not in uids}),
-                       adopted=self._adopted_without(uids))
+        """Unprepared: entries and adoptions go."""
+        return replace(self.rolled_back(*uids), adopted=self._adopted_without(uids))
+
+    def rolled_back(self, *uids: str) -> Checkpoint:
+        """Half-done prepares undone: their entries go, adoptions stay."""
+        return replace(self, claims=MappingProxyType({u: e for u, e in self.claims.items() if u not in uids}))
 
     def _with(self, uid: str, entry: Entry) -> Checkpoint:
-        # an adopted claim prepared again gets an entry instead
-        after = Checkpoint(self.boot_id, MappingProxyType({**self.claims, uid: entry}), self._adopted_without((uid,)))
+        adopted = self._adopted_without((uid,)) if entry.state == COMPLETED else self.adopted
+        after = Checkpoint(self.boot_id, MappingProxyType({**self.claims, uid: entry}), adopted)
         if "_owners" in self.__dict__ and uid not in self.claims and uid not in self.adopted:
             after.__dict__["_owners"] = {**self._owners, **_owned_by(uid, entry)}  # keep the index, not rebuild it
         return after
@@ -222,8 +230,8 @@ def reconcile(checkpoint: Checkpoint, spec_uids: Iterable[str]) -> Reconciliatio
       call again and get a fresh prepare.
     * PrepareCompleted without its spec: roll forward, rewrite it (the kubelet believes the claim
       is prepared; containers that restart need the spec).
-    * an adopted claim's spec (kept when a corrupt checkpoint was set aside) stays; an adopted
-      claim whose spec is gone is forgotten (nothing is left to keep);
+    * an adopted claim's spec (kept when a corrupt checkpoint was set aside) stays, even when a
+      prepare of it was half done; an adopted claim whose spec is gone is forgotten;
     * a spec of ours without a completed entry and not adopted: an orphan, removed.
     """
     on_disk = set(spec_uids)
@@ -231,8 +239,9 @@ def reconcile(checkpoint: Checkpoint, spec_uids: Iterable[str]) -> Reconciliatio
     completed = {u: e for u, e in checkpoint.claims.items() if e.state == COMPLETED}
     remove = tuple(sorted(u for u in on_disk if u not in completed and u not in checkpoint.adopted))
     rewrite = tuple(e.claim for u, e in sorted(completed.items()) if u not in on_disk and e.claim.devices)
-    vanished = [u for u in checkpoint.adopted if u not in on_disk]
-    return Reconciliation(checkpoint.without(*started, *vanished), remove, rewrite, started)
+    kept = checkpoint.rolled_back(*started)
+    vanished = [u for u in kept.adopted if u not in on_disk]
+    return Reconciliation(kept.without(*vanished), remove, rewrite, started)
 
 
 # -- file I/O --------------------------------------------------------------------------------------

@@ -150,7 +150,7 @@ class DeviceState:
         with self._lock():
             keep_specs = False
             try:
-                loaded = self._load()
+                loaded = read = self._load()
             except ckpt.CheckpointError as error:
                 if str(error).startswith("version"):
                     raise RuntimeError(f"{self.checkpoint_path}: {error}") from None
@@ -161,15 +161,21 @@ class DeviceState:
                 log.error("checkpoint %s is unusable (%s); a copy is in %s. Existing CDI specs are kept for "
                           "running containers, and their devices held, until the kubelet unprepares their "
                           "claims", self.checkpoint_path, error, aside)
-                loaded, keep_specs = ckpt.Checkpoint(self.boot_id), True
+                loaded, read, keep_specs = ckpt.Checkpoint(self.boot_id), None, True
             try:
                 self.cdi.path.mkdir(parents=True, exist_ok=True)
                 on_disk, listed = self.cdi.claim_uids(), True
             except OSError as error:
                 log.error("CDI directory %s is unusable: %s", self.cdi.path, error)
                 on_disk, listed = set(), False
-            if keep_specs:  # recorded, so that later starts keep them too
-                loaded = loaded.adopting({uid: [(self.node, d) for d in self.cdi.device_names(uid)] for uid in on_disk})
+            if listed:
+                # Kept specs recorded (so that later starts keep them too), or their devices read
+                # again (a crashed prepare of an adopted claim may have rewritten its spec).
+                adopt = on_disk if keep_specs else on_disk & loaded.adopted.keys()
+                loaded = loaded.adopting({uid: self._spec_devices(uid) for uid in adopt})
+            elif keep_specs:  # replacing the corrupt file now would forget which specs to keep
+                raise RuntimeError(f"{self.checkpoint_path} is unusable and the CDI directory {self.cdi.path} "
+                                   "cannot be read: cannot tell which specs running containers need")
             # an adopted spec is forgotten only when the directory was read and it is not there
             result = ckpt.reconcile(loaded, on_disk if listed else on_disk | set(loaded.adopted))
             for uid in result.remove_specs:
@@ -183,7 +189,7 @@ class DeviceState:
             temp = self.cdi.remove_temp_files() if on_disk or self.cdi.path.is_dir() else 0
             if result.changed or temp:
                 self.cdi.sync()
-            if result.checkpoint != loaded or self._cached is None:
+            if result.checkpoint != read or self._cached is None:
                 # no file, or not one this boot can use (another boot's is replaced too: read once,
                 # warned once): write the reconciled one
                 self._save(result.checkpoint)
@@ -219,9 +225,8 @@ class DeviceState:
                 # scratch file that, until then, the disk may still hold as the checkpoint.
                 await _settled(self.dir_synced)
             checkpoint = self._load()
-            gone = self._remove_half_done_specs(checkpoint) if checkpoint.half_done else []
-            if gone:
-                checkpoint = checkpoint.without(*gone)
+            if checkpoint.half_done and (rolled := self._roll_back_half_done(checkpoint)) != checkpoint:
+                checkpoint = rolled
                 await self._on_stager(self._save, checkpoint)
             original = checkpoint
             planned: list[PreparedClaim] = []
@@ -276,39 +281,48 @@ class DeviceState:
                     for claim in planned:
                         done = claim in written
                         checkpoint = checkpoint.completed(claim.uid) if done else checkpoint.without(claim.uid)
-                    # an adopted claim whose prepare failed stays adopted, its spec and devices kept
-                    checkpoint = checkpoint.adopting({c.uid: original.adopted[c.uid] for c in planned
+                    # an adopted claim whose prepare failed stays adopted, its spec kept
+                    checkpoint = checkpoint.adopting({c.uid: self._spec_devices(c.uid) for c in planned
                                                       if c not in written and c.uid in original.adopted})
                     await self._on_stager(self._save, checkpoint)
                     self._remove_specs(c.uid for c in planned if c not in written and c.uid in replaced)
-            except OSError as error:  # adopted claims stay as they were: the rollback keeps them
+            except OSError as error:  # adopted claims stay adopted, with the devices their spec names now
                 self._remove_specs(({c.uid for c in written} | replaced) - original.adopted.keys())
                 for claim in written:
                     results[claim.uid] = PrepareResult(error=f"{claim.ref}: recording the prepared claim "
                                                              f"failed: {error}")
-                await self._on_stager(self._save_quietly, original.without(*replaced))
+                readopt = {c.uid: self._spec_devices(c.uid) for c in planned if c.uid in original.adopted}
+                await self._on_stager(self._save_quietly, original.without(*replaced).adopting(readopt))
                 return
             self.fault("after-checkpoint-completed")
             for claim in written:
                 results[claim.uid] = PrepareResult(claim)
 
-    def _remove_half_done_specs(self, checkpoint: ckpt.Checkpoint) -> list[str]:
+    def _roll_back_half_done(self, checkpoint: ckpt.Checkpoint) -> ckpt.Checkpoint:
         """Roll back, as start-up would, the half-done prepares found under the node lock: a
         crashed instance's (a peer SIGKILLed during a rolling update; or this one, when a commit and
-        its rollback both failed). Removes their specs; returns the claims whose spec is gone, for
-        the caller to drop from the checkpoint. The kubelet, which got no answer for them, prepares
-        them again."""
+        its rollback both failed). Their specs are removed, except an adopted claim's, which stays
+        adopted with the devices its spec names now. The kubelet, which got no answer for them,
+        prepares them again. Returns the checkpoint without them, for the caller to save."""
         gone: list[str] = []
+        kept: dict[str, list[tuple[str, str]]] = {}
         for uid in checkpoint.half_done:
+            if uid in checkpoint.adopted:
+                kept[uid] = self._spec_devices(uid)
+                continue
             try:
                 self.cdi.remove(uid)
                 gone.append(uid)
             except OSError as error:  # the entry stays: the next call or start tries again
                 log.warning("removing the CDI spec of half-done claim %s failed: %s", uid, error)
-        if gone:
+        if gone or kept:
             log.info("rolled back the half-done prepare of claim(s) %s, left by an agent instance that "
-                     "crashed", gone)
-        return gone
+                     "crashed", gone + list(kept))
+        return checkpoint.rolled_back(*gone, *kept).adopting(kept)
+
+    def _spec_devices(self, claim_uid: str) -> list[tuple[str, str]]:
+        """The (pool, device) pairs the claim's spec on disk names: what an adopted claim holds."""
+        return [(self.node, device) for device in self.cdi.device_names(claim_uid)]
 
     def _remove_specs(self, uids: Iterable[str]) -> None:
         """Best effort, after a failure: a spec left behind is an orphan that start-up removes."""
@@ -382,7 +396,7 @@ class DeviceState:
         checkpoint = self._load()
         remaining = checkpoint.without(*uids)
         if remaining.half_done:
-            remaining = remaining.without(*self._remove_half_done_specs(remaining))
+            remaining = self._roll_back_half_done(remaining)
         if remaining != checkpoint:
             self._save(remaining)
             self.fault("unprepare-after-checkpoint")
