@@ -104,7 +104,12 @@ async def _main(args: argparse.Namespace) -> int:
     plugin = KubeletPlugin(driver=args.driver, node=args.node_name, kubelet_dir=Path(args.kubelet_dir),
                            cdi_dir=Path(args.cdi_dir), driver_root=args.driver_root, instance=args.pod_uid,
                            get_claim=claim_getter(kube))
-    await plugin.start()
+    try:
+        await plugin.start()
+    except RuntimeError as error:  # the node's checkpoint cannot be used as it is (DeviceState.startup)
+        log.error("the kubelet plugin cannot start: %s", error)
+        await api.close()
+        return 1
     tasks = [asyncio.create_task(publisher.run(), name="publisher"),
              asyncio.create_task(_rescan_loop(args, publisher, plugin), name="rescan"),
              asyncio.create_task(plugin.watch(), name="kubelet-plugin")]

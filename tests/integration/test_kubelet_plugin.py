@@ -371,6 +371,21 @@ async def test_a_live_instance_rolls_back_what_a_sigkilled_peer_left_half_done(
         assert (await live.prepare(kubelet, [ref(crashing)])).claims[uid].error == ""
     assert live.checkpoint() == {other["metadata"]["uid"]: "PrepareCompleted", uid: "PrepareCompleted"}
 
+
+async def test_a_checkpoint_of_a_newer_agent_stops_the_agent_with_one_clear_line(fake_nodes, plugin_agents,
+                                                                                driver: str, tmp_path: Path) -> None:
+    """A downgrade with claims prepared by a newer agent: refused, not silently rewritten."""
+    node = (await fake_nodes("h100"))["metadata"]["name"]
+    plugin_dir = tmp_path / node / "kubelet" / "plugins" / driver
+    plugin_dir.mkdir(parents=True)
+    (plugin_dir / CHECKPOINT_FILE).write_text(json.dumps({"version": 99, "bootID": "x", "claims": {}}))
+    plugin = plugin_agents(node, driver)
+    assert plugin.agent.process.wait(timeout=30) == 1
+    errors = [line for line in plugin.agent.log_tail().splitlines() if "cannot start" in line]
+    assert len(errors) == 1 and "version 99" in errors[0], plugin.agent.log_tail()
+    assert "Traceback" not in plugin.agent.log_tail()
+    assert json.loads((plugin_dir / CHECKPOINT_FILE).read_text())["version"] == 99  # left as it was
+
 async def test_ready_file_appears_once_registered_and_published(kube: Kube, fake_nodes, plugin_agents,
                                                                 driver: str, tmp_path: Path) -> None:
     """What the DaemonSet's readiness probe tests: not before the kubelet registered the plugin."""
