@@ -816,3 +816,50 @@ def test_a_corrupt_checkpoint_with_an_unreadable_cdi_directory_stops_the_start_a
             make(tmp_path)  # the agent exits; its pod restarts
     later = make(tmp_path)
     assert spec_files(tmp_path) == kept and adopted(later) == {A: ((NODE, "gpu-3"),)}
+
+
+async def test_a_half_done_prepare_of_an_adopted_claim_found_without_a_listing_holds_both_gpus(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpudra_driver.plugin.cdi import CdiDir
+
+    crashing = await adopted_a(tmp_path)  # A's spec names gpu-3
+    crashing.fault = CrashAt("after-cdi-write")
+    with pytest.raises(Crash):  # allocated anew: its spec now names gpu-4
+        await crashing.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-4")]))))
+
+    def eio(self: CdiDir) -> set[str]:
+        raise OSError(5, "Input/output error")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(CdiDir, "claim_uids", eio)
+        restarted = make(tmp_path)  # cannot tell which one the spec names now: holds both
+    assert adopted(restarted) == {A: ((NODE, "gpu-3"), (NODE, "gpu-4"))}
+    for device in ("gpu-3", "gpu-4"):
+        out = await restarted.prepare(items((REF_B, claim(B, name="b", results=[result(device)]))))
+        assert "already prepared for claim " + A in (out[B].error or "")
+    assert adopted(make(tmp_path)) == {A: ((NODE, "gpu-4"),)}  # read again at the next start
+
+
+async def test_an_adopted_spec_that_cannot_be_read_keeps_the_devices_recorded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    later = await adopted_a(tmp_path)
+    spec, read = later.cdi.spec_path(A), Path.read_bytes
+
+    def failing(path: Path) -> bytes:
+        if path == spec:
+            raise OSError(5, "Input/output error")
+        return read(path)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "read_bytes", failing)
+        restarted = make(tmp_path)
+    assert adopted(restarted) == {A: ((NODE, "gpu-3"),)}
+    out = await restarted.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-3")]))))
+    assert "already prepared for claim " + A in (out[B].error or "")
+
+
+@pytest.mark.parametrize("body", ["{}", '{"claims": {}}', '{"version": null}', '{"version": "2"}', '{"version": 0}'])
+async def test_a_checkpoint_without_a_valid_version_is_corrupt_not_newer(tmp_path: Path, body: str) -> None:
+    await make(tmp_path).prepare(items((REF_A, claim(A, name="a", results=[result("gpu-3")]))))
+    (tmp_path / "plugin" / "checkpoint.json").write_text(body)
+    assert adopted(make(tmp_path)) == {A: ((NODE, "gpu-3"),)}  # adopted, not "written by a newer agent"

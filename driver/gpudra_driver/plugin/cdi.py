@@ -149,13 +149,13 @@ class CdiDir:
         except OSError:
             return False
 
-    def device_names(self, claim_uid: str) -> list[str]:
-        """The devices a spec of ours names (``<claimUID>-<device>``); none when it cannot be read."""
+    def device_names(self, claim_uid: str) -> list[str] | None:
+        """The devices a spec of ours names (``<claimUID>-<device>``); None when it cannot be read."""
         try:
             devices = json.loads(self.spec_path(claim_uid).read_bytes()).get("devices") or []
             names = [d.get("name") for d in devices]
         except (OSError, ValueError, AttributeError, TypeError):
-            return []
+            return None
         prefix = cdi_device_name(claim_uid, "")
         return [n[len(prefix):] for n in names if isinstance(n, str) and n.startswith(prefix) and n != prefix]
 

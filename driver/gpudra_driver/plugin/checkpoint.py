@@ -47,6 +47,10 @@ class CheckpointError(Exception):
     """The checkpoint cannot be used as it is (corrupt, or written by a newer agent)."""
 
 
+class NewerCheckpoint(CheckpointError):
+    """Written by a newer agent: not corrupt, and not this agent's to rewrite."""
+
+
 @dataclass(frozen=True)
 class Entry:
     state: str
@@ -106,6 +110,13 @@ class Checkpoint:
         if "_owners" in self.__dict__ and uid not in self.claims and uid not in self.adopted:
             after.__dict__["_owners"] = {**self._owners, **_owned_by(uid, entry)}  # keep the index, not rebuild it
         return after
+
+    def possible_devices(self, uid: str) -> tuple[tuple[str, str], ...]:
+        """What an adopted claim's spec may name while a prepare of it is half done: the devices
+        adopted and those being prepared (its spec may have been rewritten), sorted."""
+        entry = self.claims.get(uid)
+        prepared = [(d.pool, d.device) for d in entry.claim.devices] if entry else []
+        return tuple(sorted({*self.adopted.get(uid, ()), *prepared}))
 
     def _adopted_without(self, uids: Iterable[str]) -> Mapping[str, tuple[tuple[str, str], ...]]:
         if not self.adopted or not any(uid in self.adopted for uid in uids):
@@ -180,8 +191,10 @@ def decode(data: bytes) -> Checkpoint:
     if not isinstance(doc, dict):
         raise CheckpointError("not a JSON object")
     version = doc.get("version")
-    if not isinstance(version, int) or isinstance(version, bool) or version not in READS:
-        raise CheckpointError(f"version {version!r}; this agent reads versions up to {VERSION} "
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise CheckpointError(f"no valid version ({version!r})")  # torn or hand-edited: corrupt
+    if version not in READS:
+        raise NewerCheckpoint(f"version {version!r}; this agent reads versions up to {VERSION} "
                               "(downgrading an agent with prepared claims needs them unprepared first)")
     body = {k: v for k, v in doc.items() if k != "checksum"}
     expected = "sha256:" + hashlib.sha256(_canonical(body)).hexdigest()
@@ -231,7 +244,8 @@ def reconcile(checkpoint: Checkpoint, spec_uids: Iterable[str]) -> Reconciliatio
     * PrepareCompleted without its spec: roll forward, rewrite it (the kubelet believes the claim
       is prepared; containers that restart need the spec).
     * an adopted claim's spec (kept when a corrupt checkpoint was set aside) stays, even when a
-      prepare of it was half done; an adopted claim whose spec is gone is forgotten;
+      prepare of it was half done (it then holds the devices of both, until its spec is read
+      again: the prepare may have rewritten it); an adopted claim whose spec is gone is forgotten;
     * a spec of ours without a completed entry and not adopted: an orphan, removed.
     """
     on_disk = set(spec_uids)
@@ -239,7 +253,8 @@ def reconcile(checkpoint: Checkpoint, spec_uids: Iterable[str]) -> Reconciliatio
     completed = {u: e for u, e in checkpoint.claims.items() if e.state == COMPLETED}
     remove = tuple(sorted(u for u in on_disk if u not in completed and u not in checkpoint.adopted))
     rewrite = tuple(e.claim for u, e in sorted(completed.items()) if u not in on_disk and e.claim.devices)
-    kept = checkpoint.rolled_back(*started)
+    kept = checkpoint.rolled_back(*started).adopting(
+        {u: checkpoint.possible_devices(u) for u in started if u in checkpoint.adopted})
     vanished = [u for u in kept.adopted if u not in on_disk]
     return Reconciliation(kept.without(*vanished), remove, rewrite, started)
 

@@ -51,6 +51,7 @@ start.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import shutil
@@ -151,9 +152,9 @@ class DeviceState:
             keep_specs = False
             try:
                 loaded = read = self._load()
+            except ckpt.NewerCheckpoint as error:
+                raise RuntimeError(f"{self.checkpoint_path}: {error}") from None
             except ckpt.CheckpointError as error:
-                if str(error).startswith("version"):
-                    raise RuntimeError(f"{self.checkpoint_path}: {error}") from None
                 # A copy, not a move: the file stays until the checkpoint recording the adoptions
                 # replaces it, so that a crash before then finds it (and adopts) again.
                 aside = self.checkpoint_path.with_name(f"{CHECKPOINT_FILE}.corrupt-{int(time.time())}")
@@ -168,16 +169,17 @@ class DeviceState:
             except OSError as error:
                 log.error("CDI directory %s is unusable: %s", self.cdi.path, error)
                 on_disk, listed = set(), False
-            if listed:
-                # Kept specs recorded (so that later starts keep them too), or their devices read
-                # again (a crashed prepare of an adopted claim may have rewritten its spec).
-                adopt = on_disk if keep_specs else on_disk & loaded.adopted.keys()
-                loaded = loaded.adopting({uid: self._spec_devices(uid) for uid in adopt})
-            elif keep_specs:  # replacing the corrupt file now would forget which specs to keep
+            if keep_specs and not listed:  # replacing the corrupt file now would forget which specs to keep
                 raise RuntimeError(f"{self.checkpoint_path} is unusable and the CDI directory {self.cdi.path} "
                                    "cannot be read: cannot tell which specs running containers need")
+            if keep_specs:  # recorded, so that later starts keep them too
+                loaded = loaded.adopting({uid: self._spec_devices(uid) for uid in on_disk})
             # an adopted spec is forgotten only when the directory was read and it is not there
             result = ckpt.reconcile(loaded, on_disk if listed else on_disk | set(loaded.adopted))
+            if listed and result.checkpoint.adopted:  # what kept specs name now (a crashed prepare
+                adopted = result.checkpoint.adopted  # of an adopted claim may have rewritten one)
+                result = dataclasses.replace(result, checkpoint=result.checkpoint.adopting(
+                    {uid: self._spec_devices(uid, pairs) for uid, pairs in adopted.items()}))
             for uid in result.remove_specs:
                 self.cdi.remove(uid)
             stale = [e.claim for u, e in result.checkpoint.claims.items()
@@ -282,8 +284,9 @@ class DeviceState:
                         done = claim in written
                         checkpoint = checkpoint.completed(claim.uid) if done else checkpoint.without(claim.uid)
                     # an adopted claim whose prepare failed stays adopted, its spec kept
-                    checkpoint = checkpoint.adopting({c.uid: self._spec_devices(c.uid) for c in planned
-                                                      if c not in written and c.uid in original.adopted})
+                    checkpoint = checkpoint.adopting({
+                        c.uid: self._spec_devices(c.uid, original.started(c).possible_devices(c.uid))
+                        for c in planned if c not in written and c.uid in original.adopted})
                     await self._on_stager(self._save, checkpoint)
                     self._remove_specs(c.uid for c in planned if c not in written and c.uid in replaced)
             except OSError as error:  # adopted claims stay adopted, with the devices their spec names now
@@ -291,7 +294,8 @@ class DeviceState:
                 for claim in written:
                     results[claim.uid] = PrepareResult(error=f"{claim.ref}: recording the prepared claim "
                                                              f"failed: {error}")
-                readopt = {c.uid: self._spec_devices(c.uid) for c in planned if c.uid in original.adopted}
+                readopt = {c.uid: self._spec_devices(c.uid, original.started(c).possible_devices(c.uid))
+                           for c in planned if c.uid in original.adopted}
                 await self._on_stager(self._save_quietly, original.without(*replaced).adopting(readopt))
                 return
             self.fault("after-checkpoint-completed")
@@ -308,7 +312,7 @@ class DeviceState:
         kept: dict[str, list[tuple[str, str]]] = {}
         for uid in checkpoint.half_done:
             if uid in checkpoint.adopted:
-                kept[uid] = self._spec_devices(uid)
+                kept[uid] = self._spec_devices(uid, checkpoint.possible_devices(uid))
                 continue
             try:
                 self.cdi.remove(uid)
@@ -320,9 +324,12 @@ class DeviceState:
                      "crashed", gone + list(kept))
         return checkpoint.rolled_back(*gone, *kept).adopting(kept)
 
-    def _spec_devices(self, claim_uid: str) -> list[tuple[str, str]]:
-        """The (pool, device) pairs the claim's spec on disk names: what an adopted claim holds."""
-        return [(self.node, device) for device in self.cdi.device_names(claim_uid)]
+    def _spec_devices(self, claim_uid: str, known: Iterable[tuple[str, str]] = ()) -> list[tuple[str, str]]:
+        """The (pool, device) pairs the claim's spec on disk names: what an adopted claim holds.
+        When the spec cannot be read, ``known``: what it may name (better to hold a device too
+        many than to hand one a container may use to another claim)."""
+        names = self.cdi.device_names(claim_uid)
+        return list(known) if names is None else [(self.node, device) for device in names]
 
     def _remove_specs(self, uids: Iterable[str]) -> None:
         """Best effort, after a failure: a spec left behind is an orphan that start-up removes."""
