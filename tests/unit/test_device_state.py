@@ -863,3 +863,22 @@ async def test_a_checkpoint_without_a_valid_version_is_corrupt_not_newer(tmp_pat
     await make(tmp_path).prepare(items((REF_A, claim(A, name="a", results=[result("gpu-3")]))))
     (tmp_path / "plugin" / "checkpoint.json").write_text(body)
     assert adopted(make(tmp_path)) == {A: ((NODE, "gpu-3"),)}  # adopted, not "written by a newer agent"
+
+
+async def test_a_corrupt_checkpoint_with_an_unreadable_spec_stops_the_start_and_loses_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = make(tmp_path)
+    await first.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-3")]))))
+    (tmp_path / "plugin" / "checkpoint.json").write_text("{torn")
+    spec, read = first.cdi.spec_path(A), Path.read_bytes
+
+    def failing(path: Path) -> bytes:
+        if path == spec:
+            raise OSError(5, "Input/output error")
+        return read(path)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "read_bytes", failing)
+        with pytest.raises(RuntimeError, match="cannot tell which devices"):
+            make(tmp_path)  # the agent exits; its pod restarts
+    assert adopted(make(tmp_path)) == {A: ((NODE, "gpu-3"),)}

@@ -173,7 +173,12 @@ class DeviceState:
                 raise RuntimeError(f"{self.checkpoint_path} is unusable and the CDI directory {self.cdi.path} "
                                    "cannot be read: cannot tell which specs running containers need")
             if keep_specs:  # recorded, so that later starts keep them too
-                loaded = loaded.adopting({uid: self._spec_devices(uid) for uid in on_disk})
+                named = {uid: self.cdi.device_names(uid) for uid in on_disk}
+                if unreadable := sorted(uid for uid, names in named.items() if names is None):
+                    raise RuntimeError(f"{self.checkpoint_path} is unusable and the CDI specs of claim(s) "
+                                       f"{', '.join(unreadable)} cannot be read: cannot tell which devices "
+                                       "running containers hold")
+                loaded = loaded.adopting({uid: [(self.node, d) for d in names or ()] for uid, names in named.items()})
             # an adopted spec is forgotten only when the directory was read and it is not there
             result = ckpt.reconcile(loaded, on_disk if listed else on_disk | set(loaded.adopted))
             if listed and result.checkpoint.adopted:  # what kept specs name now (a crashed prepare
