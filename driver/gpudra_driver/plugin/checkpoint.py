@@ -81,11 +81,11 @@ class Checkpoint:
     def adopting(self, specs: Mapping[str, Iterable[tuple[str, str]]]) -> Checkpoint:
         """Record kept specs (claim UID -> the (pool, device) pairs each names), replacing what
         was recorded for them; a completed claim needs none."""
-        specs = {uid: tuple(pairs) for uid, pairs in specs.items()
-                 if uid not in self.claims or self.claims[uid].state != COMPLETED}
-        if not specs:
+        kept = {uid: tuple(pairs) for uid, pairs in specs.items()
+                if uid not in self.claims or self.claims[uid].state != COMPLETED}
+        if not kept:
             return self
-        return replace(self, adopted=MappingProxyType({**self.adopted, **specs}))
+        return replace(self, adopted=MappingProxyType({**self.adopted, **kept}))
 
     def started(self, claim: PreparedClaim) -> Checkpoint:
         """An adopted claim prepared again stays adopted until its prepare completes: a rollback

@@ -149,36 +149,9 @@ class DeviceState:
         """Reconcile the checkpoint with the CDI directory (see :func:`checkpoint.reconcile`)."""
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         with self._lock():
-            keep_specs = False
-            try:
-                loaded = read = self._load()
-            except ckpt.NewerCheckpoint as error:
-                raise RuntimeError(f"{self.checkpoint_path}: {error}") from None
-            except ckpt.CheckpointError as error:
-                # A copy, not a move: the file stays until the checkpoint recording the adoptions
-                # replaces it, so that a crash before then finds it (and adopts) again.
-                aside = self.checkpoint_path.with_name(f"{CHECKPOINT_FILE}.corrupt-{int(time.time())}")
-                shutil.copyfile(self.checkpoint_path, aside)
-                log.error("checkpoint %s is unusable (%s); a copy is in %s. Existing CDI specs are kept for "
-                          "running containers, and their devices held, until the kubelet unprepares their "
-                          "claims", self.checkpoint_path, error, aside)
-                loaded, read, keep_specs = ckpt.Checkpoint(self.boot_id), None, True
-            try:
-                self.cdi.path.mkdir(parents=True, exist_ok=True)
-                on_disk, listed = self.cdi.claim_uids(), True
-            except OSError as error:
-                log.error("CDI directory %s is unusable: %s", self.cdi.path, error)
-                on_disk, listed = set(), False
-            if keep_specs and not listed:  # replacing the corrupt file now would forget which specs to keep
-                raise RuntimeError(f"{self.checkpoint_path} is unusable and the CDI directory {self.cdi.path} "
-                                   "cannot be read: cannot tell which specs running containers need")
-            if keep_specs:  # recorded, so that later starts keep them too
-                named = {uid: self.cdi.device_names(uid) for uid in on_disk}
-                if unreadable := sorted(uid for uid, names in named.items() if names is None):
-                    raise RuntimeError(f"{self.checkpoint_path} is unusable and the CDI specs of claim(s) "
-                                       f"{', '.join(unreadable)} cannot be read: cannot tell which devices "
-                                       "running containers hold")
-                loaded = loaded.adopting({uid: [(self.node, d) for d in names or ()] for uid, names in named.items()})
+            read = self._read_at_start()
+            on_disk, listed = self._list_specs()
+            loaded = read if read is not None else self._adopt_kept_specs(on_disk, listed)
             # an adopted spec is forgotten only when the directory was read and it is not there
             result = ckpt.reconcile(loaded, on_disk if listed else on_disk | set(loaded.adopted))
             if listed and result.checkpoint.adopted:  # what kept specs name now (a crashed prepare
@@ -207,6 +180,46 @@ class DeviceState:
             log.info("start-up reconciliation: rolled back %s, removed orphan specs %s, rewrote specs %s",
                      list(result.rolled_back), list(result.remove_specs), [c.uid for c in result.rewrite_specs])
         return result
+
+    def _read_at_start(self) -> ckpt.Checkpoint | None:
+        """The checkpoint; None when it is corrupt (then a copy is set aside; the file itself
+        stays until the checkpoint recording the kept specs replaces it, so that a crash before
+        then finds it, and keeps them, again). A newer agent's stops the start."""
+        try:
+            return self._load()
+        except ckpt.NewerCheckpoint as error:
+            raise RuntimeError(f"{self.checkpoint_path}: {error}") from None
+        except ckpt.CheckpointError as error:
+            aside = self.checkpoint_path.with_name(f"{CHECKPOINT_FILE}.corrupt-{int(time.time())}")
+            shutil.copyfile(self.checkpoint_path, aside)
+            log.error("checkpoint %s is unusable (%s); a copy is in %s. Existing CDI specs are kept for "
+                      "running containers, and their devices held, until the kubelet unprepares their "
+                      "claims", self.checkpoint_path, error, aside)
+            return None
+
+    def _list_specs(self) -> tuple[set[str], bool]:
+        """The claim UIDs with a spec of ours, and whether the directory could be listed at all."""
+        try:
+            self.cdi.path.mkdir(parents=True, exist_ok=True)
+            return self.cdi.claim_uids(), True
+        except OSError as error:
+            log.error("CDI directory %s is unusable: %s", self.cdi.path, error)
+            return set(), False
+
+    def _adopt_kept_specs(self, on_disk: set[str], listed: bool) -> ckpt.Checkpoint:
+        """In place of a corrupt checkpoint: every spec of ours adopted, with the devices it names.
+        Where that cannot be told, the start stops (the next one tries again) rather than forget a
+        spec or a device a running container may use."""
+        if not listed:
+            raise RuntimeError(f"{self.checkpoint_path} is unusable and the CDI directory {self.cdi.path} "
+                               "cannot be read: cannot tell which specs running containers need")
+        named = {uid: self.cdi.device_names(uid) for uid in on_disk}
+        if unreadable := sorted(uid for uid, names in named.items() if names is None):
+            raise RuntimeError(f"{self.checkpoint_path} is unusable and the CDI specs of claim(s) "
+                               f"{', '.join(unreadable)} cannot be read: cannot tell which devices "
+                               "running containers hold")
+        return ckpt.Checkpoint(self.boot_id).adopting(
+            {uid: [(self.node, device) for device in names or ()] for uid, names in named.items()})
 
     # -- prepare ----------------------------------------------------------------------------------
     async def prepare(self, claims: Sequence[tuple[ClaimRef, Fetched]],
