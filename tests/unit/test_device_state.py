@@ -753,6 +753,18 @@ def adopted(state: DeviceState) -> dict[str, tuple[tuple[str, str], ...]]:
     return dict(ckpt.load(state.checkpoint_path, "boot-1")[0].adopted)
 
 
+def unreadable(patched: pytest.MonkeyPatch, path: Path) -> None:
+    """Reading ``path`` fails with EIO (a failing disk sector, say)."""
+    read = Path.read_bytes
+
+    def failing(self: Path) -> bytes:
+        if self == path:
+            raise OSError(5, "Input/output error")
+        return read(self)
+
+    patched.setattr(Path, "read_bytes", failing)
+
+
 @pytest.mark.parametrize("point", ["after-checkpoint-started", "after-cdi-write"])
 @pytest.mark.parametrize("device", ["gpu-3", "gpu-4"])  # the same GPU, or allocated anew
 async def test_a_crash_while_an_adopted_claim_is_prepared_again_keeps_it_adopted(tmp_path: Path, point: str,
@@ -843,15 +855,8 @@ async def test_a_half_done_prepare_of_an_adopted_claim_found_without_a_listing_h
 async def test_an_adopted_spec_that_cannot_be_read_keeps_the_devices_recorded(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     later = await adopted_a(tmp_path)
-    spec, read = later.cdi.spec_path(A), Path.read_bytes
-
-    def failing(path: Path) -> bytes:
-        if path == spec:
-            raise OSError(5, "Input/output error")
-        return read(path)
-
     with monkeypatch.context() as patched:
-        patched.setattr(Path, "read_bytes", failing)
+        unreadable(patched, later.cdi.spec_path(A))
         restarted = make(tmp_path)
     assert adopted(restarted) == {A: ((NODE, "gpu-3"),)}
     out = await restarted.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-3")]))))
@@ -870,15 +875,8 @@ async def test_a_corrupt_checkpoint_with_an_unreadable_spec_stops_the_start_and_
     first = make(tmp_path)
     await first.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-3")]))))
     (tmp_path / "plugin" / "checkpoint.json").write_text("{torn")
-    spec, read = first.cdi.spec_path(A), Path.read_bytes
-
-    def failing(path: Path) -> bytes:
-        if path == spec:
-            raise OSError(5, "Input/output error")
-        return read(path)
-
     with monkeypatch.context() as patched:
-        patched.setattr(Path, "read_bytes", failing)
+        unreadable(patched, first.cdi.spec_path(A))
         with pytest.raises(RuntimeError, match="cannot tell which devices"):
             make(tmp_path)  # the agent exits; its pod restarts
     assert adopted(make(tmp_path)) == {A: ((NODE, "gpu-3"),)}
