@@ -154,8 +154,10 @@ class DeviceState:
             loaded = read if read is not None else self._adopt_kept_specs(on_disk, listed)
             # an adopted spec is forgotten only when the directory was read and it is not there
             result = ckpt.reconcile(loaded, on_disk if listed else on_disk | set(loaded.adopted))
-            if listed and result.checkpoint.adopted:  # what kept specs name now (a crashed prepare
-                adopted = result.checkpoint.adopted  # of an adopted claim may have rewritten one)
+            if listed and read is not None and result.checkpoint.adopted:
+                # what kept specs name now: a crashed prepare of an adopted claim may have rewritten
+                # one (a start that just adopted them has read them already)
+                adopted = result.checkpoint.adopted
                 result = dataclasses.replace(result, checkpoint=result.checkpoint.adopting(
                     {uid: self._spec_devices(uid, pairs) for uid, pairs in adopted.items()}))
             for uid in result.remove_specs:
@@ -302,9 +304,7 @@ class DeviceState:
                         done = claim in written
                         checkpoint = checkpoint.completed(claim.uid) if done else checkpoint.without(claim.uid)
                     # an adopted claim whose prepare failed stays adopted, its spec kept
-                    checkpoint = checkpoint.adopting({
-                        c.uid: self._spec_devices(c.uid, original.started(c).possible_devices(c.uid))
-                        for c in planned if c not in written and c.uid in original.adopted})
+                    checkpoint = checkpoint.adopting(self._readopted(original, [c for c in planned if c not in written]))
                     await self._on_stager(self._save, checkpoint)
                     self._remove_specs(c.uid for c in planned if c not in written and c.uid in replaced)
             except OSError as error:  # adopted claims stay adopted, with the devices their spec names now
@@ -312,9 +312,8 @@ class DeviceState:
                 for claim in written:
                     results[claim.uid] = PrepareResult(error=f"{claim.ref}: recording the prepared claim "
                                                              f"failed: {error}")
-                readopt = {c.uid: self._spec_devices(c.uid, original.started(c).possible_devices(c.uid))
-                           for c in planned if c.uid in original.adopted}
-                await self._on_stager(self._save_quietly, original.without(*replaced).adopting(readopt))
+                await self._on_stager(self._save_quietly,
+                                      original.without(*replaced).adopting(self._readopted(original, planned)))
                 return
             self.fault("after-checkpoint-completed")
             for claim in written:
@@ -341,6 +340,13 @@ class DeviceState:
             log.info("rolled back the half-done prepare of claim(s) %s, left by an agent instance that "
                      "crashed", gone + list(kept))
         return checkpoint.rolled_back(*gone, *kept).adopting(kept)
+
+    def _readopted(self, original: ckpt.Checkpoint,
+                   failed: Iterable[PreparedClaim]) -> dict[str, list[tuple[str, str]]]:
+        """The adoptions of the ``failed`` prepares' adopted claims: the devices their spec names
+        now (the prepare may have rewritten it; if it cannot be read, the old and the new ones)."""
+        return {c.uid: self._spec_devices(c.uid, original.started(c).possible_devices(c.uid))
+                for c in failed if c.uid in original.adopted}
 
     def _spec_devices(self, claim_uid: str, known: Iterable[tuple[str, str]] = ()) -> list[tuple[str, str]]:
         """The (pool, device) pairs the claim's spec on disk names: what an adopted claim holds.
