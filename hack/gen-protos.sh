@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Regenerates the committed gRPC stubs of the kubelet plugin from its .proto files.
+# Regenerates the committed gRPC stubs: the kubelet plugin's (from its own .proto files) and the
+# fake container runtime's of the real-kubelet tests (tests/fakecri/protos/api.proto, copied
+# unchanged from k8s.io/cri-api at the tested Kubernetes release).
 # Needs the `dev` extra (pinned grpcio-tools): pip install -e '.[dev]'.
-# The -I mapping makes the generated modules import each other as gpudra_driver.plugin.gen.*.
+# The -I mappings make the generated modules import each other as gpudra_driver.plugin.gen.* and
+# fakecri.gen.*.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-.venv/bin/python}"
@@ -10,4 +13,6 @@ src=driver/gpudra_driver/plugin/protos
   -Igpudra_driver/plugin/gen="$src" \
   --python_out=driver --pyi_out=driver --grpc_python_out=driver \
   "$src/dra_v1.proto" "$src/dra_v1beta1.proto" "$src/pluginregistration.proto"
-echo "regenerated: $(ls driver/gpudra_driver/plugin/gen/*_pb2*.py* | tr '\n' ' ')"
+"$PYTHON" -m grpc_tools.protoc -Ifakecri/gen=tests/fakecri/protos \
+  --python_out=tests --pyi_out=tests --grpc_python_out=tests tests/fakecri/protos/api.proto
+echo "regenerated: $(ls driver/gpudra_driver/plugin/gen/*_pb2*.py* tests/fakecri/gen/*_pb2*.py* | tr '\n' ' ')"

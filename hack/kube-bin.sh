@@ -11,7 +11,7 @@ ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE_ROOT="${GPUDRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpudra}"
 BIN_DIR="${KUBE_BIN_DIR:-$CACHE_ROOT/kube/$KUBE_VERSION-etcd$ETCD_VERSION}"
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
 
 log() { printf '[kube-bin] %s\n' "$*" >&2; }
 
@@ -29,7 +29,7 @@ if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
     log "using \$KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS ($("$KUBEBUILDER_ASSETS/kube-apiserver" --version))"
     echo "$KUBEBUILDER_ASSETS"; exit 0
   fi
-  log "\$KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS lacks one of: ${BINARIES[*]} (scheduler and controller-manager are needed too); falling back"
+  log "\$KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS lacks one of: ${BINARIES[*]} (scheduler, controller-manager and kubelet are needed too); falling back"
 fi
 
 if has_all "$BIN_DIR" && stamped_ok "$BIN_DIR"; then
@@ -47,7 +47,7 @@ download() {
   local etcd_url="https://github.com/etcd-io/etcd/releases/download/$ETCD_VERSION/etcd-$ETCD_VERSION-linux-amd64.tar.gz"
   log "trying the official release binaries (5 s connect timeout)"
   curl -fsS --connect-timeout 5 --max-time 10 -o /dev/null -r 0-0 "$base/kubectl" 2>/dev/null || { log "release downloads unreachable"; return 1; }
-  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet; do
     log "downloading $b $KUBE_VERSION"
     curl -fsSL --connect-timeout 5 --max-time 600 -o "$STAGE/$b" "$base/$b" || return 1
     chmod +x "$STAGE/$b"
@@ -68,7 +68,7 @@ kube_tools_dir() {
   upstream="$(cd / && GOFLAGS= go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
   [[ -f "$upstream" ]] || { log "k8s.io/kubernetes@$KUBE_VERSION is not served by the Go module proxy"; return 1; }
   { printf 'module gpudra.io/hack/kube-tools\n\ngo 1.25.0\n\ngodebug default=go1.25\n\ntool (\n'
-    printf '\tk8s.io/kubernetes/cmd/%s\n' kube-apiserver kube-controller-manager kube-scheduler kubectl
+    printf '\tk8s.io/kubernetes/cmd/%s\n' kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet
     printf ')\n\nrequire k8s.io/kubernetes %s\n\nreplace (\n' "$KUBE_VERSION"
     sed -n 's/^[[:space:]]*\(k8s.io\/[a-z0-9-]*\) => .\/staging\/.*/\t\1 => \1 '"$staging"'/p' "$upstream"
     echo ")"; } > "$dir/go.mod"
@@ -92,11 +92,11 @@ build() {
   (cd "$HACK_DIR/etcd-tools" && CGO_ENABLED=0 go build -trimpath -mod=readonly -o "$STAGE/etcd" go.etcd.io/etcd/server/v3)
   log "etcd built in $((SECONDS - start)) s"
   start=$SECONDS
-  log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl $KUBE_VERSION from Go modules"
+  log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet $KUBE_VERSION from Go modules"
   log "a cold build takes about 10-15 minutes on 2 cores (warm Go cache: under a minute); progress follows per package group"
   (cd "$tools" && CGO_ENABLED=0 go build -trimpath -mod=readonly -ldflags "$ldflags" -o "$STAGE/" \
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl) &
+      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kubelet) &
   local pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     sleep 30 & wait $! || true

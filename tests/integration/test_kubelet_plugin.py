@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-import yaml
 from cdispec import load_and_validate, validate_prepared
 from nodestate import checkpoint_states
+from seedobjects import published_devices, seed_objects
 
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_driver.plugin.checkpoint import is_leftover
@@ -34,7 +34,6 @@ SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
 POD = resource_type("v1", "Pod")
-SEED = Path(__file__).resolve().parents[2] / "manifests" / "samples" / "seed-workload.yaml"
 
 
 @pytest.fixture
@@ -104,15 +103,6 @@ async def plugin_agents(cluster: ControlPlane, tmp_path: Path) -> AsyncIterator[
             load_and_validate(path)
 
 
-async def published_devices(kube: Kube, driver: str, node: str, count: int) -> dict[str, Obj]:
-    async def probe() -> dict[str, Obj] | None:
-        slices = [s async for s in kube.list(SLICE, field_selector=f"spec.driver={driver},spec.nodeName={node}")]
-        devices = {d["name"]: d for s in slices for d in s["spec"].get("devices") or []}
-        return devices if len(devices) == count else None
-
-    return await wait_for(probe, timeout=30, what=f"{count} devices of {node}")
-
-
 async def allocated_claim(kube: Kube, namespace: str, name: str, driver: str, pool: str, devices: list[str],
                           *, result_driver: str | None = None) -> Obj:
     """A ResourceClaim with ``status.allocation`` written directly (what the scheduler would write)."""
@@ -129,17 +119,6 @@ async def allocated_claim(kube: Kube, namespace: str, name: str, driver: str, po
 def ref(claim: Obj) -> tuple[str, str, str]:
     meta = claim["metadata"]
     return meta["namespace"], meta["name"], meta["uid"]
-
-
-def seed_objects(driver: str, namespace: str) -> tuple[Obj, Obj]:
-    """The seed manifest's claim template and a Pod from its Job's pod template, in ``namespace``
-    and for this test's own driver: the session cluster is shared, so gpu.gpudra.io is renamed."""
-    template, job = yaml.safe_load_all(SEED.read_text().replace("gpu.gpudra.io", driver))
-    assert (template["kind"], job["kind"]) == ("ResourceClaimTemplate", "Job")
-    template["metadata"]["namespace"] = namespace
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": job["metadata"]["name"], "namespace": namespace},
-           "spec": job["spec"]["template"]["spec"]}
-    return template, pod
 
 
 async def test_seed_pod_is_scheduled_prepared_and_unprepared(kube: Kube, namespace: str, fake_nodes,

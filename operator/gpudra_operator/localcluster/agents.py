@@ -37,15 +37,15 @@ class AgentProcess:
 
 def start_agent(*, kubeconfig: Path, node_name: str, nvml: str, driver: str, workdir: Path,
                 extra_args: tuple[str, ...] = (), rescan_interval: float = 60.0,
-                cdi_dir: Path | None = None) -> AgentProcess:
+                cdi_dir: Path | None = None, kubelet_dir: Path | None = None) -> AgentProcess:
     """Start ``gpudra agent`` for ``node_name``; its kubelet and CDI directories live in ``workdir``
-    (the CDI directory elsewhere when given)."""
+    (elsewhere when given: a real kubelet's root directory, a CDI directory shared by agents)."""
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "agent.log"
     argv = [sys.executable, "-m", "gpudra_operator.cli", "agent", "--driver", driver,
             "--node-name", node_name, "--nvml", nvml, "--kubeconfig", str(kubeconfig),
             "--rescan-interval", str(rescan_interval),
-            "--kubelet-dir", str(workdir / "kubelet"), "--cdi-dir", str(cdi_dir or workdir / "cdi"), *extra_args]
+            "--kubelet-dir", str(kubelet_dir or workdir / "kubelet"), "--cdi-dir", str(cdi_dir or workdir / "cdi"), *extra_args]
     # The DaemonSet's process settings, with the local cluster's CA in place of the ServiceAccount's
     env = {**os.environ, **{k: v for k, v in AGENT_PROCESS_ENV.items() if k != "SSL_CERT_FILE"},
            "PYTHONUNBUFFERED": "1"}

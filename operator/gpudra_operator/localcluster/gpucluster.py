@@ -121,8 +121,9 @@ class LocalGpuCluster:
         async def ready() -> Obj | None:
             config = await self.kube.get(CONFIG, name)
             conditions = ((config or {}).get("status") or {}).get("conditions") or []
-            ok = any(c["type"] == "Ready" and c["status"] == "True"
-                     and c.get("observedGeneration") == config["metadata"]["generation"] for c in conditions)
+            ok = config is not None and any(c["type"] == "Ready" and c["status"] == "True"
+                                            and c.get("observedGeneration") == config["metadata"]["generation"]
+                                            for c in conditions)
             return config if ok else None
 
         return await wait_for(ready, timeout=timeout, what=f"GpuDraConfig {name} to be Ready")

@@ -14,7 +14,7 @@ class ConditionTimeout(AssertionError):
     """The condition did not hold before the deadline; carries the last value seen."""
 
 
-async def wait_for(probe: Callable[[], Awaitable[T]], *, timeout: float, what: str,
+async def wait_for(probe: Callable[[], Awaitable[T | None]], *, timeout: float, what: str,
                    interval: float = 0.05) -> T:
     """Call ``probe`` until it returns a truthy value, and return that value.
 

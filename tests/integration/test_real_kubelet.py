@@ -1,0 +1,245 @@
+"""The kubelet plugin under a real kubelet (v1.35, the release's binary) instead of the tests'
+kubelet-side client: its plugin watcher finds the agent's registration socket, its DRA manager
+prepares the seed pod's claim that the real scheduler allocated, its pod workers hand the CDI
+device IDs to the container runtime (``fakecri``, which resolves them against the CDI specs as
+containerd does), and deleting the pod unprepares the claim. Then a rolling update of the agent:
+a second instance registers next to the first, the first stops, and the kubelet goes on with the
+second, which unprepares what the first prepared. Then a crash: the agent is SIGKILLed and
+restarted in the same pod, and the kubelet registers it again and goes on with it.
+
+The kubelet's Node is tainted so that no other test's pods land on it."""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest_asyncio
+from cdispec import validate_claim_spec
+from fakecri.runtime import Container, FakeRuntime
+from nodestate import checkpoint_states
+from realkubelet import RealKubelet, kubelet_binary
+from seedobjects import published_devices, seed_objects
+
+from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_operator.localcluster.agents import AgentProcess, start_agent
+from gpudra_operator.localcluster.controlplane import ControlPlane
+from gpudra_operator.localcluster.objects import delete_node
+from gpudra_operator.localcluster.waiting import wait_for
+
+CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
+DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
+POD = resource_type("v1", "Pod")
+TAINT = "gpudra.io/real-kubelet"
+
+
+@dataclass
+class KubeletNode:
+    name: str
+    kubelet: RealKubelet
+    runtime: FakeRuntime
+    workdir: Path
+    driver: str
+    cdi_dir: Path
+    agents_started: int = 0
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return self.kubelet.root_dir
+
+    def checkpoint(self) -> dict[str, str]:
+        return checkpoint_states(self.kubelet_dir, self.driver)
+
+    def start_agent(self, cluster: ControlPlane, pod_uid: str | None = None) -> tuple[AgentProcess, str]:
+        """An agent as the DaemonSet's pod ``pod_uid`` would run it (a new pod when None); each
+        process logs into a directory of its own."""
+        pod_uid = pod_uid or str(uuid.uuid4())
+        self.agents_started += 1
+        agent = start_agent(kubeconfig=cluster.kubeconfig, node_name=self.name, nvml="fake:dgx-h100",
+                            driver=self.driver, workdir=self.workdir / f"agent-{self.agents_started}",
+                            kubelet_dir=self.kubelet_dir, cdi_dir=self.cdi_dir, extra_args=("--pod-uid", pod_uid))
+        return agent, pod_uid
+
+    async def registered(self, agent: AgentProcess) -> None:
+        """The kubelet registered ``agent``: it answered the kubelet's NotifyRegistrationStatus."""
+        async def notified() -> bool:
+            assert agent.process.poll() is None, f"agent exited:\n{agent.log_tail()}"
+            self.kubelet.assert_running()
+            return "registered with the kubelet" in agent.log_path.read_text(errors="replace")
+
+        await wait_for(notified, timeout=60, what=f"the kubelet to register the agent ({agent.log_path})")
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def kubelet_node(cluster: ControlPlane, kube: Kube, short_dir: Path) -> AsyncIterator[KubeletNode]:
+    name, driver = f"kubelet-{secrets.token_hex(3)}", f"k{secrets.token_hex(4)}.gpudra.io"
+    cdi_dir = short_dir / "cdi"
+    cdi_dir.mkdir()
+    runtime = FakeRuntime(short_dir / "cri.sock", [cdi_dir]).start()
+    kubelet = RealKubelet(kubelet_binary(cluster.bin_dir), short_dir / "kubelet", kubeconfig=cluster.kubeconfig,
+                          node_name=name, runtime_endpoint=runtime.endpoint, taint=f"{TAINT}=:NoSchedule").start()
+    await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": driver},
+                       "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}})
+    try:
+        await kubelet.wait_ready(kube)
+        yield KubeletNode(name, kubelet, runtime, short_dir, driver, cdi_dir)
+    finally:
+        kubelet.stop()
+        runtime.stop()
+        await kube.delete(DEVICE_CLASS, driver)
+        await delete_node(kube, name)
+
+
+def seed_pod_for(node: KubeletNode, namespace: str, pod_name: str) -> tuple[Obj, Obj]:
+    """The seed's claim template and pod, pinned to the kubelet's node (tolerating its taint)."""
+    template, pod = seed_objects(node.driver, namespace)
+    template["metadata"]["name"] = f"{pod_name}-gpu"
+    pod["metadata"]["name"] = pod_name
+    spec = pod["spec"]
+    spec["resourceClaims"][0]["resourceClaimTemplateName"] = template["metadata"]["name"]
+    spec.update(nodeSelector={"kubernetes.io/hostname": node.name}, automountServiceAccountToken=False,
+                terminationGracePeriodSeconds=1,
+                # The kubelet registers its Node with the not-ready taint; the node lifecycle
+                # controller that would lift it is off in this cluster (its fake Nodes have no kubelet).
+                tolerations=[{"key": key, "operator": "Exists", "effect": "NoSchedule"}
+                             for key in (TAINT, "node.kubernetes.io/not-ready")])
+    return template, pod
+
+
+async def running(kube: Kube, node: KubeletNode, namespace: str, pod_name: str) -> Obj:
+    async def probe() -> Obj | None:
+        node.kubelet.assert_running()
+        pod = await kube.get(POD, pod_name, namespace)
+        return pod if pod and pod["status"].get("phase") == "Running" else None
+
+    try:
+        return await wait_for(probe, timeout=90, what=f"pod {namespace}/{pod_name} to run on the real kubelet")
+    except AssertionError as error:
+        pod = await kube.get(POD, pod_name, namespace)
+        raise AssertionError(f"{error}\npod status: {pod and pod.get('status')}\nruntime: {node.runtime.describe()}\n"
+                             f"kubelet log:\n{node.kubelet.log_tail()}") from None
+
+
+async def start_seed_pod(kube: Kube, node: KubeletNode, namespace: str, pod_name: str) -> tuple[Obj, Obj]:
+    """Create the seed pod, wait until the kubelet runs it; returns (pod, its claim)."""
+    template, pod = seed_pod_for(node, namespace, pod_name)
+    await kube.create(template)
+    await kube.create(pod)
+    pod = await running(kube, node, namespace, pod_name)
+    (status,) = pod["status"]["resourceClaimStatuses"]
+    claim = await kube.get(CLAIM, status["resourceClaimName"], namespace)
+    assert claim is not None, f"the claim of running pod {pod_name} is gone"
+    return pod, claim
+
+
+def only_container(node: KubeletNode, pod_name: str) -> Container:
+    (container,) = node.runtime.runtime.containers_of(pod_name)
+    return container
+
+
+async def delete_and_wait_unprepared(kube: Kube, node: KubeletNode, pod: Obj, claim_uid: str) -> None:
+    meta = pod["metadata"]
+    await kube.delete(POD, meta["name"], meta["namespace"])
+    spec = node.cdi_dir / f"k8s.{node.driver}-claim_{claim_uid}.json"
+
+    async def unprepared() -> bool:
+        node.kubelet.assert_running()
+        return not spec.exists() and claim_uid not in node.checkpoint()
+
+    await wait_for(unprepared, timeout=90, what=f"the kubelet to unprepare claim {claim_uid} of {meta['name']}")
+
+    async def gone() -> bool:
+        return await kube.get(POD, meta["name"], meta["namespace"]) is None
+
+    await wait_for(gone, timeout=60, what=f"pod {meta['name']} to be deleted by its kubelet")
+
+
+async def test_a_real_kubelet_prepares_the_seed_pods_claim_and_the_runtime_gets_its_gpu(
+        cluster: ControlPlane, kube: Kube, namespace: str, kubelet_node: KubeletNode) -> None:
+    agent, _ = kubelet_node.start_agent(cluster)
+    try:
+        devices = await published_devices(kube, kubelet_node.driver, kubelet_node.name, 8)
+        await kubelet_node.registered(agent)
+        pod, claim = await start_seed_pod(kube, kubelet_node, namespace, "train")
+
+        uid = claim["metadata"]["uid"]
+        (allocated,) = claim["status"]["allocation"]["devices"]["results"]
+        assert (allocated["driver"], allocated["pool"]) == (kubelet_node.driver, kubelet_node.name)
+        gpu = devices[allocated["device"]]
+        # The runtime got the CDI ID of the allocated GPU and nothing else, and it resolved to that
+        # GPU's UUID and device node in a spec valid against the CDI schema.
+        container = only_container(kubelet_node, "train")
+        cdi_ids = [device.name for device in container.config.CDI_devices]
+        assert cdi_ids == [f"k8s.{kubelet_node.driver}/claim={uid}-{allocated['device']}"]
+        validate_claim_spec(kubelet_node.cdi_dir, uid, cdi_ids)
+        assert container.cdi.env["NVIDIA_VISIBLE_DEVICES"] == gpu["attributes"]["uuid"]["string"]
+        assert f"/dev/nvidia{gpu['attributes']['minor']['int']}" in container.cdi.device_nodes
+        assert "/dev/nvidiactl" in container.cdi.device_nodes
+        assert kubelet_node.checkpoint()[uid] == "PrepareCompleted"
+
+        await delete_and_wait_unprepared(kube, kubelet_node, pod, uid)
+        assert agent.process.poll() is None, agent.log_tail()
+    finally:
+        agent.stop()
+    assert agent.process.returncode == 0, agent.log_tail()
+    registry = kubelet_node.kubelet_dir / "plugins_registry"
+    assert not list(registry.glob(f"{kubelet_node.driver}-*")), "the stopped agent left its registration socket"
+
+
+async def test_a_real_kubelet_moves_to_the_new_agent_of_a_rolling_update(
+        cluster: ControlPlane, kube: Kube, namespace: str, kubelet_node: KubeletNode) -> None:
+    old, _ = kubelet_node.start_agent(cluster)
+    new: AgentProcess | None = None
+    try:
+        await published_devices(kube, kubelet_node.driver, kubelet_node.name, 8)
+        await kubelet_node.registered(old)
+        first, first_claim = await start_seed_pod(kube, kubelet_node, namespace, "before-update")
+
+        # maxSurge 1: the new instance starts and registers next to the old one, then the old stops.
+        new, _ = kubelet_node.start_agent(cluster)
+        await kubelet_node.registered(new)
+        assert old.stop() == 0, old.log_tail()
+
+        second, second_claim = await start_seed_pod(kube, kubelet_node, namespace, "after-update")
+        first_uid, second_uid = first_claim["metadata"]["uid"], second_claim["metadata"]["uid"]
+        assert (first_claim["status"]["allocation"]["devices"]["results"][0]["device"]
+                != second_claim["status"]["allocation"]["devices"]["results"][0]["device"])
+        assert kubelet_node.checkpoint() == {first_uid: "PrepareCompleted", second_uid: "PrepareCompleted"}
+
+        # The old instance prepared the first claim; only the new one is left to unprepare it.
+        await delete_and_wait_unprepared(kube, kubelet_node, first, first_uid)
+        await delete_and_wait_unprepared(kube, kubelet_node, second, second_uid)
+        assert new.process.poll() is None, new.log_tail()
+    finally:
+        old.stop()
+        if new is not None:
+            new.stop()
+
+
+async def test_a_real_kubelet_registers_an_agent_again_after_it_crashed_and_restarted(
+        cluster: ControlPlane, kube: Kube, namespace: str, kubelet_node: KubeletNode) -> None:
+    agent, pod_uid = kubelet_node.start_agent(cluster)
+    restarted: AgentProcess | None = None
+    try:
+        await published_devices(kube, kubelet_node.driver, kubelet_node.name, 8)
+        await kubelet_node.registered(agent)
+        first, first_claim = await start_seed_pod(kube, kubelet_node, namespace, "before-crash")
+
+        # The container crashes (SIGKILL: its sockets stay behind) and the kubelet restarts it in
+        # the same pod: same pod UID, so the same socket names.
+        assert agent.stop(signal.SIGKILL) == -signal.SIGKILL
+        restarted, _ = kubelet_node.start_agent(cluster, pod_uid)
+        await kubelet_node.registered(restarted)
+
+        second, second_claim = await start_seed_pod(kube, kubelet_node, namespace, "after-crash")
+        await delete_and_wait_unprepared(kube, kubelet_node, first, first_claim["metadata"]["uid"])
+        await delete_and_wait_unprepared(kube, kubelet_node, second, second_claim["metadata"]["uid"])
+        assert restarted.process.poll() is None, restarted.log_tail()
+    finally:
+        agent.stop()
+        if restarted is not None:
+            restarted.stop()
