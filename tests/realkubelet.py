@@ -28,6 +28,7 @@ import yaml
 
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.localcluster.controlplane import free_port
+from gpudra_operator.localcluster.processes import stop_process
 from gpudra_operator.localcluster.waiting import wait_for
 
 NODE = resource_type("v1", "Node")
@@ -132,11 +133,5 @@ class RealKubelet:
         return await wait_for(ready, timeout=timeout, what=f"the real kubelet's Node {self.node_name} to be Ready")
 
     def stop(self, timeout: float = 20) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if self.process is not None:
+            stop_process(self.process, timeout=timeout)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from gpudra_operator.localcluster.processes import stop_process
 from gpudra_operator.render import AGENT_PROCESS_ENV
 
 
@@ -25,14 +26,7 @@ class AgentProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return stop_process(self.process, sig, timeout)
 
 
 def start_agent(*, kubeconfig: Path, node_name: str, nvml: str, driver: str, workdir: Path,

@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpudra_operator.localcluster.processes import stop_process
+
 
 @dataclass
 class OperatorProcess:
@@ -26,14 +28,7 @@ class OperatorProcess:
         return "\n".join(self.log().splitlines()[-lines:])
 
     def stop(self, timeout: float = 20) -> int:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return stop_process(self.process, timeout=timeout)
 
 
 def start_operator(*, kubeconfig: Path, log_path: Path, args: Sequence[str] = ("--liveness-port", "0"),
