@@ -5,7 +5,9 @@ device IDs to the container runtime (``fakecri``, which resolves them against th
 containerd does), and deleting the pod unprepares the claim. Then a rolling update of the agent:
 a second instance registers next to the first, the first stops, and the kubelet goes on with the
 second, which unprepares what the first prepared. Then a crash: the agent is SIGKILLed and
-restarted in the same pod, and the kubelet registers it again and goes on with it.
+restarted in the same pod, and the kubelet registers it again and goes on with it. Then the
+kubelet restarts under a running pod: it registers the running agent again, and the claim it
+prepared before is unprepared by it after.
 
 The kubelet's Node is tainted so that no other test's pods land on it."""
 
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import pytest_asyncio
 from cdispec import validate_claim_spec
+from fakecri.gen import api_pb2 as pb
 from fakecri.runtime import Container, FakeRuntime
 from nodestate import checkpoint_states
 from realkubelet import RealKubelet, kubelet_binary
@@ -64,12 +67,13 @@ class KubeletNode:
                             kubelet_dir=self.kubelet_dir, cdi_dir=self.cdi_dir, extra_args=("--pod-uid", pod_uid))
         return agent, pod_uid
 
-    async def registered(self, agent: AgentProcess) -> None:
-        """The kubelet registered ``agent``: it answered the kubelet's NotifyRegistrationStatus."""
+    async def registered(self, agent: AgentProcess, times: int = 1) -> None:
+        """The kubelet registered ``agent`` (``times`` times in all): the agent got the kubelet's
+        NotifyRegistrationStatus."""
         async def notified() -> bool:
             assert agent.process.poll() is None, f"agent exited:\n{agent.log_tail()}"
             self.kubelet.assert_running()
-            return "registered with the kubelet" in agent.log_path.read_text(errors="replace")
+            return agent.log_path.read_text(errors="replace").count("registered with the kubelet") >= times
 
         await wait_for(notified, timeout=60, what=f"the kubelet to register the agent ({agent.log_path})")
 
@@ -243,3 +247,31 @@ async def test_a_real_kubelet_registers_an_agent_again_after_it_crashed_and_rest
         agent.stop()
         if restarted is not None:
             restarted.stop()
+
+
+async def test_a_restarted_kubelet_registers_the_running_agent_again_and_unprepares_through_it(
+        cluster: ControlPlane, kube: Kube, namespace: str, kubelet_node: KubeletNode) -> None:
+    agent, _ = kubelet_node.start_agent(cluster)
+    try:
+        await published_devices(kube, kubelet_node.driver, kubelet_node.name, 8)
+        await kubelet_node.registered(agent)
+        pod, claim = await start_seed_pod(kube, kubelet_node, namespace, "across-restart")
+        uid = claim["metadata"]["uid"]
+        spec = kubelet_node.cdi_dir / f"k8s.{kubelet_node.driver}-claim_{uid}.json"
+        written = spec.stat().st_mtime_ns
+
+        # A kubelet restart (an upgrade, a config change): the agent and the pod keep running.
+        kubelet_node.kubelet.stop()
+        kubelet_node.kubelet.start()
+        await kubelet_node.kubelet.wait_ready(kube)
+        await kubelet_node.registered(agent, times=2)
+        (container,) = kubelet_node.runtime.runtime.containers_of("across-restart")
+        assert container.state == pb.CONTAINER_RUNNING, "the restarted kubelet recreated the container"
+        # Whatever the restarted kubelet asked again, the prepared claim's spec was not rewritten.
+        assert spec.stat().st_mtime_ns == written
+        assert kubelet_node.checkpoint() == {uid: "PrepareCompleted"}
+
+        await delete_and_wait_unprepared(kube, kubelet_node, pod, uid)
+        assert agent.process.poll() is None, agent.log_tail()
+    finally:
+        agent.stop()
