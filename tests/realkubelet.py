@@ -13,8 +13,11 @@ The kubelet runs as root, as on a node, but leaves the host as it found it:
   and four more) shown to it, in that namespace, by files bind-mounted over ``/proc/sys``, and
   ``protectKernelDefaults`` on: it reads them, finds nothing to change, and never writes the
   host's (a test must not make a developer's machine panic on an oops);
-* with no cgroups per QoS class, no node-allocatable enforcement, no eviction, no iptables chains,
-  no read-only or healthz port."""
+* with its flexvolume plugin directory, pod logs and certificates in its root directory, no
+  cgroups per QoS class, no node-allocatable enforcement, no eviction, no iptables chains, no
+  read-only or healthz port;
+* killed with the process that started it (``setpriv --pdeathsig``), so a test run killed
+  outright leaves no kubelet behind."""
 
 from __future__ import annotations
 
@@ -49,8 +52,12 @@ def isolation_problem() -> str | None:
     """Why the kubelet cannot run here as these tests run it, or None."""
     if os.geteuid() != 0:
         return "the real-kubelet tests run the kubelet as root, as on a node: run `make test` as root (CI does)"
-    if shutil.which("unshare") is None or shutil.which("mount") is None:
-        return "the real-kubelet tests need util-linux's unshare and mount"
+    missing = [tool for tool in ("unshare", "mount", "setpriv") if shutil.which(tool) is None]
+    if missing:
+        return f"the real-kubelet tests need util-linux's {', '.join(missing)}"
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"cannot make a mount namespace for the kubelet (unshare --mount: {probe.stderr.strip()}); needs CAP_SYS_ADMIN"
     return None
 
 
@@ -66,20 +73,25 @@ class RealKubelet:
         self.kubeconfig, self.runtime_endpoint, self.taint = kubeconfig, runtime_endpoint, taint
         self.log_path = root_dir.parent / f"kubelet-{node_name}.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self.port = 0  # of the running kubelet's API; new on every start
+
+    @property
+    def pod_logs_dir(self) -> Path:
+        return self.root_dir / "pod-logs"
 
     def config(self) -> dict[str, object]:
         return {
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
             "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False}},
             "authorization": {"mode": "AlwaysAllow"},
-            "address": "127.0.0.1", "port": free_port(), "readOnlyPort": 0, "healthzPort": 0,
+            "address": "127.0.0.1", "port": self.port, "readOnlyPort": 0, "healthzPort": 0,
             "containerRuntimeEndpoint": self.runtime_endpoint,
             "cgroupDriver": "cgroupfs", "cgroupsPerQOS": False, "enforceNodeAllocatable": [],
             "failSwapOn": False, "failCgroupV1": False, "localStorageCapacityIsolation": False,
             "evictionHard": {"memory.available": "0%", "nodefs.available": "0%", "imagefs.available": "0%"},
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
             "makeIPTablesUtilChains": False, "protectKernelDefaults": True, "resolvConf": "",
-            "podLogsDir": str(self.root_dir / "pod-logs"),
+            "podLogsDir": str(self.pod_logs_dir), "volumePluginDir": str(self.root_dir / "volume-plugins"),
             # Faster than a node's defaults, so the tests' waits are short: status every 2 s,
             # pod resync every 5 s.
             "nodeStatusUpdateFrequency": "2s", "syncFrequency": "5s",
@@ -89,13 +101,14 @@ class RealKubelet:
         if problem := isolation_problem():
             raise AssertionError(problem)
         self.root_dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
         config = self.root_dir.parent / f"kubelet-{self.node_name}.yaml"
         config.write_text(yaml.safe_dump(self.config()))
         kubelet = [str(self.binary), f"--config={config}", f"--kubeconfig={self.kubeconfig}",
                    f"--root-dir={self.root_dir}", f"--cert-dir={self.root_dir / 'pki'}",
                    f"--hostname-override={self.node_name}", f"--register-with-taints={self.taint}", "--v=2"]
-        argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-ec",
-                self._masked_sysctls() + "exec " + shlex.join(kubelet)]
+        argv = ["setpriv", "--pdeathsig", "KILL", "--", "unshare", "--mount", "--propagation", "private", "--",
+                "sh", "-ec", self._masked_sysctls() + "exec " + shlex.join(kubelet)]
         with self.log_path.open("ab") as log:
             # Its own directory as the working directory: a kubelet resolves some paths against it.
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -131,6 +144,17 @@ class RealKubelet:
             return node if node_ready(node) else None
 
         return await wait_for(ready, timeout=timeout, what=f"the real kubelet's Node {self.node_name} to be Ready")
+
+    async def wait_reporting(self, kube: Kube, timeout: float = 90) -> Obj:
+        """The Node Ready as reported by the kubelet running now: after a restart, the Node is
+        still Ready from the last one until the new one writes its status (its port is new)."""
+        async def reporting() -> Obj | None:
+            self.assert_running()
+            node = await kube.get(NODE, self.node_name)
+            endpoint = ((node or {}).get("status") or {}).get("daemonEndpoints", {}).get("kubeletEndpoint", {})
+            return node if node_ready(node) and endpoint.get("Port") == self.port else None
+
+        return await wait_for(reporting, timeout=timeout, what=f"the restarted kubelet to report Node {self.node_name}")
 
     def stop(self, timeout: float = 20) -> None:
         if self.process is not None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -33,18 +32,24 @@ def resolve_cdi(names: Iterable[str], spec_dirs: Iterable[Path]) -> CdiEdits:
     cache resolves them: the spec's own edits and the device's. Raises LookupError naming what
     does not resolve."""
     devices: dict[str, list[Mapping[str, Any]]] = {}
+    broken: list[str] = []  # like a runtime's CDI cache: a bad spec fails only names it would resolve
     for directory in spec_dirs:
         for path in sorted(directory.glob("*")) if directory.is_dir() else []:
             if path.suffix not in (".json", ".yaml"):
                 continue
-            spec = yaml.safe_load(path.read_text())  # JSON is YAML
-            for device in spec.get("devices") or []:
-                devices[f"{spec['kind']}={device['name']}"] = [spec.get("containerEdits") or {},
-                                                               device.get("containerEdits") or {}]
+            try:
+                spec = yaml.safe_load(path.read_text())  # JSON is YAML
+                entries = {f"{spec['kind']}={device['name']}": [spec.get("containerEdits") or {},
+                                                                device.get("containerEdits") or {}]
+                           for device in spec.get("devices") or []}
+            except (OSError, ValueError, LookupError, TypeError, AttributeError, yaml.YAMLError) as error:
+                broken.append(f"{path.name}: {error!r}")
+                continue
+            devices.update(entries)
     edits = CdiEdits()
     for name in names:
         if name not in devices:
-            raise LookupError(f"unresolvable CDI device {name!r}")
+            raise LookupError(f"unresolvable CDI device {name!r}" + (f" (unreadable specs: {broken})" if broken else ""))
         for part in devices[name]:
             for entry in part.get("env") or []:
                 key, _, value = entry.partition("=")
@@ -88,12 +93,14 @@ def _labels_match(selector: Mapping[str, str], labels: Mapping[str, str]) -> boo
 
 
 class Runtime(rpc.RuntimeServiceServicer):  # type: ignore[misc]
-    def __init__(self, cdi_dirs: Iterable[Path]) -> None:
+    def __init__(self, cdi_dirs: Iterable[Path], log_root: Path) -> None:
         self.cdi_dirs = list(cdi_dirs)
+        self.log_root = log_root.resolve()
         self.lock = threading.Lock()
         self.ids = itertools.count(1)
         self.sandboxes: dict[str, Sandbox] = {}
         self.containers: dict[str, Container] = {}
+        self.created_sandboxes: list[Sandbox] = []  # every one ever run, removed ones too
         self.created: list[Container] = []  # every container ever created, removed ones too
 
     def Version(self, request: Any, context: Any) -> Any:
@@ -119,6 +126,7 @@ class Runtime(rpc.RuntimeServiceServicer):  # type: ignore[misc]
         with self.lock:
             sandbox_id = self._new_id("sandbox")
             self.sandboxes[sandbox_id] = Sandbox(request.config)
+            self.created_sandboxes.append(self.sandboxes[sandbox_id])
         return pb.RunPodSandboxResponse(pod_sandbox_id=sandbox_id)
 
     def StopPodSandbox(self, request: Any, context: Any) -> Any:
@@ -164,12 +172,15 @@ class Runtime(rpc.RuntimeServiceServicer):  # type: ignore[misc]
             context.abort(grpc.StatusCode.UNKNOWN, f"CDI devices {names}: {error}")
         # The log file, empty, where the kubelet expects it. Its path must be in every status:
         # with none, the kubelet's log cleanup globs and removes "*" in its working directory.
-        log_path = os.path.join(request.sandbox_config.log_directory, request.config.log_path)
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(log_path).touch()
+        # This process runs on the host: it writes only under the kubelet's pod log directory.
+        log_path = Path(request.sandbox_config.log_directory, request.config.log_path).resolve()
+        if not log_path.is_relative_to(self.log_root):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"log path {log_path} is outside {self.log_root}")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.touch()
         with self.lock:
             container_id = self._new_id("container")
-            container = Container(request.config, request.pod_sandbox_id, edits, log_path)
+            container = Container(request.config, request.pod_sandbox_id, edits, str(log_path))
             self.containers[container_id] = container
             self.created.append(container)
         return pb.CreateContainerResponse(container_id=container_id)
@@ -225,8 +236,25 @@ class Runtime(rpc.RuntimeServiceServicer):  # type: ignore[misc]
         return pb.ListPodSandboxStatsResponse()
 
     def containers_of(self, pod_name: str) -> list[Container]:
+        """Every container created for the pod, in order, removed ones too."""
         with self.lock:
             return [c for c in self.created if c.pod_name == pod_name]
+
+    def sandboxes_of(self, pod_name: str) -> list[Sandbox]:
+        """Every sandbox run for the pod, in order, removed ones too."""
+        with self.lock:
+            return [s for s in self.created_sandboxes if s.config.metadata.name == pod_name]
+
+    def sandbox_died(self, pod_name: str) -> None:
+        """The pod's sandboxes stop and their containers exit, as when a runtime restarts: the
+        kubelet runs the pod again in a new sandbox."""
+        with self.lock:
+            dead = {i for i, s in self.sandboxes.items() if s.config.metadata.name == pod_name}
+            for sandbox_id in dead:
+                self.sandboxes[sandbox_id].state = pb.SANDBOX_NOTREADY
+            for container in self.containers.values():
+                if container.sandbox_id in dead and container.state != pb.CONTAINER_EXITED:
+                    container.state, container.finished = pb.CONTAINER_EXITED, time.time_ns()
 
 
 class Images(rpc.ImageServiceServicer):  # type: ignore[misc]
@@ -260,9 +288,9 @@ class Images(rpc.ImageServiceServicer):  # type: ignore[misc]
 class FakeRuntime:
     """Both CRI services on one unix socket, served from a thread pool until ``stop()``."""
 
-    def __init__(self, socket: Path, cdi_dirs: Iterable[Path]) -> None:
+    def __init__(self, socket: Path, cdi_dirs: Iterable[Path], log_root: Path) -> None:
         self.socket = socket
-        self.runtime = Runtime(cdi_dirs)
+        self.runtime = Runtime(cdi_dirs, log_root)
         self.images = Images()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="fake-cri"))
         rpc.add_RuntimeServiceServicer_to_server(self.runtime, self.server)

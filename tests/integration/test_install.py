@@ -18,7 +18,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import yaml
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from argocd_health import health
+from scrape import sample_value, scrape
 from gpudra_driver.kubeapi import Kube, Obj, connect, error_message, resource_type
 from gpudra_operator.localcluster.agents import AgentProcess, start_agent
 from gpudra_operator.localcluster.controlplane import ControlPlane, free_port
@@ -114,19 +114,6 @@ async def denied(call: Any) -> ApiException:
     with pytest.raises(ApiException) as caught:
         await call
     return caught.value
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return response.read().decode()
-
-
-def sample_value(text: str, name: str, labels: str = "") -> float | None:
-    prefix = f"{name}{{{labels}}} " if labels else f"{name} "
-    for line in text.splitlines():
-        if line.startswith(prefix):
-            return float(line.split()[-1])
-    return None
 
 
 def slice_for(node: str, driver: str, name: str) -> Obj:

@@ -6,8 +6,9 @@ containerd does), and deleting the pod unprepares the claim. Then a rolling upda
 a second instance registers next to the first, the first stops, and the kubelet goes on with the
 second, which unprepares what the first prepared. Then a crash: the agent is SIGKILLed and
 restarted in the same pod, and the kubelet registers it again and goes on with it. Then the
-kubelet restarts under a running pod: it registers the running agent again, and the claim it
-prepared before is unprepared by it after.
+kubelet restarts while the agent runs: it registers the agent again, prepares a prepared claim a
+second time (its pod's sandbox died meanwhile) and gets the same answer, with the spec rewritten
+only when it was lost.
 
 The kubelet's Node is tainted so that no other test's pods land on it."""
 
@@ -20,24 +21,49 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import pytest_asyncio
 from cdispec import validate_claim_spec
 from fakecri.gen import api_pb2 as pb
 from fakecri.runtime import Container, FakeRuntime
 from nodestate import checkpoint_states
 from realkubelet import RealKubelet, kubelet_binary
+from scrape import sample_value, scrape
 from seedobjects import published_devices, seed_objects
 
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_driver.plugin.plugin import socket_paths
 from gpudra_operator.localcluster.agents import AgentProcess, start_agent
-from gpudra_operator.localcluster.controlplane import ControlPlane
+from gpudra_operator.localcluster.controlplane import ControlPlane, free_port
 from gpudra_operator.localcluster.objects import delete_node
 from gpudra_operator.localcluster.waiting import wait_for
 
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 POD = resource_type("v1", "Pod")
+SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 TAINT = "gpudra.io/real-kubelet"
+
+
+@dataclass
+class NodeAgent:
+    """One agent process, as a DaemonSet pod's container runs it."""
+
+    agent: AgentProcess
+    pod_uid: str
+    metrics_port: int
+    registration_socket: Path
+
+    def registrations(self) -> int:
+        """How often the kubelet has registered it (NotifyRegistrationStatus, registered)."""
+        return self.agent.log_path.read_text(errors="replace").count("registered with the kubelet as")
+
+    def prepared_claims(self) -> float:
+        """Claims the kubelet asked it to prepare (its gpudra_agent_node_prepare_total)."""
+        return sample_value(scrape(self.metrics_port), "gpudra_agent_node_prepare_total") or 0.0
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        return self.agent.stop(sig)
 
 
 @dataclass
@@ -57,25 +83,30 @@ class KubeletNode:
     def checkpoint(self) -> dict[str, str]:
         return checkpoint_states(self.kubelet_dir, self.driver)
 
-    def start_agent(self, cluster: ControlPlane, pod_uid: str | None = None) -> tuple[AgentProcess, str]:
+    def spec_path(self, claim_uid: str) -> Path:
+        return self.cdi_dir / f"k8s.{self.driver}-claim_{claim_uid}.json"
+
+    def start_agent(self, cluster: ControlPlane, pod_uid: str | None = None) -> NodeAgent:
         """An agent as the DaemonSet's pod ``pod_uid`` would run it (a new pod when None); each
         process logs into a directory of its own."""
         pod_uid = pod_uid or str(uuid.uuid4())
         self.agents_started += 1
+        port = free_port()
         agent = start_agent(kubeconfig=cluster.kubeconfig, node_name=self.name, nvml="fake:dgx-h100",
                             driver=self.driver, workdir=self.workdir / f"agent-{self.agents_started}",
-                            kubelet_dir=self.kubelet_dir, cdi_dir=self.cdi_dir, extra_args=("--pod-uid", pod_uid))
-        return agent, pod_uid
+                            kubelet_dir=self.kubelet_dir, cdi_dir=self.cdi_dir,
+                            extra_args=("--pod-uid", pod_uid, "--metrics-port", str(port)))
+        return NodeAgent(agent, pod_uid, port, socket_paths(self.kubelet_dir, self.driver, pod_uid)[1])
 
-    async def registered(self, agent: AgentProcess, times: int = 1) -> None:
-        """The kubelet registered ``agent`` (``times`` times in all): the agent got the kubelet's
-        NotifyRegistrationStatus."""
+    async def registered(self, agent: NodeAgent, times: int = 1) -> None:
+        """The kubelet has registered ``agent`` ``times`` times in all (the agent got its
+        NotifyRegistrationStatus)."""
         async def notified() -> bool:
-            assert agent.process.poll() is None, f"agent exited:\n{agent.log_tail()}"
+            assert agent.agent.process.poll() is None, f"agent exited:\n{agent.agent.log_tail()}"
             self.kubelet.assert_running()
-            return agent.log_path.read_text(errors="replace").count("registered with the kubelet") >= times
+            return agent.registrations() >= times
 
-        await wait_for(notified, timeout=60, what=f"the kubelet to register the agent ({agent.log_path})")
+        await wait_for(notified, timeout=60, what=f"the kubelet to register the agent ({agent.agent.log_path})")
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -83,12 +114,14 @@ async def kubelet_node(cluster: ControlPlane, kube: Kube, short_dir: Path) -> As
     name, driver = f"kubelet-{secrets.token_hex(3)}", f"k{secrets.token_hex(4)}.gpudra.io"
     cdi_dir = short_dir / "cdi"
     cdi_dir.mkdir()
-    runtime = FakeRuntime(short_dir / "cri.sock", [cdi_dir]).start()
+    socket = short_dir / "cri.sock"
     kubelet = RealKubelet(kubelet_binary(cluster.bin_dir), short_dir / "kubelet", kubeconfig=cluster.kubeconfig,
-                          node_name=name, runtime_endpoint=runtime.endpoint, taint=f"{TAINT}=:NoSchedule").start()
-    await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": driver},
-                       "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}})
+                          node_name=name, runtime_endpoint=f"unix://{socket}", taint=f"{TAINT}=:NoSchedule")
+    runtime = FakeRuntime(socket, [cdi_dir], log_root=kubelet.pod_logs_dir).start()
     try:
+        kubelet.start()
+        await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": driver},
+                           "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}})
         await kubelet.wait_ready(kube)
         yield KubeletNode(name, kubelet, runtime, short_dir, driver, cdi_dir)
     finally:
@@ -98,9 +131,10 @@ async def kubelet_node(cluster: ControlPlane, kube: Kube, short_dir: Path) -> As
         await delete_node(kube, name)
 
 
-def seed_pod_for(node: KubeletNode, namespace: str, pod_name: str) -> tuple[Obj, Obj]:
+def seed_pod_for(node: KubeletNode, namespace: str, pod_name: str, restart_policy: str = "Never") -> tuple[Obj, Obj]:
     """The seed's claim template and pod, pinned to the kubelet's node (tolerating its taint)."""
     template, pod = seed_objects(node.driver, namespace)
+    pod["spec"]["restartPolicy"] = restart_policy
     template["metadata"]["name"] = f"{pod_name}-gpu"
     pod["metadata"]["name"] = pod_name
     spec = pod["spec"]
@@ -128,15 +162,19 @@ async def running(kube: Kube, node: KubeletNode, namespace: str, pod_name: str) 
                              f"kubelet log:\n{node.kubelet.log_tail()}") from None
 
 
-async def start_seed_pod(kube: Kube, node: KubeletNode, namespace: str, pod_name: str) -> tuple[Obj, Obj]:
-    """Create the seed pod, wait until the kubelet runs it; returns (pod, its claim)."""
-    template, pod = seed_pod_for(node, namespace, pod_name)
+async def start_seed_pod(kube: Kube, node: KubeletNode, namespace: str, pod_name: str,
+                         restart_policy: str = "Never") -> tuple[Obj, Obj]:
+    """Create the seed pod, wait until the kubelet runs it; returns (pod, its claim), the claim
+    prepared: its spec written, its checkpoint entry complete."""
+    template, pod = seed_pod_for(node, namespace, pod_name, restart_policy)
     await kube.create(template)
     await kube.create(pod)
     pod = await running(kube, node, namespace, pod_name)
     (status,) = pod["status"]["resourceClaimStatuses"]
     claim = await kube.get(CLAIM, status["resourceClaimName"], namespace)
     assert claim is not None, f"the claim of running pod {pod_name} is gone"
+    uid = claim["metadata"]["uid"]
+    assert node.spec_path(uid).is_file() and node.checkpoint().get(uid) == "PrepareCompleted"
     return pod, claim
 
 
@@ -147,8 +185,9 @@ def only_container(node: KubeletNode, pod_name: str) -> Container:
 
 async def delete_and_wait_unprepared(kube: Kube, node: KubeletNode, pod: Obj, claim_uid: str) -> None:
     meta = pod["metadata"]
+    spec = node.spec_path(claim_uid)
+    assert spec.is_file() and node.checkpoint().get(claim_uid) == "PrepareCompleted", "not prepared to begin with"
     await kube.delete(POD, meta["name"], meta["namespace"])
-    spec = node.cdi_dir / f"k8s.{node.driver}-claim_{claim_uid}.json"
 
     async def unprepared() -> bool:
         node.kubelet.assert_running()
@@ -162,12 +201,18 @@ async def delete_and_wait_unprepared(kube: Kube, node: KubeletNode, pod: Obj, cl
     await wait_for(gone, timeout=60, what=f"pod {meta['name']} to be deleted by its kubelet")
 
 
+async def slice_uids(kube: Kube, node: KubeletNode) -> set[str]:
+    field_selector = f"spec.driver={node.driver},spec.nodeName={node.name}"
+    return {s["metadata"]["uid"] async for s in kube.list(SLICE, field_selector=field_selector)}
+
+
 async def test_a_real_kubelet_prepares_the_seed_pods_claim_and_the_runtime_gets_its_gpu(
         cluster: ControlPlane, kube: Kube, namespace: str, kubelet_node: KubeletNode) -> None:
-    agent, _ = kubelet_node.start_agent(cluster)
+    agent = kubelet_node.start_agent(cluster)
     try:
         devices = await published_devices(kube, kubelet_node.driver, kubelet_node.name, 8)
         await kubelet_node.registered(agent)
+        assert agent.registration_socket.is_socket()
         pod, claim = await start_seed_pod(kube, kubelet_node, namespace, "train")
 
         uid = claim["metadata"]["uid"]
@@ -183,30 +228,31 @@ async def test_a_real_kubelet_prepares_the_seed_pods_claim_and_the_runtime_gets_
         assert container.cdi.env["NVIDIA_VISIBLE_DEVICES"] == gpu["attributes"]["uuid"]["string"]
         assert f"/dev/nvidia{gpu['attributes']['minor']['int']}" in container.cdi.device_nodes
         assert "/dev/nvidiactl" in container.cdi.device_nodes
-        assert kubelet_node.checkpoint()[uid] == "PrepareCompleted"
+        assert agent.prepared_claims() == 1
 
         await delete_and_wait_unprepared(kube, kubelet_node, pod, uid)
-        assert agent.process.poll() is None, agent.log_tail()
+        assert len(kubelet_node.runtime.runtime.sandboxes_of("train")) == 1
+        assert len(kubelet_node.runtime.runtime.containers_of("train")) == 1
+        assert agent.agent.process.poll() is None, agent.agent.log_tail()
     finally:
         agent.stop()
-    assert agent.process.returncode == 0, agent.log_tail()
-    registry = kubelet_node.kubelet_dir / "plugins_registry"
-    assert not list(registry.glob(f"{kubelet_node.driver}-*")), "the stopped agent left its registration socket"
+    assert agent.agent.process.returncode == 0, agent.agent.log_tail()
+    assert not agent.registration_socket.exists(), "the stopped agent left its registration socket"
 
 
 async def test_a_real_kubelet_moves_to_the_new_agent_of_a_rolling_update(
         cluster: ControlPlane, kube: Kube, namespace: str, kubelet_node: KubeletNode) -> None:
-    old, _ = kubelet_node.start_agent(cluster)
-    new: AgentProcess | None = None
+    old = kubelet_node.start_agent(cluster)
+    new: NodeAgent | None = None
     try:
         await published_devices(kube, kubelet_node.driver, kubelet_node.name, 8)
         await kubelet_node.registered(old)
         first, first_claim = await start_seed_pod(kube, kubelet_node, namespace, "before-update")
 
         # maxSurge 1: the new instance starts and registers next to the old one, then the old stops.
-        new, _ = kubelet_node.start_agent(cluster)
+        new = kubelet_node.start_agent(cluster)
         await kubelet_node.registered(new)
-        assert old.stop() == 0, old.log_tail()
+        assert old.stop() == 0, old.agent.log_tail()
 
         second, second_claim = await start_seed_pod(kube, kubelet_node, namespace, "after-update")
         first_uid, second_uid = first_claim["metadata"]["uid"], second_claim["metadata"]["uid"]
@@ -217,7 +263,8 @@ async def test_a_real_kubelet_moves_to_the_new_agent_of_a_rolling_update(
         # The old instance prepared the first claim; only the new one is left to unprepare it.
         await delete_and_wait_unprepared(kube, kubelet_node, first, first_uid)
         await delete_and_wait_unprepared(kube, kubelet_node, second, second_uid)
-        assert new.process.poll() is None, new.log_tail()
+        assert new.prepared_claims() == 1
+        assert new.agent.process.poll() is None, new.agent.log_tail()
     finally:
         old.stop()
         if new is not None:
@@ -226,8 +273,8 @@ async def test_a_real_kubelet_moves_to_the_new_agent_of_a_rolling_update(
 
 async def test_a_real_kubelet_registers_an_agent_again_after_it_crashed_and_restarted(
         cluster: ControlPlane, kube: Kube, namespace: str, kubelet_node: KubeletNode) -> None:
-    agent, pod_uid = kubelet_node.start_agent(cluster)
-    restarted: AgentProcess | None = None
+    agent = kubelet_node.start_agent(cluster)
+    restarted: NodeAgent | None = None
     try:
         await published_devices(kube, kubelet_node.driver, kubelet_node.name, 8)
         await kubelet_node.registered(agent)
@@ -236,42 +283,82 @@ async def test_a_real_kubelet_registers_an_agent_again_after_it_crashed_and_rest
         # The container crashes (SIGKILL: its sockets stay behind) and the kubelet restarts it in
         # the same pod: same pod UID, so the same socket names.
         assert agent.stop(signal.SIGKILL) == -signal.SIGKILL
-        restarted, _ = kubelet_node.start_agent(cluster, pod_uid)
+        assert agent.registration_socket.is_socket()
+        restarted = kubelet_node.start_agent(cluster, agent.pod_uid)
+        assert restarted.registration_socket == agent.registration_socket
         await kubelet_node.registered(restarted)
 
         second, second_claim = await start_seed_pod(kube, kubelet_node, namespace, "after-crash")
         await delete_and_wait_unprepared(kube, kubelet_node, first, first_claim["metadata"]["uid"])
         await delete_and_wait_unprepared(kube, kubelet_node, second, second_claim["metadata"]["uid"])
-        assert restarted.process.poll() is None, restarted.log_tail()
+        assert restarted.prepared_claims() == 1
+        assert restarted.agent.process.poll() is None, restarted.agent.log_tail()
     finally:
         agent.stop()
         if restarted is not None:
             restarted.stop()
 
 
-async def test_a_restarted_kubelet_registers_the_running_agent_again_and_unprepares_through_it(
-        cluster: ControlPlane, kube: Kube, namespace: str, kubelet_node: KubeletNode) -> None:
-    agent, _ = kubelet_node.start_agent(cluster)
+@pytest.mark.parametrize("spec_lost", [False, True], ids=["spec-kept", "spec-lost"])
+async def test_a_restarted_kubelet_registers_the_agent_again_and_prepares_a_prepared_claim_again(
+        cluster: ControlPlane, kube: Kube, namespace: str, kubelet_node: KubeletNode, spec_lost: bool) -> None:
+    """The kubelet restarts (an upgrade, a config change) while the agent keeps running; in
+    between, the pod's sandbox dies (as when the runtime restarts) and, with ``spec_lost``, the
+    claim's CDI spec is gone too (the CDI directory wiped: kubernetes#141433 reports pods stuck in
+    CreateContainerError after that). The new kubelet, whose DRA manager restores claims from its
+    checkpoint as not prepared, prepares the claim again for the pod's new sandbox: the agent
+    answers as before, rewriting the spec only if it is gone."""
+    agent = kubelet_node.start_agent(cluster)
+    runtime = kubelet_node.runtime.runtime
     try:
         await published_devices(kube, kubelet_node.driver, kubelet_node.name, 8)
         await kubelet_node.registered(agent)
-        pod, claim = await start_seed_pod(kube, kubelet_node, namespace, "across-restart")
+        pod, claim = await start_seed_pod(kube, kubelet_node, namespace, "across-restart", restart_policy="Always")
         uid = claim["metadata"]["uid"]
-        spec = kubelet_node.cdi_dir / f"k8s.{kubelet_node.driver}-claim_{uid}.json"
-        written = spec.stat().st_mtime_ns
+        spec = kubelet_node.spec_path(uid)
+        content, written, slices = spec.read_bytes(), spec.stat().st_mtime_ns, await slice_uids(kube, kubelet_node)
+        (first,) = runtime.containers_of("across-restart")
+        assert agent.prepared_claims() == 1
 
-        # A kubelet restart (an upgrade, a config change): the agent and the pod keep running.
         kubelet_node.kubelet.stop()
+        runtime.sandbox_died("across-restart")
+        if spec_lost:
+            spec.unlink()
         kubelet_node.kubelet.start()
-        await kubelet_node.kubelet.wait_ready(kube)
+        await kubelet_node.kubelet.wait_reporting(kube)
         await kubelet_node.registered(agent, times=2)
-        (container,) = kubelet_node.runtime.runtime.containers_of("across-restart")
-        assert container.state == pb.CONTAINER_RUNNING, "the restarted kubelet recreated the container"
-        # Whatever the restarted kubelet asked again, the prepared claim's spec was not rewritten.
-        assert spec.stat().st_mtime_ns == written
+
+        async def restarted_in_a_new_sandbox() -> bool:
+            kubelet_node.kubelet.assert_running()
+            containers = runtime.containers_of("across-restart")
+            return len(containers) == 2 and containers[1].state == pb.CONTAINER_RUNNING
+
+        try:
+            await wait_for(restarted_in_a_new_sandbox, timeout=90, what="the pod to run again in a new sandbox")
+        except AssertionError as error:
+            raise AssertionError(f"{error}\nkubelet log:\n{kubelet_node.kubelet.log_tail()}") from None
+        second = runtime.containers_of("across-restart")[1]
+        assert len(runtime.sandboxes_of("across-restart")) == 2
+        assert agent.prepared_claims() == 2  # the kubelet did ask again ...
+        # ... and got the same answer. (Kubelet 1.35.4 appends it to the devices restored from its
+        # checkpoint, so the runtime gets each CDI ID twice: kubernetes#140471, fixed by #140274.)
+        first_ids = [device.name for device in first.config.CDI_devices]
+        assert {device.name for device in second.config.CDI_devices} == set(first_ids)
+        assert second.cdi == first.cdi
+        assert spec.read_bytes() == content
+        if not spec_lost:
+            assert spec.stat().st_mtime_ns == written, "a prepared claim's spec was rewritten"
         assert kubelet_node.checkpoint() == {uid: "PrepareCompleted"}
 
+        # The new kubelet deleted the node's ResourceSlices when it started (it does so for
+        # drivers not registered yet); the agent published them again.
+        async def published_again() -> bool:
+            return not (await slice_uids(kube, kubelet_node)) & slices
+
+        await wait_for(published_again, timeout=60, what="the agent to publish its ResourceSlices again")
+        await published_devices(kube, kubelet_node.driver, kubelet_node.name, 8)
+
         await delete_and_wait_unprepared(kube, kubelet_node, pod, uid)
-        assert agent.process.poll() is None, agent.log_tail()
+        assert agent.agent.process.poll() is None, agent.agent.log_tail()
     finally:
         agent.stop()
