@@ -82,7 +82,12 @@ async def test_serves_resource_k8s_io_v1(kube: Kube) -> None:
     served = {r["name"] for r in group["resources"]}
     assert {"deviceclasses", "resourceslices", "resourceclaims", "resourceclaimtemplates"} <= served
     version = await kube.request("GET", "/version")
-    assert version["gitVersion"].startswith("v1.35."), version
+    # The release `make test` asked for (KUBE_VERSION, v1.35.4 by default); run by hand, our floor.
+    wanted = os.environ.get("KUBE_VERSION")
+    if wanted:
+        assert version["gitVersion"] == wanted, version
+    else:
+        assert (int(version["major"]), int(version["minor"])) >= (1, 35), version
 
 
 async def test_api_requests_take_no_thread_pool_hop(kube: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
