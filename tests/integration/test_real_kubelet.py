@@ -340,8 +340,9 @@ async def test_a_restarted_kubelet_registers_the_agent_again_and_prepares_a_prep
         second = runtime.containers_of("across-restart")[1]
         assert len(runtime.sandboxes_of("across-restart")) == 2
         assert agent.prepared_claims() == 2  # the kubelet did ask again ...
-        # ... and got the same answer. (Kubelet 1.35.4 appends it to the devices restored from its
-        # checkpoint, so the runtime gets each CDI ID twice: kubernetes#140471, fixed by #140274.)
+        # ... and got the same answer. (Kubelets 1.35.4 and 1.36.3 append it to the devices restored
+        # from their checkpoint, so the runtime gets each CDI ID twice: kubernetes#140471, fixed by
+        # #140274.)
         first_ids = [device.name for device in first.config.CDI_devices]
         assert {device.name for device in second.config.CDI_devices} == set(first_ids)
         assert second.cdi == first.cdi
