@@ -18,7 +18,7 @@ import secrets
 import signal
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -74,7 +74,9 @@ class KubeletNode:
     workdir: Path
     driver: str
     cdi_dir: Path
-    agents_started: int = 0
+    cluster: ControlPlane
+    kube: Kube
+    agents: list[NodeAgent] = field(default_factory=list)  # all started, stopped at teardown
 
     @property
     def kubelet_dir(self) -> Path:
@@ -86,17 +88,21 @@ class KubeletNode:
     def spec_path(self, claim_uid: str) -> Path:
         return self.cdi_dir / f"k8s.{self.driver}-claim_{claim_uid}.json"
 
-    def start_agent(self, cluster: ControlPlane, pod_uid: str | None = None) -> NodeAgent:
-        """An agent as the DaemonSet's pod ``pod_uid`` would run it (a new pod when None); each
-        process logs into a directory of its own."""
+    async def serving_agent(self, pod_uid: str | None = None) -> NodeAgent:
+        """An agent as the DaemonSet's pod ``pod_uid`` would run it (a new pod when None), once it
+        has published the node's 8 GPUs and the kubelet has registered it. Each process logs
+        into a directory of its own."""
         pod_uid = pod_uid or str(uuid.uuid4())
-        self.agents_started += 1
         port = free_port()
-        agent = start_agent(kubeconfig=cluster.kubeconfig, node_name=self.name, nvml="fake:dgx-h100",
-                            driver=self.driver, workdir=self.workdir / f"agent-{self.agents_started}",
-                            kubelet_dir=self.kubelet_dir, cdi_dir=self.cdi_dir,
-                            extra_args=("--pod-uid", pod_uid, "--metrics-port", str(port)))
-        return NodeAgent(agent, pod_uid, port, socket_paths(self.kubelet_dir, self.driver, pod_uid)[1])
+        process = start_agent(kubeconfig=self.cluster.kubeconfig, node_name=self.name, nvml="fake:dgx-h100",
+                              driver=self.driver, workdir=self.workdir / f"agent-{len(self.agents)}",
+                              kubelet_dir=self.kubelet_dir, cdi_dir=self.cdi_dir,
+                              extra_args=("--pod-uid", pod_uid, "--metrics-port", str(port)))
+        agent = NodeAgent(process, pod_uid, port, socket_paths(self.kubelet_dir, self.driver, pod_uid)[1])
+        self.agents.append(agent)
+        await published_devices(self.kube, self.driver, self.name, 8)
+        await self.registered(agent)
+        return agent
 
     async def registered(self, agent: NodeAgent, times: int = 1) -> None:
         """The kubelet has registered ``agent`` ``times`` times in all (the agent got its
@@ -118,13 +124,16 @@ async def kubelet_node(cluster: ControlPlane, kube: Kube, short_dir: Path) -> As
     kubelet = RealKubelet(kubelet_binary(cluster.bin_dir), short_dir / "kubelet", kubeconfig=cluster.kubeconfig,
                           node_name=name, runtime_endpoint=f"unix://{socket}", taint=f"{TAINT}=:NoSchedule")
     runtime = FakeRuntime(socket, [cdi_dir], log_root=kubelet.pod_logs_dir).start()
+    node = KubeletNode(name, kubelet, runtime, short_dir, driver, cdi_dir, cluster, kube)
     try:
         kubelet.start()
         await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": driver},
                            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}})
         await kubelet.wait_ready(kube)
-        yield KubeletNode(name, kubelet, runtime, short_dir, driver, cdi_dir)
+        yield node
     finally:
+        for agent in node.agents:
+            agent.stop()
         kubelet.stop()
         runtime.stop()
         await kube.delete(DEVICE_CLASS, driver)
@@ -207,159 +216,131 @@ async def slice_uids(kube: Kube, node: KubeletNode) -> set[str]:
 
 
 async def test_a_real_kubelet_prepares_the_seed_pods_claim_and_the_runtime_gets_its_gpu(
-        cluster: ControlPlane, kube: Kube, namespace: str, kubelet_node: KubeletNode) -> None:
-    agent = kubelet_node.start_agent(cluster)
-    try:
-        devices = await published_devices(kube, kubelet_node.driver, kubelet_node.name, 8)
-        await kubelet_node.registered(agent)
-        assert agent.registration_socket.is_socket()
-        pod, claim = await start_seed_pod(kube, kubelet_node, namespace, "train")
+        kube: Kube, namespace: str, kubelet_node: KubeletNode) -> None:
+    agent = await kubelet_node.serving_agent()
+    devices = await published_devices(kube, kubelet_node.driver, kubelet_node.name, 8)
+    assert agent.registration_socket.is_socket()
+    pod, claim = await start_seed_pod(kube, kubelet_node, namespace, "train")
 
-        uid = claim["metadata"]["uid"]
-        (allocated,) = claim["status"]["allocation"]["devices"]["results"]
-        assert (allocated["driver"], allocated["pool"]) == (kubelet_node.driver, kubelet_node.name)
-        gpu = devices[allocated["device"]]
-        # The runtime got the CDI ID of the allocated GPU and nothing else, and it resolved to that
-        # GPU's UUID and device node in a spec valid against the CDI schema.
-        container = only_container(kubelet_node, "train")
-        cdi_ids = [device.name for device in container.config.CDI_devices]
-        assert cdi_ids == [f"k8s.{kubelet_node.driver}/claim={uid}-{allocated['device']}"]
-        validate_claim_spec(kubelet_node.cdi_dir, uid, cdi_ids)
-        assert container.cdi.env["NVIDIA_VISIBLE_DEVICES"] == gpu["attributes"]["uuid"]["string"]
-        assert f"/dev/nvidia{gpu['attributes']['minor']['int']}" in container.cdi.device_nodes
-        assert "/dev/nvidiactl" in container.cdi.device_nodes
-        assert agent.prepared_claims() == 1
+    uid = claim["metadata"]["uid"]
+    (allocated,) = claim["status"]["allocation"]["devices"]["results"]
+    assert (allocated["driver"], allocated["pool"]) == (kubelet_node.driver, kubelet_node.name)
+    gpu = devices[allocated["device"]]
+    # The runtime got the CDI ID of the allocated GPU and nothing else, and it resolved to that
+    # GPU's UUID and device node in a spec valid against the CDI schema.
+    container = only_container(kubelet_node, "train")
+    cdi_ids = [device.name for device in container.config.CDI_devices]
+    assert cdi_ids == [f"k8s.{kubelet_node.driver}/claim={uid}-{allocated['device']}"]
+    validate_claim_spec(kubelet_node.cdi_dir, uid, cdi_ids)
+    assert container.cdi.env["NVIDIA_VISIBLE_DEVICES"] == gpu["attributes"]["uuid"]["string"]
+    assert f"/dev/nvidia{gpu['attributes']['minor']['int']}" in container.cdi.device_nodes
+    assert "/dev/nvidiactl" in container.cdi.device_nodes
+    assert agent.prepared_claims() == 1
 
-        await delete_and_wait_unprepared(kube, kubelet_node, pod, uid)
-        assert len(kubelet_node.runtime.runtime.sandboxes_of("train")) == 1
-        assert len(kubelet_node.runtime.runtime.containers_of("train")) == 1
-        assert agent.agent.process.poll() is None, agent.agent.log_tail()
-    finally:
-        agent.stop()
-    assert agent.agent.process.returncode == 0, agent.agent.log_tail()
+    await delete_and_wait_unprepared(kube, kubelet_node, pod, uid)
+    assert len(kubelet_node.runtime.runtime.sandboxes_of("train")) == 1
+    assert len(kubelet_node.runtime.runtime.containers_of("train")) == 1
+    assert agent.stop() == 0, agent.agent.log_tail()
     assert not agent.registration_socket.exists(), "the stopped agent left its registration socket"
 
 
 async def test_a_real_kubelet_moves_to_the_new_agent_of_a_rolling_update(
-        cluster: ControlPlane, kube: Kube, namespace: str, kubelet_node: KubeletNode) -> None:
-    old = kubelet_node.start_agent(cluster)
-    new: NodeAgent | None = None
-    try:
-        await published_devices(kube, kubelet_node.driver, kubelet_node.name, 8)
-        await kubelet_node.registered(old)
-        first, first_claim = await start_seed_pod(kube, kubelet_node, namespace, "before-update")
+        kube: Kube, namespace: str, kubelet_node: KubeletNode) -> None:
+    old = await kubelet_node.serving_agent()
+    first, first_claim = await start_seed_pod(kube, kubelet_node, namespace, "before-update")
 
-        # maxSurge 1: the new instance starts and registers next to the old one, then the old stops.
-        new = kubelet_node.start_agent(cluster)
-        await kubelet_node.registered(new)
-        assert old.stop() == 0, old.agent.log_tail()
+    # maxSurge 1: the new instance starts and registers next to the old one, then the old stops.
+    new = await kubelet_node.serving_agent()
+    assert old.stop() == 0, old.agent.log_tail()
 
-        second, second_claim = await start_seed_pod(kube, kubelet_node, namespace, "after-update")
-        first_uid, second_uid = first_claim["metadata"]["uid"], second_claim["metadata"]["uid"]
-        assert (first_claim["status"]["allocation"]["devices"]["results"][0]["device"]
-                != second_claim["status"]["allocation"]["devices"]["results"][0]["device"])
-        assert kubelet_node.checkpoint() == {first_uid: "PrepareCompleted", second_uid: "PrepareCompleted"}
+    second, second_claim = await start_seed_pod(kube, kubelet_node, namespace, "after-update")
+    first_uid, second_uid = first_claim["metadata"]["uid"], second_claim["metadata"]["uid"]
+    assert (first_claim["status"]["allocation"]["devices"]["results"][0]["device"]
+            != second_claim["status"]["allocation"]["devices"]["results"][0]["device"])
+    assert kubelet_node.checkpoint() == {first_uid: "PrepareCompleted", second_uid: "PrepareCompleted"}
 
-        # The old instance prepared the first claim; only the new one is left to unprepare it.
-        await delete_and_wait_unprepared(kube, kubelet_node, first, first_uid)
-        await delete_and_wait_unprepared(kube, kubelet_node, second, second_uid)
-        assert new.prepared_claims() == 1
-        assert new.agent.process.poll() is None, new.agent.log_tail()
-    finally:
-        old.stop()
-        if new is not None:
-            new.stop()
+    # The old instance prepared the first claim; only the new one is left to unprepare it.
+    await delete_and_wait_unprepared(kube, kubelet_node, first, first_uid)
+    await delete_and_wait_unprepared(kube, kubelet_node, second, second_uid)
+    assert new.prepared_claims() == 1
+    assert new.agent.process.poll() is None, new.agent.log_tail()
 
 
 async def test_a_real_kubelet_registers_an_agent_again_after_it_crashed_and_restarted(
-        cluster: ControlPlane, kube: Kube, namespace: str, kubelet_node: KubeletNode) -> None:
-    agent = kubelet_node.start_agent(cluster)
-    restarted: NodeAgent | None = None
-    try:
-        await published_devices(kube, kubelet_node.driver, kubelet_node.name, 8)
-        await kubelet_node.registered(agent)
-        first, first_claim = await start_seed_pod(kube, kubelet_node, namespace, "before-crash")
+        kube: Kube, namespace: str, kubelet_node: KubeletNode) -> None:
+    agent = await kubelet_node.serving_agent()
+    first, first_claim = await start_seed_pod(kube, kubelet_node, namespace, "before-crash")
 
-        # The container crashes (SIGKILL: its sockets stay behind) and the kubelet restarts it in
-        # the same pod: same pod UID, so the same socket names.
-        assert agent.stop(signal.SIGKILL) == -signal.SIGKILL
-        assert agent.registration_socket.is_socket()
-        restarted = kubelet_node.start_agent(cluster, agent.pod_uid)
-        assert restarted.registration_socket == agent.registration_socket
-        await kubelet_node.registered(restarted)
+    # The container crashes (SIGKILL: its sockets stay behind) and the kubelet restarts it in the
+    # same pod: same pod UID, so the same socket names.
+    assert agent.stop(signal.SIGKILL) == -signal.SIGKILL
+    assert agent.registration_socket.is_socket()
+    restarted = await kubelet_node.serving_agent(agent.pod_uid)
+    assert restarted.registration_socket == agent.registration_socket
 
-        second, second_claim = await start_seed_pod(kube, kubelet_node, namespace, "after-crash")
-        await delete_and_wait_unprepared(kube, kubelet_node, first, first_claim["metadata"]["uid"])
-        await delete_and_wait_unprepared(kube, kubelet_node, second, second_claim["metadata"]["uid"])
-        assert restarted.prepared_claims() == 1
-        assert restarted.agent.process.poll() is None, restarted.agent.log_tail()
-    finally:
-        agent.stop()
-        if restarted is not None:
-            restarted.stop()
+    second, second_claim = await start_seed_pod(kube, kubelet_node, namespace, "after-crash")
+    await delete_and_wait_unprepared(kube, kubelet_node, first, first_claim["metadata"]["uid"])
+    await delete_and_wait_unprepared(kube, kubelet_node, second, second_claim["metadata"]["uid"])
+    assert restarted.prepared_claims() == 1
+    assert restarted.agent.process.poll() is None, restarted.agent.log_tail()
 
 
 @pytest.mark.parametrize("spec_lost", [False, True], ids=["spec-kept", "spec-lost"])
 async def test_a_restarted_kubelet_registers_the_agent_again_and_prepares_a_prepared_claim_again(
-        cluster: ControlPlane, kube: Kube, namespace: str, kubelet_node: KubeletNode, spec_lost: bool) -> None:
+        kube: Kube, namespace: str, kubelet_node: KubeletNode, spec_lost: bool) -> None:
     """The kubelet restarts (an upgrade, a config change) while the agent keeps running; in
     between, the pod's sandbox dies (as when the runtime restarts) and, with ``spec_lost``, the
     claim's CDI spec is gone too (the CDI directory wiped: kubernetes#141433 reports pods stuck in
     CreateContainerError after that). The new kubelet, whose DRA manager restores claims from its
     checkpoint as not prepared, prepares the claim again for the pod's new sandbox: the agent
     answers as before, rewriting the spec only if it is gone."""
-    agent = kubelet_node.start_agent(cluster)
+    agent = await kubelet_node.serving_agent()
     runtime = kubelet_node.runtime.runtime
+    pod, claim = await start_seed_pod(kube, kubelet_node, namespace, "across-restart", restart_policy="Always")
+    uid = claim["metadata"]["uid"]
+    spec = kubelet_node.spec_path(uid)
+    content, written, slices = spec.read_bytes(), spec.stat().st_mtime_ns, await slice_uids(kube, kubelet_node)
+    (first,) = runtime.containers_of("across-restart")
+    assert agent.prepared_claims() == 1
+
+    kubelet_node.kubelet.stop()
+    runtime.sandbox_died("across-restart")
+    if spec_lost:
+        spec.unlink()
+    kubelet_node.kubelet.start()
+    await kubelet_node.kubelet.wait_reporting(kube)
+    await kubelet_node.registered(agent, times=2)
+
+    async def restarted_in_a_new_sandbox() -> bool:
+        kubelet_node.kubelet.assert_running()
+        containers = runtime.containers_of("across-restart")
+        return len(containers) == 2 and containers[1].state == pb.CONTAINER_RUNNING
+
     try:
-        await published_devices(kube, kubelet_node.driver, kubelet_node.name, 8)
-        await kubelet_node.registered(agent)
-        pod, claim = await start_seed_pod(kube, kubelet_node, namespace, "across-restart", restart_policy="Always")
-        uid = claim["metadata"]["uid"]
-        spec = kubelet_node.spec_path(uid)
-        content, written, slices = spec.read_bytes(), spec.stat().st_mtime_ns, await slice_uids(kube, kubelet_node)
-        (first,) = runtime.containers_of("across-restart")
-        assert agent.prepared_claims() == 1
+        await wait_for(restarted_in_a_new_sandbox, timeout=90, what="the pod to run again in a new sandbox")
+    except AssertionError as error:
+        raise AssertionError(f"{error}\nkubelet log:\n{kubelet_node.kubelet.log_tail()}") from None
+    second = runtime.containers_of("across-restart")[1]
+    assert len(runtime.sandboxes_of("across-restart")) == 2
+    assert agent.prepared_claims() == 2  # the kubelet did ask again ...
+    # ... and got the same answer. (Kubelets 1.35.4 and 1.36.3 append it to the devices restored
+    # from their checkpoint, so the runtime gets each CDI ID twice: kubernetes#140471, fixed by
+    # #140274.)
+    first_ids = [device.name for device in first.config.CDI_devices]
+    assert {device.name for device in second.config.CDI_devices} == set(first_ids)
+    assert second.cdi == first.cdi
+    assert spec.read_bytes() == content
+    if not spec_lost:
+        assert spec.stat().st_mtime_ns == written, "a prepared claim's spec was rewritten"
+    assert kubelet_node.checkpoint() == {uid: "PrepareCompleted"}
 
-        kubelet_node.kubelet.stop()
-        runtime.sandbox_died("across-restart")
-        if spec_lost:
-            spec.unlink()
-        kubelet_node.kubelet.start()
-        await kubelet_node.kubelet.wait_reporting(kube)
-        await kubelet_node.registered(agent, times=2)
+    # The new kubelet deleted the node's ResourceSlices when it started (it does so for drivers
+    # not registered yet); the agent published them again.
+    async def published_again() -> bool:
+        return not (await slice_uids(kube, kubelet_node)) & slices
 
-        async def restarted_in_a_new_sandbox() -> bool:
-            kubelet_node.kubelet.assert_running()
-            containers = runtime.containers_of("across-restart")
-            return len(containers) == 2 and containers[1].state == pb.CONTAINER_RUNNING
+    await wait_for(published_again, timeout=60, what="the agent to publish its ResourceSlices again")
+    await published_devices(kube, kubelet_node.driver, kubelet_node.name, 8)
 
-        try:
-            await wait_for(restarted_in_a_new_sandbox, timeout=90, what="the pod to run again in a new sandbox")
-        except AssertionError as error:
-            raise AssertionError(f"{error}\nkubelet log:\n{kubelet_node.kubelet.log_tail()}") from None
-        second = runtime.containers_of("across-restart")[1]
-        assert len(runtime.sandboxes_of("across-restart")) == 2
-        assert agent.prepared_claims() == 2  # the kubelet did ask again ...
-        # ... and got the same answer. (Kubelets 1.35.4 and 1.36.3 append it to the devices restored
-        # from their checkpoint, so the runtime gets each CDI ID twice: kubernetes#140471, fixed by
-        # #140274.)
-        first_ids = [device.name for device in first.config.CDI_devices]
-        assert {device.name for device in second.config.CDI_devices} == set(first_ids)
-        assert second.cdi == first.cdi
-        assert spec.read_bytes() == content
-        if not spec_lost:
-            assert spec.stat().st_mtime_ns == written, "a prepared claim's spec was rewritten"
-        assert kubelet_node.checkpoint() == {uid: "PrepareCompleted"}
-
-        # The new kubelet deleted the node's ResourceSlices when it started (it does so for
-        # drivers not registered yet); the agent published them again.
-        async def published_again() -> bool:
-            return not (await slice_uids(kube, kubelet_node)) & slices
-
-        await wait_for(published_again, timeout=60, what="the agent to publish its ResourceSlices again")
-        await published_devices(kube, kubelet_node.driver, kubelet_node.name, 8)
-
-        await delete_and_wait_unprepared(kube, kubelet_node, pod, uid)
-        assert agent.agent.process.poll() is None, agent.agent.log_tail()
-    finally:
-        agent.stop()
+    await delete_and_wait_unprepared(kube, kubelet_node, pod, uid)
+    assert agent.agent.process.poll() is None, agent.agent.log_tail()
