@@ -57,7 +57,8 @@ def isolation_problem() -> str | None:
         return f"the real-kubelet tests need util-linux's {', '.join(missing)}"
     probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, text=True)
     if probe.returncode != 0:
-        return f"cannot make a mount namespace for the kubelet (unshare --mount: {probe.stderr.strip()}); needs CAP_SYS_ADMIN"
+        return (f"cannot make a mount namespace for the kubelet (unshare --mount: {probe.stderr.strip()}); "
+                "needs CAP_SYS_ADMIN")
     return None
 
 

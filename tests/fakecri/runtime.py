@@ -49,7 +49,8 @@ def resolve_cdi(names: Iterable[str], spec_dirs: Iterable[Path]) -> CdiEdits:
     edits = CdiEdits()
     for name in names:
         if name not in devices:
-            raise LookupError(f"unresolvable CDI device {name!r}" + (f" (unreadable specs: {broken})" if broken else ""))
+            unreadable = f" (unreadable specs: {broken})" if broken else ""
+            raise LookupError(f"unresolvable CDI device {name!r}{unreadable}")
         for part in devices[name]:
             for entry in part.get("env") or []:
                 key, _, value = entry.partition("=")

@@ -8,7 +8,8 @@ second, which unprepares what the first prepared. Then a crash: the agent is SIG
 restarted in the same pod, and the kubelet registers it again and goes on with it. Then the
 kubelet restarts while the agent runs: it registers the agent again, prepares a prepared claim a
 second time (its pod's sandbox died meanwhile) and gets the same answer, with the spec rewritten
-only when it was lost.
+only when it was lost. Last, a pod with two claims and two containers: each container gets only
+its own claim's GPU.
 
 The kubelet's Node is tainted so that no other test's pods land on it."""
 
@@ -344,3 +345,49 @@ async def test_a_restarted_kubelet_registers_the_agent_again_and_prepares_a_prep
 
     await delete_and_wait_unprepared(kube, kubelet_node, pod, uid)
     assert agent.agent.process.poll() is None, agent.agent.log_tail()
+
+
+async def test_each_container_gets_only_the_gpu_of_the_claim_it_references(
+        kube: Kube, namespace: str, kubelet_node: KubeletNode) -> None:
+    """A pod with two claims and two containers, each referencing one: the kubelet prepares both
+    claims and gives each container only its own claim's CDI ID, hence only its own GPU."""
+    agent = await kubelet_node.serving_agent()
+    devices = await published_devices(kube, kubelet_node.driver, kubelet_node.name, 8)
+    template, pod = seed_pod_for(kubelet_node, namespace, "two-gpus")
+    spec = pod["spec"]
+    (container,) = spec["containers"]
+    spec["resourceClaims"] = [{"name": name, "resourceClaimTemplateName": template["metadata"]["name"]}
+                              for name in ("gpu-a", "gpu-b")]
+    spec["containers"] = [{**container, "name": f"uses-{name}", "resources": {"claims": [{"name": name}]}}
+                          for name in ("gpu-a", "gpu-b")]
+    await kube.create(template)
+    await kube.create(pod)
+    pod = await running(kube, kubelet_node, namespace, "two-gpus")
+
+    claims = {}
+    for status in pod["status"]["resourceClaimStatuses"]:
+        claim = await kube.get(CLAIM, status["resourceClaimName"], namespace)
+        assert claim is not None
+        claims[status["name"]] = claim
+    assert agent.prepared_claims() == 2
+    containers = {c.config.metadata.name: c for c in kubelet_node.runtime.runtime.containers_of("two-gpus")}
+    uuids = set()
+    for name, claim in claims.items():
+        uid = claim["metadata"]["uid"]
+        (allocated,) = claim["status"]["allocation"]["devices"]["results"]
+        got = containers[f"uses-{name}"]
+        cdi_id = f"k8s.{kubelet_node.driver}/claim={uid}-{allocated['device']}"
+        assert [device.name for device in got.config.CDI_devices] == [cdi_id]
+        visible = got.cdi.env["NVIDIA_VISIBLE_DEVICES"]
+        assert visible == devices[allocated["device"]]["attributes"]["uuid"]["string"]
+        uuids.add(visible)
+    assert len(uuids) == 2, "both containers see the same GPU"
+
+    await kube.delete(POD, "two-gpus", namespace)
+    for claim in claims.values():
+        uid = claim["metadata"]["uid"]
+
+        async def unprepared(uid: str = uid) -> bool:
+            return not kubelet_node.spec_path(uid).exists() and uid not in kubelet_node.checkpoint()
+
+        await wait_for(unprepared, timeout=90, what=f"the kubelet to unprepare claim {uid}")
