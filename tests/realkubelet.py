@@ -131,31 +131,20 @@ class RealKubelet:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
 
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
     def assert_running(self) -> None:
         assert self.process is not None and self.process.poll() is None, \
             f"the kubelet exited ({self.process and self.process.returncode}):\n{self.log_tail()}"
 
     async def wait_ready(self, kube: Kube, timeout: float = 90) -> Obj:
-        async def ready() -> Obj | None:
-            self.assert_running()
-            node = await kube.get(NODE, self.node_name)
-            return node if node_ready(node) else None
-
-        return await wait_for(ready, timeout=timeout, what=f"the real kubelet's Node {self.node_name} to be Ready")
-
-    async def wait_reporting(self, kube: Kube, timeout: float = 90) -> Obj:
         """The Node Ready as reported by the kubelet running now: after a restart, the Node is
         still Ready from the last one until the new one writes its status (its port is new)."""
-        async def reporting() -> Obj | None:
+        async def ready() -> Obj | None:
             self.assert_running()
             node = await kube.get(NODE, self.node_name)
             endpoint = ((node or {}).get("status") or {}).get("daemonEndpoints", {}).get("kubeletEndpoint", {})
             return node if node_ready(node) and endpoint.get("Port") == self.port else None
 
-        return await wait_for(reporting, timeout=timeout, what=f"the restarted kubelet to report Node {self.node_name}")
+        return await wait_for(ready, timeout=timeout, what=f"the real kubelet to report Node {self.node_name} Ready")
 
     def stop(self, timeout: float = 20) -> None:
         if self.process is not None:

@@ -26,7 +26,7 @@ import pytest
 import pytest_asyncio
 from cdispec import validate_claim_spec
 from fakecri.gen import api_pb2 as pb
-from fakecri.runtime import Container, FakeRuntime
+from fakecri.runtime import FakeRuntime
 from nodestate import checkpoint_states
 from realkubelet import RealKubelet, kubelet_binary
 from scrape import sample_value, scrape
@@ -188,22 +188,20 @@ async def start_seed_pod(kube: Kube, node: KubeletNode, namespace: str, pod_name
     return pod, claim
 
 
-def only_container(node: KubeletNode, pod_name: str) -> Container:
-    (container,) = node.runtime.runtime.containers_of(pod_name)
-    return container
-
-
-async def delete_and_wait_unprepared(kube: Kube, node: KubeletNode, pod: Obj, claim_uid: str) -> None:
+async def delete_and_wait_unprepared(kube: Kube, node: KubeletNode, pod: Obj, *claim_uids: str) -> None:
+    """Delete ``pod``; wait until the kubelet has unprepared its (prepared) claims and deleted it."""
     meta = pod["metadata"]
-    spec = node.spec_path(claim_uid)
-    assert spec.is_file() and node.checkpoint().get(claim_uid) == "PrepareCompleted", "not prepared to begin with"
+    for uid in claim_uids:
+        assert node.spec_path(uid).is_file() and node.checkpoint().get(uid) == "PrepareCompleted", \
+            f"claim {uid} not prepared to begin with"
     await kube.delete(POD, meta["name"], meta["namespace"])
 
     async def unprepared() -> bool:
         node.kubelet.assert_running()
-        return not spec.exists() and claim_uid not in node.checkpoint()
+        checkpoint = node.checkpoint()
+        return not any(node.spec_path(uid).exists() or uid in checkpoint for uid in claim_uids)
 
-    await wait_for(unprepared, timeout=90, what=f"the kubelet to unprepare claim {claim_uid} of {meta['name']}")
+    await wait_for(unprepared, timeout=90, what=f"the kubelet to unprepare claims {claim_uids} of {meta['name']}")
 
     async def gone() -> bool:
         return await kube.get(POD, meta["name"], meta["namespace"]) is None
@@ -229,7 +227,7 @@ async def test_a_real_kubelet_prepares_the_seed_pods_claim_and_the_runtime_gets_
     gpu = devices[allocated["device"]]
     # The runtime got the CDI ID of the allocated GPU and nothing else, and it resolved to that
     # GPU's UUID and device node in a spec valid against the CDI schema.
-    container = only_container(kubelet_node, "train")
+    (container,) = kubelet_node.runtime.runtime.containers_of("train")
     cdi_ids = [device.name for device in container.config.CDI_devices]
     assert cdi_ids == [f"k8s.{kubelet_node.driver}/claim={uid}-{allocated['device']}"]
     validate_claim_spec(kubelet_node.cdi_dir, uid, cdi_ids)
@@ -309,7 +307,7 @@ async def test_a_restarted_kubelet_registers_the_agent_again_and_prepares_a_prep
     if spec_lost:
         spec.unlink()
     kubelet_node.kubelet.start()
-    await kubelet_node.kubelet.wait_reporting(kube)
+    await kubelet_node.kubelet.wait_ready(kube)
     await kubelet_node.registered(agent, times=2)
 
     async def restarted_in_a_new_sandbox() -> bool:
@@ -383,11 +381,4 @@ async def test_each_container_gets_only_the_gpu_of_the_claim_it_references(
         uuids.add(visible)
     assert len(uuids) == 2, "both containers see the same GPU"
 
-    await kube.delete(POD, "two-gpus", namespace)
-    for claim in claims.values():
-        uid = claim["metadata"]["uid"]
-
-        async def unprepared(uid: str = uid) -> bool:
-            return not kubelet_node.spec_path(uid).exists() and uid not in kubelet_node.checkpoint()
-
-        await wait_for(unprepared, timeout=90, what=f"the kubelet to unprepare claim {uid}")
+    await delete_and_wait_unprepared(kube, kubelet_node, pod, *(c["metadata"]["uid"] for c in claims.values()))
