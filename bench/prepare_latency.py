@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,8 @@ from gpudra_driver.plugin.plugin import socket_paths
 from gpudra_operator.localcluster.agents import start_agent
 from gpudra_operator.localcluster.controlplane import ControlPlane, find_binaries
 from gpudra_operator.localcluster.objects import create_fake_node, create_scratch_namespace
+from gpudra_operator.localcluster.processes import dying_with_parent
+from gpudra_operator.localcluster.scratch import ScratchDir, in_memory_or
 from gpudra_operator.localcluster.waiting import wait_for
 
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
@@ -46,9 +47,8 @@ NODE = resource_type("v1", "Node")
 NAMESPACE = resource_type("v1", "Namespace")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 PROFILES = Path(__file__).resolve().parents[1] / "driver" / "gpudra_driver" / "profiles"
-# Where the agent's CDI directory goes: tmpfs, as /var/run/cdi (the agent's default) is on a node.
-# The checkpoint stays on the work directory's disk file system, as /var/lib/kubelet is.
-TMPFS = Path("/dev/shm")
+# The agent's CDI directory goes on tmpfs (/dev/shm, .scratch), as /var/run/cdi (the agent's default)
+# is on a node. The checkpoint stays on the work directory's disk file system, as /var/lib/kubelet is.
 GPUS = 64
 CONCURRENCY = 16
 CHUNKS = 10
@@ -162,7 +162,7 @@ async def run_standalone(rounds: int) -> dict:
 
 async def measure_all(plane: ControlPlane, kube: Kube, work: Path, rounds: int) -> dict:
     processes: list[subprocess.Popen] = []
-    cdi_dir: Path | None = None
+    cdi: ScratchDir | None = None
     agent = None
     try:
         driver, node = f"b{uuid.uuid4().hex[:6]}.gpudra.io", f"bench-{uuid.uuid4().hex[:6]}"
@@ -174,11 +174,10 @@ async def measure_all(plane: ControlPlane, kube: Kube, work: Path, rounds: int) 
                                 busId=f"00000000:{i // 32 + 0x10:02x}:{i % 32:02x}.0") for i in range(GPUS)]
         (work / "profile.yaml").write_text(yaml.safe_dump(profile))
         pod_uid = str(uuid.uuid4())
-        if TMPFS.is_dir():
-            cdi_dir = Path(tempfile.mkdtemp(prefix="gpudra-bench-cdi-", dir=TMPFS))
+        cdi = ScratchDir("gpudra-bench-cdi-", in_memory_or(work))
         agent = start_agent(kubeconfig=plane.kubeconfig, node_name=node, nvml=f"fake:{work / 'profile.yaml'}",
                             driver=driver, workdir=work / "agent", extra_args=("--pod-uid", pod_uid),
-                            cdi_dir=cdi_dir)
+                            cdi_dir=cdi.path)
         reg_socket = socket_paths(work / "agent" / "kubelet", driver, pod_uid)[1]
 
         async def ready() -> bool:
@@ -190,9 +189,9 @@ async def measure_all(plane: ControlPlane, kube: Kube, work: Path, rounds: int) 
         claims = await make_claims(kube, namespace, driver, node, GPUS)
 
         baseline_socket = work / "baseline.sock"
-        baseline = subprocess.Popen([sys.executable, str(Path(__file__).with_name("baseline_server.py")),
-                                     "--socket", str(baseline_socket), "--kubeconfig", str(plane.kubeconfig)],
-                                    stdout=subprocess.PIPE, text=True)
+        server = [sys.executable, str(Path(__file__).with_name("baseline_server.py")),
+                  "--socket", str(baseline_socket), "--kubeconfig", str(plane.kubeconfig)]
+        baseline = subprocess.Popen(dying_with_parent(server), stdout=subprocess.PIPE, text=True)
         processes.append(baseline)
         assert baseline.stdout is not None and baseline.stdout.readline().strip() == "ready"
 
@@ -212,8 +211,8 @@ async def measure_all(plane: ControlPlane, kube: Kube, work: Path, rounds: int) 
             process.wait(timeout=10)
         if agent is not None:
             agent.stop()
-        if cdi_dir is not None:
-            shutil.rmtree(cdi_dir, ignore_errors=True)
+        if cdi is not None:
+            cdi.remove()
 
 
 def table(result: dict) -> str:

@@ -31,7 +31,7 @@ import yaml
 
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.localcluster.controlplane import free_port
-from gpudra_operator.localcluster.processes import stop_process
+from gpudra_operator.localcluster.processes import dying_with_parent, stop_process
 from gpudra_operator.localcluster.waiting import wait_for
 
 NODE = resource_type("v1", "Node")
@@ -108,8 +108,8 @@ class RealKubelet:
         kubelet = [str(self.binary), f"--config={config}", f"--kubeconfig={self.kubeconfig}",
                    f"--root-dir={self.root_dir}", f"--cert-dir={self.root_dir / 'pki'}",
                    f"--hostname-override={self.node_name}", f"--register-with-taints={self.taint}", "--v=2"]
-        argv = ["setpriv", "--pdeathsig", "KILL", "--", "unshare", "--mount", "--propagation", "private", "--",
-                "sh", "-ec", self._masked_sysctls() + "exec " + shlex.join(kubelet)]
+        argv = dying_with_parent(["unshare", "--mount", "--propagation", "private", "--",
+                                  "sh", "-ec", self._masked_sysctls() + "exec " + shlex.join(kubelet)])
         with self.log_path.open("ab") as log:
             # Its own directory as the working directory: a kubelet resolves some paths against it.
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

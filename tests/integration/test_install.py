@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import secrets
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -34,6 +31,7 @@ from gpudra_operator.localcluster.agents import AgentProcess, start_agent
 from gpudra_operator.localcluster.controlplane import ControlPlane, free_port
 from gpudra_operator.localcluster.kubelet_sim import KubeletSimulator
 from gpudra_operator.localcluster.objects import create_fake_node, delete_namespace, delete_node
+from gpudra_operator.localcluster.operatorproc import start_operator
 from gpudra_operator.localcluster.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -212,12 +210,10 @@ async def test_operator_and_agent_run_with_their_own_service_accounts(
                                            tmp_path / "operator.kubeconfig")
     operator_port, agent_port = free_port(), free_port()
     operator_log = tmp_path / "operator.log"
-    env = {**os.environ, "KUBECONFIG": str(operator_kubeconfig), "GPUDRA_DRIFT_INTERVAL": "3", "PYTHONUNBUFFERED": "1"}
-    with operator_log.open("ab") as log:
-        operator = subprocess.Popen(
-            [sys.executable, "-m", "gpudra_operator.cli", "operator", "--namespace", AGENT_NS, "--liveness-port", "0",
-             "--metrics-port", str(operator_port), "--log-format", "json"],
-            stdout=log, stderr=subprocess.STDOUT, env=env)
+    operator = start_operator(kubeconfig=operator_kubeconfig, log_path=operator_log,
+                              args=("--namespace", AGENT_NS, "--liveness-port", "0", "--metrics-port",
+                                    str(operator_port), "--log-format", "json"),
+                              env={"GPUDRA_DRIFT_INTERVAL": "3"})
     simulator = asyncio.create_task(KubeletSimulator(kube).run())
     agent: AgentProcess | None = None
     config = yaml.safe_load(SAMPLE.read_text())
@@ -240,7 +236,7 @@ async def test_operator_and_agent_run_with_their_own_service_accounts(
                             workdir=short_dir / node, extra_args=("--metrics-port", str(agent_port)))
 
         async def ready_with_devices() -> Obj | None:
-            assert operator.poll() is None, f"operator exited:\n{operator_log.read_text()[-3000:]}"
+            assert operator.process.poll() is None, f"operator exited:\n{operator.log_tail()}"
             assert agent.process.poll() is None, f"agent exited:\n{agent.log_tail()}"
             live = await kube.get(CONFIG, name)
             conditions = {c["type"]: c for c in ((live or {}).get("status") or {}).get("conditions") or []}
@@ -294,15 +290,11 @@ async def test_operator_and_agent_run_with_their_own_service_accounts(
         simulator.cancel()
         if agent is not None:
             agent.stop()
-        operator.terminate()
-        try:
-            operator.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            operator.kill()
+        operator.stop()
         if await kube.get(CONFIG, name) is not None:
             await kube.patch(CONFIG, name, {"metadata": {"finalizers": None}})
             await kube.delete(CONFIG, name)
-        print("\n--- operator log tail ---\n" + "\n".join(operator_log.read_text().splitlines()[-30:]))
+        print(f"\n--- operator log tail ---\n{operator.log_tail()}")
         if agent is not None:
             print(f"\n--- agent log tail ---\n{agent.log_tail()}")
 

@@ -4,12 +4,10 @@ processes on free loopback ports, the way envtest and kwokctl's binary runtime d
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import ssl
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -19,6 +17,8 @@ from pathlib import Path
 import yaml
 
 from .pki import CertPair, LocalPKI
+from .processes import dying_with_parent
+from .scratch import ScratchDir, in_memory_or
 
 HOST = "127.0.0.1"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
@@ -126,9 +126,9 @@ class ControlPlane:
         kcm_kubeconfig = self._write_kubeconfig(self.workdir / "kcm.kubeconfig", "kcm", kcm)
         sched_kubeconfig = self._write_kubeconfig(self.workdir / "scheduler.kubeconfig", "scheduler", sched)
 
-        # etcd's data is throwaway: keep it in memory when /dev/shm exists.
-        shm = Path("/dev/shm")
-        self.etcd_dir = Path(tempfile.mkdtemp(prefix="gpudra-etcd-", dir=shm if shm.is_dir() else self.workdir))
+        # etcd's data is throwaway: keep it in memory when /dev/shm exists (see .scratch).
+        self.etcd_scratch = ScratchDir("gpudra-etcd-", in_memory_or(self.workdir))
+        self.etcd_dir = self.etcd_scratch.path / "data"
         bins = self.bin_dir
         kcm_port, sched_port = free_port(), free_port()
         logs = self.workdir / "logs"
@@ -203,7 +203,7 @@ class ControlPlane:
     def _spawn(self, component: Component) -> None:
         log = component.log_path.open("ab")
         component.process = subprocess.Popen(
-            component.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            dying_with_parent(component.argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,  # own process group: stop() kills it and its children by PID
         )
         log.close()
@@ -260,8 +260,8 @@ class ControlPlane:
                 process.wait()
             except ProcessLookupError:
                 pass
-        if getattr(self, "etcd_dir", None):
-            shutil.rmtree(self.etcd_dir, ignore_errors=True)
+        if getattr(self, "etcd_scratch", None):
+            self.etcd_scratch.remove()
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None,
                 timeout: float = 60) -> subprocess.CompletedProcess[str]:
