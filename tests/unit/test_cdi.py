@@ -97,6 +97,25 @@ def test_mig_spec_has_parent_and_capability_nodes() -> None:
     assert spec["containerEdits"]["env"][0].startswith("NVIDIA_VISIBLE_DEVICES=MIG-")
 
 
+@pytest.mark.parametrize("claim", [
+    pytest.param(lambda: prepared(result("gpu-3"), result("gpu-5")), id="gpus"),
+    pytest.param(lambda: prepared(result("gpu-1", request="a"), result("gpu-6", request="b")), id="per-request"),
+    pytest.param(lambda: prepared(result("gpu-0-mig-1g10gb-9-0"), profile="a100-80gb-mig"), id="mig"),
+])
+def test_specs_hold_only_edits_that_cdi_applies_idempotently(claim) -> None:  # type: ignore[no-untyped-def]
+    """Kubelets 1.35 and 1.36 pass a claim's CDI IDs twice after a restart (kubernetes#140471), and
+    containerd 1.7 and CRI-O inject them as given: the CDI library then applies each device's
+    edits twice. Device nodes are replaced by path, env variables by name and mounts by container
+    path, so the container ends up as with one injection; hooks would run twice and duplicated net
+    devices fail the container (container-device-interface, ``ContainerEdits.Apply``)."""
+    spec = cdi_spec(claim(), DRIVER, driver_root="/run/nvidia/driver")
+    for edits in [spec["containerEdits"], *(device["containerEdits"] for device in spec["devices"])]:
+        assert set(edits) <= {"deviceNodes", "env", "mounts"}, edits.keys()
+        assert len({node["path"] for node in edits.get("deviceNodes", [])}) == len(edits.get("deviceNodes", []))
+        names = [entry.split("=", 1)[0] for entry in edits.get("env", [])]
+        assert len(set(names)) == len(names)
+
+
 def test_mig_capability_minors_come_from_the_driver_and_fall_back_to_its_layout(tmp_path: Path) -> None:
     # /proc/driver/nvidia-caps/mig-minors: config 1, monitor 2, gpu0/gi0/access 3, gpu0/gi0/ci0/access 4, ...
     assert [mig_cap_minor_fallback(0, 0, None), mig_cap_minor_fallback(0, 0, 0), mig_cap_minor_fallback(0, 1, None),
