@@ -307,7 +307,7 @@ async def test_a_restarted_kubelet_registers_the_agent_again_and_prepares_a_prep
     if spec_lost:
         spec.unlink()
     kubelet_node.kubelet.start()
-    await kubelet_node.kubelet.wait_ready(kube)
+    node = await kubelet_node.kubelet.wait_ready(kube)
     await kubelet_node.registered(agent, times=2)
 
     async def restarted_in_a_new_sandbox() -> bool:
@@ -322,11 +322,14 @@ async def test_a_restarted_kubelet_registers_the_agent_again_and_prepares_a_prep
     second = runtime.containers_of("across-restart")[1]
     assert len(runtime.sandboxes_of("across-restart")) == 2
     assert agent.prepared_claims() == 2  # the kubelet did ask again ...
-    # ... and got the same answer. (Kubelets 1.35.4 and 1.36.3 append it to the devices restored
-    # from their checkpoint, so the runtime gets each CDI ID twice: kubernetes#140471, fixed by
-    # #140274.)
+    # ... and got the same answer. Kubelets before 1.37 append it to the devices restored from
+    # their checkpoint, so the runtime gets each CDI ID twice (kubernetes#140471, fixed in 1.37 by
+    # #140274; harmless with our specs, see docs/kubelet-plugin.md). A backport may fix older ones.
     first_ids = [device.name for device in first.config.CDI_devices]
-    assert {device.name for device in second.config.CDI_devices} == set(first_ids)
+    second_ids = [device.name for device in second.config.CDI_devices]
+    version = node["status"]["nodeInfo"]["kubeletVersion"]
+    fixed = tuple(int(part) for part in version.lstrip("v").split(".")[:2]) >= (1, 37)
+    assert second_ids in ([first_ids] if fixed else [first_ids, first_ids * 2]), (version, first_ids, second_ids)
     assert second.cdi == first.cdi
     assert spec.read_bytes() == content
     if not spec_lost:
