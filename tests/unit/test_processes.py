@@ -14,14 +14,13 @@ from pathlib import Path
 import pytest
 
 from gpudra_operator.localcluster.processes import dying_with_parent
-from gpudra_operator.localcluster.scratch import ScratchDir
+from gpudra_operator.localcluster.scratch import ScratchDir, remove_orphans
 from gpudra_operator.localcluster.waiting import wait_for
 
 # A parent that starts `sleep` (through dying_with_parent, or plainly) and reports the child's PID.
 PARENT = """
 import subprocess, sys
 from gpudra_operator.localcluster.processes import dying_with_parent
-from gpudra_operator.localcluster.scratch import ScratchDir
 argv = ["sleep", "300"]
 child = subprocess.Popen(dying_with_parent(argv) if sys.argv[1] == "dying" else argv)
 print(child.pid, flush=True)
@@ -116,12 +115,18 @@ def test_scratch_dirs_of_killed_runs_are_removed_by_the_next_one(tmp_path: Path)
         other_prefix = tmp_path / "other-x"
         other_prefix.mkdir()
         (other_prefix / "owner.lock").touch()
+        elsewhere = tmp_path / "elsewhere"  # a link planted in /dev/shm is not followed
+        elsewhere.mkdir()
+        (elsewhere / "owner.lock").touch()
+        (tmp_path / "gpudra-test-link").symlink_to(elsewhere)
 
-        mine = ScratchDir("gpudra-test-", tmp_path)
+        assert remove_orphans(tmp_path, "gpudra-test-") == [paths[0]]
         assert not paths[0].exists(), "the killed run's directory stays"
         assert (paths[1] / "data").is_file(), "a live run's directory was removed"
-        assert unlocked.is_dir() and other_prefix.is_dir()
+        assert unlocked.is_dir() and other_prefix.is_dir() and (elsewhere / "owner.lock").is_file()
 
+        mine = ScratchDir("gpudra-test-", tmp_path)  # sweeps as it is made (nothing left to sweep now)
+        assert (mine.path / "owner.lock").is_file() and (paths[1] / "data").is_file()
         mine.remove()
         assert not mine.path.exists()
     finally:

@@ -13,6 +13,7 @@ import fcntl
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -49,10 +50,16 @@ class ScratchDir:
 
 def remove_orphans(parent: Path, prefix: str) -> list[Path]:
     """Remove the ``prefix`` directories under ``parent`` whose owner has exited; returns them.
-    A directory without an owner lock is left alone: its creator may be about to lock it, or it
-    predates owner locks."""
+    Only real directories of this user count (``/dev/shm`` is everybody's). A directory without an
+    owner lock is left alone: its creator may be about to lock it, or it predates owner locks."""
     removed = []
     for candidate in parent.glob(f"{prefix}*"):
+        try:
+            info = candidate.lstat()
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            continue
         try:
             fd = os.open(candidate / OWNER_LOCK, os.O_RDWR | os.O_CLOEXEC)
         except OSError:  # no lock (yet), not a directory, or not ours to open
