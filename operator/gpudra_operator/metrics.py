@@ -105,7 +105,7 @@ def track_reconcile(config_name: str) -> Iterator[Tracked]:
 
 
 def reconciles(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """Decorate ``async def _reconcile(self, body) -> Outcome``: each call is tracked as one
+    """Decorate ``async def _reconcile(self, body, ...) -> Outcome``: each call is tracked as one
     reconcile of ``body``'s GpuDraConfig."""
 
     @functools.wraps(method)

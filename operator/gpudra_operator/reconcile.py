@@ -89,6 +89,16 @@ async def _gather(awaitables: Any, limit: int = 16) -> list[Any]:
     return list(await asyncio.gather(*(one(a) for a in awaitables)))
 
 
+async def _all(*awaitables: Any) -> list[Any]:
+    """Their results, once every one has finished; then the first error, if any (no write is
+    left running behind a failed reconcile, which kopf retries)."""
+    results = await asyncio.gather(*awaitables, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
 def _owned_by(live: Obj, config_name: str) -> bool:
     labels = live["metadata"].get("labels") or {}
     return labels.get(LABEL_MANAGED_BY) == MANAGED_BY and labels.get(LABEL_CONFIG) == config_name
@@ -125,69 +135,80 @@ class Reconciler:
 
     async def _reconcile_current(self, name: str) -> Outcome | None:
         """Under the lock, re-read the config: a queued trigger acts on the newest spec, and one
-        that waited while the finalizer ran must not bring the removed children back."""
-        body = await self.kube.get(CONFIG, name)
+        that waited while the finalizer ran must not bring the removed children back. One LIST
+        reads it with every other config (for conflicts)."""
+        configs = [o async for o in self.kube.list(CONFIG)]
+        body = next((o for o in configs if o["metadata"]["name"] == name), None)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None
-        return await self._reconcile(body)
+        return await self._reconcile(body, configs)
 
     @metrics.reconciles
-    async def _reconcile(self, body: Mapping[str, Any]) -> Outcome:
+    async def _reconcile(self, body: Mapping[str, Any], configs: Sequence[Mapping[str, Any]]) -> Outcome:
         config = GpuDraConfig.from_body(body)
         outcome = Outcome()
-        others = [o async for o in self.kube.list(CONFIG)]
-        outcome.conflicts = find_conflicts(config, body, others)
+        outcome.conflicts = find_conflicts(config, body, configs)
         rendered = render(body)
         outcome.render_errors = list(rendered.errors)
+        daemonset = None
         if not outcome.conflicts:
-            await self._apply_classes(config, rendered, outcome)
-            await self._apply_daemonset(rendered, outcome)
-            await self._prune_classes(config, outcome)
-        await self._report(body, config, rendered, outcome)
+            # Independent children, written at once: the classes (validated, then applied), the
+            # DaemonSet, and the pruning of classes that left the spec.
+            _, daemonset, _ = await _all(self._apply_classes(config, rendered, outcome),
+                                         self._apply_daemonset(rendered, outcome),
+                                         self._prune_classes(config, outcome))
+        await self._report(body, config, rendered, outcome, daemonset)
         return outcome
 
     # --- children ---------------------------------------------------------------------------
-    async def _changed(self, desired: Obj, outcome: Outcome) -> bool:
-        """True when ``desired`` must be written; records unchanged and foreign objects."""
+    async def _changed(self, desired: Obj, outcome: Outcome) -> tuple[bool, Obj | None]:
+        """(whether ``desired`` must be written, the live object); records unchanged and foreign
+        objects."""
         rtype = resource_type(desired["apiVersion"], desired["kind"])
         meta = desired["metadata"]
         live = await self.kube.get(rtype, meta["name"], meta.get("namespace"))
         if live is not None and not _owned_by(live, meta["labels"][LABEL_CONFIG]):
             outcome.apply_errors.append(ApplyError(desired["kind"], meta["name"],
                                                    "exists and is not managed by this GpuDraConfig; left untouched"))
-            return False
+            return False, live
         if live is not None and contains(live, desired):
             outcome.unchanged.append(f"{desired['kind']} {meta['name']}")
-            return False
-        return True
+            return False, live
+        return True, live
 
-    async def _apply(self, desired: Obj, outcome: Outcome, *, dry_run: bool = False) -> bool:
+    async def _apply(self, desired: Obj, outcome: Outcome, *, dry_run: bool = False) -> Obj | None:
+        """The object as the API server stored it (or would, in a dry run); None when it refused."""
         meta = desired["metadata"]
         try:
-            await self.kube.apply(desired, dry_run=dry_run)
+            stored = await self.kube.apply(desired, dry_run=dry_run)
         except ApiException as error:
             if not is_status(error, 400, 403, 409, 422):
                 raise
             outcome.apply_errors.append(ApplyError(desired["kind"], meta["name"], error_message(error)))
-            return False
+            return None
         if not dry_run:
             outcome.applied.append(f"{desired['kind']} {meta['name']}")
             log.info("applied %s %s", desired["kind"], meta["name"])
-        return True
+        return stored
 
     async def _apply_classes(self, config: GpuDraConfig, rendered: Rendered, outcome: Outcome) -> None:
         """Changed classes are validated together by a server-side dry run (the API server is the
         only exact judge of DRA CEL: syntax, types, cost), then the valid ones applied together."""
         classes = rendered.device_classes
-        changed = [c for c, needed in zip(classes, await _gather(self._changed(c, outcome) for c in classes))
+        changed = [c for c, (needed, _) in zip(classes, await _gather(self._changed(c, outcome) for c in classes))
                    if needed]
-        valid = [c for c, ok in zip(changed, await _gather(self._apply(c, outcome, dry_run=True) for c in changed))
-                 if ok]
+        valid = [c for c, stored in zip(changed, await _gather(self._apply(c, outcome, dry_run=True) for c in changed))
+                 if stored is not None]
         await _gather(self._apply(c, outcome) for c in valid)
 
-    async def _apply_daemonset(self, rendered: Rendered, outcome: Outcome) -> None:
-        if rendered.daemonset is not None and await self._changed(rendered.daemonset, outcome):
-            await self._apply(rendered.daemonset, outcome)
+    async def _apply_daemonset(self, rendered: Rendered, outcome: Outcome) -> Obj | None:
+        """The DaemonSet written if it changed; the live one (None: there is none), for status."""
+        if rendered.daemonset is None:
+            return None
+        needed, live = await self._changed(rendered.daemonset, outcome)
+        if needed:
+            return await self._apply(rendered.daemonset, outcome) or live
+        return live
 
     async def _prune_classes(self, config: GpuDraConfig, outcome: Outcome) -> None:
         """Delete classes this config created that left its spec. A class whose template broke
@@ -217,11 +238,8 @@ class Reconciler:
         return total
 
     async def _report(self, body: Mapping[str, Any], config: GpuDraConfig, rendered: Rendered,
-                      outcome: Outcome) -> None:
-        daemonset = None
-        if not outcome.conflicts and rendered.daemonset is not None:
-            ds_meta = rendered.daemonset["metadata"]
-            daemonset = await self.kube.get(DAEMONSET, ds_meta["name"], ds_meta["namespace"])
+                      outcome: Outcome, daemonset: Obj | None) -> None:
+        """Status from this reconcile's outcome and ``daemonset``, as read or written just now."""
         applied_classes = [c["metadata"]["name"] for c in rendered.device_classes
                            if not any(e.kind == "DeviceClass" and e.name == c["metadata"]["name"]
                                       for e in outcome.apply_errors)]
