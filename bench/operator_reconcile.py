@@ -133,7 +133,10 @@ async def run_bench(workdir: Path) -> dict[str, Any]:
         # One drift tick on a converged config, through a counting client.
         counting = CountingKube(api, "gpudra-operator")
         reconciler = Reconciler(counting, EventRecorder(counting))
-        outcome = await reconciler.reconcile(await kube.get(CONFIG, "op0"))
+        converged_config = await kube.get(CONFIG, "op0")
+        assert converged_config is not None
+        outcome = await reconciler.reconcile(converged_config)
+        assert outcome is not None
         tick = dict(counting.counts)
         writes = sum(n for verb, n in tick.items() if verb != "GET")
         return {

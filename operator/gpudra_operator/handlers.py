@@ -106,12 +106,13 @@ async def collect_stale_slices(body: kopf.Body, memo: kopf.Memo, stopped: kopf.D
 
 @kopf.on.event("apps", "v1", "daemonsets", labels=OWNED)
 @kopf.on.event("resource.k8s.io", "v1", "deviceclasses", labels=OWNED)
-async def child_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """A child was edited, deleted, or its status moved: reconcile its owner now."""
+async def child_changed(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+    """A child was edited or deleted (its owner is reconciled now), or its status moved (the
+    owner's status follows)."""
     owner = (body.get("metadata", {}).get("labels") or {}).get(LABEL_CONFIG)
     if owner:
         try:
-            await memo.reconciler.reconcile_by_name(owner)
+            await memo.reconciler.on_child_event(owner, type, dict(body))
         except ApiException as error:
             log.warning("reconcile of GpuDraConfig %s after a child event failed: %s", owner, error_message(error))
 

@@ -49,7 +49,7 @@ def _age_key(body: Mapping[str, Any]) -> tuple[str, int, str]:
     """Older first. creationTimestamp has one-second resolution, so on a tie the incumbent (a
     config already reconciled without a conflict) wins, then the name decides."""
     meta, status = body["metadata"], body.get("status") or {}
-    degraded = next((c for c in status.get("conditions") or [] if c.get("type") == "Degraded"), {})
+    degraded: Mapping[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Degraded"), {})
     incumbent = "observedGeneration" in status and degraded.get("reason") != "Conflict"
     return (meta.get("creationTimestamp") or "", 0 if incumbent else 1, meta["name"])
 
@@ -99,6 +99,33 @@ async def _all(*awaitables: Any) -> list[Any]:
     return results
 
 
+def child_key(obj: Mapping[str, Any]) -> tuple[str, str | None, str]:
+    meta = obj["metadata"]
+    return obj["kind"], meta.get("namespace"), meta["name"]
+
+
+def child_event_action(event_type: str | None, child: Mapping[str, Any], desired: Mapping[str, Any] | None) -> str:
+    """What an event on one of a config's children calls for (pure): ``"reconcile"`` for a
+    deletion, a hand edit, or a child the last reconcile did not write; otherwise the child is as
+    that reconcile left it (the echo of its own write, or a DaemonSet whose status moved), and a
+    DaemonSet's status is reported again (``"status"``), a DeviceClass's needs nothing
+    (``"none"``). A DaemonSet rollout over a fleet moves its status thousands of times; each move
+    costs a status refresh (one GET, a PATCH when the numbers changed), not a full reconcile."""
+    if event_type == "DELETED" or desired is None or not contains(child, desired):
+        return "reconcile"
+    return "status" if child.get("kind") == "DaemonSet" else "none"
+
+
+@dataclass
+class _Reconciled:
+    """What the last full reconcile of a config decided, for status refreshes between reconciles."""
+
+    generation: int | None
+    rendered: Rendered
+    outcome: Outcome
+    desired: dict[tuple[str, str | None, str], Obj]
+
+
 def _owned_by(live: Obj, config_name: str) -> bool:
     labels = live["metadata"].get("labels") or {}
     return labels.get(LABEL_MANAGED_BY) == MANAGED_BY and labels.get(LABEL_CONFIG) == config_name
@@ -110,6 +137,9 @@ class Reconciler:
         self.events = events
         self._locks: dict[str, asyncio.Lock] = {}
         self._queued: set[str] = set()
+        self._status_queued: set[str] = set()
+        self._reconciled: dict[str, _Reconciled] = {}
+        self._latest_daemonset: dict[str, Obj] = {}  # config -> its DaemonSet as last seen in an event
         self._device_counts: dict[str, tuple[float, int]] = {}  # driver -> (monotonic time, count)
 
     def lock(self, name: str) -> asyncio.Lock:
@@ -128,6 +158,37 @@ class Reconciler:
         finally:
             self._queued.discard(name)
 
+    async def on_child_event(self, name: str, event_type: str | None, child: Obj) -> None:
+        """An event on a child of config ``name`` (see :func:`child_event_action`)."""
+        last = self._reconciled.get(name)
+        action = child_event_action(event_type, child, last.desired.get(child_key(child)) if last else None)
+        if action == "reconcile":
+            await self.reconcile_by_name(name)
+        elif action == "status":
+            self._latest_daemonset[name] = child
+            await self._refresh_status(name)
+
+    async def _refresh_status(self, name: str) -> None:
+        """Status again with the DaemonSet from the latest event; coalesced like child reconciles.
+        A config whose generation moved since its last reconcile is reconciled instead."""
+        if name in self._status_queued:
+            return
+        self._status_queued.add(name)
+        try:
+            async with self.lock(name):
+                self._status_queued.discard(name)
+                daemonset = self._latest_daemonset.pop(name, None)
+                body = await self.kube.get(CONFIG, name)
+                if body is None or body["metadata"].get("deletionTimestamp"):
+                    return
+                last = self._reconciled.get(name)
+                if last is None or daemonset is None or last.generation != body["metadata"].get("generation"):
+                    await self._reconcile_current(name)
+                    return
+                await self._report(body, GpuDraConfig.from_body(body), last.rendered, last.outcome, daemonset)
+        finally:
+            self._status_queued.discard(name)
+
     async def reconcile(self, body: Mapping[str, Any]) -> Outcome | None:
         name = body["metadata"]["name"]
         async with self.lock(name):
@@ -140,6 +201,7 @@ class Reconciler:
         configs = [o async for o in self.kube.list(CONFIG)]
         body = next((o for o in configs if o["metadata"]["name"] == name), None)
         if body is None or body["metadata"].get("deletionTimestamp"):
+            self._reconciled.pop(name, None)
             return None
         return await self._reconcile(body, configs)
 
@@ -158,6 +220,11 @@ class Reconciler:
                                          self._apply_daemonset(rendered, outcome),
                                          self._prune_classes(config, outcome))
         await self._report(body, config, rendered, outcome, daemonset)
+        if outcome.conflicts:
+            self._reconciled.pop(config.name, None)
+        else:
+            self._reconciled[config.name] = _Reconciled(config.generation, rendered, outcome,
+                                                        {child_key(o): o for o in rendered.objects})
         return outcome
 
     # --- children ---------------------------------------------------------------------------
@@ -247,17 +314,19 @@ class Reconciler:
                            render_errors=rendered.errors, apply_errors=outcome.apply_errors,
                            conflicts=outcome.conflicts)
         old_status = body.get("status") or {}
-        now = datetime.now(timezone.utc)
+        conditions = apply_conditions(old_status.get("conditions"), values, config.generation,
+                                      datetime.now(timezone.utc))
+        agents = agents_status(daemonset)
         status = {
             "observedGeneration": config.generation,
-            "conditions": apply_conditions(old_status.get("conditions"), values, config.generation, now),
-            "agents": agents_status(daemonset),
+            "conditions": conditions,
+            "agents": agents,
             "deviceClasses": applied_classes,
             "deviceClassCount": len(applied_classes),
             "devices": 0 if outcome.conflicts else await self._count_devices(config.spec.driver_name),
         }
-        metrics.observe_agents(config.name, status["agents"])
+        metrics.observe_agents(config.name, agents)
         if contains(old_status, status):
             return
         await self.kube.patch(CONFIG, config.name, {"status": status}, subresource="status")
-        await self.events.on_transition(body, old_status.get("conditions") or [], status["conditions"])
+        await self.events.on_transition(body, old_status.get("conditions") or [], conditions)
