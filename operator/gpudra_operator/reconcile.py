@@ -7,9 +7,10 @@ Nothing is written when nothing changed, so a drift tick on a converged config c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -86,7 +87,7 @@ async def _gather(awaitables: Any, limit: int = 16) -> list[Any]:
         async with semaphore:
             return await awaitable
 
-    return list(await asyncio.gather(*(one(a) for a in awaitables)))
+    return await _all(*(one(a) for a in awaitables))
 
 
 async def _all(*awaitables: Any) -> list[Any]:
@@ -99,19 +100,41 @@ async def _all(*awaitables: Any) -> list[Any]:
     return results
 
 
+@contextlib.asynccontextmanager
+async def _queued_until_locked(queued: set[str], name: str, lock: asyncio.Lock) -> AsyncIterator[None]:
+    """Hold ``lock``; ``name`` (added to ``queued`` by the caller) leaves ``queued`` once the lock
+    is ours, so that a trigger arriving meanwhile queues the next run (or if waiting is cancelled)."""
+    try:
+        await lock.acquire()
+    finally:
+        queued.discard(name)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def child_key(obj: Mapping[str, Any]) -> tuple[str, str | None, str]:
     meta = obj["metadata"]
     return obj["kind"], meta.get("namespace"), meta["name"]
 
 
-def child_event_action(event_type: str | None, child: Mapping[str, Any], desired: Mapping[str, Any] | None) -> str:
-    """What an event on one of a config's children calls for (pure): ``"reconcile"`` for a
-    deletion, a hand edit, or a child the last reconcile did not write; otherwise the child is as
-    that reconcile left it (the echo of its own write, or a DaemonSet whose status moved), and a
-    DaemonSet's status is reported again (``"status"``), a DeviceClass's needs nothing
-    (``"none"``). A DaemonSet rollout over a fleet moves its status thousands of times; each move
-    costs a status refresh (one GET, a PATCH when the numbers changed), not a full reconcile."""
-    if event_type == "DELETED" or desired is None or not contains(child, desired):
+def child_event_action(event_type: str | None, child: Mapping[str, Any],
+                       desired: Mapping[str, Any] | None, *, reconciled: bool) -> str:
+    """What an event on one of a config's children calls for (pure), given what the config's last
+    full reconcile wanted of that child (``desired``; None: nothing) and whether there was one.
+
+    ``"reconcile"``: a deletion or hand edit of a wanted child, a child that should not be there,
+    or no reconcile to compare with (the operator just started). ``"none"``: the deletion of an
+    unwanted child (the echo of a prune), or a DeviceClass as wanted (the echo of its apply).
+    ``"status"``: a DaemonSet as wanted, whose status may have moved. A DaemonSet rollout over a
+    fleet moves its status thousands of times; each move then costs a status refresh (two GETs,
+    a PATCH when the numbers changed) instead of a full reconcile."""
+    if not reconciled:
+        return "reconcile"
+    if event_type == "DELETED":
+        return "none" if desired is None else "reconcile"
+    if desired is None or not contains(child, desired):
         return "reconcile"
     return "status" if child.get("kind") == "DaemonSet" else "none"
 
@@ -120,6 +143,7 @@ def child_event_action(event_type: str | None, child: Mapping[str, Any], desired
 class _Reconciled:
     """What the last full reconcile of a config decided, for status refreshes between reconciles."""
 
+    uid: str | None
     generation: int | None
     rendered: Rendered
     outcome: Outcome
@@ -139,7 +163,6 @@ class Reconciler:
         self._queued: set[str] = set()
         self._status_queued: set[str] = set()
         self._reconciled: dict[str, _Reconciled] = {}
-        self._latest_daemonset: dict[str, Obj] = {}  # config -> its DaemonSet as last seen in an event
         self._device_counts: dict[str, tuple[float, int]] = {}  # driver -> (monotonic time, count)
 
     def lock(self, name: str) -> asyncio.Lock:
@@ -151,43 +174,41 @@ class Reconciler:
         if name in self._queued:
             return None
         self._queued.add(name)
-        try:
-            async with self.lock(name):
-                self._queued.discard(name)
-                return await self._reconcile_current(name)
-        finally:
-            self._queued.discard(name)
+        async with _queued_until_locked(self._queued, name, self.lock(name)):
+            return await self._reconcile_current(name)
 
     async def on_child_event(self, name: str, event_type: str | None, child: Obj) -> None:
-        """An event on a child of config ``name`` (see :func:`child_event_action`)."""
-        last = self._reconciled.get(name)
-        action = child_event_action(event_type, child, last.desired.get(child_key(child)) if last else None)
+        """An event on a child of config ``name`` (see :func:`child_event_action`), judged after
+        a reconcile running now has finished: the echo of its own writes is then as it wanted."""
+        async with self.lock(name):
+            last = self._reconciled.get(name)
+            action = child_event_action(event_type, child, last.desired.get(child_key(child)) if last else None,
+                                        reconciled=last is not None)
         if action == "reconcile":
             await self.reconcile_by_name(name)
         elif action == "status":
-            self._latest_daemonset[name] = child
             await self._refresh_status(name)
 
     async def _refresh_status(self, name: str) -> None:
-        """Status again with the DaemonSet from the latest event; coalesced like child reconciles.
-        A config whose generation moved since its last reconcile is reconciled instead."""
+        """Status again from the DaemonSet as it is now (read here, so a queued event never takes
+        status back to an older one); coalesced like child reconciles. A config that changed
+        since its last reconcile, or whose last reconcile failed, is reconciled instead."""
         if name in self._status_queued:
             return
         self._status_queued.add(name)
-        try:
-            async with self.lock(name):
-                self._status_queued.discard(name)
-                daemonset = self._latest_daemonset.pop(name, None)
-                body = await self.kube.get(CONFIG, name)
-                if body is None or body["metadata"].get("deletionTimestamp"):
-                    return
-                last = self._reconciled.get(name)
-                if last is None or daemonset is None or last.generation != body["metadata"].get("generation"):
-                    await self._reconcile_current(name)
-                    return
-                await self._report(body, GpuDraConfig.from_body(body), last.rendered, last.outcome, daemonset)
-        finally:
-            self._status_queued.discard(name)
+        async with _queued_until_locked(self._status_queued, name, self.lock(name)):
+            body = await self.kube.get(CONFIG, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                return
+            last = self._reconciled.get(name)
+            meta = body["metadata"]
+            if last is None or (last.uid, last.generation) != (meta.get("uid"), meta.get("generation")):
+                await self._reconcile_current(name)
+                return
+            wanted = last.rendered.daemonset
+            daemonset = None if wanted is None else await self.kube.get(
+                DAEMONSET, wanted["metadata"]["name"], wanted["metadata"]["namespace"])
+            await self._report(body, GpuDraConfig.from_body(body), last.rendered, last.outcome, daemonset)
 
     async def reconcile(self, body: Mapping[str, Any]) -> Outcome | None:
         name = body["metadata"]["name"]
@@ -208,6 +229,7 @@ class Reconciler:
     @metrics.reconciles
     async def _reconcile(self, body: Mapping[str, Any], configs: Sequence[Mapping[str, Any]]) -> Outcome:
         config = GpuDraConfig.from_body(body)
+        self._reconciled.pop(config.name, None)  # until this one has succeeded: refreshes reconcile
         outcome = Outcome()
         outcome.conflicts = find_conflicts(config, body, configs)
         rendered = render(body)
@@ -220,11 +242,9 @@ class Reconciler:
                                          self._apply_daemonset(rendered, outcome),
                                          self._prune_classes(config, outcome))
         await self._report(body, config, rendered, outcome, daemonset)
-        if outcome.conflicts:
-            self._reconciled.pop(config.name, None)
-        else:
-            self._reconciled[config.name] = _Reconciled(config.generation, rendered, outcome,
-                                                        {child_key(o): o for o in rendered.objects})
+        if not outcome.conflicts:
+            self._reconciled[config.name] = _Reconciled(body["metadata"].get("uid"), config.generation, rendered,
+                                                        outcome, {child_key(o): o for o in rendered.objects})
         return outcome
 
     # --- children ---------------------------------------------------------------------------
@@ -310,8 +330,9 @@ class Reconciler:
         applied_classes = [c["metadata"]["name"] for c in rendered.device_classes
                            if not any(e.kind == "DeviceClass" and e.name == c["metadata"]["name"]
                                       for e in outcome.apply_errors)]
-        values = summarize(daemonset=daemonset, device_classes=applied_classes,
-                           render_errors=rendered.errors, apply_errors=outcome.apply_errors,
+        values = summarize(daemonset=daemonset, device_classes=applied_classes, render_errors=rendered.errors,
+                           # in a stable order: the children are written concurrently
+                           apply_errors=sorted(outcome.apply_errors, key=lambda e: (e.kind, e.name)),
                            conflicts=outcome.conflicts)
         old_status = body.get("status") or {}
         conditions = apply_conditions(old_status.get("conditions"), values, config.generation,

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from counting import CountingKube
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.events import EventRecorder
 from gpudra_operator.localcluster.controlplane import ControlPlane
@@ -261,57 +262,6 @@ async def test_drift_ticks_write_nothing_when_nothing_changed(kube: Kube, config
     outcome = await Reconciler(counting, EventRecorder(counting)).reconcile(await kube.get(CONFIG, name))
     assert outcome is not None and outcome.applied == []
     assert set(counting.methods) == {"GET"}, counting.methods
-
-
-async def test_child_status_moves_cost_a_status_refresh_not_a_reconcile(
-        kube: Kube, configs, namespace: str, suffix: str) -> None:
-    """An event for a child as the last reconcile left it (its own write's echo, a DaemonSet whose
-    status moved, thousands of times in a fleet rollout) costs one GET and, when the numbers moved,
-    a status PATCH; a hand edit still gets a full reconcile that repairs it."""
-    await agent_namespace(kube, namespace)
-    name = f"refresh-{suffix}"
-    classes = [{"name": f"r{i}-{suffix}.gpudra.io", "template": "full-gpu"} for i in range(3)]
-    await configs(make_config(name, namespace, f"r{suffix}.gpudra.io", classes, nodeSelector={"none": suffix}))
-    await wait_for(has_condition(kube, name, "Ready", "True"), timeout=60, what="Ready=True")
-    counting = CountingKube(kube.api, "gpudra-operator")
-    reconciler = Reconciler(counting, EventRecorder(counting))
-    await reconciler.reconcile(await kube.get(CONFIG, name))  # what the operator's would remember
-
-    daemonset = await kube.get(DAEMONSET, "gpudra-agent", namespace)
-    counting.methods.clear()
-    await reconciler.on_child_event(name, "MODIFIED", daemonset)
-    assert counting.methods == ["GET"]  # the config; the status is as it was
-
-    # The DaemonSet controller's numbers move (as when a node's agent turns Ready): status follows.
-    moved = {**daemonset, "status": {**daemonset["status"], "desiredNumberScheduled": 2, "numberReady": 1,
-                                     "updatedNumberScheduled": 2}}
-    counting.methods.clear()
-    await reconciler.on_child_event(name, "MODIFIED", moved)
-    assert counting.methods == ["GET", "PATCH"]
-    config = await kube.get(CONFIG, name)
-    assert config["status"]["agents"] == {"desired": 2, "ready": 1, "updated": 2, "summary": "1/2"}
-    assert condition(config, "AgentsReady")["status"] == "False"
-
-    # A hand edit is a full reconcile, which writes the DaemonSet back (and the status from it).
-    edited = await kube.patch(DAEMONSET, "gpudra-agent", {"spec": {"template": {"spec": {"containers": [
-        {"name": "agent", "image": "evil.example.com/x:1"}]}}}}, namespace=namespace, kind="strategic-merge")
-    counting.methods.clear()
-    await reconciler.on_child_event(name, "MODIFIED", edited)
-    assert counting.methods.count("PATCH") >= 1 and len(counting.methods) > 2, counting.methods
-    # The DaemonSet controller then observes the written generation; the operator (its kopf
-    # events, so its status path) reports the agents ready again.
-    await wait_for(has_condition(kube, name, "AgentsReady", "True"), timeout=30, what="AgentsReady=True again")
-    assert (await kube.get(CONFIG, name))["status"]["agents"]["summary"] == "0/0"
-
-
-class CountingKube(Kube):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.methods: list[str] = []
-
-    async def request(self, method: str, path: str, **kwargs: Any) -> Obj:  # type: ignore[override]
-        self.methods.append(method)
-        return await super().request(method, path, **kwargs)
 
 
 async def _more(operator: OperatorProcess, count: int) -> bool:

@@ -1,6 +1,6 @@
 """What an event on a config's child calls for (reconcile.child_event_action): a deletion or a
-hand edit is repaired by a full reconcile; the echo of the operator's own write, or a DaemonSet
-whose status moved, is not (a DaemonSet's status is reported again)."""
+hand edit is repaired by a full reconcile; the echo of the operator's own write or prune, or a
+DaemonSet whose status moved, is not (a DaemonSet's status is reported again)."""
 
 from __future__ import annotations
 
@@ -29,21 +29,28 @@ def live(desired: dict) -> dict:
     return obj
 
 
+def action(event_type: str | None, child: dict, desired: dict | None, reconciled: bool = True) -> str:
+    return child_event_action(event_type, child, desired, reconciled=reconciled)
+
+
 @pytest.mark.parametrize("event_type", ["ADDED", "MODIFIED", None])
 def test_a_daemonset_as_written_only_has_its_status_reported(event_type: str | None) -> None:
-    assert child_event_action(event_type, live(DESIRED_DS), DESIRED_DS) == "status"
+    assert action(event_type, live(DESIRED_DS), DESIRED_DS) == "status"
 
 
-def test_a_device_class_as_written_needs_nothing() -> None:
-    assert child_event_action("MODIFIED", live(DESIRED_CLASS), DESIRED_CLASS) == "none"
+def test_echoes_of_writes_and_prunes_need_nothing() -> None:
+    assert action("MODIFIED", live(DESIRED_CLASS), DESIRED_CLASS) == "none"
+    assert action("DELETED", live(DESIRED_CLASS), None) == "none"  # a class that left the spec, pruned
 
 
 def test_hand_edits_deletions_and_unknown_children_are_reconciled() -> None:
     edited = live(DESIRED_DS)
     edited["spec"]["template"]["spec"]["containers"][0]["image"] = "evil.example.com/x:1"
-    assert child_event_action("MODIFIED", edited, DESIRED_DS) == "reconcile"
+    assert action("MODIFIED", edited, DESIRED_DS) == "reconcile"
     unlabelled = live(DESIRED_CLASS)
     del unlabelled["metadata"]["labels"]["gpudra.io/config"]
-    assert child_event_action("MODIFIED", unlabelled, DESIRED_CLASS) == "reconcile"
-    assert child_event_action("DELETED", live(DESIRED_CLASS), DESIRED_CLASS) == "reconcile"  # its last state
-    assert child_event_action("MODIFIED", live(DESIRED_DS), None) == "reconcile"  # not reconciled yet (a restart)
+    assert action("MODIFIED", unlabelled, DESIRED_CLASS) == "reconcile"
+    assert action("DELETED", live(DESIRED_CLASS), DESIRED_CLASS) == "reconcile"  # a wanted one, in its last state
+    assert action("ADDED", live(DESIRED_CLASS), None) == "reconcile"  # one that should not be there: pruned
+    for event_type in ("MODIFIED", "DELETED", None):  # nothing to compare with yet (the operator just started)
+        assert action(event_type, live(DESIRED_DS), DESIRED_DS, reconciled=False) == "reconcile"
