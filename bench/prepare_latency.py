@@ -23,6 +23,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -145,7 +147,31 @@ async def run(ctx) -> list:  # type: ignore[no-untyped-def]
     for key, label in (("p50_1", "NodePrepare 1 claim p50"), ("p50_8", "NodePrepare 8 claims p50")):
         rows.append(Result(f"{label} over the baseline", (ours[key] - base[key]) * 1e3, "ms",
                            note="the agent's time minus the bare gRPC+GET's, same run (no target)"))
+    flush = await asyncio.to_thread(idle_flush_us, ctx.workdir("prepare_latency"))
+    rows.append(Result("disk flush after 5 ms idle, p50", flush, "us",
+                       note="a 4 KiB write + fsync where the checkpoint lives: the floor of a durable commit "
+                            "on this machine (no target)"))
     return rows
+
+
+def idle_flush_us(directory: Path, samples: int = 100, gap: float = 0.005) -> float:
+    """Median microseconds of a 4 KiB write and its fsync, ``gap`` seconds after the last one
+    (as a prepare's commit meets the disk: after an idle gap). The gap is the measured condition,
+    not a synchronisation."""
+    path = directory / "flush-probe"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        times = []
+        for i in range(samples):
+            time.sleep(gap)
+            started = time.perf_counter()
+            os.pwrite(fd, str(i).encode().ljust(4096), 0)
+            os.fsync(fd)
+            times.append(time.perf_counter() - started)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return statistics.median(times) * 1e6
 
 
 async def run_standalone(rounds: int) -> dict:
