@@ -9,11 +9,12 @@ PYTEST_ARGS ?=
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv kube-bin helm-bin cdi-schema test unit demo demo-down bench protos images image-operator image-agent clean
+.PHONY: help venv kube-bin helm-bin cdi-schema test unit typecheck demo demo-down bench protos images image-operator image-agent clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
 	@echo "make unit       unit tests only (no cluster)"
+	@echo "make typecheck  mypy over the operator, the driver and the benches (CI runs it)"
 	@echo "make kube-bin   fetch or build etcd $(ETCD_VERSION) + Kubernetes $(KUBE_VERSION) binaries"
 	@echo "make cdi-schema fetch the pinned official CDI JSON schema the tests validate CDI specs against"
 	@echo "make bench      benchmarks (not part of make test)"
@@ -46,6 +47,9 @@ test: venv cdi-schema
 
 unit: venv cdi-schema
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+typecheck: venv
+	$(BIN)/mypy
 
 demo: venv
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \

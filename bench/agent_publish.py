@@ -17,6 +17,7 @@ own watch on the node's slices delivers the event, not by polling.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import secrets
 import time
@@ -90,8 +91,12 @@ def devices_of(obj: Obj) -> list[str]:
     return [d["name"] for d in obj["spec"].get("devices") or []]
 
 
+def has_devices(count: int, kind: str, obj: Obj) -> bool:
+    return len(devices_of(obj)) == count
+
+
 async def bare_round_trip(kube: Kube, node: str, driver: str, i: int) -> float:
-    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"bare-{node}-{i}"},
+    body: Obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"bare-{node}-{i}"},
             "spec": {"driver": driver, "nodeName": node,
                      "pool": {"name": f"bare-{i}", "generation": 1, "resourceSliceCount": 1},
                      "devices": [{"name": "gpu-0", "attributes": {"index": {"int": 0}}}]}}
@@ -204,7 +209,7 @@ async def run(ctx: Context) -> list[Result]:
             mark = events.mark()
             started = time.perf_counter()
             _write(path, {**profile, "gpus": profile["gpus"][:count]})
-            at, _ = await events.first(mark, lambda kind, obj, n=count: len(devices_of(obj)) == n, f"{count} devices")
+            at, _ = await events.first(mark, functools.partial(has_devices, count), f"{count} devices")
             changes.append(at - started)
         await events.stop()
     finally:

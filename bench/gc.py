@@ -18,6 +18,7 @@ plane with the apiserver's audit log on.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import os
@@ -104,25 +105,25 @@ async def populate(kube: Kube) -> None:
     await kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     await wait_for(lambda: kube.get(SERVICE_ACCOUNT, "default", NAMESPACE), timeout=60, what="default SA")
     names = [f"gpu-{i:05d}" for i in range(NODES)]
-    nodes = await bounded([lambda n=n: create_fake_node(kube, n) for n in names], CREATE_CONCURRENCY)
+    nodes = await bounded([functools.partial(create_fake_node, kube, n) for n in names], CREATE_CONCURRENCY)
     labels = agent_labels(CONFIG_NAME)
     jobs: list[Callable[[], Awaitable[Any]]] = []
     for node in nodes:
         name, uid = node["metadata"]["name"], node["metadata"]["uid"]
-        jobs.append(lambda n=name, u=uid: kube.create(
-            fake_slice(f"{n}-{DRIVER.replace('.', '-')}-0", DRIVER, n, owner_uid=u, devices=DEVICES)))
-        jobs.append(lambda n=name: kube.create({
+        jobs.append(functools.partial(kube.create, fake_slice(
+            f"{name}-{DRIVER.replace('.', '-')}-0", DRIVER, name, owner_uid=uid, devices=DEVICES)))
+        jobs.append(functools.partial(kube.create, {
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"gpudra-agent-{n}", "namespace": NAMESPACE, "labels": labels},
-            "spec": {"nodeName": n, "containers": [{"name": "agent", "image": "example.com/gpudra:bench"}]}}))
+            "metadata": {"name": f"gpudra-agent-{name}", "namespace": NAMESPACE, "labels": labels},
+            "spec": {"nodeName": name, "containers": [{"name": "agent", "image": "example.com/gpudra:bench"}]}}))
     await bounded(jobs, CREATE_CONCURRENCY)
 
 
 async def make_stale(kube: Kube, tag: str) -> list[tuple[str, str, str]]:
     """STALE ownerless slices on Nodes that do not exist; (name, uid, resourceVersion) each."""
-    created = await bounded([lambda i=i: kube.create(fake_slice(f"gone-{tag}-{i:04d}", DRIVER, f"gone-{tag}-{i:04d}",
-                                                                devices=DEVICES)) for i in range(STALE)],
-                            CREATE_CONCURRENCY)
+    created = await bounded([functools.partial(kube.create, fake_slice(f"gone-{tag}-{i:04d}", DRIVER,
+                                                                       f"gone-{tag}-{i:04d}", devices=DEVICES))
+                             for i in range(STALE)], CREATE_CONCURRENCY)
     return [(s["metadata"]["name"], s["metadata"]["uid"], s["metadata"]["resourceVersion"]) for s in created]
 
 
@@ -139,7 +140,9 @@ async def reconciled_config(kube: Kube) -> Obj:
         "observedGeneration": created["metadata"]["generation"],
         "conditions": [{"type": "Degraded", "status": "False", "reason": "AsExpected", "message": "",
                         "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}, subresource="status")
-    return await kube.get(CONFIG, CONFIG_NAME)
+    config = await kube.get(CONFIG, CONFIG_NAME)
+    assert config is not None
+    return config
 
 
 def status_kib(pid: int) -> dict[str, int]:
@@ -217,8 +220,8 @@ async def run(ctx: Context) -> list[Result]:
 
             stale = await make_stale(kube, f"par{round_}")
             started = time.perf_counter()
-            await bounded([lambda s=s: kube.delete(SLICE, s[0], uid=s[1], resource_version=s[2]) for s in stale],
-                          DELETE_CONCURRENCY)
+            await bounded([functools.partial(kube.delete, SLICE, s[0], uid=s[1], resource_version=s[2])
+                           for s in stale], DELETE_CONCURRENCY)
             concurrent_loops.append(time.perf_counter() - started)
 
         pages = math.ceil((NODES + STALE) / PAGE) + 2 * math.ceil(NODES / PAGE)  # slices, nodes, agent pods

@@ -126,7 +126,7 @@ def read_environment_once(api: client.ApiClient) -> client.ApiClient:
     dropped: every request carries its own credentials, and aiohttp refuses netrc credentials
     next to an Authorization header anyway."""
     rest = api.rest_client
-    if not rest.proxy:
+    if not rest.proxy and api.configuration.host:
         try:
             proxy, auth = get_env_proxy_for_url(URL(api.configuration.host))
         except LookupError:  # no proxy, or NO_PROXY covers the API server

@@ -92,6 +92,7 @@ def _lazy_package(name: str, parent: ModuleType | None,
         if state["loaded"]:
             raise AttributeError(f"module {name!r} has no attribute {attr!r}")
         state["loaded"] = True
+        assert spec.loader is not None  # a package found on the path has one
         spec.loader.exec_module(module)  # the real __init__, into this very module object
         return getattr(module, attr)
 

@@ -203,8 +203,8 @@ def run(args: argparse.Namespace) -> int:
     if not errors and not objects:
         errors = ["no GpuDraConfig in the file"]
     if errors:
-        for error in errors:
-            print(f"gpudra render: {args.filename}: {error}", file=sys.stderr)
+        for problem in errors:
+            print(f"gpudra render: {args.filename}: {problem}", file=sys.stderr)
         return 1
     write(objects, args.output, sys.stdout)
     return 0

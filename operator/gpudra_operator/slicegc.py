@@ -110,7 +110,7 @@ def gc_ready(body: Mapping[str, Any]) -> str | None:
         return "being deleted (its finalizer removes the driver's slices)"
     if status.get("observedGeneration") != meta.get("generation"):
         return "not reconciled at its current generation yet"
-    degraded = next((c for c in status.get("conditions") or [] if c.get("type") == "Degraded"), {})
+    degraded: Mapping[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Degraded"), {})
     if degraded.get("reason") == "Conflict":
         return "in conflict with another GpuDraConfig"
     return None
@@ -193,9 +193,9 @@ class SliceCollector:
         async for pod in self.kube.list(POD, config.spec.agent.namespace, label_selector=selector,
                                         page_size=self.page_size):
             result.agent_pods += 1
-            node = (pod.get("spec") or {}).get("nodeName")
-            if node and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-                agent_nodes.add(node)
+            node_name = (pod.get("spec") or {}).get("nodeName")
+            if node_name and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                agent_nodes.add(node_name)
         result.slices, result.nodes = len(slices), len(nodes)
         placement = AgentPlacement(config.spec.agent.node_selector, config.spec.agent.affinity)
         decision = stale_slices(result.driver, slices, nodes, agent_nodes, placement, now=self.clock(),
