@@ -86,3 +86,23 @@ async def live(kube: Kube, rtype: ResourceType, name: str, namespace: str | None
     obj = await kube.get(rtype, name, namespace)
     assert obj is not None, f"{rtype} {name} is gone"
     return obj
+
+
+async def test_a_refresh_after_a_spec_change_reconciles_instead(kube: Kube, config: Obj, namespace: str) -> None:
+    """The cache of the last reconcile never stands in for a newer spec: when the config's
+    generation moved (its update not reconciled yet), a DaemonSet event that matches the old
+    DaemonSet gets a full reconcile, which writes the new one."""
+    name = config["metadata"]["name"]
+    counting = CountingKube(kube.api, "gpudra-operator")
+    reconciler = Reconciler(counting, EventRecorder(counting))
+    await reconciler.reconcile(config)
+    old = await live(kube, DAEMONSET, "gpudra-agent", namespace)
+
+    await kube.patch(CONFIG, name, {"spec": {"agent": {"image": "example.com/gpudra:next"}}})
+    counting.requests.clear()
+    await reconciler.on_child_event(name, "MODIFIED", old)  # as the last reconcile wrote it
+    assert "PATCH" in counting.methods, counting.requests
+    daemonset = await live(kube, DAEMONSET, "gpudra-agent", namespace)
+    assert daemonset["spec"]["template"]["spec"]["containers"][0]["image"] == "example.com/gpudra:next"
+    status = (await live(kube, CONFIG, name))["status"]
+    assert status["observedGeneration"] == (await live(kube, CONFIG, name))["metadata"]["generation"]
