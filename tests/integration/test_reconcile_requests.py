@@ -56,9 +56,12 @@ async def test_child_events_cost_a_status_refresh_unless_a_child_was_edited(kube
 
     # The DaemonSet controller schedules the agent on the fake Node: its status moves, and so does
     # the config's, through a status refresh (reads of the config and the DaemonSet, one PATCH).
-    async def scheduled() -> Obj | None:
+    async def scheduled() -> Obj | None:  # and settled: the pod stays Pending (no kubelet here)
         daemonset = await kube.get(DAEMONSET, "gpudra-agent", namespace)
-        return daemonset if (daemonset or {}).get("status", {}).get("desiredNumberScheduled") == 1 else None
+        status = (daemonset or {}).get("status") or {}
+        settled = (status.get("desiredNumberScheduled") == status.get("updatedNumberScheduled") == 1
+                   and status.get("observedGeneration") == (daemonset or {}).get("metadata", {}).get("generation"))
+        return daemonset if settled else None
 
     daemonset = await wait_for(scheduled, timeout=30, what="the DaemonSet controller to schedule the agent")
     counting.requests.clear()
