@@ -147,7 +147,11 @@ class _Reconciled:
     generation: int | None
     rendered: Rendered
     outcome: Outcome
-    desired: dict[tuple[str, str | None, str], Obj]
+
+    def wanted(self, child: Mapping[str, Any]) -> Obj | None:
+        """What that reconcile wrote for ``child`` (None: it wants no such object)."""
+        key = child_key(child)
+        return next((o for o in self.rendered.objects if child_key(o) == key), None)
 
 
 def _owned_by(live: Obj, config_name: str) -> bool:
@@ -182,7 +186,7 @@ class Reconciler:
         a reconcile running now has finished: the echo of its own writes is then as it wanted."""
         async with self.lock(name):
             last = self._reconciled.get(name)
-            action = child_event_action(event_type, child, last.desired.get(child_key(child)) if last else None,
+            action = child_event_action(event_type, child, last.wanted(child) if last else None,
                                         reconciled=last is not None)
         if action == "reconcile":
             await self.reconcile_by_name(name)
@@ -244,7 +248,7 @@ class Reconciler:
         await self._report(body, config, rendered, outcome, daemonset)
         if not outcome.conflicts:
             self._reconciled[config.name] = _Reconciled(body["metadata"].get("uid"), config.generation, rendered,
-                                                        outcome, {child_key(o): o for o in rendered.objects})
+                                                        outcome)
         return outcome
 
     # --- children ---------------------------------------------------------------------------

@@ -6,7 +6,7 @@ status refresh, not a full reconcile; a hand edit still gets the full reconcile 
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest_asyncio
 
@@ -22,7 +22,8 @@ DAEMONSET = resource_type("apps/v1", "DaemonSet")
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def config(kube: Kube, crd_installed: Obj, namespace: str, fake_nodes) -> AsyncIterator[Obj]:  # type: ignore[no-untyped-def]
+async def config(kube: Kube, crd_installed: Obj, namespace: str,
+                 fake_nodes: Callable[..., Awaitable[Obj]]) -> AsyncIterator[Obj]:
     """A GpuDraConfig whose DaemonSet selects one fake Node (so the DaemonSet controller gives it
     a status to report), created without an operator; the garbage collector removes its children."""
     suffix = secrets.token_hex(3)

@@ -47,7 +47,8 @@ def start_agent(*, kubeconfig: Path, node_name: str, nvml: str, driver: str, wor
     if ca_file is not None:
         env["SSL_CERT_FILE"] = ca_file
     with log_path.open("ab") as log:
-        process = subprocess.Popen(dying_with_parent(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        process = subprocess.Popen(dying_with_parent(argv), stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, env=env)
     return AgentProcess(node_name, log_path, process)
 
 
