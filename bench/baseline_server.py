@@ -10,6 +10,7 @@ import signal
 
 import grpc
 
+from gpudra_driver import eventloop
 from gpudra_driver.kubeapi import Kube, connect, resource_type
 from gpudra_driver.plugin.gen import dra_v1_pb2, dra_v1_pb2_grpc
 from gpudra_driver.plugin.sockets import SocketAddress
@@ -56,5 +57,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--socket", required=True)
     parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--event-loop", choices=eventloop.LOOPS, default=eventloop.DEFAULT,
+                        help="the agent's loop, so that the two differ only in what the agent does")
     args = parser.parse_args()
-    asyncio.run(main(args.socket, args.kubeconfig))
+    eventloop.run(main(args.socket, args.kubeconfig), args.event_loop)

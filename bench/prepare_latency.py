@@ -15,7 +15,8 @@ both alike. Where the files go, as on a node: the checkpoint on the disk file sy
 the CDI specs on tmpfs (``/dev/shm`` here, ``/var/run/cdi`` there).
 
 Usage: ``python -m bench prepare_latency`` (with the other benches: ``make bench``) or
-``python -m bench.prepare_latency [--rounds N] [--json PATH]``. Needs the
+``python -m bench.prepare_latency [--rounds N] [--json PATH] [--event-loop asyncio]`` (both servers
+on the standard loop instead of the agent's default, uvloop). Needs the
 control-plane binaries (GPUDRA_KUBE_BIN, as for the tests)."""
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 
 import yaml
 
+from gpudra_driver import eventloop
 from gpudra_driver.kubeapi import Kube, connect, resource_type
 from gpudra_driver.plugin.kubelet_client import DraClient, register
 from gpudra_driver.plugin.plugin import socket_paths
@@ -174,19 +176,21 @@ def idle_flush_us(directory: Path, samples: int = 100, gap: float = 0.005) -> fl
     return statistics.median(times) * 1e6
 
 
-async def run_standalone(rounds: int) -> dict:
+async def run_standalone(rounds: int, loop: str = eventloop.DEFAULT) -> dict:
     work = Path(tempfile.mkdtemp(prefix="gpudra-bench-"))
     plane = ControlPlane(find_binaries(), work / "cluster")
     plane.start()
     api = await connect(str(plane.kubeconfig))
     try:
-        return await measure_all(plane, Kube(api, "gpudra-bench"), work, rounds)
+        return await measure_all(plane, Kube(api, "gpudra-bench"), work, rounds, loop)
     finally:
         await api.close()
         plane.stop()
 
 
-async def measure_all(plane: ControlPlane, kube: Kube, work: Path, rounds: int) -> dict:
+async def measure_all(plane: ControlPlane, kube: Kube, work: Path, rounds: int,
+                      loop: str = eventloop.DEFAULT) -> dict:
+    """Both servers run on the event loop ``loop`` (the agent's default unless asked otherwise)."""
     processes: list[subprocess.Popen] = []
     cdi: ScratchDir | None = None
     agent = None
@@ -202,7 +206,7 @@ async def measure_all(plane: ControlPlane, kube: Kube, work: Path, rounds: int) 
         pod_uid = str(uuid.uuid4())
         cdi = ScratchDir("gpudra-bench-cdi-", in_memory_or(work))
         agent = start_agent(kubeconfig=plane.kubeconfig, node_name=node, nvml=f"fake:{work / 'profile.yaml'}",
-                            driver=driver, workdir=work / "agent", extra_args=("--pod-uid", pod_uid),
+                            driver=driver, workdir=work / "agent", extra_args=("--pod-uid", pod_uid, "--event-loop", loop),
                             cdi_dir=cdi.path)
         reg_socket = socket_paths(work / "agent" / "kubelet", driver, pod_uid)[1]
 
@@ -216,7 +220,7 @@ async def measure_all(plane: ControlPlane, kube: Kube, work: Path, rounds: int) 
 
         baseline_socket = work / "baseline.sock"
         server = [sys.executable, str(Path(__file__).with_name("baseline_server.py")),
-                  "--socket", str(baseline_socket), "--kubeconfig", str(plane.kubeconfig)]
+                  "--socket", str(baseline_socket), "--kubeconfig", str(plane.kubeconfig), "--event-loop", loop]
         baseline = subprocess.Popen(dying_with_parent(server), stdout=subprocess.PIPE, text=True)
         processes.append(baseline)
         assert baseline.stdout is not None and baseline.stdout.readline().strip() == "ready"
@@ -226,7 +230,7 @@ async def measure_all(plane: ControlPlane, kube: Kube, work: Path, rounds: int) 
         base, ours = measured["baseline"], measured["plugin"]
         await kube.delete(NODE, node)
         await kube.delete(NAMESPACE, namespace)
-        return {"rounds": rounds, "gpus": GPUS, "concurrency": CONCURRENCY, "baseline": base, "plugin": ours,
+        return {"rounds": rounds, "event_loop": loop, "gpus": GPUS, "concurrency": CONCURRENCY, "baseline": base, "plugin": ours,
                 "ratio": {"p50_1": ours["p50_1"] / base["p50_1"], "p99_1": ours["p99_1"] / base["p99_1"],
                           "p50_8": ours["p50_8"] / base["p50_8"], "p99_8": ours["p99_8"] / base["p99_8"],
                           "throughput": base["claims_per_s"] / ours["claims_per_s"]},
@@ -258,8 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=400, help="one-claim calls to time (default: %(default)s)")
     parser.add_argument("--json", type=Path, help="also write the result here")
+    parser.add_argument("--event-loop", choices=eventloop.LOOPS, default=eventloop.DEFAULT,
+                        help="the event loop of the agent and the baseline alike (default: %(default)s)")
     args = parser.parse_args(argv)
-    result = asyncio.run(run_standalone(args.rounds))
+    result = asyncio.run(run_standalone(args.rounds, args.event_loop))
     print(table(result))
     print(json.dumps(result, sort_keys=True))
     if args.json:

@@ -15,6 +15,8 @@ import signal
 import socket
 from pathlib import Path
 
+from gpudra_driver import eventloop
+
 log = logging.getLogger("gpudra.agent")
 
 
@@ -40,6 +42,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="create this file once the kubelet registered the plugin and the slices are "
                              "published (the DaemonSet's readiness probe tests for it)")
     parser.add_argument("--log-format", choices=["text", "json"], default="text")
+    parser.add_argument("--event-loop", choices=eventloop.LOOPS, default=eventloop.DEFAULT,
+                        help="the asyncio event loop: uvloop (default: faster prepares) or the standard one")
     parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("GPUDRA_METRICS_PORT") or 0),
                         help="serve Prometheus /metrics on this port; 0 disables (default: $GPUDRA_METRICS_PORT or 0)")
     parser.set_defaults(run=run)
@@ -61,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from gpudra_driver import metrics
 
     metrics.serve(args.metrics_port)
-    return asyncio.run(_main(args))
+    return eventloop.run(_main(args), args.event_loop)
 
 
 async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: object) -> None:

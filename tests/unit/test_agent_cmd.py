@@ -1,12 +1,17 @@
-"""The agent's command line: what reaches file names is checked before the agent starts."""
+"""The agent's command line: what reaches file names is checked before the agent starts; the event loop
+it runs on is uvloop unless told otherwise, and the loop it names is the one that runs."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
+import tempfile
 
 import pytest
+import uvloop
 
-from gpudra_driver import agent_cmd
+from gpudra_driver import agent_cmd, eventloop
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -33,3 +38,59 @@ def test_the_pod_uid_from_the_environment_is_checked_too(
     with pytest.raises(SystemExit):
         parse()
     assert "is not a pod UID" in capsys.readouterr().err
+
+
+async def _running_loop_type() -> type:
+    return type(asyncio.get_running_loop())
+
+
+def test_the_agent_runs_on_uvloop_by_default() -> None:
+    args = parse()
+    assert eventloop.run(_running_loop_type(), args.event_loop) is uvloop.Loop
+
+
+def test_the_standard_loop_is_one_flag_away() -> None:
+    args = parse("--event-loop", "asyncio")
+    loop_type = eventloop.run(_running_loop_type(), args.event_loop)
+    assert not issubclass(loop_type, uvloop.Loop) and issubclass(loop_type, asyncio.BaseEventLoop)
+
+
+def test_an_unknown_loop_is_refused_by_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse("--event-loop", "trio")
+    assert info.value.code == 2 and "invalid choice" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown event loop 'trio'"):
+        eventloop.loop_factory("trio")
+
+
+@pytest.mark.parametrize("name", eventloop.LOOPS)
+def test_each_loop_runs_what_the_agent_needs_of_it(name: str) -> None:
+    """A signal handler (the agent's SIGTERM), a thread hand-off (the checkpoint stager) and a unix
+    socket server (the gRPC and metrics sockets live on unix sockets too)."""
+
+    async def main() -> tuple[bool, int, bytes]:
+        loop = asyncio.get_running_loop()
+        got_signal = asyncio.Event()
+        loop.add_signal_handler(signal.SIGUSR1, got_signal.set)
+        try:
+            signal.raise_signal(signal.SIGUSR1)
+            await asyncio.wait_for(got_signal.wait(), 10)
+        finally:
+            loop.remove_signal_handler(signal.SIGUSR1)
+        from_thread = await asyncio.to_thread(sum, [1, 2, 3])
+
+        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(await reader.readline())
+            await writer.drain()
+            writer.close()
+
+        with tempfile.TemporaryDirectory() as directory:
+            server = await asyncio.start_unix_server(echo, path=f"{directory}/s.sock")
+            async with server:
+                reader, writer = await asyncio.open_unix_connection(f"{directory}/s.sock")
+                writer.write(b"ping\n")
+                answer = await asyncio.wait_for(reader.readline(), 10)
+                writer.close()
+        return got_signal.is_set(), from_thread, answer
+
+    assert eventloop.run(main(), name) == (True, 6, b"ping\n")
