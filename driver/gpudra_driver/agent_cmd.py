@@ -46,6 +46,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="the asyncio event loop: uvloop (default: faster prepares) or the standard one")
     parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("GPUDRA_METRICS_PORT") or 0),
                         help="serve Prometheus /metrics on this port; 0 disables (default: $GPUDRA_METRICS_PORT or 0)")
+    parser.add_argument("--health-port", type=int, default=int(os.environ.get("GPUDRA_HEALTH_PORT") or 0),
+                        help="serve grpc.health.v1 (service 'liveness') on this port for the kubelet's gRPC "
+                             "probes; 0 disables (default: $GPUDRA_HEALTH_PORT or 0)")
     parser.set_defaults(run=run)
 
 
@@ -114,6 +117,17 @@ async def _main(args: argparse.Namespace) -> int:
         log.error("the kubelet plugin cannot start: %s", error)
         await api.close()
         return 1
+    health = None
+    if args.health_port:
+        from gpudra_driver.plugin import health as liveness
+
+        try:
+            health, _ = await liveness.serve(args.health_port, plugin)
+        except OSError as error:  # the probes could never pass: say why instead of being restarted
+            log.error("%s", error)
+            await plugin.stop()
+            await api.close()
+            return 1
     tasks = [asyncio.create_task(publisher.run(), name="publisher"),
              asyncio.create_task(_rescan_loop(args, publisher, plugin), name="rescan"),
              asyncio.create_task(plugin.watch(), name="kubelet-plugin")]
@@ -127,6 +141,8 @@ async def _main(args: argparse.Namespace) -> int:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     await plugin.stop()
+    if health is not None:
+        await health.stop(0)
     await api.close()
     failed = [t for t in done if t is not stopper and t.exception()]
     for ended in failed:

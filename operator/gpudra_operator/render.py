@@ -64,6 +64,8 @@ LABEL_CONFIG = "gpudra.io/config"
 DRIVER_ROOT_MOUNT = "/driver-root"
 AGENT_READY_FILE = "/tmp/gpudra-ready"  # written by `gpudra agent --ready-file`
 AGENT_METRICS_PORT = 8082  # the port named "metrics" (PodMonitor: manifests/monitoring/)
+AGENT_HEALTH_PORT = 8083  # the port named "health": grpc.health.v1 for the kubelet's probes
+AGENT_HEALTH_SERVICE = "liveness"
 SERVICE_ACCOUNT_CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 # Process settings of the agent, which the local harness applies as well (docs/agent.md, "Footprint"):
 # * two malloc arenas: glibc makes one per thread, and grpc's event engine adds six threads to a
@@ -150,7 +152,7 @@ def agent_labels(config_name: str) -> dict[str, str]:
 def agent_args(driver_name: str, agent: AgentSpec) -> list[str]:
     return ["agent", "--driver", driver_name, "--kubelet-dir", agent.kubelet_dir,
             "--cdi-dir", agent.cdi_dir, "--driver-root", agent.driver_root,
-            "--metrics-port", str(AGENT_METRICS_PORT), *agent.extra_args]
+            "--metrics-port", str(AGENT_METRICS_PORT), "--health-port", str(AGENT_HEALTH_PORT), *agent.extra_args]
 
 
 def _host_volume(name: str, path: str, kind: str) -> Obj:
@@ -188,7 +190,15 @@ def render_daemonset(config: GpuDraConfig) -> Obj:
         # Ready once the kubelet registered the plugin and the node's slices are published, so a
         # rolling update (maxSurge 1, maxUnavailable 0) retires the old agent only after that.
         "readinessProbe": {"exec": {"command": ["test", "-f", AGENT_READY_FILE]}, "periodSeconds": 5},
-        "ports": [{"name": "metrics", "containerPort": AGENT_METRICS_PORT, "protocol": "TCP"}],
+        # Alive while its own sockets answer a fresh dial, as the kubelet's would (a socket file
+        # removed from under it, a wedged event loop: restarted). Start-up (the checkpoint and CDI
+        # reconciliation) gets five minutes; waiting for NVML is alive (gpudra_driver.plugin.health).
+        "startupProbe": {"grpc": {"port": AGENT_HEALTH_PORT, "service": AGENT_HEALTH_SERVICE},
+                         "periodSeconds": 5, "timeoutSeconds": 10, "failureThreshold": 60},
+        "livenessProbe": {"grpc": {"port": AGENT_HEALTH_PORT, "service": AGENT_HEALTH_SERVICE},
+                          "periodSeconds": 10, "timeoutSeconds": 10, "failureThreshold": 3},
+        "ports": [{"name": "metrics", "containerPort": AGENT_METRICS_PORT, "protocol": "TCP"},
+                  {"name": "health", "containerPort": AGENT_HEALTH_PORT, "protocol": "TCP"}],
         "volumeMounts": [
             {"name": "plugins-registry", "mountPath": registry_dir},
             {"name": "plugin", "mountPath": plugin_dir},

@@ -9,12 +9,14 @@ import json
 import os
 import secrets
 import signal
+import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import pytest_asyncio
 from cdispec import load_and_validate, validate_prepared
@@ -386,3 +388,60 @@ async def _is_socket(path: Path) -> bool:
 
 async def _exists(path: Path) -> bool:
     return path.exists()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+        probe.bind(("::", 0))
+        return probe.getsockname()[1]
+
+
+async def _health(port: int) -> int:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    async with grpc.aio.insecure_channel(f"localhost:{port}") as channel:  # as the kubelet's gRPC probe
+        response = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="liveness"), timeout=15)
+        return response.status
+
+
+async def test_liveness_probe_passes_while_the_kubelet_can_reach_the_agent(kube: Kube, fake_nodes, plugin_agents,
+                                                                          driver: str) -> None:
+    """What the DaemonSet's startup and liveness probes ask: SERVING from start-up on, NOT_SERVING
+    once the registration socket is removed from under the agent (the kubelet then has no way to
+    it but a restart), with the reason in the agent's log."""
+    from grpc_health.v1 import health_pb2
+
+    node = (await fake_nodes("alive"))["metadata"]["name"]
+    port = _free_port()
+    plugin = plugin_agents(node, driver, extra_args=("--health-port", str(port)))
+
+    async def serving() -> bool:
+        assert plugin.agent.process.poll() is None, plugin.agent.log_tail()
+        try:
+            return await _health(port) == health_pb2.HealthCheckResponse.SERVING
+        except grpc.aio.AioRpcError:
+            return False  # not listening yet: the startup probe's case
+
+    await wait_for(serving, timeout=30, what=f"the agent's health service on port {port}")
+    await plugin.registered()
+    assert await _health(port) == health_pb2.HealthCheckResponse.SERVING
+    plugin.registration_socket.unlink()
+    assert await _health(port) == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert "liveness check failed" in plugin.agent.log_tail() and "is gone" in plugin.agent.log_tail()
+    assert plugin.agent.stop() == 0
+
+
+async def test_a_health_port_in_use_stops_the_agent_with_one_clear_line(fake_nodes, plugin_agents,
+                                                                       driver: str) -> None:
+    node = (await fake_nodes("busy-port"))["metadata"]["name"]
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as holder:
+        holder.bind(("::", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        plugin = plugin_agents(node, driver, extra_args=("--health-port", str(port)))
+        assert plugin.agent.process.wait(timeout=30) == 1
+    errors = [line for line in plugin.agent.log_tail().splitlines() if "cannot serve the health check" in line]
+    assert len(errors) == 1 and str(port) in errors[0], plugin.agent.log_tail()
+    assert "Traceback" not in plugin.agent.log_tail()
+    assert not plugin.dra_socket.exists()  # it stopped cleanly: its sockets are gone

@@ -289,3 +289,85 @@ async def test_watch_raises_when_the_rounds_that_answer_calls_end(root: Path, di
             await asyncio.wait_for(watching, 10)
     finally:
         await plugin.stop()
+
+
+async def _check(port: int, service: str = "liveness") -> int:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    async with grpc.aio.insecure_channel(f"localhost:{port}") as channel:  # as the kubelet's probe dials
+        response = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=10)
+        return response.status
+
+
+async def test_liveness_follows_the_sockets_the_kubelet_dials(root: Path) -> None:
+    from grpc_health.v1 import health_pb2
+
+    from gpudra_driver.plugin import health
+
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    plugin = make_plugin(root, {})
+    await plugin.start()
+    server, port = await health.serve(0, plugin)
+    try:
+        # Waiting for discovery (NVML may be down for long): alive, so never restarted for it.
+        assert not plugin.registration_served
+        assert await _check(port) == serving and await _check(port, "") == serving
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await _check(port, "readiness")
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+        plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
+        await plugin._register_task  # type: ignore[misc]
+        assert plugin.registration_served and await _check(port) == serving
+
+        # Its registration socket removed from under it (the kubelet deregisters the plugin): a
+        # restart is the way back, though the server behind the old file still runs.
+        plugin.registration_socket.unlink()
+        assert await _check(port) == not_serving
+        assert "registration socket" in (await health.liveness_problem(plugin) or "") and "is gone" in (
+            await health.liveness_problem(plugin) or "")
+    finally:
+        await server.stop(0)
+        await plugin.stop()
+
+
+async def test_liveness_fails_when_the_dra_socket_is_gone_or_deaf(root: Path) -> None:
+    from gpudra_driver.plugin import health
+
+    plugin = make_plugin(root, {})
+    await plugin.start()
+    # the kubelet's own connection, open all along: it outlives the file, a new dial does not
+    kubelet = DraClient(plugin.dra_socket)
+    try:
+        assert await health.liveness_problem(plugin) is None
+        await kubelet.prepare([])
+        plugin.dra_socket.unlink()
+        assert "is gone" in (await health.liveness_problem(plugin) or "")
+        # a socket file nobody accepts on (bound, never listening): the kubelet's dial is refused
+        deaf = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            deaf.bind(str(plugin.dra_socket))
+            problem = await health.liveness_problem(plugin, timeout=5)
+            assert problem is not None and "does not answer" in problem
+            await kubelet.prepare([])  # still connected to the server behind the old file
+        finally:
+            deaf.close()
+    finally:
+        await kubelet.close()
+        await plugin.stop()
+
+
+async def test_liveness_does_not_wait_for_the_node_lock(root: Path) -> None:
+    """A peer instance holding the node lock (a long prepare in a rolling update) must not get this
+    one restarted: the check's empty prepare takes no round and no lock."""
+    from gpudra_driver.plugin import health
+    from gpudra_driver.plugin.locking import LOCK_FILE, node_lock
+
+    plugin = make_plugin(root, {})
+    await plugin.start()
+    try:
+        with node_lock(root / "kubelet" / "plugins" / DRIVER / LOCK_FILE, timeout=1):
+            assert await health.liveness_problem(plugin, timeout=2) is None
+    finally:
+        await plugin.stop()

@@ -85,8 +85,10 @@ def test_daemonset_defaults() -> None:
     assert c["imagePullPolicy"] == "IfNotPresent"
     assert c["command"] == ["gpudra"]
     assert c["args"] == ["agent", "--driver", "gpu.gpudra.io", "--kubelet-dir", "/var/lib/kubelet",
-                         "--cdi-dir", "/var/run/cdi", "--driver-root", "/", "--metrics-port", "8082"]
-    assert c["ports"] == [{"name": "metrics", "containerPort": 8082, "protocol": "TCP"}]
+                         "--cdi-dir", "/var/run/cdi", "--driver-root", "/", "--metrics-port", "8082",
+                         "--health-port", "8083"]
+    assert c["ports"] == [{"name": "metrics", "containerPort": 8082, "protocol": "TCP"},
+                          {"name": "health", "containerPort": 8083, "protocol": "TCP"}]
     assert c["securityContext"] == {"privileged": True}
     assert "resources" not in c
 
@@ -217,3 +219,19 @@ def test_agent_is_ready_only_once_registered_and_published() -> None:
     container = render(config()).daemonset["spec"]["template"]["spec"]["containers"][0]
     ready_file = next(e["value"] for e in container["env"] if e["name"] == "GPUDRA_READY_FILE")
     assert container["readinessProbe"]["exec"]["command"] == ["test", "-f", ready_file]
+
+
+def test_agent_liveness_asks_the_port_and_service_the_agent_serves() -> None:
+    """The probes dial what `gpudra agent --health-port` serves (service 'liveness', see
+    gpudra_driver.plugin.health); start-up has its own, longer budget."""
+    from gpudra_driver.plugin.health import CHECK_TIMEOUT, SERVICES
+
+    c = container(render(config()).daemonset)
+    port = int(c["args"][c["args"].index("--health-port") + 1])
+    assert {"name": "health", "containerPort": port, "protocol": "TCP"} in c["ports"]
+    for probe in ("startupProbe", "livenessProbe"):
+        assert c[probe]["grpc"]["port"] == port and c[probe]["grpc"]["service"] in SERVICES
+    startup, liveness = c["startupProbe"], c["livenessProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
+    assert liveness["failureThreshold"] >= 3 and liveness["timeoutSeconds"] > 2 * CHECK_TIMEOUT
+

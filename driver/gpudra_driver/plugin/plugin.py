@@ -121,6 +121,7 @@ class KubeletPlugin:
                                    coming=lambda: self._fetching, gather_delay=PREPARE_GATHER_DELAY)
         self._dra_server: grpc.aio.Server | None = None
         self._reg_server: grpc.aio.Server | None = None
+        self.registration_served = False  # the registration socket is up (after the first discovery)
         self._register_task: asyncio.Task[None] | None = None
 
     # -- devices ------------------------------------------------------------------------------
@@ -173,6 +174,7 @@ class KubeletPlugin:
         pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, self._reg_server)
         self._listen(self._reg_server, self.registration_socket)
         await self._reg_server.start()
+        self.registration_served = True
         log.info("registration socket %s (waiting for the kubelet)", self.registration_socket)
 
     async def stop(self, grace: float = 5.0) -> None:
@@ -212,6 +214,8 @@ class KubeletPlugin:
 
     # -- the calls ------------------------------------------------------------------------------
     async def prepare(self, refs: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
+        if not refs:  # nothing to do (the liveness check's call): no round, no node lock
+            return {}
         started, deadline = time.perf_counter(), time.monotonic() + CALL_BUDGET
         self._fetching += 1
         try:
@@ -225,6 +229,8 @@ class KubeletPlugin:
         return results
 
     async def unprepare(self, refs: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+        if not refs:
+            return {}
         started, deadline = time.perf_counter(), time.monotonic() + CALL_BUDGET
         results = await self._rounds.submit("unprepare", refs, key=lambda ref: ref.uid, deadline=deadline)
         self._record(metrics.UNPREPARE, started, list(results.values()))
