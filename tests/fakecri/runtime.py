@@ -18,6 +18,11 @@ import yaml
 from fakecri.gen import api_pb2 as pb
 from fakecri.gen import api_pb2_grpc as rpc
 
+DEFAULT_POD_IP = "10.88.0.2"  # no network: every pod gets this address, nothing listens there
+# A pod annotated with an IP gets that one instead: 127.0.0.1 points the kubelet's probes at a
+# process of the tests (the runtime runs no containers).
+POD_IP_ANNOTATION = "fakecri.gpudra.io/pod-ip"
+
 
 @dataclass
 class CdiEdits:
@@ -149,7 +154,8 @@ class Runtime(rpc.RuntimeServiceServicer):  # type: ignore[misc]
         config = sandbox.config
         return pb.PodSandboxStatusResponse(status=pb.PodSandboxStatus(
             id=request.pod_sandbox_id, metadata=config.metadata, state=sandbox.state, created_at=sandbox.created,
-            network=pb.PodSandboxNetworkStatus(ip="10.88.0.2"), labels=config.labels,
+            network=pb.PodSandboxNetworkStatus(ip=config.annotations.get(POD_IP_ANNOTATION, DEFAULT_POD_IP)),
+            labels=config.labels,
             annotations=config.annotations,
             linux=pb.LinuxPodSandboxStatus(namespaces=pb.Namespace(options=pb.NamespaceOption()))))
 

@@ -9,7 +9,9 @@ restarted in the same pod, and the kubelet registers it again and goes on with i
 kubelet restarts while the agent runs: it registers the agent again, prepares a prepared claim a
 second time (its pod's sandbox died meanwhile) and gets the same answer, with the spec rewritten
 only when it was lost. Last, a pod with two claims and two containers: each container gets only
-its own claim's GPU.
+its own claim's GPU. And the DaemonSet's probes, as rendered: the kubelet's gRPC prober passes
+the startup probe against a serving agent and restarts the container once the agent's liveness
+check fails.
 
 The kubelet's Node is tainted so that no other test's pods land on it."""
 
@@ -26,7 +28,7 @@ import pytest
 import pytest_asyncio
 from cdispec import validate_claim_spec
 from fakecri.gen import api_pb2 as pb
-from fakecri.runtime import FakeRuntime
+from fakecri.runtime import POD_IP_ANNOTATION, FakeRuntime
 from nodestate import checkpoint_states
 from realkubelet import RealKubelet, kubelet_binary
 from scrape import sample_value, scrape
@@ -38,11 +40,13 @@ from gpudra_operator.localcluster.agents import AgentProcess, start_agent
 from gpudra_operator.localcluster.controlplane import ControlPlane, free_port
 from gpudra_operator.localcluster.objects import delete_node
 from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_operator.render import render
 
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 POD = resource_type("v1", "Pod")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
+EVENT = resource_type("v1", "Event")
 TAINT = "gpudra.io/real-kubelet"
 
 
@@ -89,7 +93,7 @@ class KubeletNode:
     def spec_path(self, claim_uid: str) -> Path:
         return self.cdi_dir / f"k8s.{self.driver}-claim_{claim_uid}.json"
 
-    async def serving_agent(self, pod_uid: str | None = None) -> NodeAgent:
+    async def serving_agent(self, pod_uid: str | None = None, extra_args: tuple[str, ...] = ()) -> NodeAgent:
         """An agent as the DaemonSet's pod ``pod_uid`` would run it (a new pod when None), once it
         has published the node's 8 GPUs and the kubelet has registered it. Each process logs
         into a directory of its own."""
@@ -98,7 +102,7 @@ class KubeletNode:
         process = start_agent(kubeconfig=self.cluster.kubeconfig, node_name=self.name, nvml="fake:dgx-h100",
                               driver=self.driver, workdir=self.workdir / f"agent-{len(self.agents)}",
                               kubelet_dir=self.kubelet_dir, cdi_dir=self.cdi_dir,
-                              extra_args=("--pod-uid", pod_uid, "--metrics-port", str(port)))
+                              extra_args=("--pod-uid", pod_uid, "--metrics-port", str(port), *extra_args))
         agent = NodeAgent(process, pod_uid, port, socket_paths(self.kubelet_dir, self.driver, pod_uid)[1])
         self.agents.append(agent)
         await published_devices(self.kube, self.driver, self.name, 8)
@@ -385,3 +389,57 @@ async def test_each_container_gets_only_the_gpu_of_the_claim_it_references(
     assert len(uuids) == 2, "both containers see the same GPU"
 
     await delete_and_wait_unprepared(kube, kubelet_node, pod, *(c["metadata"]["uid"] for c in claims.values()))
+
+
+async def test_the_kubelet_restarts_an_agent_whose_liveness_probe_fails(
+        kube: Kube, namespace: str, kubelet_node: KubeletNode) -> None:
+    """The DaemonSet's startup and liveness probes, as the operator renders them, run by the real
+    kubelet's gRPC prober against a real agent: the startup probe passes once the agent serves;
+    with the agent's registration socket removed from under it, the liveness probe fails and the
+    kubelet restarts the container. (The fake runtime runs no processes: the agent is a process of
+    the test, and the pod's IP is loopback, where the agent's health port listens.)"""
+    health_port = free_port()
+    agent = await kubelet_node.serving_agent(extra_args=("--health-port", str(health_port)))
+    rendered = render({"apiVersion": "gpudra.io/v1alpha1", "kind": "GpuDraConfig", "metadata": {"name": "probes"},
+                       "spec": {}}).daemonset
+    assert rendered is not None
+    (container,) = rendered["spec"]["template"]["spec"]["containers"]
+    probes = {name: {**container[name], "grpc": {**container[name]["grpc"], "port": health_port}}
+              for name in ("startupProbe", "livenessProbe")}
+    probes["livenessProbe"].update(periodSeconds=1, failureThreshold=1)  # the same check, sooner
+    probes["startupProbe"].update(periodSeconds=1)
+    _, pod = seed_pod_for(kubelet_node, namespace, "agent-probes", restart_policy="Always")
+    spec = pod["spec"]
+    spec.pop("resourceClaims")
+    spec["containers"] = [{"name": "agent", "image": container["image"], **probes}]
+    pod["metadata"]["annotations"] = {POD_IP_ANNOTATION: "127.0.0.1"}
+    await kube.create(pod)
+
+    async def status() -> Obj:
+        kubelet_node.kubelet.assert_running()
+        got = await kube.get(POD, "agent-probes", namespace)
+        assert got is not None
+        return (got["status"].get("containerStatuses") or [{}])[0]
+
+    async def started() -> bool:
+        return bool((await status()).get("started"))
+
+    await wait_for(started, timeout=60, what="the kubelet's startup probe to pass against the agent")
+    assert (await status())["restartCount"] == 0
+    agent.registration_socket.unlink()  # the kubelet deregisters the plugin; only a restart brings it back
+
+    async def restarted() -> bool:
+        return (await status()).get("restartCount", 0) >= 1
+
+    await wait_for(restarted, timeout=60, what="the kubelet to restart the container after its liveness probe failed")
+    messages = [e.get("message", "") async for e in kube.list(EVENT, namespace,
+                                                               field_selector="involvedObject.name=agent-probes")]
+    assert any("Liveness probe failed" in m and "NOT_SERVING" in m for m in messages), messages
+    assert "liveness check failed" in agent.agent.log_tail()
+    await kube.delete(POD, "agent-probes", namespace)
+
+    async def gone() -> bool:
+        return await kube.get(POD, "agent-probes", namespace) is None
+
+    await wait_for(gone, timeout=60, what="pod agent-probes to be deleted by its kubelet")
+
