@@ -24,6 +24,6 @@ RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
 # privilege itself (privileged: true, the hostPath mounts) is granted by the DaemonSet the operator
 # renders, in a namespace labelled for it, and nowhere else (docs/design.md, "The agent DaemonSet").
 USER 0:0
-EXPOSE 8082
+EXPOSE 8082 8083
 ENTRYPOINT ["gpudra"]
 CMD ["agent"]

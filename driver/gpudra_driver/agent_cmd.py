@@ -140,9 +140,9 @@ async def _main(args: argparse.Namespace) -> int:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    await plugin.stop()
-    if health is not None:
+    if health is not None:  # first: probes of a stopping agent would fail, and say so in its log
         await health.stop(0)
+    await plugin.stop()
     await api.close()
     failed = [t for t in done if t is not stopper and t.exception()]
     for ended in failed:

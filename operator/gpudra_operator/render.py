@@ -152,7 +152,9 @@ def agent_labels(config_name: str) -> dict[str, str]:
 def agent_args(driver_name: str, agent: AgentSpec) -> list[str]:
     return ["agent", "--driver", driver_name, "--kubelet-dir", agent.kubelet_dir,
             "--cdi-dir", agent.cdi_dir, "--driver-root", agent.driver_root,
-            "--metrics-port", str(AGENT_METRICS_PORT), "--health-port", str(AGENT_HEALTH_PORT), *agent.extra_args]
+            "--metrics-port", str(AGENT_METRICS_PORT), *agent.extra_args,
+            # last, so that it wins over extraArgs: the probes dial this port
+            "--health-port", str(AGENT_HEALTH_PORT)]
 
 
 def _host_volume(name: str, path: str, kind: str) -> Obj:

@@ -29,7 +29,7 @@ from gpudra_driver.plugin.state import CHECKPOINT_FILE
 from gpudra_driver.plugin.kubelet_client import DraClient, Registered, register
 from gpudra_driver.plugin.plugin import socket_paths
 from gpudra_operator.localcluster.agents import AgentProcess, start_agent
-from gpudra_operator.localcluster.controlplane import ControlPlane
+from gpudra_operator.localcluster.controlplane import ControlPlane, free_port
 from gpudra_operator.localcluster.waiting import wait_for
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
@@ -390,12 +390,6 @@ async def _exists(path: Path) -> bool:
     return path.exists()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
-        probe.bind(("::", 0))
-        return probe.getsockname()[1]
-
-
 async def _health(port: int) -> int:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -413,7 +407,7 @@ async def test_liveness_probe_passes_while_the_kubelet_can_reach_the_agent(kube:
     from grpc_health.v1 import health_pb2
 
     node = (await fake_nodes("alive"))["metadata"]["name"]
-    port = _free_port()
+    port = free_port()
     plugin = plugin_agents(node, driver, extra_args=("--health-port", str(port)))
 
     async def serving() -> bool:
@@ -435,8 +429,10 @@ async def test_liveness_probe_passes_while_the_kubelet_can_reach_the_agent(kube:
 async def test_a_health_port_in_use_stops_the_agent_with_one_clear_line(fake_nodes, plugin_agents,
                                                                        driver: str) -> None:
     node = (await fake_nodes("busy-port"))["metadata"]["name"]
-    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as holder:
-        holder.bind(("::", 0))
+    with socket.socket() as holder:
+        # as another gRPC server holds a port (gRPC sets SO_REUSEPORT): the agent must not share it
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind(("0.0.0.0", 0))
         holder.listen()
         port = holder.getsockname()[1]
         plugin = plugin_agents(node, driver, extra_args=("--health-port", str(port)))

@@ -251,3 +251,23 @@ async def test_a_batch_gets_the_earliest_deadline_of_its_calls() -> None:
         assert seen == [None, 20.0]  # one batch of a, b, c: the earliest deadline
     finally:
         await rounds.stop()
+
+
+async def test_a_running_round_reports_how_long_it_has_run() -> None:
+    """What the liveness check reads: the age of the round running now, 0 between rounds, also
+    after a round that failed."""
+    rec = Recorder()
+    rounds = GroupCommit({"prepare": rec.handler("prepare", fail=True)})
+    rounds.start()
+    try:
+        assert rounds.round_running_for() == 0
+        call = rounds.submit("prepare", ["a"], same)
+        await asyncio.wait_for(rec.entered.wait(), 10)
+        first = rounds.round_running_for()
+        assert first > 0 and rounds.round_running_for() >= first  # it grows while the round runs
+        rec.release.set()
+        with pytest.raises(OSError, match="disk gone"):
+            await call
+        assert rounds.round_running_for() == 0
+    finally:
+        await rounds.stop()

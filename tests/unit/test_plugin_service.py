@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 from pathlib import Path
 
 import grpc
@@ -20,6 +21,7 @@ from gpudra_driver import metrics
 from gpudra_driver.plugin.kubelet_client import DraClient, RegistrationRefused, register
 from gpudra_driver.plugin.plugin import KubeletPlugin, socket_paths
 from gpudra_driver.plugin.sockets import MAX_SOCKET_PATH, SocketAddress
+from gpudra_operator.localcluster.waiting import wait_for
 
 A = "0c1d2e3f-0000-4000-8000-00000000000a"
 B = "0c1d2e3f-0000-4000-8000-00000000000b"
@@ -325,8 +327,16 @@ async def test_liveness_follows_the_sockets_the_kubelet_dials(root: Path) -> Non
         # restart is the way back, though the server behind the old file still runs.
         plugin.registration_socket.unlink()
         assert await _check(port) == not_serving
-        assert "registration socket" in (await health.liveness_problem(plugin) or "") and "is gone" in (
-            await health.liveness_problem(plugin) or "")
+        problem = await health.liveness_problem(plugin) or ""
+        assert "registration socket" in problem and "is gone" in problem
+        # a file there again, but nothing of ours behind it: the dial itself fails
+        deaf = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            deaf.bind(str(plugin.registration_socket))
+            problem = await health.liveness_problem(plugin) or ""
+            assert "registration socket" in problem and "does not answer" in problem
+        finally:
+            deaf.close()
     finally:
         await server.stop(0)
         await plugin.stop()
@@ -371,3 +381,86 @@ async def test_liveness_does_not_wait_for_the_node_lock(root: Path) -> None:
             assert await health.liveness_problem(plugin, timeout=2) is None
     finally:
         await plugin.stop()
+
+
+async def test_liveness_fails_when_a_socket_accepts_but_never_answers(root: Path) -> None:
+    """A server that takes connections and says nothing (a wedged peer behind the file): the
+    check gives up after its timeout instead of hanging the probe."""
+    from gpudra_driver.plugin import health
+
+    plugin = make_plugin(root, {})
+    await plugin.start()
+    try:
+        plugin.dra_socket.unlink()
+        silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            silent.bind(str(plugin.dra_socket))
+            silent.listen()  # the kernel completes connections; nobody reads or writes
+            problem = await asyncio.wait_for(health.liveness_problem(plugin, timeout=0.5), 10)
+            assert problem is not None and "does not answer" in problem and "Deadline" in problem
+        finally:
+            silent.close()
+    finally:
+        await plugin.stop()
+
+
+async def test_liveness_fails_when_a_round_of_calls_is_stuck(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round that has run longer than any call may (a hung disk): the sockets still answer the
+    check's empty call, but no prepare would ever be answered again."""
+    from gpudra_driver.plugin import health
+
+    plugin = make_plugin(root, {})
+    await plugin.start()
+    try:
+        assert plugin.round_running_for() == 0 and await health.liveness_problem(plugin) is None
+        monkeypatch.setattr(plugin._rounds, "round_started", time.monotonic() - health.ROUND_STUCK_AFTER - 5)
+        problem = await health.liveness_problem(plugin)
+        assert problem is not None and "are not done" in problem
+    finally:
+        monkeypatch.undo()
+        await plugin.stop()
+
+
+async def test_concurrent_checks_share_one_and_a_failure_is_logged_once(
+        root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The health port is open to the pod network: a burst of checks costs one check, and a
+    failing one does not flood the log."""
+    from grpc_health.v1 import health_pb2
+
+    from gpudra_driver.plugin import health
+
+    calls = 0
+    release = asyncio.Event()
+
+    async def slow_problem(plugin: object, timeout: float = 1.0) -> str | None:
+        nonlocal calls
+        calls += 1
+        await release.wait()
+        return "the DRA socket is gone"
+
+    monkeypatch.setattr(health, "liveness_problem", slow_problem)
+    plugin = make_plugin(root, {})
+    server, port = await health.serve(0, plugin)
+    servicer = health.LivenessServicer(plugin)
+    request = health_pb2.HealthCheckRequest(service="liveness")
+    try:
+        # Three calls scheduled together all reach the shared check before it starts (asyncio
+        # runs ready tasks in order): once it has started, all three are waiting on it.
+        checks = [asyncio.ensure_future(servicer.Check(request, None)) for _ in range(3)]
+
+        async def started() -> bool:
+            return calls == 1
+
+        await wait_for(started, timeout=10, what="the shared check to start")
+        assert not any(c.done() for c in checks)
+        release.set()
+        assert [r.status for r in await asyncio.gather(*checks)] == [health_pb2.HealthCheckResponse.NOT_SERVING] * 3
+        assert calls == 1
+        # over the wire, after it: a check of its own, the same reason (not logged again)
+        assert await _check(port) == health_pb2.HealthCheckResponse.NOT_SERVING and calls == 2
+        assert await servicer.Check(request, None) and calls == 3
+        failures = [r for r in caplog.records if "liveness check failed" in r.getMessage()]
+        assert len(failures) == 2  # the same reason three times in each servicer: logged once by each
+    finally:
+        await server.stop(0)
+

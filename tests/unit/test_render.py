@@ -147,7 +147,8 @@ def test_agent_settings_flow_into_the_pod() -> None:
     c = container(ds)
     assert c["image"] == "registry.local/gpudra:dev" and c["imagePullPolicy"] == "Always"
     assert c["resources"] == {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": 268435456}}
-    assert c["args"][-1] == "--v=4" and c["args"][:2] == ["agent", "--driver"]
+    assert c["args"][:2] == ["agent", "--driver"]
+    assert c["args"].index("--v=4") > c["args"].index("--metrics-port")  # extraArgs can move the metrics port
     assert c["env"][-1] == {"name": "GPUDRA_DEBUG", "value": "1"}
     assert [e["name"] for e in c["env"]][:3] == ["NODE_NAME", "POD_UID", "POD_NAMESPACE"]
     # Plain, mutable JSON data (no mappingproxy/tuple from the frozen spec view).
@@ -233,5 +234,13 @@ def test_agent_liveness_asks_the_port_and_service_the_agent_serves() -> None:
         assert c[probe]["grpc"]["port"] == port and c[probe]["grpc"]["service"] in SERVICES
     startup, liveness = c["startupProbe"], c["livenessProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
-    assert liveness["failureThreshold"] >= 3 and liveness["timeoutSeconds"] > 2 * CHECK_TIMEOUT
+    for probe in (startup, liveness):  # a check dials up to two sockets, each within CHECK_TIMEOUT
+        assert probe["timeoutSeconds"] > 2 * CHECK_TIMEOUT
+    assert liveness["failureThreshold"] >= 3
+
+
+def test_extra_args_cannot_move_the_port_the_probes_dial() -> None:
+    c = container(render(config({"agent": {"extraArgs": ["--health-port=9999", "--log-format=json"]}})).daemonset)
+    assert c["args"][-2:] == ["--health-port", str(c["livenessProbe"]["grpc"]["port"])]  # argparse: last wins
+    assert "--log-format=json" in c["args"]
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -44,6 +45,7 @@ class GroupCommit:
         self._calls: asyncio.Queue[Call | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self.round_started: float | None = None  # time.monotonic() of the round running now
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._serve(), name="plugin-group-commit")
@@ -129,6 +131,19 @@ class GroupCommit:
                 return
 
     async def _run(self, calls: list[Call]) -> None:
+        self.round_started = time.monotonic()
+        try:
+            await self._run_batches(calls)
+        finally:
+            self.round_started = None
+
+    def round_running_for(self) -> float:
+        """Seconds the round running now has taken so far; 0 when none runs (the liveness check:
+        a round stuck on a hung disk or a lock that never comes answers no call again)."""
+        started = self.round_started
+        return 0.0 if started is None else time.monotonic() - started
+
+    async def _run_batches(self, calls: list[Call]) -> None:
         for kind, group in itertools.groupby(calls, key=lambda call: call[0]):
             batch = list(group)
             try:

@@ -6,8 +6,15 @@ connection outlives its socket file, so only a new one notices a file removed fr
 (a cleaned-up ``plugins_registry``: the kubelet has deregistered the plugin and will not call it
 again until the agent restarts and serves a new socket). It passes when the DRA socket answers a
 NodePrepareResources without claims and, once the registration socket is served (after the first
-discovery; an agent still waiting for NVML stays alive), that socket answers GetInfo. The check
-runs on the agent's event loop, so a wedged loop fails it too: the probe times out."""
+discovery; an agent still waiting for NVML stays alive), that socket answers GetInfo. The empty
+call takes no round and no node lock, so a peer holding the lock never gets this instance
+restarted; a round of real calls running for longer than any call may (a hung disk) fails the
+check instead. The check runs on the agent's event loop, so a wedged loop fails it too: the probe
+times out.
+
+The port is open to the pod network, so a check costs little and is shared: concurrent callers
+wait for the one in flight, at most a few calls are served at once, and a failure is logged when
+its reason changes, not on every call."""
 
 from __future__ import annotations
 
@@ -26,7 +33,13 @@ log = logging.getLogger(__name__)
 
 SERVICES = ("", "liveness")  # the whole server, and the name the DaemonSet's probes ask for
 CHECK_TIMEOUT = 3.0  # per socket; the probes' timeoutSeconds leaves room for both
+# A round answers its calls within the kubelet's 45 s (plugin.CALL_BUDGET); one running this long
+# answers none.
+ROUND_STUCK_AFTER = 120.0
+# Its own subchannel pool: a new connection even where another channel of this process (a test's
+# kubelet client) is connected to the same path, to the server behind a file since removed.
 FRESH_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
+MAX_CONCURRENT_CHECKS = 4
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -41,24 +54,35 @@ class PluginSockets(Protocol):
     @property
     def registration_served(self) -> bool: ...
 
+    def round_running_for(self) -> float: ...
+
 
 async def liveness_problem(plugin: PluginSockets, timeout: float = CHECK_TIMEOUT) -> str | None:
     """Why the plugin cannot serve the kubelet now; None when it can."""
+    if (running := plugin.round_running_for()) > ROUND_STUCK_AFTER:
+        return f"the prepare/unprepare calls taken {running:.0f}s ago are not done (a hung disk or node lock?)"
     checks = [("DRA", plugin.dra_socket, _answers_prepare)]
     if plugin.registration_served:
         checks.append(("registration", plugin.registration_socket, _answers_get_info))
     for name, path, call in checks:
-        if not path.is_socket():
-            return f"the {name} socket {path} is gone"
         try:
+            if not path.is_socket():
+                return f"the {name} socket {path} is gone"
             with SocketAddress(path) as address:
-                # its own subchannel pool: a new connection, not one another channel kept open
                 async with grpc.aio.insecure_channel(address.target, options=FRESH_CONNECTION) as channel:
                     await call(channel, timeout)
         except (grpc.aio.AioRpcError, OSError, ValueError, asyncio.TimeoutError) as error:
             detail = error.details() if isinstance(error, grpc.aio.AioRpcError) else error
             return f"the {name} socket {path} does not answer: {detail}"
     return None
+
+
+async def _problem_or_bug(plugin: PluginSockets) -> str | None:
+    try:
+        return await liveness_problem(plugin)
+    except Exception as error:  # a bug of the check: reported like any failure, with its reason
+        log.exception("the liveness check itself failed")
+        return f"the liveness check failed: {error!r}"
 
 
 async def _answers_prepare(channel: grpc.aio.Channel, timeout: float) -> None:
@@ -74,21 +98,38 @@ async def _answers_get_info(channel: grpc.aio.Channel, timeout: float) -> None:
 class LivenessServicer(health_pb2_grpc.HealthServicer):
     def __init__(self, plugin: PluginSockets) -> None:
         self.plugin = plugin
+        self._in_flight: asyncio.Task[str | None] | None = None
+        self._last_problem: str | None = None
 
     async def Check(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         if request.service not in SERVICES:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
-        problem = await liveness_problem(self.plugin)
-        if problem is not None:
-            log.warning("liveness check failed (the kubelet restarts the agent after repeated failures): %s",
-                        problem)
+            await context.abort(grpc.StatusCode.NOT_FOUND, "unknown service")
+        if self._in_flight is None or self._in_flight.done():
+            self._in_flight = asyncio.ensure_future(_problem_or_bug(self.plugin))
+            self._in_flight.add_done_callback(self._report)
+        # shielded: a caller that gives up does not cancel the check the others wait for
+        problem = await asyncio.shield(self._in_flight)
         return health_pb2.HealthCheckResponse(status=SERVING if problem is None else NOT_SERVING)
+
+    def _report(self, check: asyncio.Task[str | None]) -> None:
+        """Log a failure when its reason changes, and the recovery."""
+        if check.cancelled():  # the server stopping
+            return
+        problem = check.result()
+        if problem != self._last_problem:
+            if problem is not None:
+                log.warning("liveness check failed (the kubelet restarts the agent after repeated failures): %s",
+                            problem)
+            else:
+                log.info("liveness check passes again")
+        self._last_problem = problem
 
 
 async def serve(port: int, plugin: PluginSockets) -> tuple[grpc.aio.Server, int]:
     """The health service on ``port`` of every address of the pod (0: a free port); the server
     and its port."""
-    server = grpc.aio.server()
+    # so_reuseport off: a port another process holds is an error here, not a silent share of it
+    server = grpc.aio.server(maximum_concurrent_rpcs=MAX_CONCURRENT_CHECKS, options=[("grpc.so_reuseport", 0)])
     health_pb2_grpc.add_HealthServicer_to_server(LivenessServicer(plugin), server)
     try:
         bound = server.add_insecure_port(f"[::]:{port}")

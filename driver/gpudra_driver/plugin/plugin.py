@@ -212,6 +212,10 @@ class KubeletPlugin:
                 _unlink(path)
                 log.info("removed stale socket %s", path)
 
+    def round_running_for(self) -> float:
+        """Seconds the prepare/unprepare round running now has taken (0: none runs)."""
+        return self._rounds.round_running_for()
+
     # -- the calls ------------------------------------------------------------------------------
     async def prepare(self, refs: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
         if not refs:  # nothing to do (the liveness check's call): no round, no node lock
