@@ -165,8 +165,10 @@ async def run(ctx: Context) -> list[Result]:
             events = SliceEvents(kube, driver, node)
             await events.start()
             started = time.perf_counter()
-            # as the DaemonSet runs it: metrics served (and its process env, which start_agent applies)
-            agent = agents.start(node, "fake:dgx-h100", driver, extra_args=("--metrics-port", str(free_port())))
+            # as the DaemonSet runs it: metrics and health served (and its process env, which
+            # start_agent applies)
+            agent = agents.start(node, "fake:dgx-h100", driver, extra_args=(
+                "--metrics-port", str(free_port()), "--health-port", str(free_port())))
             at, _ = await events.first(0, lambda kind, obj: len(devices_of(obj)) == 8, "the first slice")
             starts.append(at - started)
             if i == 0:

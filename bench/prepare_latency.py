@@ -15,8 +15,8 @@ both alike. Where the files go, as on a node: the checkpoint on the disk file sy
 the CDI specs on tmpfs (``/dev/shm`` here, ``/var/run/cdi`` there).
 
 Usage: ``python -m bench prepare_latency`` (with the other benches: ``make bench``) or
-``python -m bench.prepare_latency [--rounds N] [--json PATH] [--event-loop asyncio]`` (both servers
-on the standard loop instead of the agent's default, uvloop). Needs the
+``python -m bench.prepare_latency [--rounds N] [--json PATH] [--event-loop uvloop]`` (both servers
+on uvloop instead of the agent's default, the standard loop). Needs the
 control-plane binaries (GPUDRA_KUBE_BIN, as for the tests)."""
 
 from __future__ import annotations

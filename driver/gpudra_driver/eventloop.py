@@ -1,10 +1,12 @@
 """Which asyncio event loop the node agent runs on.
 
-uvloop (libuv) by default: the agent's hot path, a kubelet gRPC call that GETs its claims through
-aiohttp, spends most of its CPU in the event loop and socket I/O, and uvloop took 0.4-2.4 ms
-(median 1.5) off a one-claim NodePrepareResources on the development VM (docs/kubelet-plugin.md,
-"uvloop"). The standard
-loop stays one flag away (``--event-loop asyncio``) for anyone who has to rule uvloop out."""
+The standard loop by default; uvloop (libuv) on request (``--event-loop uvloop``, or
+``$GPUDRA_EVENT_LOOP=uvloop`` through ``spec.agent.extraEnv``). The agent's hot path, a kubelet gRPC
+call that GETs its claims through aiohttp, spends most of its CPU in the event loop and socket I/O,
+and uvloop took 0.4-2.4 ms (median 1.5) off a one-claim NodePrepareResources on the development VM.
+It also costs ~2 MiB of resident memory (its library and libuv's worker threads), which takes the
+agent over its 60 MiB budget: hence opt-in (docs/kubelet-plugin.md, "uvloop").
+"""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 LOOPS = ("uvloop", "asyncio")
-DEFAULT = "uvloop"
+DEFAULT = "asyncio"
 
 
 def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:

@@ -22,7 +22,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from prometheus_client import Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, Info
+
+from gpudra_driver import metrics_http
 
 log = logging.getLogger("gpudra.agent")
 
@@ -106,8 +108,7 @@ def publish_failed() -> None:
     PUBLISH_ERRORS.inc()
 
 
-def serve(port: int, addr: str = "0.0.0.0") -> None:
-    """Serve ``/metrics`` on ``port`` in a background thread (0: do nothing)."""
-    if port:
-        start_http_server(port, addr=addr)
-        log.info("serving Prometheus metrics on %s:%d/metrics", addr, port)
+def serve(port: int, addr: str | None = None) -> None:
+    """Serve ``/metrics`` on ``port`` in a background thread (0: do nothing); see
+    :func:`gpudra_driver.metrics_http.serve`."""
+    metrics_http.serve(port, addr, log)

@@ -26,7 +26,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, Info
+
+from gpudra_driver import metrics_http
 
 log = logging.getLogger("gpudra.operator")
 
@@ -146,8 +148,7 @@ def forget_config(config_name: str) -> None:
             pass
 
 
-def serve(port: int, addr: str = "0.0.0.0") -> None:
-    """Serve ``/metrics`` on ``port`` in a background thread (0: do nothing)."""
-    if port:
-        start_http_server(port, addr=addr)
-        log.info("serving Prometheus metrics on %s:%d/metrics", addr, port)
+def serve(port: int, addr: str | None = None) -> None:
+    """Serve ``/metrics`` on ``port`` in a background thread (0: do nothing); see
+    :func:`gpudra_driver.metrics_http.serve`."""
+    metrics_http.serve(port, addr, log)

@@ -441,3 +441,24 @@ async def test_a_health_port_in_use_stops_the_agent_with_one_clear_line(fake_nod
     assert len(errors) == 1 and str(port) in errors[0], plugin.agent.log_tail()
     assert "Traceback" not in plugin.agent.log_tail()
     assert not plugin.dra_socket.exists()  # it stopped cleanly: its sockets are gone
+
+
+async def test_the_agent_on_uvloop_registers_prepares_and_unprepares(kube: Kube, namespace: str, fake_nodes,
+                                                                     plugin_agents, driver: str) -> None:
+    """The opt-in event loop (``--event-loop uvloop``): the same gRPC servers, claim GETs and
+    checkpoint writes, on libuv."""
+    node = (await fake_nodes("uvloop"))["metadata"]["name"]
+    plugin = plugin_agents(node, driver, extra_args=("--event-loop", "uvloop"))
+    await published_devices(kube, driver, node, 8)
+    registered = await plugin.registered()
+    claim = await allocated_claim(kube, namespace, "on-uvloop", driver, node, ["gpu-4"])
+    async with DraClient(registered.endpoint, registered.version) as kubelet:
+        response = await plugin.prepare(kubelet, [ref(claim)])
+        (device,) = response.claims[claim["metadata"]["uid"]].devices
+        assert device.device_name == "gpu-4" and response.claims[claim["metadata"]["uid"]].error == ""
+        assert plugin.checkpoint() == {claim["metadata"]["uid"]: "PrepareCompleted"}
+        unprepared = await kubelet.unprepare([ref(claim)])
+        assert unprepared.claims[claim["metadata"]["uid"]].error == ""
+    assert plugin.checkpoint() == {} and not plugin.spec_path(claim["metadata"]["uid"]).exists()
+    assert "event loop uvloop" in plugin.agent.log_tail()  # what it ran on, read off the running loop
+    assert plugin.agent.stop() == 0

@@ -107,3 +107,48 @@ def test_the_endpoint_serves_every_documented_name() -> None:
         assert f"# HELP {name} " in text or f"# HELP {name.removesuffix('_total')} " in text or \
             f"# HELP {name.removesuffix('_info')} " in text, name
     assert "process_resident_memory_bytes" in text
+
+
+def test_the_endpoint_listens_on_ipv4_and_on_ipv6_where_the_kernel_has_it() -> None:
+    """Pods of an IPv6-only cluster are scraped over IPv6, of an IPv4 one over IPv4: by default
+    the endpoint takes both (dual-stack ``::``), or IPv4 alone on a kernel without IPv6."""
+    port = free_port()
+    agent_metrics.serve(port)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        assert b"gpudra_agent_prepared_claims" in response.read()
+    if _has_ipv6_loopback():
+        with urllib.request.urlopen(f"http://[::1]:{port}/metrics", timeout=5) as response:
+            assert b"gpudra_agent_prepared_claims" in response.read()
+
+
+def test_a_kernel_without_ipv6_gets_the_ipv4_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from gpudra_driver import metrics_http
+
+    calls: list[str] = []
+
+    def start(port: int, addr: str) -> None:
+        calls.append(addr)
+        if addr == "::":
+            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+
+    monkeypatch.setattr(metrics_http, "start_http_server", start)
+    agent_metrics.serve(9999)
+    assert calls == ["::", "0.0.0.0"]
+    calls.clear()
+    monkeypatch.setattr(metrics_http, "start_http_server",
+                        lambda port, addr: (_ for _ in ()).throw(OSError(errno.EADDRINUSE, "in use")))
+    with pytest.raises(OSError, match="in use"):  # any other error is the caller's to see
+        agent_metrics.serve(9999)
+
+
+def _has_ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
