@@ -26,7 +26,7 @@ from seedobjects import published_devices, seed_objects
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_driver.plugin.checkpoint import is_leftover
 from gpudra_driver.plugin.state import CHECKPOINT_FILE
-from gpudra_driver.plugin.kubelet_client import DraClient, Registered, register
+from gpudra_driver.plugin.kubelet_client import DraClient, Registered, probe_health, register
 from gpudra_driver.plugin.plugin import socket_paths
 from gpudra_operator.localcluster.agents import AgentProcess, start_agent
 from gpudra_operator.localcluster.controlplane import ControlPlane, free_port
@@ -390,15 +390,6 @@ async def _exists(path: Path) -> bool:
     return path.exists()
 
 
-async def _health(port: int) -> int:
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    async with grpc.aio.insecure_channel(f"localhost:{port}") as channel:  # as the kubelet's gRPC probe
-        response = await health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service="liveness"), timeout=15)
-        return response.status
-
-
 async def test_liveness_probe_passes_while_the_kubelet_can_reach_the_agent(kube: Kube, fake_nodes, plugin_agents,
                                                                           driver: str) -> None:
     """What the DaemonSet's startup and liveness probes ask: SERVING from start-up on, NOT_SERVING
@@ -413,15 +404,15 @@ async def test_liveness_probe_passes_while_the_kubelet_can_reach_the_agent(kube:
     async def serving() -> bool:
         assert plugin.agent.process.poll() is None, plugin.agent.log_tail()
         try:
-            return await _health(port) == health_pb2.HealthCheckResponse.SERVING
+            return await probe_health(port) == health_pb2.HealthCheckResponse.SERVING
         except grpc.aio.AioRpcError:
             return False  # not listening yet: the startup probe's case
 
     await wait_for(serving, timeout=30, what=f"the agent's health service on port {port}")
     await plugin.registered()
-    assert await _health(port) == health_pb2.HealthCheckResponse.SERVING
+    assert await probe_health(port) == health_pb2.HealthCheckResponse.SERVING
     plugin.registration_socket.unlink()
-    assert await _health(port) == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert await probe_health(port) == health_pb2.HealthCheckResponse.NOT_SERVING
     assert "liveness check failed" in plugin.agent.log_tail() and "is gone" in plugin.agent.log_tail()
     assert plugin.agent.stop() == 0
 

@@ -17,6 +17,7 @@ from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.events import EventRecorder
 from gpudra_operator.localcluster.controlplane import ControlPlane
 from gpudra_operator.localcluster.kubelet_sim import KubeletSimulator
+from gpudra_operator.localcluster.objects import events_about
 from gpudra_operator.localcluster.operatorproc import OperatorProcess, start_operator
 from gpudra_operator.localcluster.waiting import wait_for
 from gpudra_operator.reconcile import Reconciler
@@ -25,7 +26,6 @@ CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 DAEMONSET = resource_type("apps/v1", "DaemonSet")
 SERVICE_ACCOUNT = resource_type("v1", "ServiceAccount")
-EVENT = resource_type("v1", "Event")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -195,7 +195,7 @@ async def test_broken_template_loses_nothing(kube: Kube, configs, namespace: str
     assert ds_after["metadata"]["generation"] == ds_before["metadata"]["generation"]
 
     async def warning_event() -> Obj | None:
-        events = [e async for e in kube.list(EVENT, "default", field_selector=f"involvedObject.name={name}")]
+        events = await events_about(kube, name)
         return next((e for e in events if e["type"] == "Warning" and good["name"] in e["message"]), None)
 
     await wait_for(warning_event, timeout=15, what="a Warning Event naming the broken class")

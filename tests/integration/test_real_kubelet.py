@@ -38,7 +38,7 @@ from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_driver.plugin.plugin import socket_paths
 from gpudra_operator.localcluster.agents import AgentProcess, start_agent
 from gpudra_operator.localcluster.controlplane import ControlPlane, free_port
-from gpudra_operator.localcluster.objects import delete_node
+from gpudra_operator.localcluster.objects import delete_node, events_about
 from gpudra_operator.localcluster.waiting import wait_for
 from gpudra_operator.render import render
 
@@ -46,7 +46,6 @@ CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 POD = resource_type("v1", "Pod")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
-EVENT = resource_type("v1", "Event")
 TAINT = "gpudra.io/real-kubelet"
 
 
@@ -432,8 +431,7 @@ async def test_the_kubelet_restarts_an_agent_whose_liveness_probe_fails(
         return (await status()).get("restartCount", 0) >= 1
 
     await wait_for(restarted, timeout=60, what="the kubelet to restart the container after its liveness probe failed")
-    messages = [e.get("message", "") async for e in kube.list(EVENT, namespace,
-                                                               field_selector="involvedObject.name=agent-probes")]
+    messages = [e.get("message", "") for e in await events_about(kube, "agent-probes", namespace)]
     assert any("Liveness probe failed" in m and "NOT_SERVING" in m for m in messages), messages
     assert "liveness check failed" in agent.agent.log_tail()
     await kube.delete(POD, "agent-probes", namespace)

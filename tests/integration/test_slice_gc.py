@@ -20,7 +20,7 @@ import pytest_asyncio
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.events import EventRecorder
 from gpudra_operator.localcluster.controlplane import ControlPlane
-from gpudra_operator.localcluster.objects import create_fake_node, delete_node, fake_slice
+from gpudra_operator.localcluster.objects import create_fake_node, delete_node, events_about, fake_slice
 from gpudra_operator.render import agent_labels
 from gpudra_operator.slicegc import GcResult, SliceCollector
 from gpudra_operator.staleslices import NODE_GONE, NODE_UNSELECTED, OWNER_UID_MISMATCH, SUPERSEDED_GENERATION
@@ -29,7 +29,6 @@ CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 NODE = resource_type("v1", "Node")
 POD = resource_type("v1", "Pod")
-EVENT = resource_type("v1", "Event")
 GRACE = 30.0  # the CRD's minimum gracePeriod
 
 
@@ -116,8 +115,7 @@ def kube_gc_paused(cluster: ControlPlane) -> Iterator[None]:
 
 
 async def gc_events(kube: Kube, name: str, reason: str) -> list[Obj]:
-    return [e async for e in kube.list(EVENT, "default", field_selector=f"involvedObject.name={name}")
-            if e["reason"] == reason]
+    return [e for e in await events_about(kube, name) if e["reason"] == reason]
 
 
 # --- rules -----------------------------------------------------------------------------------

@@ -16,14 +16,13 @@ import pytest_asyncio
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.localcluster.controlplane import ControlPlane
 from gpudra_operator.localcluster.kubelet_sim import KubeletSimulator
-from gpudra_operator.localcluster.objects import fake_slice
+from gpudra_operator.localcluster.objects import events_about, fake_slice
 from gpudra_operator.localcluster.operatorproc import OperatorProcess, start_operator
 from gpudra_operator.localcluster.waiting import wait_for
 from gpudra_operator.staleslices import NODE_GONE
 
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
-EVENT = resource_type("v1", "Event")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -105,7 +104,7 @@ async def test_operator_collects_stale_slices_and_reports(scene: Cluster, kube: 
     assert await kube.get(SLICE, healthy["metadata"]["name"]) is not None
 
     async def event() -> Obj | None:
-        events = [e async for e in kube.list(EVENT, "default", field_selector=f"involvedObject.name={scene.name}")]
+        events = await events_about(kube, scene.name)
         return next((e for e in events if e["reason"] == "StaleSlicesDeleted"), None)
 
     assert orphan["metadata"]["name"] in (await wait_for(event, timeout=15, what="a StaleSlicesDeleted Event"))["message"]

@@ -18,7 +18,7 @@ from plugin_fixtures import DRIVER, NODE, claim, result
 from gpudra_driver.discovery import scan
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 from gpudra_driver import metrics
-from gpudra_driver.plugin.kubelet_client import DraClient, RegistrationRefused, register
+from gpudra_driver.plugin.kubelet_client import DraClient, RegistrationRefused, probe_health, register
 from gpudra_driver.plugin.plugin import KubeletPlugin, socket_paths
 from gpudra_driver.plugin.sockets import MAX_SOCKET_PATH, SocketAddress
 from gpudra_operator.localcluster.waiting import wait_for
@@ -293,15 +293,6 @@ async def test_watch_raises_when_the_rounds_that_answer_calls_end(root: Path, di
         await plugin.stop()
 
 
-async def _check(port: int, service: str = "liveness") -> int:
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    async with grpc.aio.insecure_channel(f"localhost:{port}") as channel:  # as the kubelet's probe dials
-        response = await health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service=service), timeout=10)
-        return response.status
-
-
 async def test_liveness_follows_the_sockets_the_kubelet_dials(root: Path) -> None:
     from grpc_health.v1 import health_pb2
 
@@ -314,19 +305,19 @@ async def test_liveness_follows_the_sockets_the_kubelet_dials(root: Path) -> Non
     try:
         # Waiting for discovery (NVML may be down for long): alive, so never restarted for it.
         assert not plugin.registration_served
-        assert await _check(port) == serving and await _check(port, "") == serving
+        assert await probe_health(port) == serving and await probe_health(port, "") == serving
         with pytest.raises(grpc.aio.AioRpcError) as unknown:
-            await _check(port, "readiness")
+            await probe_health(port, "readiness")
         assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
 
         plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
         await plugin._register_task  # type: ignore[misc]
-        assert plugin.registration_served and await _check(port) == serving
+        assert plugin.registration_served and await probe_health(port) == serving
 
         # Its registration socket removed from under it (the kubelet deregisters the plugin): a
         # restart is the way back, though the server behind the old file still runs.
         plugin.registration_socket.unlink()
-        assert await _check(port) == not_serving
+        assert await probe_health(port) == not_serving
         problem = await health.liveness_problem(plugin) or ""
         assert "registration socket" in problem and "is gone" in problem
         # a file there again, but nothing of ours behind it: the dial itself fails
@@ -457,7 +448,7 @@ async def test_concurrent_checks_share_one_and_a_failure_is_logged_once(
         assert [r.status for r in await asyncio.gather(*checks)] == [health_pb2.HealthCheckResponse.NOT_SERVING] * 3
         assert calls == 1
         # over the wire, after it: a check of its own, the same reason (not logged again)
-        assert await _check(port) == health_pb2.HealthCheckResponse.NOT_SERVING and calls == 2
+        assert await probe_health(port) == health_pb2.HealthCheckResponse.NOT_SERVING and calls == 2
         assert await servicer.Check(request, None) and calls == 3
         failures = [r for r in caplog.records if "liveness check failed" in r.getMessage()]
         assert len(failures) == 2  # the same reason three times in each servicer: logged once by each

@@ -3,7 +3,8 @@
 :func:`register` does what the kubelet's plugin watcher does with a registration socket: GetInfo,
 validate the answer the way ``validateSupportedServices`` does (first plugin-listed version the
 kubelet supports), then NotifyRegistrationStatus. :class:`DraClient` then calls the DRA socket
-the plugin named, through v1 or v1beta1."""
+the plugin named, through v1 or v1beta1. :func:`probe_health` is the kubelet's gRPC probe of the
+agent's health port."""
 
 from __future__ import annotations
 
@@ -106,3 +107,14 @@ class DraClient:
     async def unprepare(self, claims: Iterable[tuple[str, str, str]], timeout: float = 45) -> Any:
         request = self.pb.NodeUnprepareResourcesRequest(claims=self._claims(claims))
         return await self.stub.NodeUnprepareResources(request, timeout=timeout)
+
+
+async def probe_health(port: int, service: str = "liveness", timeout: float = 10) -> int:
+    """The kubelet's gRPC probe: ``grpc.health.v1`` Check on ``localhost:port``; the status."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    async with grpc.aio.insecure_channel(f"localhost:{port}") as channel:
+        response = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        return response.status
+

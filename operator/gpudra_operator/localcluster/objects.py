@@ -1,4 +1,4 @@
-"""Fake Nodes and scratch namespaces on the local control plane.
+"""Fake Nodes, scratch namespaces and Events on the local control plane.
 
 A fake Node is what upstream's DRA integration tests use: a Node object that is Ready with
 capacity, and no kubelet behind it. Pods bound to it stay Pending unless someone plays the
@@ -17,6 +17,7 @@ NODE = resource_type("v1", "Node")
 NAMESPACE = resource_type("v1", "Namespace")
 POD = resource_type("v1", "Pod")
 SERVICE_ACCOUNT = resource_type("v1", "ServiceAccount")
+EVENT = resource_type("v1", "Event")
 FAKE_NODE_LABEL = "gpudra.io/fake-node"
 
 
@@ -85,3 +86,9 @@ def fake_slice(name: str, driver: str, node: str, *, generation: int = 1, owner_
                      "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
                      "devices": [{"name": f"gpu-{i}", "attributes": {"index": {"int": i}},
                                   "capacity": {"memory": {"value": "80Gi"}}} for i in range(devices)]}}
+
+
+async def events_about(kube: Kube, name: str, namespace: str = "default") -> list[Obj]:
+    """The Events in ``namespace`` whose involved object is named ``name``."""
+    return [e async for e in kube.list(EVENT, namespace, field_selector=f"involvedObject.name={name}")]
+
