@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv kube-bin helm-bin cdi-schema test unit typecheck demo demo-down bench protos images image-operator image-agent clean
+.PHONY: help venv kube-bin helm-bin cdi-schema cdi-tools nvidia-ctk mock-nvml test unit typecheck demo demo-down bench protos images image-operator image-agent clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
@@ -17,6 +17,9 @@ help:
 	@echo "make typecheck  mypy over the operator, the driver and the benches (CI runs it)"
 	@echo "make kube-bin   fetch or build etcd $(ETCD_VERSION) + Kubernetes $(KUBE_VERSION) binaries"
 	@echo "make cdi-schema fetch the pinned official CDI JSON schema the tests validate CDI specs against"
+	@echo "make cdi-tools  build cdi-validate (hack/cdi-tools): the official CDI Go library the tests check every CDI spec with"
+	@echo "make nvidia-ctk build NVIDIA's nvidia-ctk and nvidia-cdi-hook (pinned, from the Go module proxy) the tests compare specs with"
+	@echo "make mock-nvml  build the mock libnvidia-ml.so.1 (tests/mocknvml) the tests run pynvml and nvidia-ctk against"
 	@echo "make bench      benchmarks (not part of make test)"
 	@echo "make protos     regenerate the kubelet plugin's gRPC stubs"
 	@echo "make images     build the operator and agent images (needs a docker or podman engine)"
@@ -40,18 +43,39 @@ helm-bin:
 cdi-schema: venv
 	@$(BIN)/python tests/cdispec.py >/dev/null
 
-test: venv cdi-schema
+# Built from the pinned hack/cdi-tools module, cached under ~/.cache/gpudra/cdi-tools/<hash of its sources>.
+cdi-tools:
+	@hack/cdi-tools-bin.sh
+
+# Built with cgo from the Go module proxy, cached under ~/.cache/gpudra/nvidia-ctk/<version>.
+nvidia-ctk:
+	@hack/nvidia-ctk-bin.sh
+
+# The mock NVML (a C libnvidia-ml.so.1 answering from an inventory written from a profile) that the
+# tests load into the real pynvml and nvidia-ctk; built here, never committed (build/ is ignored).
+MOCK_NVML := build/mock-nvml/libnvidia-ml.so
+MOCK_NVML_SRC := tests/mocknvml/mock_nvml.c tests/mocknvml/mock_nvml.h
+mock-nvml: $(MOCK_NVML)
+$(MOCK_NVML): $(MOCK_NVML_SRC)
+	@command -v $(CC) >/dev/null || { echo "make mock-nvml: no C compiler ($(CC)) found: apt-get install gcc" >&2; exit 1; }
+	@mkdir -p $(@D)
+	$(CC) -Wall -Wextra -Werror -O2 -fPIC -shared -Wl,-soname,libnvidia-ml.so.1 -o $@ tests/mocknvml/mock_nvml.c -ldl -lpthread
+
+test: venv cdi-schema mock-nvml
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
 	  helm="$$(hack/helm-bin.sh | tail -n 1)" && test -n "$$helm" && \
-	  GPUDRA_KUBE_BIN="$$bin_dir" GPUDRA_HELM="$$helm" $(BIN)/pytest $(PYTEST_ARGS)
+	  nvctk="$$(hack/nvidia-ctk-bin.sh | tail -n 1)" && test -n "$$nvctk" && \
+	  cdi_tools="$$(hack/cdi-tools-bin.sh | tail -n 1)" && test -n "$$cdi_tools" && \
+	  GPUDRA_KUBE_BIN="$$bin_dir" GPUDRA_HELM="$$helm" GPUDRA_NVIDIA_CTK_DIR="$$nvctk" \
+	  GPUDRA_CDI_TOOLS_DIR="$$cdi_tools" $(BIN)/pytest $(PYTEST_ARGS)
 
-unit: venv cdi-schema
+unit: venv cdi-schema cdi-tools mock-nvml
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 typecheck: venv
 	$(BIN)/mypy
 
-demo: venv
+demo: venv mock-nvml
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
 	  GPUDRA_KUBE_BIN="$$bin_dir" $(BIN)/gpudra demo
 

@@ -5,10 +5,15 @@
 2. gpudra's extra rules, which the CDI library enforces beyond that schema: strict parsing (unknown
    fields rejected, tests/cdi/strict-rules.json), unique device names, no empty device edits;
 3. ``cdiVersion`` equal to the minimum its content needs, determined here from the CDI spec's
-   version history, independently of the driver's own ``minimum_version``.
+   version history, independently of the driver's own ``minimum_version``;
+4. the official CDI Go library itself (``validate_with_cdi_library``: hack/cdi-tools' cdi-validate,
+   the code containerd, CRI-O and podman load specs and inject devices with): each file read and
+   validated, all loaded into one CDI cache without errors, and each device injected alone into an
+   empty OCI runtime spec, which stats the host path of every device node the spec leaves untyped.
 
 ``python tests/cdispec.py`` fetches the schema into the cache (``make cdi-schema`` runs it) and
-prints its directory. Validation never skips: without the schema it fails with that command.
+prints its directory. Validation never skips: without the schema it fails with that command, and
+without cdi-validate with ``make cdi-tools``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import hashlib
 import io
 import json
 import os
+import re
+import subprocess
 import sys
 import urllib.request
 import zipfile
@@ -229,8 +236,68 @@ def validate_cdi_spec(spec: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
+class CdiToolsUnavailable(RuntimeError):
+    pass
+
+
+CDI_TOOLS = TESTS.parent / "hack" / "cdi-tools"
+CDI_TOOLS_SOURCES = ("go.mod", "go.sum", "main.go")  # what hack/cdi-tools-bin.sh keys its cache on
+
+
+def cdi_tools_dir() -> Path:
+    """$GPUDRA_CDI_TOOLS_DIR when it has cdi-validate, else where hack/cdi-tools-bin.sh caches the
+    build of the current hack/cdi-tools sources (``<cache>/cdi-tools/<sha256 of them>[:16]``)."""
+    given = os.environ.get("GPUDRA_CDI_TOOLS_DIR")
+    if given and (Path(given) / "cdi-validate").is_file():
+        return Path(given)
+    digest = hashlib.sha256(b"".join((CDI_TOOLS / n).read_bytes() for n in CDI_TOOLS_SOURCES)).hexdigest()
+    return cache_root() / "cdi-tools" / digest[:16]
+
+
+@cache
+def cdi_library_version() -> str:
+    """The pinned tags.cncf.io/container-device-interface version (hack/cdi-tools/go.mod)."""
+    found = re.search(rf"^\s*(?:require\s+)?{re.escape(SCHEMA_MODULE)} (v\S+)",
+                      (CDI_TOOLS / "go.mod").read_text(), re.MULTILINE)
+    return found.group(1) if found else "?"
+
+
+def cdi_validate() -> Path:
+    binary = cdi_tools_dir() / "cdi-validate"
+    if not os.access(binary, os.X_OK):
+        given = os.environ.get("GPUDRA_CDI_TOOLS_DIR")
+        raise CdiToolsUnavailable(
+            f"cdi-validate (the official CDI Go library {SCHEMA_MODULE}@{cdi_library_version()}, "
+            f"hack/cdi-tools) is not built: no {binary}"
+            + (f" (and $GPUDRA_CDI_TOOLS_DIR={given} has none)" if given else "")
+            + f". Every CDI spec the tests write is checked with it. Build it (Go >= 1.23, the Go module "
+            f"proxy or a warm module cache):\n  cd {TESTS.parent} && make cdi-tools")
+    return binary
+
+
+def validate_with_cdi_library(paths: list[Path]) -> dict[str, dict[str, Any]]:
+    """Run the official CDI library on the spec files ``paths`` as a runtime would load them from
+    one spec directory: each read and validated, all in one cache without errors (a device name
+    defined twice in a kind conflicts), each device injected alone into an empty OCI runtime spec.
+    Returns qualified device name (``vendor/class=name``) -> the OCI spec that injection made of
+    an empty one (``process.env``, ``mounts``, ``linux.devices``, ``linux.resources.devices``,
+    ``hooks``, ...). Raises AssertionError with the library's messages when anything fails, and
+    CdiToolsUnavailable (never a skip) when cdi-validate is not built."""
+    assert paths, "no CDI spec files to validate"
+    command = [str(cdi_validate()), "--json", *(str(p) for p in paths)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    if result.returncode != 0:
+        raise AssertionError(
+            f"the official CDI library ({SCHEMA_MODULE}@{cdi_library_version()}) rejects "
+            f"{', '.join(map(str, paths))} (exit {result.returncode}):\n{result.stderr.strip()}")
+    injected: dict[str, dict[str, Any]] = json.loads(result.stdout)
+    return injected
+
+
 def load_and_validate(path: Path) -> dict[str, Any]:
-    return validate_cdi_spec(json.loads(path.read_text()))
+    spec = validate_cdi_spec(json.loads(path.read_text()))
+    validate_with_cdi_library([path])
+    return spec
 
 
 def validate_claim_spec(cdi_dir: Path, claim_uid: str, cdi_device_ids: list[str]) -> dict[str, Any]:

@@ -34,7 +34,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="seconds between NVML rescans (default: %(default)s)")
     parser.add_argument("--kubelet-dir", default="/var/lib/kubelet", help="the kubelet's root directory")
     parser.add_argument("--cdi-dir", default="/var/run/cdi", help="where CDI specs are written")
-    parser.add_argument("--driver-root", default="/", help="host root of the NVIDIA driver files")
+    parser.add_argument("--driver-root", default="/",
+                        help="the NVIDIA driver's root as the host sees it: / for a host install, "
+                             "/run/nvidia/driver for the GPU Operator's driver container (default: %(default)s)")
+    parser.add_argument("--container-driver-root", default=None,
+                        help="where this process reads the driver root (the DaemonSet mounts it at "
+                             "/driver-root; default: --driver-root)")
+    parser.add_argument("--nvidia-cdi-hook", default=None, metavar="PATH",
+                        help="host path of NVIDIA's nvidia-cdi-hook for the CDI specs' hooks (default: "
+                             "looked up in the driver root; none found: libraries are also mounted at "
+                             "their sonames)")
     parser.add_argument("--pod-uid", default=os.environ.get("POD_UID") or None, type=_pod_uid,
                         help="this agent pod's UID, for unique plugin socket names during rolling updates "
                              "(default: $POD_UID, else a random ID)")
@@ -81,7 +90,14 @@ async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: obje
         plugin.set_devices(devices)  # type: ignore[attr-defined]
         return publisher.set_devices(devices)  # type: ignore[attr-defined]
 
-    await Rescanner(args.nvml, publish, interval=args.rescan_interval, numa_node_of=numa_node_from_sysfs).run()
+    await Rescanner(args.nvml, publish, interval=args.rescan_interval, numa_node_of=numa_node_from_sysfs,
+                    driver_root=_driver_root(args)).run()
+
+
+def _driver_root(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from gpudra_driver.driverroot import DriverRoot
+
+    return DriverRoot.at(args.driver_root, args.container_driver_root)
 
 
 async def _report_ready(path: Path, registered: asyncio.Event, published: asyncio.Event) -> None:
@@ -102,6 +118,18 @@ async def _main(args: argparse.Namespace) -> int:
     from gpudra_driver.plugin.plugin import KubeletPlugin, claim_getter
     from gpudra_driver.publisher import SlicePublisher
 
+    from gpudra_driver.driverroot import DriverRootError
+
+    try:
+        root = _driver_root(args)
+    except DriverRootError as error:
+        log.error("%s", error)
+        return 2
+    try:  # a driver container may still be starting: discovery retries, and says why on each failure
+        root.check()
+        log.info("driver root %s", root.describe())
+    except DriverRootError as error:
+        log.error("%s", error)
     api = await connect(args.kubeconfig)
     kube = Kube(api, field_manager="gpudra-agent")
     publisher = SlicePublisher(kube, args.driver, args.node_name)
@@ -112,7 +140,8 @@ async def _main(args: argparse.Namespace) -> int:
     log.info("gpudra agent starting: driver %s, node %s, event loop %s", args.driver, args.node_name,
              type(loop).__module__.split(".")[0])
     plugin = KubeletPlugin(driver=args.driver, node=args.node_name, kubelet_dir=Path(args.kubelet_dir),
-                           cdi_dir=Path(args.cdi_dir), driver_root=args.driver_root, instance=args.pod_uid,
+                           cdi_dir=Path(args.cdi_dir), driver_root=root, cdi_hook=args.nvidia_cdi_hook,
+                           instance=args.pod_uid,
                            get_claim=claim_getter(kube))
     try:
         await plugin.start()

@@ -28,6 +28,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="real|fake:PROFILE",
         help="NVML to use: 'real' or 'fake:<profile name or YAML path>' (default: $GPUDRA_NVML or real)",
     )
+    parser.add_argument("--driver-root", default="/",
+                        help="the NVIDIA driver's root: libnvidia-ml.so.1 is loaded from it by full path "
+                             "(default: %(default)s)")
     parser.add_argument("-o", "--output", choices=["table", "yaml", "json"], default="table")
     parser.add_argument(
         "--node-name",
@@ -43,17 +46,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from gpudra_driver import limits
     from gpudra_driver.discovery import numa_node_from_sysfs, scan
+    from gpudra_driver.driverroot import DriverRoot, DriverRootError
     from gpudra_driver.nvml import NvmlUnavailable, load_nvml, resolve_spec
     from gpudra_driver.slices import build_slices, device_to_api
 
     node = args.node_name or os.environ.get("NODE_NAME") or socket.gethostname().lower()
     spec = resolve_spec(args.nvml)
     try:
-        nvml = load_nvml(spec)
+        nvml = load_nvml(spec, DriverRoot.at(args.driver_root))
         # sysfs knows NUMA nodes NVML may not; only consult it for the real hardware.
         result = scan(nvml, numa_node_of=numa_node_from_sysfs if spec == "real" else None)
         slices = build_slices(args.driver, node, args.node_uid, args.generation, result.devices)
-    except NvmlUnavailable as exc:
+    except (NvmlUnavailable, DriverRootError) as exc:
         print(f"gpudra discover: {exc}", file=sys.stderr)
         return 1
     except (ValueError, limits.LimitError) as exc:

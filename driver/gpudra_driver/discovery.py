@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+from types import ModuleType
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,13 +57,14 @@ ARCHITECTURES = {
 # What to tell an operator for each way nvmlInit fails (pynvml NVMLError_<name>).
 _INIT_HINTS = {
     "NVMLError_LibraryNotFound": "libnvidia-ml.so.1 was not found: install the NVIDIA driver on the "
-    "node, or mount the driver root into the container and put its lib dir on LD_LIBRARY_PATH",
+    "node and point --driver-root (spec.agent.driverRoot) at it",
     "NVMLError_DriverNotLoaded": "the NVIDIA kernel driver is not loaded: check `nvidia-smi` and "
     "`lsmod | grep nvidia` on the node",
     "NVMLError_NoPermission": "no permission to open /dev/nvidia*: run the agent with access to the "
     "GPU device nodes",
     "NVMLError_LibRmVersionMismatch": "the NVML library and the kernel driver have different "
-    "versions: reload the driver or reboot the node after a driver upgrade",
+    "versions: reload the driver or reboot the node after a driver upgrade, or point driverRoot at "
+    "the running driver's files",
 }
 _SIMULATE_HINT = "to run without GPUs, use --nvml fake:<profile> or GPUDRA_NVML=fake:<profile>"
 
@@ -102,6 +104,10 @@ def scan(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = None) 
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
         hint = _INIT_HINTS.get(type(exc).__name__, f"nvmlInit failed: {exc}")
+        if type(exc).__name__ == "NVMLError_LibRmVersionMismatch" and isinstance(nvml, ModuleType):  # real pynvml
+            from gpudra_driver.nvml.loader import version_mismatch_detail
+
+            hint += f" ({version_mismatch_detail()})"
         raise NvmlUnavailable(f"NVML unavailable: {hint}; {_SIMULATE_HINT}") from exc
     try:
         try:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 from gpudra_driver.devicemodel import Device
 from gpudra_driver.discovery import NvmlUnavailable, scan
+from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.nvml import load_nvml, resolve_spec
 
 log = logging.getLogger("gpudra.agent")
@@ -33,8 +34,10 @@ class Rescanner:
     NVML only, as ``gpudra discover`` does."""
 
     def __init__(self, spec: str | None, publish: Publish, *, interval: float = 60.0,
-                 numa_node_of: Callable[[str], int | None] | None = None) -> None:
+                 numa_node_of: Callable[[str], int | None] | None = None,
+                 driver_root: DriverRoot | None = None) -> None:
         self.spec = resolve_spec(spec)
+        self.driver_root = driver_root
         self.publish = publish
         self.interval = interval
         # The sysfs fallback describes this machine's PCI devices, which a simulated GPU is not.
@@ -78,7 +81,7 @@ class Rescanner:
         return True
 
     def _scan(self):  # type: ignore[no-untyped-def]
-        return scan(load_nvml(self.spec), numa_node_of=self.numa_node_of)
+        return scan(load_nvml(self.spec, self.driver_root), numa_node_of=self.numa_node_of)
 
     def _failed(self, error: Exception) -> None:
         self.failures += 1

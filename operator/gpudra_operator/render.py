@@ -28,7 +28,10 @@ The agent pod (a DRA kubelet plugin) needs:
   let mounts leak between container and host.
 * ``cdiDir``: the agent writes one CDI spec per prepared claim; the container runtime reads it.
 * ``driverRoot`` read-only at ``/driver-root`` (``HostToContainer`` so a driver container that
-  mounts its root after the agent started is still seen): NVML's library and ``nvidia-smi``.
+  mounts its root after the agent started is still seen): the agent opens ``libnvidia-ml.so.1``
+  from it by full path and reads the driver files that claims' CDI specs mount
+  (``--driver-root`` is the host path those specs name, ``--container-driver-root`` where the
+  agent reads it). ``NVIDIA_VISIBLE_DEVICES=void``: an NVIDIA runtime in legacy mode injects nothing.
 * ``privileged: true``: NVML needs the host's ``/dev/nvidia*`` device nodes (a privileged container
   sees the host's ``/dev``, so no ``/dev`` hostPath is needed) and hostPath writes need root.
   Hence the agent namespace must be labelled ``pod-security.kubernetes.io/enforce: privileged``.
@@ -152,6 +155,7 @@ def agent_labels(config_name: str) -> dict[str, str]:
 def agent_args(driver_name: str, agent: AgentSpec) -> list[str]:
     return ["agent", "--driver", driver_name, "--kubelet-dir", agent.kubelet_dir,
             "--cdi-dir", agent.cdi_dir, "--driver-root", agent.driver_root,
+            "--container-driver-root", DRIVER_ROOT_MOUNT,
             "--metrics-port", str(AGENT_METRICS_PORT), *agent.extra_args,
             # last, so that it wins over extraArgs: the probes dial this port
             "--health-port", str(AGENT_HEALTH_PORT)]
@@ -182,6 +186,9 @@ def render_daemonset(config: GpuDraConfig) -> Obj:
             field_env("POD_UID", "metadata.uid"),
             field_env("POD_NAMESPACE", "metadata.namespace"),
             {"name": "GPUDRA_READY_FILE", "value": AGENT_READY_FILE},
+            # An NVIDIA runtime in legacy mode would otherwise give the agent every GPU and the
+            # driver's libraries; the agent opens NVML from the driver root itself.
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
             # spec.agent.extraEnv may override these (env is a list keyed by name: no duplicates)
             *({"name": name, "value": value} for name, value in AGENT_PROCESS_ENV.items()
               if name not in {e.name for e in agent.extra_env}),

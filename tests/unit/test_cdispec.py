@@ -1,20 +1,25 @@
 """The tests' CDI spec validation itself (tests/cdispec.py and the autouse ``cdi_writes`` fixture):
 the pinned official schema with its defs.json, the extra strict rules, the independent cdiVersion
-rules, the fetch's pin and fallbacks, and that a bad spec written in-process fails the test."""
+rules, the fetch's pin and fallbacks, the official CDI Go library (cdi-validate: loading, the cache,
+injection against real device nodes), and that a bad spec written in-process fails the test."""
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import json
+import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
 import cdispec
 import jsonschema
 import pytest
-from cdispec import (SCHEMA_MODULE, SCHEMA_VERSION, SCHEMA_ZIP_SHA256, SchemaUnavailable, fetch_schema,
-                     official_validator, required_version, validate_cdi_spec)
+from cdispec import (SCHEMA_MODULE, SCHEMA_VERSION, SCHEMA_ZIP_SHA256, CdiToolsUnavailable, SchemaUnavailable,
+                     fetch_schema, load_and_validate, official_validator, required_version, validate_cdi_spec,
+                     validate_with_cdi_library)
 
 from gpudra_driver.plugin import cdi as cdi_module
 from gpudra_driver.plugin.cdi import CdiDir
@@ -154,3 +159,98 @@ def test_every_spec_written_in_process_is_validated_as_it_is_written(
     (problem,) = cdi_writes.invalid
     assert problem.startswith(f"{path}: AssertionError: cdiVersion 1.1.0, but its content needs exactly 0.5.0")
     cdi_writes.invalid.clear()  # seen: this test is about the fixture noticing it
+
+
+# The official CDI Go library (hack/cdi-tools' cdi-validate), which load_and_validate runs last.
+
+def make_nodes(root: Path, *paths: str) -> None:
+    """Real character device nodes (the NVIDIA major, 195) at ``root/<path>``: injecting a device
+    makes the CDI library stat each node's host path."""
+    for minor, path in enumerate(paths):
+        node = root / path.lstrip("/")
+        node.parent.mkdir(parents=True, exist_ok=True)
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(195, minor))
+        os.chmod(node, 0o666)  # as the driver makes them (mknod's mode is masked by the umask)
+
+
+def write_spec(path: Path, spec: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def library_spec(root: Path, name: str = "gpu-0") -> dict[str, Any]:
+    return {"cdiVersion": "0.5.0", "kind": "k8s.gpu.gpudra.io/claim",
+            "devices": [{"name": name, "containerEdits": {
+                "deviceNodes": [{"path": "/dev/nvidia0", "hostPath": str(root / "dev/nvidia0")}],
+                "env": ["NVIDIA_VISIBLE_DEVICES=GPU-0"]}}],
+            "containerEdits": {
+                "env": ["NVIDIA_CTK_LIBCUDA_DIR=/usr/lib/x86_64-linux-gnu"],
+                "mounts": [{"hostPath": str(root / "usr/bin/nvidia-smi"), "containerPath": "/usr/bin/nvidia-smi",
+                            "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"]}],
+                "hooks": [{"hookName": "createContainer", "path": "/usr/bin/nvidia-cdi-hook",
+                           "args": ["nvidia-cdi-hook", "update-ldcache"]}]}}
+
+
+def test_the_library_injects_a_good_spec_and_returns_what_the_container_gets(tmp_path: Path) -> None:
+    make_nodes(tmp_path, "/dev/nvidia0")
+    path = write_spec(tmp_path / "k8s.gpu.gpudra.io-claim_a.json", library_spec(tmp_path))
+    assert load_and_validate(path)["devices"][0]["name"] == "gpu-0"  # all layers, the library last
+    injected = validate_with_cdi_library([path])
+    assert list(injected) == ["k8s.gpu.gpudra.io/claim=gpu-0"]
+    oci = injected["k8s.gpu.gpudra.io/claim=gpu-0"]
+    # the type, numbers and mode come from the node on the host
+    assert oci["linux"]["devices"] == [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0,
+                                        "fileMode": 0o666}]
+    assert oci["linux"]["resources"]["devices"] == [
+        {"allow": True, "type": "c", "major": 195, "minor": 0, "access": "rwm"}]
+    assert oci["process"]["env"] == ["NVIDIA_CTK_LIBCUDA_DIR=/usr/lib/x86_64-linux-gnu",
+                                     "NVIDIA_VISIBLE_DEVICES=GPU-0"]
+    assert oci["mounts"] == [{"destination": "/usr/bin/nvidia-smi", "source": str(tmp_path / "usr/bin/nvidia-smi"),
+                              "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"]}]
+    assert oci["hooks"] == {"createContainer": [{"path": "/usr/bin/nvidia-cdi-hook",
+                                                 "args": ["nvidia-cdi-hook", "update-ldcache"]}]}
+
+
+def test_the_library_fails_a_device_node_missing_on_the_host(tmp_path: Path) -> None:
+    path = write_spec(tmp_path / "spec.json", library_spec(tmp_path))  # no node made
+    with pytest.raises(AssertionError) as failed:
+        validate_with_cdi_library([path])
+    message = str(failed.value)
+    assert f"{path}: device k8s.gpu.gpudra.io/claim=gpu-0: " in message
+    assert f'failed to stat CDI host device "{tmp_path}/dev/nvidia0": no such file or directory' in message
+    with pytest.raises(AssertionError, match="failed to stat CDI host device"):
+        load_and_validate(path)  # the schema layers accept it; the library does not
+
+
+def test_the_library_fails_one_device_name_defined_by_two_specs_of_a_kind(tmp_path: Path) -> None:
+    make_nodes(tmp_path, "/dev/nvidia0")
+    first = write_spec(tmp_path / "a.json", library_spec(tmp_path))
+    second = write_spec(tmp_path / "b.json", library_spec(tmp_path))
+    assert validate_with_cdi_library([first]) and validate_with_cdi_library([second])  # each alone is good
+    with pytest.raises(AssertionError) as failed:
+        validate_with_cdi_library([first, second])
+    message = str(failed.value)
+    assert f'conflicting device "k8s.gpu.gpudra.io/claim=gpu-0" (specs "{second}", "{first}")' in message
+    assert f"{first}: device k8s.gpu.gpudra.io/claim=gpu-0: not resolvable in the CDI cache" in message
+    third = write_spec(tmp_path / "c.json", library_spec(tmp_path, name="gpu-1"))
+    assert sorted(validate_with_cdi_library([first, third])) == [
+        "k8s.gpu.gpudra.io/claim=gpu-0", "k8s.gpu.gpudra.io/claim=gpu-1"]
+
+
+def test_the_library_fails_an_unknown_field(tmp_path: Path) -> None:
+    make_nodes(tmp_path, "/dev/nvidia0")
+    spec = library_spec(tmp_path)
+    spec["devices"][0]["containerEdits"]["deviceNodes"][0]["hostpath"] = "/dev/x"  # a misspelt hostPath
+    path = write_spec(tmp_path / "spec.json", spec)
+    with pytest.raises(AssertionError, match=rf"{path}: failed to parse CDI Spec .*field hostpath not found"):
+        validate_with_cdi_library([path])
+
+
+def test_without_cdi_validate_it_fails_with_the_command_instead_of_skipping(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_nodes(tmp_path, "/dev/nvidia0")
+    path = write_spec(tmp_path / "spec.json", library_spec(tmp_path))
+    monkeypatch.setenv("GPUDRA_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("GPUDRA_CDI_TOOLS_DIR", str(tmp_path / "nothing-here"))
+    with pytest.raises(CdiToolsUnavailable, match=r"(?s)cdi-validate .* is not built.*make cdi-tools$"):
+        validate_with_cdi_library([path])

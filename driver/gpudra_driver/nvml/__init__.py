@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpudra_driver.driverroot import DriverRoot
 
 ENV_VAR = "GPUDRA_NVML"
 DEFAULT_SPEC = "real"
@@ -20,11 +23,16 @@ class NvmlUnavailable(RuntimeError):
     """NVML cannot be used on this machine; the message says what to check."""
 
 
-def load_nvml(spec: str | None = None) -> Any:
+def load_nvml(spec: str | None = None, driver_root: DriverRoot | None = None) -> Any:
     """``"real"`` (default) -> the pynvml module; ``"fake:<profile>"`` -> a simulated NVML where
     ``<profile>`` is a shipped profile name (see :func:`profile_names`) or a path to a YAML file.
     ``spec=None`` reads ``$GPUDRA_NVML``. Raises :class:`NvmlUnavailable` when pynvml is missing and
-    ``ValueError`` for a bad spec or profile."""
+    ``ValueError`` for a bad spec or profile.
+
+    With real NVML, ``libnvidia-ml.so.1`` is found in ``driver_root`` (default: ``/``) and opened
+    by its full path before pynvml's ``nvmlInit`` would look it up by soname: the agent's image has
+    no NVIDIA library, and putting the root's lib dir on ``LD_LIBRARY_PATH`` would load the host's
+    glibc into the agent as well. :class:`NvmlUnavailable` names the root and every path searched."""
     spec = resolve_spec(spec)
     if spec == "real":
         try:
@@ -33,6 +41,13 @@ def load_nvml(spec: str | None = None) -> Any:
             raise NvmlUnavailable(
                 f"cannot import pynvml ({exc}); install the nvidia-ml-py package"
             ) from exc
+        from gpudra_driver.driverroot import DriverRoot, DriverRootError
+        from gpudra_driver.nvml.loader import open_nvml_library
+
+        try:
+            open_nvml_library(pynvml, driver_root or DriverRoot.at("/"))
+        except DriverRootError as exc:
+            raise NvmlUnavailable(str(exc)) from exc
         return pynvml
     if spec.startswith(FAKE_PREFIX):
         from gpudra_driver.nvml.fake import FakeNvml, load_profile

@@ -3,7 +3,11 @@
 Kind ``k8s.<driver>/claim`` (``k8s.gpu.gpudra.io/claim`` for the default driver), device names
 ``<claimUID>-<device>`` so two claims never define the same CDI device (the CDI cache drops both
 definitions of a duplicate), file ``k8s.<driver>-claim_<claimUID>.json`` (CDI's
-``GenerateTransientSpecName``). ``cdiVersion`` is the lowest version that accepts the content
+``GenerateTransientSpecName``). Each spec is whole: the claim's device nodes, and the driver's user
+space (libraries, binaries, firmware, IPC sockets, control nodes, hooks; see
+:mod:`gpudra_driver.plugin.driverfiles`) as spec-wide edits. One file per claim, rather than a
+node-wide common spec plus per-claim ones, keeps a prepare one atomic write with one CDI device ID
+per device, and pins each claim to the driver files it was prepared with. ``cdiVersion`` is the lowest version that accepts the content
 (:func:`minimum_version`, the rules of the CDI library's ``MinimumRequiredVersion``), because a
 runtime vendoring an older CDI library rejects versions it does not know.
 
@@ -17,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpudra_driver.plugin.devicenodes import COMMON_NODES
+from gpudra_driver.plugin.driverfiles import DriverFiles, DriverFilesCache, common_edits, device_node
 from gpudra_driver.plugin.fsutil import fsync_dir, remove, write_atomic
 from gpudra_driver.plugin.model import PreparedClaim
 
@@ -53,23 +57,15 @@ def claim_uid_of(driver: str, file_name: str) -> str | None:
     return None
 
 
-def _device_node(path: str, driver_root: str) -> dict[str, str]:
-    node = {"path": path}
-    root = driver_root.rstrip("/")
-    if root:  # the host's node lives under the driver root (e.g. /run/nvidia/driver)
-        node["hostPath"] = root + path
-    return node
-
-
-def cdi_spec(claim: PreparedClaim, driver: str, driver_root: str = "/") -> dict[str, Any]:
-    """The CDI spec for a prepared claim with at least one device.
+def cdi_spec(claim: PreparedClaim, driver: str, files: DriverFiles) -> dict[str, Any]:
+    """The CDI spec for a prepared claim with at least one device, on a node with ``files``.
 
     Device edits: the device's own nodes. Spec-wide edits (applied once whenever any device of the
-    spec is injected): the control and UVM nodes, and ``NVIDIA_VISIBLE_DEVICES`` listing the
-    claim's GPU/MIG UUIDs when every device serves the same requests. Otherwise a container may be
-    given only some of the claim's devices (it references one request of the claim), so each
-    device carries the UUIDs of the devices serving exactly its requests instead: the variable
-    never names a GPU the container was not given."""
+    spec is injected): the driver's files and control nodes (:func:`driverfiles.common_edits`), and
+    ``NVIDIA_VISIBLE_DEVICES`` listing the claim's GPU/MIG UUIDs when every device serves the same
+    requests. Otherwise a container may be given only some of the claim's devices (it references
+    one request of the claim), so each device carries the UUIDs of the devices serving exactly its
+    requests instead: the variable never names a GPU the container was not given."""
     if not claim.devices:
         raise ValueError(f"claim {claim.uid} has no devices: no CDI spec to write")
     keys = [tuple(sorted(d.requests)) for d in claim.devices]
@@ -79,12 +75,13 @@ def cdi_spec(claim: PreparedClaim, driver: str, driver_root: str = "/") -> dict[
     per_device = len(groups) > 1
     devices = []
     for key, d in zip(keys, claim.devices):
-        edits: dict[str, Any] = {"deviceNodes": [_device_node(p, driver_root) for p in d.device_nodes]}
+        edits: dict[str, Any] = {"deviceNodes": [device_node(p, files.device_root) for p in d.device_nodes]}
         if per_device:
             edits["env"] = [_visible(groups[key])]
         devices.append({"name": cdi_device_name(claim.uid, d.device), "containerEdits": edits})
-    common: dict[str, Any] = {} if per_device else {"env": [_visible([d.uuid for d in claim.devices])]}
-    common["deviceNodes"] = [_device_node(p, driver_root) for p in COMMON_NODES]
+    common = common_edits(files)
+    if not per_device:
+        common["env"] = [_visible([d.uuid for d in claim.devices]), *common["env"]]
     spec: dict[str, Any] = {"cdiVersion": "", "kind": cdi_kind(driver), "devices": devices, "containerEdits": common}
     spec["cdiVersion"] = minimum_version(spec)
     return spec
@@ -118,10 +115,10 @@ def minimum_version(spec: dict[str, Any]) -> str:
 class CdiDir:
     """This driver's spec files in one CDI directory (other files there are never touched)."""
 
-    def __init__(self, path: Path, driver: str, driver_root: str = "/") -> None:
+    def __init__(self, path: Path, driver: str, files: DriverFilesCache) -> None:
         self.path = path
         self.driver = driver
-        self.driver_root = driver_root
+        self.files = files
 
     def spec_path(self, claim_uid: str) -> Path:
         return self.path / spec_file_name(self.driver, claim_uid)
@@ -129,11 +126,14 @@ class CdiDir:
     def content(self, claim: PreparedClaim) -> bytes:
         # Compact: with an indent, json.dumps falls back to its pure-Python encoder, on the
         # kubelet's critical path (`jq . <spec>` pretty-prints it).
-        return json.dumps(cdi_spec(claim, self.driver, self.driver_root), separators=(",", ":")).encode() + b"\n"
+        return json.dumps(cdi_spec(claim, self.driver, self.files.current()), separators=(",", ":")).encode() + b"\n"
 
     def write(self, claim: PreparedClaim, *, durable: bool = True) -> Path:
-        """Write the claim's spec atomically (an existing one is replaced whole). ``durable`` adds
-        the fsyncs; specs are derived from the checkpoint, so the prepare path skips them."""
+        """Write the claim's spec atomically (an existing one is replaced whole), after checking
+        that every device node it names exists: a spec with a missing node would fail the
+        container, so the claim fails with a retryable :class:`DriverFilesError` instead. ``durable``
+        adds the fsyncs; specs are derived from the checkpoint, so the prepare path skips them."""
+        self.files.check_device_nodes([p for d in claim.devices for p in d.device_nodes])
         path, content = self.spec_path(claim.uid), self.content(claim)
         try:
             write_atomic(path, content, fsync=durable, sync_dir=durable)
@@ -146,7 +146,7 @@ class CdiDir:
         """True when the claim's spec on disk is exactly what the checkpoint says it should be."""
         try:
             return self.spec_path(claim.uid).read_bytes() == self.content(claim)
-        except OSError:
+        except OSError:  # DriverFilesError included: rewriting it reports the reason
             return False
 
     def device_names(self, claim_uid: str) -> list[str] | None:

@@ -1,6 +1,7 @@
 """Which device nodes make a device usable inside a container (pure).
 
-* every GPU container: ``/dev/nvidiactl``, ``/dev/nvidia-uvm``, ``/dev/nvidia-uvm-tools``;
+* every GPU container: the control nodes (``nvidiactl``, ``nvidia-uvm``...), which
+  :mod:`gpudra_driver.plugin.driverfiles` adds where the node has them;
 * a full GPU: ``/dev/nvidia<minor>``;
 * a MIG device: its parent's ``/dev/nvidia<parentMinor>`` plus the two MIG capability nodes that
   grant access to its GPU instance and compute instance,
@@ -23,7 +24,6 @@ from pathlib import Path
 
 from gpudra_driver.devicemodel import Device
 
-COMMON_NODES: tuple[str, ...] = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 CAPS_DIR = "/dev/nvidia-caps"
 
 # (parent GPU minor, GPU instance ID, compute instance ID or None for the GI itself) -> cap minor
@@ -39,7 +39,7 @@ class NodeDevice:
 
     name: str
     uuid: str
-    device_nodes: tuple[str, ...]  # container paths, device-specific (not COMMON_NODES)
+    device_nodes: tuple[str, ...]  # container paths, device-specific (not the control nodes)
 
 
 def mig_cap_minor_fallback(gpu_minor: int, gi: int, ci: int | None) -> int:

@@ -33,9 +33,11 @@ import grpc
 
 from gpudra_driver import metrics
 from gpudra_driver.devicemodel import Device
+from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.plugin import service
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.checkpoint import read_boot_id
+from gpudra_driver.plugin.driverfiles import DriverFilesCache
 from gpudra_driver.plugin.devicenodes import CapMinor, node_devices, read_mig_cap_minor
 from gpudra_driver.plugin.faults import FaultHook
 from gpudra_driver.plugin.groupcommit import GroupCommit
@@ -98,7 +100,8 @@ def _is_stale(path: Path) -> bool:
 
 class KubeletPlugin:
     def __init__(self, *, driver: str, node: str, kubelet_dir: Path, cdi_dir: Path, get_claim: GetClaim,
-                 driver_root: str = "/", instance: str | None = None, boot_id: str | None = None,
+                 driver_root: DriverRoot | None = None, cdi_hook: str | None = None,
+                 instance: str | None = None, boot_id: str | None = None,
                  proc_root: Path = Path("/proc"), api_versions: Sequence[str] = ("v1", "v1beta1"),
                  fault: FaultHook | None = None, claim_get_timeout: float = CLAIM_GET_TIMEOUT) -> None:
         self.driver, self.node = driver, node
@@ -109,7 +112,8 @@ class KubeletPlugin:
         self.get_claim = get_claim
         self.claim_get_timeout = claim_get_timeout
         self.cap_minor: CapMinor = read_mig_cap_minor(proc_root)
-        self.state = DeviceState(self.plugin_dir, CdiDir(cdi_dir, driver, driver_root), driver=driver, node=node,
+        self.driver_files = DriverFilesCache(driver_root or DriverRoot.at("/"), hook=cdi_hook)
+        self.state = DeviceState(self.plugin_dir, CdiDir(cdi_dir, driver, self.driver_files), driver=driver, node=node,
                                  boot_id=boot_id or read_boot_id(), fault=fault or FaultHook())
         self.api_versions = tuple(api_versions)
         self.registration = RegistrationServicer(

@@ -65,6 +65,7 @@ from typing import Any, TypeVar
 from gpudra_driver.plugin import checkpoint as ckpt
 from gpudra_driver.plugin import fsutil
 from gpudra_driver.plugin.cdi import CdiDir
+from gpudra_driver.plugin.driverfiles import DriverFilesError
 from gpudra_driver.plugin.devicenodes import NodeDevice
 from gpudra_driver.plugin.faults import FaultHook
 from gpudra_driver.plugin.locking import LOCK_FILE, LOCK_TIMEOUT, node_lock, node_lock_async
@@ -380,6 +381,8 @@ class DeviceState:
                 self.cdi.write(claim, durable=False)
                 written.append(claim)
                 self.fault("after-cdi-write")
+            except DriverFilesError as error:  # the node's driver is not ready for it: retryable
+                results[claim.uid] = PrepareResult(error=f"{claim.ref}: {error}")
             except OSError as error:
                 results[claim.uid] = PrepareResult(error=f"{claim.ref}: writing its CDI spec into "
                                                          f"{self.cdi.path} failed: {error}")

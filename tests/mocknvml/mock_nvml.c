@@ -1,0 +1,670 @@
+/*
+ * gpudra mock NVML: a libnvidia-ml.so.1 that answers from a plain-text inventory instead of a GPU.
+ *
+ * Built by `make mock-nvml` (build/mock-nvml/libnvidia-ml.so, soname libnvidia-ml.so.1) and placed in
+ * a fake driver root by gpudra_operator.localcluster.driverroot.make_driver_root, so the REAL pynvml
+ * (nvidia-ml-py) and NVIDIA's nvidia-ctk (go-nvml) can be run against a simulated machine.
+ *
+ * Semantics follow the Python simulator driver/gpudra_driver/nvml/fake.py:
+ *  - every call before nvmlInit (or after the matching nvmlShutdown) returns UNINITIALIZED;
+ *    init/shutdown are reference counted; the inventory is (re)read on the first init;
+ *  - MIG queries on a GPU without MIG support return NOT_SUPPORTED; GetMaxMigDeviceCount is 0 when
+ *    MIG is unsupported or disabled; GetMigDeviceHandleByIndex: NOT_FOUND for an empty slot and
+ *    whenever MIG is disabled, INVALID_ARGUMENT past the max count;
+ *  - MIG-instance queries (GI/CI id, parent handle) on a full-GPU handle return INVALID_ARGUMENT;
+ *    GetAttributes on a full GPU returns NOT_SUPPORTED; per-GPU queries (minor, PCI, NUMA, MIG mode,
+ *    index) on a MIG handle return NOT_SUPPORTED;
+ *  - a device's `fail <call> <code>` lines make that call (named without its _vN suffix) fail;
+ *  - string buffers too small for the answer give INSUFFICIENT_SIZE;
+ *  - exported calls the mock does not model return NOT_SUPPORTED.
+ *
+ * Inventory: $GPUDRA_MOCK_NVML_INVENTORY, else gpudra-mock-nvml.inventory next to this library file.
+ * Missing or unreadable: nvmlInit returns DRIVER_NOT_LOADED and says on stderr which file it wanted.
+ * Line format (one `key value` per line; `#` comments; a `gpu` line opens a GPU, `mig <slot>` opens a
+ * MIG device of the current GPU, the keys after it describe that device):
+ *
+ *   driverVersion 570.133.20
+ *   cudaDriverVersion 12080
+ *   initError 9                      (optional: nvmlInit fails with this code)
+ *   gpu
+ *   name NVIDIA A100-SXM4-80GB       (rest of the line)
+ *   uuid GPU-...
+ *   brand 14 / architecture 7 / cudaComputeCapability 8 0 / memoryMiB 81920 / memoryUsedMiB 0
+ *   minor 0 / busId 00000000:07:00.0 / pciDeviceId 548540638 / pciSubSystemId 0
+ *   numaNode 0                       (absent: NVML has no NUMA answer -> NOT_SUPPORTED)
+ *   migCapable 1 / migMode 1 1 (current pending) / maxMigDevices 7
+ *   fail nvmlDeviceGetMemoryInfo 15
+ *   mig 0
+ *   uuid MIG-... / profile 3g.40gb / gpuInstanceId 2 / computeInstanceId 0
+ *   attributes 42 3 2 0 0 0 3 3 40192  (the c_nvmlDeviceAttributes fields in order)
+ *   fail nvmlDeviceGetUUID 999
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "mock_nvml.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+#define MAX_GPUS 64
+#define MAX_MIG_SLOTS 16
+#define MAX_FAULTS 8
+#define TEXT_LEN 96
+#define LINE_LEN 512
+#define INVENTORY_ENV "GPUDRA_MOCK_NVML_INVENTORY"
+#define INVENTORY_FILE "gpudra-mock-nvml.inventory"
+
+struct fault {
+    char call[64];
+    int code;
+};
+
+struct device {
+    int is_mig;
+    int present; /* MIG slot filled */
+    int gpu_index;
+    unsigned int slot;
+    char uuid[TEXT_LEN];
+    char profile[TEXT_LEN];
+    unsigned int gi, ci;
+    mock_device_attrs_t attrs;
+    int nfaults;
+    struct fault faults[MAX_FAULTS];
+};
+
+struct gpu {
+    struct device dev; /* the full-GPU handle */
+    char name[TEXT_LEN];
+    unsigned int brand, arch;
+    int cc_major, cc_minor;
+    unsigned long long memory_mib, memory_used_mib;
+    unsigned int minor;
+    char bus_id[MOCK_PCI_BUS_ID_SIZE];
+    unsigned int domain, bus, device, function;
+    unsigned int pci_device_id, pci_subsystem_id;
+    int has_numa, numa;
+    int mig_capable;
+    unsigned int mig_current, mig_pending;
+    unsigned int max_migs;
+    struct device migs[MAX_MIG_SLOTS];
+};
+
+/* Handles point into these static arrays, so they stay valid across init/shutdown. */
+static struct gpu gpus[MAX_GPUS];
+static unsigned int gpu_count;
+static char driver_version[TEXT_LEN];
+static int cuda_driver_version;
+static int refcount;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+typedef struct device *nvmlDevice_t;
+typedef void *nvmlGpuInstance_t;
+typedef void *nvmlComputeInstance_t;
+
+/* -- inventory -------------------------------------------------------------------------------- */
+
+static void inventory_path(char *out, size_t size) {
+    const char *env = getenv(INVENTORY_ENV);
+    if (env && *env) {
+        snprintf(out, size, "%s", env);
+        return;
+    }
+    Dl_info info;
+    if (dladdr((void *)&inventory_path, &info) && info.dli_fname) {
+        const char *slash = strrchr(info.dli_fname, '/');
+        if (slash) {
+            snprintf(out, size, "%.*s/%s", (int)(slash - info.dli_fname), info.dli_fname, INVENTORY_FILE);
+            return;
+        }
+    }
+    snprintf(out, size, "%s", INVENTORY_FILE);
+}
+
+static void copy_text(char *dst, size_t size, const char *src) { snprintf(dst, size, "%s", src); }
+
+/* "00000000:07:00.0" or "0000:07:00.0" (any case) -> numbers; 0 on success. */
+static int parse_bus_id(const char *text, unsigned int *domain, unsigned int *bus, unsigned int *device,
+                        unsigned int *function) {
+    char tail;
+    if (sscanf(text, "%x:%x:%x.%x%c", domain, bus, device, function, &tail) != 4) return -1;
+    return 0;
+}
+
+static int add_fault(struct device *d, const char *value) {
+    char call[64];
+    int code;
+    if (d->nfaults >= MAX_FAULTS || sscanf(value, "%63s %d", call, &code) != 2) return -1;
+    copy_text(d->faults[d->nfaults].call, sizeof d->faults[0].call, call);
+    d->faults[d->nfaults].code = code;
+    d->nfaults++;
+    return 0;
+}
+
+static nvmlReturn_t load_inventory(int *init_error) {
+    char path[4096], line[LINE_LEN];
+    inventory_path(path, sizeof path);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "gpudra mock NVML: cannot read the inventory %s (%s); set %s or put %s next to the library\n",
+                path, strerror(errno), INVENTORY_ENV, INVENTORY_FILE);
+        return NVML_ERROR_DRIVER_NOT_LOADED;
+    }
+    memset(gpus, 0, sizeof gpus);
+    gpu_count = 0;
+    driver_version[0] = 0;
+    cuda_driver_version = 0;
+    *init_error = 0;
+    struct gpu *g = NULL;
+    struct device *d = NULL; /* the device `fail` and MIG keys apply to */
+    int lineno = 0, bad = 0;
+    while (!bad && fgets(line, sizeof line, f)) {
+        lineno++;
+        line[strcspn(line, "\r\n")] = 0;
+        char *key = line + strspn(line, " \t");
+        if (!*key || *key == '#') continue;
+        char *value = key + strcspn(key, " \t");
+        if (*value) *value++ = 0;
+        value += strspn(value, " \t");
+        int n = 0;
+        if (!strcmp(key, "driverVersion")) copy_text(driver_version, sizeof driver_version, value);
+        else if (!strcmp(key, "cudaDriverVersion")) bad = sscanf(value, "%d", &cuda_driver_version) != 1;
+        else if (!strcmp(key, "initError")) bad = sscanf(value, "%d", init_error) != 1;
+        else if (!strcmp(key, "gpu")) {
+            if (gpu_count >= MAX_GPUS) { bad = 1; break; }
+            g = &gpus[gpu_count];
+            d = &g->dev;
+            d->gpu_index = (int)gpu_count;
+            g->minor = gpu_count;
+            gpu_count++;
+        } else if (!g) bad = 1;
+        else if (!strcmp(key, "mig")) {
+            unsigned int slot;
+            if (sscanf(value, "%u", &slot) != 1 || slot >= MAX_MIG_SLOTS) { bad = 1; break; }
+            d = &g->migs[slot];
+            d->is_mig = 1;
+            d->present = 1;
+            d->gpu_index = g->dev.gpu_index;
+            d->slot = slot;
+        } else if (!strcmp(key, "uuid")) copy_text(d->uuid, sizeof d->uuid, value);
+        else if (!strcmp(key, "fail")) bad = add_fault(d, value) != 0;
+        else if (d->is_mig) {
+            mock_device_attrs_t *a = &d->attrs;
+            if (!strcmp(key, "profile")) copy_text(d->profile, sizeof d->profile, value);
+            else if (!strcmp(key, "gpuInstanceId")) bad = sscanf(value, "%u", &d->gi) != 1;
+            else if (!strcmp(key, "computeInstanceId")) bad = sscanf(value, "%u", &d->ci) != 1;
+            else if (!strcmp(key, "attributes"))
+                bad = sscanf(value, "%u %u %u %u %u %u %u %u %llu%n", &a->multiprocessorCount,
+                             &a->sharedCopyEngineCount, &a->sharedDecoderCount, &a->sharedEncoderCount,
+                             &a->sharedJpegCount, &a->sharedOfaCount, &a->gpuInstanceSliceCount,
+                             &a->computeInstanceSliceCount, &a->memorySizeMB, &n) != 9;
+            else bad = 1;
+        } else if (!strcmp(key, "name")) copy_text(g->name, sizeof g->name, value);
+        else if (!strcmp(key, "brand")) bad = sscanf(value, "%u", &g->brand) != 1;
+        else if (!strcmp(key, "architecture")) bad = sscanf(value, "%u", &g->arch) != 1;
+        else if (!strcmp(key, "cudaComputeCapability")) bad = sscanf(value, "%d %d", &g->cc_major, &g->cc_minor) != 2;
+        else if (!strcmp(key, "memoryMiB")) bad = sscanf(value, "%llu", &g->memory_mib) != 1;
+        else if (!strcmp(key, "memoryUsedMiB")) bad = sscanf(value, "%llu", &g->memory_used_mib) != 1;
+        else if (!strcmp(key, "minor")) bad = sscanf(value, "%u", &g->minor) != 1;
+        else if (!strcmp(key, "busId")) {
+            copy_text(g->bus_id, sizeof g->bus_id, value);
+            bad = parse_bus_id(value, &g->domain, &g->bus, &g->device, &g->function) != 0;
+        } else if (!strcmp(key, "pciDeviceId")) bad = sscanf(value, "%u", &g->pci_device_id) != 1;
+        else if (!strcmp(key, "pciSubSystemId")) bad = sscanf(value, "%u", &g->pci_subsystem_id) != 1;
+        else if (!strcmp(key, "numaNode")) { bad = sscanf(value, "%d", &g->numa) != 1; g->has_numa = 1; }
+        else if (!strcmp(key, "migCapable")) bad = sscanf(value, "%d", &g->mig_capable) != 1;
+        else if (!strcmp(key, "migMode")) bad = sscanf(value, "%u %u", &g->mig_current, &g->mig_pending) != 2;
+        else if (!strcmp(key, "maxMigDevices")) {
+            bad = sscanf(value, "%u", &g->max_migs) != 1 || g->max_migs > MAX_MIG_SLOTS;
+        } else bad = 1;
+    }
+    fclose(f);
+    if (bad) {
+        fprintf(stderr, "gpudra mock NVML: %s line %d: cannot parse it\n", path, lineno);
+        return NVML_ERROR_UNKNOWN;
+    }
+    return NVML_SUCCESS;
+}
+
+/* -- checks shared by every call -------------------------------------------------------------- */
+
+#define READY() do { if (refcount <= 0) return NVML_ERROR_UNINITIALIZED; } while (0)
+
+/* The device behind a handle, or NULL when the handle is not one this library gave out. */
+static struct device *lookup(nvmlDevice_t h) {
+    if (!h) return NULL;
+    for (unsigned int i = 0; i < gpu_count; i++) {
+        if (h == &gpus[i].dev) return h;
+        for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++)
+            if (h == &gpus[i].migs[s]) return gpus[i].migs[s].present ? h : NULL;
+    }
+    return NULL;
+}
+
+static struct gpu *gpu_of(const struct device *d) { return &gpus[d->gpu_index]; }
+
+static int fault(const struct device *d, const char *call) {
+    for (int i = 0; i < d->nfaults; i++)
+        if (!strcmp(d->faults[i].call, call)) return d->faults[i].code;
+    return 0;
+}
+
+/* Any valid handle; `call` is the NVML name without its _vN suffix (what `fail` lines name). */
+#define ANY(h, call, d)                                   \
+    READY();                                              \
+    struct device *d = lookup(h);                         \
+    if (!d) return NVML_ERROR_INVALID_ARGUMENT;           \
+    { int code_ = fault(d, call); if (code_) return code_; }
+
+/* A full-GPU handle: MIG handles get NOT_SUPPORTED. */
+#define GPU(h, call, g)                                   \
+    ANY(h, call, d_);                                     \
+    if (d_->is_mig) return NVML_ERROR_NOT_SUPPORTED;      \
+    struct gpu *g = gpu_of(d_);
+
+/* A MIG handle: full-GPU handles get `error`. */
+#define MIG(h, call, d, error)                            \
+    ANY(h, call, d);                                      \
+    if (!d->is_mig) return error;
+
+#define OUT(p) do { if (!(p)) return NVML_ERROR_INVALID_ARGUMENT; } while (0)
+
+static nvmlReturn_t put_text(char *buf, unsigned int length, const char *text) {
+    OUT(buf);
+    if (strlen(text) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(buf, text, strlen(text) + 1);
+    return NVML_SUCCESS;
+}
+
+/* -- library ---------------------------------------------------------------------------------- */
+
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    nvmlReturn_t ret = NVML_SUCCESS;
+    pthread_mutex_lock(&lock);
+    if (refcount == 0) {
+        int init_error = 0;
+        ret = load_inventory(&init_error);
+        if (ret == NVML_SUCCESS && init_error) ret = init_error;
+    }
+    if (ret == NVML_SUCCESS) refcount++;
+    pthread_mutex_unlock(&lock);
+    return ret;
+}
+
+EXPORT nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+EXPORT nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+EXPORT nvmlReturn_t nvmlShutdown(void) {
+    nvmlReturn_t ret = NVML_SUCCESS;
+    pthread_mutex_lock(&lock);
+    if (refcount <= 0) ret = NVML_ERROR_UNINITIALIZED;
+    else refcount--;
+    pthread_mutex_unlock(&lock);
+    return ret;
+}
+
+EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
+    switch (result) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+    case NVML_ERROR_ALREADY_INITIALIZED: return "Already Initialized";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_INSUFFICIENT_POWER: return "Insufficient External Power";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_IRQ_ISSUE: return "Interrupt Request Issue";
+    case NVML_ERROR_LIBRARY_NOT_FOUND: return "NVML Shared Library Not Found";
+    case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
+    case NVML_ERROR_CORRUPTED_INFOROM: return "Corrupted infoROM";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_RESET_REQUIRED: return "GPU requires restart";
+    case NVML_ERROR_OPERATING_SYSTEM: return "The operating system has blocked the request.";
+    case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
+    case NVML_ERROR_IN_USE: return "In use by another client";
+    case NVML_ERROR_MEMORY: return "Insufficient Memory";
+    case NVML_ERROR_NO_DATA: return "No data";
+    case NVML_ERROR_INSUFFICIENT_RESOURCES: return "Insufficient resources";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
+    case NVML_ERROR_DEPRECATED: return "Deprecated";
+    case NVML_ERROR_NOT_READY: return "Not ready";
+    case NVML_ERROR_GPU_NOT_FOUND: return "GPU not found";
+    case NVML_ERROR_INVALID_STATE: return "Invalid state";
+    case NVML_ERROR_UNKNOWN: return "Unknown Error";
+    default: return "Unknown Error";
+    }
+}
+
+/* -- system ----------------------------------------------------------------------------------- */
+
+EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    READY();
+    return put_text(version, length, driver_version);
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
+    READY();
+    char text[TEXT_LEN + 16];
+    snprintf(text, sizeof text, "%d.%s", cuda_driver_version / 1000, driver_version);
+    return put_text(version, length, text);
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) {
+    READY();
+    OUT(version);
+    *version = cuda_driver_version;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version) { return nvmlSystemGetCudaDriverVersion(version); }
+
+/* -- enumeration ------------------------------------------------------------------------------ */
+
+EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    READY();
+    OUT(count);
+    *count = gpu_count;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *count) { return nvmlDeviceGetCount_v2(count); }
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    READY();
+    OUT(device);
+    if (index >= gpu_count) return NVML_ERROR_INVALID_ARGUMENT;
+    *device = &gpus[index].dev;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) {
+    return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    READY();
+    OUT(uuid);
+    OUT(device);
+    for (unsigned int i = 0; i < gpu_count; i++) {
+        if (!strcmp(gpus[i].dev.uuid, uuid)) { *device = &gpus[i].dev; return NVML_SUCCESS; }
+        for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++)
+            if (gpus[i].migs[s].present && !strcmp(gpus[i].migs[s].uuid, uuid)) {
+                *device = &gpus[i].migs[s];
+                return NVML_SUCCESS;
+            }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t *device) {
+    READY();
+    OUT(pciBusId);
+    OUT(device);
+    unsigned int domain, bus, dev, function;
+    if (parse_bus_id(pciBusId, &domain, &bus, &dev, &function) != 0) return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < gpu_count; i++) {
+        struct gpu *g = &gpus[i];
+        if (g->domain == domain && g->bus == bus && g->device == dev && g->function == function) {
+            *device = &g->dev;
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId, nvmlDevice_t *device) {
+    return nvmlDeviceGetHandleByPciBusId_v2(pciBusId, device);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    GPU(device, "nvmlDeviceGetIndex", g);
+    OUT(index);
+    *index = (unsigned int)g->dev.gpu_index;
+    return NVML_SUCCESS;
+}
+
+/* -- identity --------------------------------------------------------------------------------- */
+
+EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    ANY(device, "nvmlDeviceGetName", d);
+    char text[2 * TEXT_LEN + 8];
+    if (d->is_mig) snprintf(text, sizeof text, "%s MIG %s", gpu_of(d)->name, d->profile);
+    else snprintf(text, sizeof text, "%s", gpu_of(d)->name);
+    return put_text(name, length, text);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    ANY(device, "nvmlDeviceGetUUID", d);
+    return put_text(uuid, length, d->uuid);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, int *type) {
+    ANY(device, "nvmlDeviceGetBrand", d);
+    OUT(type);
+    *type = (int)gpu_of(d)->brand;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, unsigned int *arch) {
+    ANY(device, "nvmlDeviceGetArchitecture", d);
+    OUT(arch);
+    *arch = gpu_of(d)->arch;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor) {
+    ANY(device, "nvmlDeviceGetCudaComputeCapability", d);
+    OUT(major);
+    OUT(minor);
+    *major = gpu_of(d)->cc_major;
+    *minor = gpu_of(d)->cc_minor;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
+    GPU(device, "nvmlDeviceGetMinorNumber", g);
+    OUT(minor);
+    *minor = g->minor;
+    return NVML_SUCCESS;
+}
+
+static void memory_of(const struct device *d, unsigned long long *total, unsigned long long *used) {
+    const unsigned long long mib = 1024ULL * 1024ULL;
+    if (d->is_mig) {
+        *total = d->attrs.memorySizeMB * mib;
+        *used = 0;
+    } else {
+        *total = gpu_of(d)->memory_mib * mib;
+        *used = gpu_of(d)->memory_used_mib * mib;
+    }
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, mock_memory_t *memory) {
+    ANY(device, "nvmlDeviceGetMemoryInfo", d);
+    OUT(memory);
+    memory_of(d, &memory->total, &memory->used);
+    memory->free = memory->total - memory->used;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, mock_memory_v2_t *memory) {
+    ANY(device, "nvmlDeviceGetMemoryInfo", d);
+    OUT(memory);
+    if (memory->version != MOCK_MEMORY_V2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    memory_of(d, &memory->total, &memory->used);
+    memory->reserved = 0;
+    memory->free = memory->total - memory->used;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, mock_pci_info_t *pci) {
+    GPU(device, "nvmlDeviceGetPciInfo", g);
+    OUT(pci);
+    memset(pci, 0, sizeof *pci);
+    /* NVML keeps the legacy 4-digit-domain form alongside the 8-digit one. */
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", g->domain & 0xFFFF, g->bus & 0xFF,
+             g->device & 0xFF, g->function & 0xF);
+    pci->domain = g->domain;
+    pci->bus = g->bus;
+    pci->device = g->device;
+    pci->pciDeviceId = g->pci_device_id;
+    pci->pciSubSystemId = g->pci_subsystem_id;
+    copy_text(pci->busId, sizeof pci->busId, g->bus_id);
+    return NVML_SUCCESS;
+}
+
+/* The pre-9.0 layout: a 16-byte busId (legacy form) and four reserved words. */
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, mock_pci_info_v2_t *pci) {
+    GPU(device, "nvmlDeviceGetPciInfo", g);
+    OUT(pci);
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busId, sizeof pci->busId, "%04X:%02X:%02X.%X", g->domain & 0xFFFF, g->bus & 0xFF,
+             g->device & 0xFF, g->function & 0xF);
+    pci->domain = g->domain;
+    pci->bus = g->bus;
+    pci->device = g->device;
+    pci->pciDeviceId = g->pci_device_id;
+    pci->pciSubSystemId = g->pci_subsystem_id;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, mock_pci_info_v2_t *pci) {
+    return nvmlDeviceGetPciInfo_v2(device, pci);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node) {
+    GPU(device, "nvmlDeviceGetNumaNodeId", g);
+    OUT(node);
+    if (!g->has_numa) return NVML_ERROR_NOT_SUPPORTED;
+    *node = (unsigned int)g->numa;
+    return NVML_SUCCESS;
+}
+
+/* -- MIG -------------------------------------------------------------------------------------- */
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
+    GPU(device, "nvmlDeviceGetMigMode", g);
+    if (!g->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    OUT(current);
+    OUT(pending);
+    *current = g->mig_current;
+    *pending = g->mig_pending;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    GPU(device, "nvmlDeviceGetMaxMigDeviceCount", g);
+    OUT(count);
+    *count = g->mig_capable && g->mig_current == NVML_DEVICE_MIG_ENABLE ? g->max_migs : 0;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                        nvmlDevice_t *migDevice) {
+    GPU(device, "nvmlDeviceGetMigDeviceHandleByIndex", g);
+    if (!g->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    OUT(migDevice);
+    if (g->mig_current != NVML_DEVICE_MIG_ENABLE) return NVML_ERROR_NOT_FOUND;
+    if (index >= g->max_migs) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!g->migs[index].present) return NVML_ERROR_NOT_FOUND;
+    *migDevice = &g->migs[index];
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice) {
+    ANY(device, "nvmlDeviceIsMigDeviceHandle", d);
+    OUT(isMigDevice);
+    *isMigDevice = d->is_mig ? 1 : 0;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device) {
+    MIG(migDevice, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", d, NVML_ERROR_INVALID_ARGUMENT);
+    OUT(device);
+    *device = &gpu_of(d)->dev;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    MIG(device, "nvmlDeviceGetGpuInstanceId", d, NVML_ERROR_INVALID_ARGUMENT);
+    OUT(id);
+    *id = d->gi;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    MIG(device, "nvmlDeviceGetComputeInstanceId", d, NVML_ERROR_INVALID_ARGUMENT);
+    OUT(id);
+    *id = d->ci;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, mock_device_attrs_t *attributes) {
+    MIG(device, "nvmlDeviceGetAttributes", d, NVML_ERROR_NOT_SUPPORTED);
+    OUT(attributes);
+    *attributes = d->attrs;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t device, mock_device_attrs_t *attributes) {
+    return nvmlDeviceGetAttributes_v2(device, attributes);
+}
+
+/* -- exported but not modelled: NOT_SUPPORTED (after the usual init and handle checks) --------- */
+
+#define UNSUPPORTED_DEVICE_CALL(fn, call, ...)                    \
+    EXPORT nvmlReturn_t fn(nvmlDevice_t device, __VA_ARGS__) {    \
+        ANY(device, call, d);                                     \
+        (void)d;                                                  \
+        return NVML_ERROR_NOT_SUPPORTED;                          \
+    }
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+UNSUPPORTED_DEVICE_CALL(nvmlDeviceGetSerial, "nvmlDeviceGetSerial", char *serial, unsigned int length)
+UNSUPPORTED_DEVICE_CALL(nvmlDeviceGetBoardPartNumber, "nvmlDeviceGetBoardPartNumber", char *partNumber,
+                        unsigned int length)
+UNSUPPORTED_DEVICE_CALL(nvmlDeviceGetVbiosVersion, "nvmlDeviceGetVbiosVersion", char *version, unsigned int length)
+UNSUPPORTED_DEVICE_CALL(nvmlDeviceGetTemperature, "nvmlDeviceGetTemperature", int sensorType, unsigned int *temp)
+UNSUPPORTED_DEVICE_CALL(nvmlDeviceGetPowerUsage, "nvmlDeviceGetPowerUsage", unsigned int *power)
+UNSUPPORTED_DEVICE_CALL(nvmlDeviceGetPersistenceMode, "nvmlDeviceGetPersistenceMode", int *mode)
+UNSUPPORTED_DEVICE_CALL(nvmlDeviceGetUtilizationRates, "nvmlDeviceGetUtilizationRates", void *utilization)
+UNSUPPORTED_DEVICE_CALL(nvmlDeviceGetEccMode, "nvmlDeviceGetEccMode", int *current, int *pending)
+UNSUPPORTED_DEVICE_CALL(nvmlDeviceGetGpuInstanceById, "nvmlDeviceGetGpuInstanceById", unsigned int id,
+                        nvmlGpuInstance_t *gpuInstance)
+UNSUPPORTED_DEVICE_CALL(nvmlDeviceGetGpuInstanceProfileInfo, "nvmlDeviceGetGpuInstanceProfileInfo",
+                        unsigned int profile, void *info)
+#pragma GCC diagnostic pop
+
+/* GPU/compute instance handles are never handed out (GetGpuInstanceById is not modelled). */
+EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, void *info) {
+    (void)gpuInstance;
+    (void)info;
+    READY();
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuInstance, unsigned int id,
+                                                          nvmlComputeInstance_t *computeInstance) {
+    (void)gpuInstance;
+    (void)id;
+    (void)computeInstance;
+    READY();
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance, void *info) {
+    (void)computeInstance;
+    (void)info;
+    READY();
+    return NVML_ERROR_NOT_SUPPORTED;
+}

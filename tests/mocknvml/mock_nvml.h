@@ -1,0 +1,110 @@
+/*
+ * gpudra mock NVML: the NVML types and constants the mock needs, written from the NVML API
+ * reference and the ctypes definitions of nvidia-ml-py (pynvml). Not NVIDIA's nvml.h.
+ *
+ * Only the layouts the mock fills are defined; each mirrors a pynvml ctypes structure:
+ *   mock_pci_info_t       <-> pynvml.nvmlPciInfo_t        (nvmlDeviceGetPciInfo_v3)
+ *   mock_pci_info_v2_t    <-> pynvml.nvmlPciInfo_v2_t     (nvmlDeviceGetPciInfo, _v2)
+ *   mock_memory_t         <-> pynvml.c_nvmlMemory_t       (nvmlDeviceGetMemoryInfo)
+ *   mock_memory_v2_t      <-> pynvml.c_nvmlMemory_v2_t    (nvmlDeviceGetMemoryInfo_v2)
+ *   mock_device_attrs_t   <-> pynvml.c_nvmlDeviceAttributes (nvmlDeviceGetAttributes_v2)
+ */
+#ifndef GPUDRA_MOCK_NVML_H
+#define GPUDRA_MOCK_NVML_H
+
+/* nvmlReturn_t */
+typedef int nvmlReturn_t;
+#define NVML_SUCCESS 0
+#define NVML_ERROR_UNINITIALIZED 1
+#define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_ERROR_NO_PERMISSION 4
+#define NVML_ERROR_ALREADY_INITIALIZED 5
+#define NVML_ERROR_NOT_FOUND 6
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define NVML_ERROR_INSUFFICIENT_POWER 8
+#define NVML_ERROR_DRIVER_NOT_LOADED 9
+#define NVML_ERROR_TIMEOUT 10
+#define NVML_ERROR_IRQ_ISSUE 11
+#define NVML_ERROR_LIBRARY_NOT_FOUND 12
+#define NVML_ERROR_FUNCTION_NOT_FOUND 13
+#define NVML_ERROR_CORRUPTED_INFOROM 14
+#define NVML_ERROR_GPU_IS_LOST 15
+#define NVML_ERROR_RESET_REQUIRED 16
+#define NVML_ERROR_OPERATING_SYSTEM 17
+#define NVML_ERROR_LIB_RM_VERSION_MISMATCH 18
+#define NVML_ERROR_IN_USE 19
+#define NVML_ERROR_MEMORY 20
+#define NVML_ERROR_NO_DATA 21
+#define NVML_ERROR_VGPU_ECC_NOT_SUPPORTED 22
+#define NVML_ERROR_INSUFFICIENT_RESOURCES 23
+#define NVML_ERROR_FREQ_NOT_SUPPORTED 24
+#define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
+#define NVML_ERROR_DEPRECATED 26
+#define NVML_ERROR_NOT_READY 27
+#define NVML_ERROR_GPU_NOT_FOUND 28
+#define NVML_ERROR_INVALID_STATE 29
+#define NVML_ERROR_UNKNOWN 999
+
+#define NVML_DEVICE_MIG_DISABLE 0
+#define NVML_DEVICE_MIG_ENABLE 1
+
+/* Buffer sizes (bytes, NUL included) as the API reference gives them. */
+#define MOCK_PCI_BUS_ID_SIZE 32        /* NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE */
+#define MOCK_PCI_BUS_ID_LEGACY_SIZE 16 /* NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE */
+
+/* Version word of a versioned struct: sizeof(struct) | (version << 24). */
+#define MOCK_STRUCT_VERSION(size, ver) ((unsigned int)(size) | ((unsigned int)(ver) << 24))
+
+typedef struct {
+    char busIdLegacy[MOCK_PCI_BUS_ID_LEGACY_SIZE];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[MOCK_PCI_BUS_ID_SIZE];
+} mock_pci_info_t;
+
+typedef struct {
+    char busId[MOCK_PCI_BUS_ID_LEGACY_SIZE];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    unsigned int reserved0;
+    unsigned int reserved1;
+    unsigned int reserved2;
+    unsigned int reserved3;
+} mock_pci_info_v2_t;
+
+typedef struct {
+    unsigned long long total;
+    unsigned long long free;
+    unsigned long long used;
+} mock_memory_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned long long total;
+    unsigned long long reserved;
+    unsigned long long free;
+    unsigned long long used;
+} mock_memory_v2_t;
+
+#define MOCK_MEMORY_V2 MOCK_STRUCT_VERSION(sizeof(mock_memory_v2_t), 2) /* 0x02000028 */
+
+typedef struct {
+    unsigned int multiprocessorCount;
+    unsigned int sharedCopyEngineCount;
+    unsigned int sharedDecoderCount;
+    unsigned int sharedEncoderCount;
+    unsigned int sharedJpegCount;
+    unsigned int sharedOfaCount;
+    unsigned int gpuInstanceSliceCount;
+    unsigned int computeInstanceSliceCount;
+    unsigned long long memorySizeMB;
+} mock_device_attrs_t;
+
+#endif

@@ -1,0 +1,481 @@
+"""The REAL pynvml (nvidia-ml-py) against the mock libnvidia-ml.so.1 (tests/mocknvml, `make mock-nvml`)
+in a fake driver root (gpudra_operator.localcluster.driverroot), checked against the Python simulator.
+
+pynvml keeps one loaded library per process (``pynvml.nvmlLib`` and a function-pointer cache), so each
+scenario runs in its own interpreter, which points pynvml at the root's ``libnvidia-ml.so.1``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import stat
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+import yaml
+
+from gpudra_driver.discovery import NvmlUnavailable, scan
+from gpudra_driver.nvml import load_nvml, profile_names
+from gpudra_driver.nvml.fake import load_profile
+from gpudra_driver.plugin.devicenodes import mig_cap_minor_fallback
+from gpudra_driver.slices import device_to_api
+from gpudra_operator.localcluster import driverroot
+from gpudra_operator.localcluster.driverroot import INVENTORY_FILE, LIB_DIR, make_driver_root, mock_nvml_library
+
+# Runs the same calls against whatever NVML `n` is (real pynvml or the simulator) and records each
+# answer, or the pynvml exception class it raised; executed in-process for the simulator and in a
+# child interpreter for pynvml + the mock.
+PROBE = r'''
+import ctypes
+
+def _norm(v):
+    if isinstance(v, (ctypes._Pointer,)) or type(v).__name__ == "_Handle":
+        return "<handle>"
+    if isinstance(v, ctypes.Structure):
+        return {f: _norm(getattr(v, f)) for f, _ in v._fields_}
+    if isinstance(v, ctypes._SimpleCData):
+        return v.value
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, (list, tuple)):
+        return [_norm(x) for x in v]
+    return v
+
+def probe(n):
+    out = {}
+    def rec(key, fn, *args):
+        try:
+            v = fn(*args)
+        except n.NVMLError as e:
+            out[key] = "!" + type(e).__name__
+            return None
+        out[key] = _norm(v)
+        return v
+    rec("pre.count", n.nvmlDeviceGetCount)
+    rec("pre.shutdown", n.nvmlShutdown)
+    rec("pre.driver", n.nvmlSystemGetDriverVersion)
+    rec("init", n.nvmlInit)
+    if out["init"] is not None:
+        return out
+    rec("init.again", n.nvmlInit)
+    rec("driver", n.nvmlSystemGetDriverVersion)
+    rec("cuda", n.nvmlSystemGetCudaDriverVersion_v2)
+    count = rec("count", n.nvmlDeviceGetCount) or 0
+    rec("handle.oob", n.nvmlDeviceGetHandleByIndex, count)
+    for i in range(count):
+        h = rec(f"{i}.handle", n.nvmlDeviceGetHandleByIndex, i)
+        for call in ("Name", "UUID", "Brand", "Architecture", "CudaComputeCapability", "MinorNumber",
+                     "MemoryInfo", "PciInfo", "NumaNodeId", "MigMode", "MaxMigDeviceCount", "Index",
+                     "Attributes", "GpuInstanceId", "ComputeInstanceId", "DeviceHandleFromMigDeviceHandle"):
+            rec(f"{i}.{call}", getattr(n, "nvmlDeviceGet" + call), h)
+        rec(f"{i}.IsMig", n.nvmlDeviceIsMigDeviceHandle, h)
+        slots = out[f"{i}.MaxMigDeviceCount"]
+        for slot in range((slots if isinstance(slots, int) else 0) + 2):
+            m = rec(f"{i}.mig{slot}", n.nvmlDeviceGetMigDeviceHandleByIndex, h, slot)
+            if m is None:
+                continue
+            for call in ("Name", "UUID", "Brand", "Architecture", "CudaComputeCapability", "MinorNumber",
+                         "MemoryInfo", "PciInfo", "NumaNodeId", "MigMode", "MaxMigDeviceCount", "Index",
+                         "Attributes", "GpuInstanceId", "ComputeInstanceId"):
+                rec(f"{i}.mig{slot}.{call}", getattr(n, "nvmlDeviceGet" + call), m)
+            rec(f"{i}.mig{slot}.IsMig", n.nvmlDeviceIsMigDeviceHandle, m)
+            parent = rec(f"{i}.mig{slot}.parent", n.nvmlDeviceGetDeviceHandleFromMigDeviceHandle, m)
+            if parent is not None:
+                rec(f"{i}.mig{slot}.parent.UUID", n.nvmlDeviceGetUUID, parent)
+            rec(f"{i}.mig{slot}.migOfMig", n.nvmlDeviceGetMigDeviceHandleByIndex, m, 0)
+    rec("shutdown", n.nvmlShutdown)
+    rec("shutdown.again", n.nvmlShutdown)
+    rec("shutdown.extra", n.nvmlShutdown)
+    rec("post.count", n.nvmlDeviceGetCount)
+    return out
+'''
+
+# The child: real pynvml bound to the mock in a driver root; probe, then discovery, as JSON.
+CHILD = PROBE + r'''
+import json, sys
+import pynvml
+pynvml.nvmlLib = ctypes.CDLL(sys.argv[1])
+from gpudra_driver.discovery import scan
+from gpudra_driver.nvml import NvmlUnavailable
+from gpudra_driver.slices import device_to_api
+result = {"probe": probe(pynvml)}
+try:
+    d = scan(pynvml)
+    result["devices"] = [device_to_api(x) for x in d.devices]
+    result["warnings"] = d.warnings
+except NvmlUnavailable as e:
+    result["error"] = str(e)
+    result["cause"] = type(e.__cause__).__name__
+print(json.dumps(result))
+'''
+
+_probe_ns: dict[str, Any] = {}
+exec(PROBE, _probe_ns)  # noqa: S102 - the simulator side of the same probe
+
+
+@pytest.fixture(scope="module")
+def mock_lib() -> Path:
+    try:
+        return mock_nvml_library()
+    except RuntimeError as exc:
+        pytest.fail(f"{exc}", pytrace=False)
+
+
+def _nvml_lib(root: Path) -> Path:
+    return (root / LIB_DIR / "libnvidia-ml.so.1").absolute()
+
+
+def run_child(root: Path, script: str = CHILD, env: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:
+    child_env = {k: v for k, v in os.environ.items() if k != driverroot.INVENTORY_ENV}
+    child_env.update(env or {})
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(_nvml_lib(root))],
+        capture_output=True, text=True, timeout=60, env=child_env,
+    )
+    assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{proc.stderr}"
+    return json.loads(proc.stdout), proc.stderr
+
+
+def simulated(ref: str) -> dict[str, Any]:
+    result: dict[str, Any] = {"probe": _probe_ns["probe"](load_nvml(f"fake:{ref}"))}
+    try:
+        d = scan(load_nvml(f"fake:{ref}"))
+        result["devices"] = [device_to_api(x) for x in d.devices]
+        result["warnings"] = d.warnings
+    except NvmlUnavailable as exc:
+        result["error"] = str(exc)
+        result["cause"] = type(exc.__cause__).__name__
+    return result
+
+
+def assert_same(real: dict[str, Any], sim: dict[str, Any]) -> None:
+    assert real.keys() == sim.keys()
+    for key in real["probe"].keys() | sim["probe"].keys():
+        assert real["probe"].get(key, "<missing>") == sim["probe"].get(key, "<missing>"), key
+    assert real == sim
+
+
+# -- the shipped profiles, and every answer the simulator gives ------------------------------------
+
+
+@pytest.mark.parametrize("name", profile_names())
+def test_real_pynvml_on_mock_equals_simulator(name: str, mock_lib: Path, tmp_path: Path) -> None:
+    root = make_driver_root(tmp_path / "root", name, library=mock_lib, device_nodes=False)
+    real, _ = run_child(root)
+    sim = simulated(name)
+    assert real["devices"], "the profile discovers no devices"
+    assert_same(real, sim)
+
+
+EDGE_PROFILE = {
+    "description": "edge cases: faults, empty MIG slots, pending MIG mode, no NUMA, no MIG",
+    "driverVersion": "550.54.15",
+    "cudaDriverVersion": 12040,
+    "defaults": {
+        "name": "NVIDIA A100-SXM4-40GB", "brand": "NVIDIA", "architecture": "AMPERE",
+        "cudaComputeCapability": "8.0", "memoryMiB": 40960, "pciDeviceId": 0x20B010DE, "migCapable": True,
+        "maxMigDevices": 7,
+    },
+    "gpus": [
+        {"uuid": "GPU-00000000-0000-0000-0000-000000000000", "busId": "00000000:07:00.0", "numaNode": 0,
+         "fail": True},
+        {"uuid": "GPU-11111111-1111-1111-1111-111111111111", "busId": "00000000:0F:00.0", "numaNode": 1,
+         "fail": {"nvmlDeviceGetMemoryInfo": "GpuIsLost"}},
+        {"uuid": "GPU-22222222-2222-2222-2222-222222222222", "busId": "00000000:47:00.0", "numaNode": None,
+         "migMode": "enabled", "memoryUsedMiB": 512, "pciSubSystemId": 0x145F10DE,
+         "migDevices": [
+             {"uuid": "MIG-aaaaaaaa-0000-0000-0000-000000000000", "profile": "3g.20gb", "gpuInstanceId": 2,
+              "computeInstanceId": 0, "slot": 0,
+              "attributes": {"multiprocessorCount": 42, "sharedCopyEngineCount": 3, "sharedDecoderCount": 2,
+                             "gpuInstanceSliceCount": 3, "computeInstanceSliceCount": 3, "memorySizeMB": 19968}},
+             {"uuid": "MIG-bbbbbbbb-0000-0000-0000-000000000000", "profile": "1c.3g.20gb", "gpuInstanceId": 1,
+              "computeInstanceId": 1, "slot": 3,
+              "attributes": {"multiprocessorCount": 14, "sharedCopyEngineCount": 3, "sharedDecoderCount": 2,
+                             "gpuInstanceSliceCount": 3, "computeInstanceSliceCount": 1, "memorySizeMB": 19968}},
+             {"uuid": "MIG-cccccccc-0000-0000-0000-000000000000", "profile": "1g.5gb", "gpuInstanceId": 9,
+              "computeInstanceId": 0, "slot": 5, "fail": {"nvmlDeviceGetAttributes": "Unknown"},
+              "attributes": {"multiprocessorCount": 14, "sharedCopyEngineCount": 1,
+                             "gpuInstanceSliceCount": 1, "computeInstanceSliceCount": 1, "memorySizeMB": 4864}},
+         ]},
+        {"uuid": "GPU-33333333-3333-3333-3333-333333333333", "busId": "00000000:4E:00.0",
+         "migMode": "disabled", "migModePending": "enabled"},
+        {"uuid": "GPU-44444444-4444-4444-4444-444444444444", "busId": "00000000:87:00.0", "minor": 7,
+         "migMode": "enabled"},
+        {"uuid": "GPU-55555555-5555-5555-5555-555555555555", "busId": "0000000A:90:00.1", "migCapable": False,
+         "name": "NVIDIA L4", "architecture": "ADA", "cudaComputeCapability": "8.9", "brand": "GEFORCE_RTX"},
+    ],
+}
+
+
+def test_edge_cases_equal_simulator(mock_lib: Path, tmp_path: Path) -> None:
+    path = tmp_path / "edge.yaml"
+    path.write_text(yaml.safe_dump(EDGE_PROFILE))
+    root = make_driver_root(tmp_path / "root", str(path), library=mock_lib, device_nodes=False)
+    real, _ = run_child(root)
+    sim = simulated(str(path))
+    assert_same(real, sim)
+    # the edge cases are really there
+    assert any("GPU 0 skipped: nvmlDeviceGetUUID failed" in w for w in real["warnings"])
+    assert any("GPU 1 skipped: nvmlDeviceGetMemoryInfo failed: GPU is lost" in w for w in real["warnings"])
+    assert any("MIG device 5 on GPU 2 skipped" in w for w in real["warnings"])
+    assert any("MIG mode change pending" in w for w in real["warnings"])
+    assert any("GPU 4" in w and "no MIG devices" in w for w in real["warnings"])
+    assert real["probe"]["2.mig1"] == "!NVMLError_NotFound"  # empty slot
+    assert real["probe"]["2.mig8"] == "!NVMLError_InvalidArgument"  # past the max
+    assert real["probe"]["3.mig0"] == "!NVMLError_NotFound"  # MIG disabled
+    assert real["probe"]["5.MigMode"] == "!NVMLError_NotSupported"  # not MIG capable
+    assert real["probe"]["2.Attributes"] == "!NVMLError_NotSupported"
+    assert real["probe"]["2.GpuInstanceId"] == "!NVMLError_InvalidArgument"
+    assert real["probe"]["2.mig0.MinorNumber"] == "!NVMLError_NotSupported"
+    assert real["probe"]["pre.count"] == "!NVMLError_Uninitialized"
+    assert real["probe"]["shutdown.extra"] == "!NVMLError_Uninitialized"
+
+
+# -- nvmlInit failures ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("init_error", "hint"),
+    [
+        ("DriverNotLoaded", "the NVIDIA kernel driver is not loaded"),
+        ("NoPermission", "no permission to open /dev/nvidia*"),
+        ("LibRmVersionMismatch", "the NVML library and the kernel driver have different versions"),
+    ],
+)
+def test_init_error(init_error: str, hint: str, mock_lib: Path, tmp_path: Path) -> None:
+    doc = yaml.safe_load((resources.files("gpudra_driver") / "profiles" / "l4x2.yaml").read_text())
+    doc["initError"] = init_error
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    root = make_driver_root(tmp_path / "root", str(path), library=mock_lib, device_nodes=False)
+    real, _ = run_child(root)
+    assert real["cause"] == f"NVMLError_{init_error}"
+    assert hint in real["error"]
+    sim = simulated(str(path))
+    # The messages may differ in detail (the real binding can say more about the host), not in kind.
+    assert (real["probe"], real["cause"]) == (sim["probe"], sim["cause"])
+    assert real["probe"]["init"] == f"!NVMLError_{init_error}"
+
+
+def test_missing_inventory_is_driver_not_loaded(mock_lib: Path, tmp_path: Path) -> None:
+    root = make_driver_root(tmp_path / "root", "l4x2", library=mock_lib, device_nodes=False, extras=False)
+    inventory = root / LIB_DIR / INVENTORY_FILE
+    inventory.unlink()
+    real, stderr = run_child(root)
+    assert real["cause"] == "NVMLError_DriverNotLoaded"
+    assert "the NVIDIA kernel driver is not loaded" in real["error"]
+    assert str(inventory) in stderr
+
+
+def test_inventory_from_env(mock_lib: Path, tmp_path: Path) -> None:
+    root = make_driver_root(tmp_path / "root", "l4x2", library=mock_lib, device_nodes=False, extras=False)
+    other = driverroot.write_inventory(tmp_path / "h200.inventory", "h200")
+    real, _ = run_child(root, env={driverroot.INVENTORY_ENV: str(other)})
+    assert real == simulated("h200")
+
+
+# -- what only the real binding can ask ------------------------------------------------------------
+
+DIRECT = r'''
+import ctypes, json, sys
+import pynvml
+pynvml.nvmlLib = ctypes.CDLL(sys.argv[1])
+out = {}
+def rec(key, fn, *args):
+    try:
+        v = fn(*args)
+    except pynvml.NVMLError as e:
+        out[key] = "!" + type(e).__name__
+        return None
+    out[key] = v.value if isinstance(v, ctypes._SimpleCData) else v
+    return v
+rec("pre.GetCount", pynvml.nvmlDeviceGetCount)
+rec("pre.HandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, 0)
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
+rec("serial", pynvml.nvmlDeviceGetSerial, h)
+rec("temperature", pynvml.nvmlDeviceGetTemperature, h, 0)
+rec("gi.byId", pynvml.nvmlDeviceGetGpuInstanceById, h, 2)
+rec("nvmlVersion", pynvml.nvmlSystemGetNVMLVersion)
+rec("errorString", pynvml.nvmlErrorString, pynvml.NVML_ERROR_GPU_IS_LOST)
+rec("byUuid", lambda: pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByUUID(sys.argv[2])))
+rec("byMigUuid", lambda: pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByUUID(pynvml.nvmlDeviceGetUUID(m))))
+rec("byUuid.unknown", pynvml.nvmlDeviceGetHandleByUUID, "GPU-nope")
+rec("byBus", lambda: pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByPciBusId("0000:07:00.0")))
+rec("byBus.unknown", pynvml.nvmlDeviceGetHandleByPciBusId, "00000000:99:00.0")
+mem = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+out["memory_v2"] = [mem.version, mem.total, mem.reserved, mem.free, mem.used]
+rec("memory_v2.badVersion", pynvml.nvmlDeviceGetMemoryInfo, h, 1)
+pci = pynvml.nvmlDeviceGetPciInfo(h)
+text = lambda v: v.decode() if isinstance(v, bytes) else v
+out["pci"] = [text(pci.busIdLegacy), text(pci.busId), pci.domain, pci.bus, pci.device, pci.pciDeviceId]
+def small(fn, size, *args):
+    buf = ctypes.create_string_buffer(size)
+    return pynvml._nvmlCheckReturn(getattr(pynvml.nvmlLib, fn)(*args, buf, ctypes.c_uint(size))) or buf.value.decode()
+rec("uuid.small", small, "nvmlDeviceGetUUID", 10, h)
+rec("uuid.exact", small, "nvmlDeviceGetUUID", len(sys.argv[2]) + 1, h)
+rec("uuid.oneShort", small, "nvmlDeviceGetUUID", len(sys.argv[2]), h)
+rec("name.small", small, "nvmlDeviceGetName", 8, m)
+rec("driver.small", small, "nvmlSystemGetDriverVersion", 4)
+rec("badHandle", pynvml.nvmlDeviceGetUUID, ctypes.cast(ctypes.c_void_p(16), pynvml.c_nvmlDevice_t))
+rec("nullHandle", pynvml.nvmlDeviceGetUUID, pynvml.c_nvmlDevice_t())
+pynvml.nvmlShutdown()
+rec("after.HandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, 0)
+pynvml.nvmlInit()  # handles stay valid across shutdown and init
+rec("again.uuid", pynvml.nvmlDeviceGetUUID, h)
+pynvml.nvmlShutdown()
+print(json.dumps(out))
+'''
+
+
+def test_direct_calls(mock_lib: Path, tmp_path: Path) -> None:
+    prof = load_profile("a100-80gb-mig")
+    gpu = prof.gpus[0]
+    root = make_driver_root(tmp_path / "root", prof, library=mock_lib, device_nodes=False, extras=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", DIRECT, str(_nvml_lib(root)), gpu.uuid],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    mib = 1024 * 1024
+    assert out == {
+        "pre.GetCount": "!NVMLError_Uninitialized",
+        "pre.HandleByIndex": "!NVMLError_Uninitialized",
+        "serial": "!NVMLError_NotSupported",
+        "temperature": "!NVMLError_NotSupported",
+        "gi.byId": "!NVMLError_NotSupported",
+        "nvmlVersion": "12.570.133.20",
+        "errorString": "GPU is lost",
+        "byUuid": gpu.uuid,
+        "byMigUuid": "NVIDIA A100-SXM4-80GB MIG 3g.40gb",
+        "byUuid.unknown": "!NVMLError_NotFound",
+        "byBus": gpu.uuid,
+        "byBus.unknown": "!NVMLError_NotFound",
+        "memory_v2": [pynvml.nvmlMemory_v2, 81920 * mib, 0, 81920 * mib, 0],
+        "memory_v2.badVersion": "!NVMLError_ArgumentVersionMismatch",
+        "pci": ["0000:07:00.0", "00000000:07:00.0", 0, 7, 0, 0x20B210DE],
+        "uuid.small": "!NVMLError_InsufficientSize",
+        "uuid.exact": gpu.uuid,
+        "uuid.oneShort": "!NVMLError_InsufficientSize",
+        "name.small": "!NVMLError_InsufficientSize",
+        "driver.small": "!NVMLError_InsufficientSize",
+        "badHandle": "!NVMLError_InvalidArgument",
+        "nullHandle": "!NVMLError_InvalidArgument",
+        "after.HandleByIndex": "!NVMLError_Uninitialized",
+        "again.uuid": gpu.uuid,
+    }
+
+
+def test_exports(mock_lib: Path) -> None:
+    """The entry points pynvml-based discovery and nvidia-ctk (go-nvml) call are all there."""
+    lib = ctypes.CDLL(str(mock_lib))
+    for symbol in (
+        "nvmlInit", "nvmlInit_v2", "nvmlInitWithFlags", "nvmlShutdown", "nvmlErrorString",
+        "nvmlSystemGetDriverVersion", "nvmlSystemGetNVMLVersion", "nvmlSystemGetCudaDriverVersion",
+        "nvmlSystemGetCudaDriverVersion_v2", "nvmlDeviceGetCount", "nvmlDeviceGetCount_v2",
+        "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByUUID",
+        "nvmlDeviceGetHandleByPciBusId_v2", "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetMinorNumber",
+        "nvmlDeviceGetPciInfo", "nvmlDeviceGetPciInfo_v2", "nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetBrand", "nvmlDeviceGetArchitecture",
+        "nvmlDeviceGetCudaComputeCapability", "nvmlDeviceGetNumaNodeId", "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceIsMigDeviceHandle",
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", "nvmlDeviceGetGpuInstanceId",
+        "nvmlDeviceGetComputeInstanceId", "nvmlDeviceGetAttributes_v2",
+    ):
+        assert hasattr(lib, symbol), symbol
+    soname = subprocess.run(["readelf", "-d", str(mock_lib)], capture_output=True, text=True).stdout
+    assert "[libnvidia-ml.so.1]" in soname
+
+
+def test_library_missing_names_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(driverroot.MOCK_NVML_ENV, str(tmp_path / "nope.so"))
+    with pytest.raises(RuntimeError, match="make mock-nvml"):
+        mock_nvml_library()
+
+
+# -- the driver root's layout ----------------------------------------------------------------------
+
+
+def _assert_inside(root: Path, link: Path, target: str) -> None:
+    assert link.is_symlink(), link
+    value = os.readlink(link)
+    assert value == target and not os.path.isabs(value), (link, value)
+    assert (link.parent / value).resolve().is_relative_to(root.resolve())
+
+
+def _assert_chr(path: Path, major: int, minor: int) -> None:
+    st = path.lstat()
+    assert stat.S_ISCHR(st.st_mode), path
+    assert (os.major(st.st_rdev), os.minor(st.st_rdev)) == (major, minor), path
+
+
+def test_driver_root_layout(mock_lib: Path, tmp_path: Path) -> None:
+    prof = load_profile("a100-80gb-mig")
+    ver = prof.driver_version
+    root = tmp_path / "root"
+    assert make_driver_root(root, prof, library=mock_lib) == root
+    make_driver_root(root, prof, library=mock_lib)  # twice on the same root is fine
+    lib = root / LIB_DIR
+    ml = lib / f"libnvidia-ml.so.{ver}"
+    assert ml.is_file() and not ml.is_symlink()
+    assert ml.read_bytes() == mock_lib.read_bytes()
+    _assert_inside(root, lib / "libnvidia-ml.so.1", f"libnvidia-ml.so.{ver}")
+    assert "driverVersion 570.133.20" in (lib / INVENTORY_FILE).read_text()
+    for name, soname in [
+        ("libcuda", "1"), ("libnvidia-ptxjitcompiler", "1"), ("libnvidia-nvvm", "4"), ("libnvidia-cfg", "1"),
+        ("libnvidia-opencl", "1"), ("libnvidia-allocator", "1"), ("libnvidia-gpucomp", "1"),
+    ]:
+        real = lib / f"{name}.so.{ver}"
+        assert real.is_file() and not real.is_symlink() and real.read_bytes()[:4] == b"\x7fELF"
+        _assert_inside(root, lib / f"{name}.so.{soname}", real.name)
+    _assert_inside(root, lib / "libcuda.so", "libcuda.so.1")
+    for tool in ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
+                 "nvidia-cuda-mps-server"):
+        assert os.access(root / "usr/bin" / tool, os.X_OK), tool
+    for blob in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
+        assert (root / "lib/firmware/nvidia" / ver / blob).is_file()
+    for path in root.rglob("*"):
+        if path.is_symlink():
+            assert (path.parent / os.readlink(path)).resolve().is_relative_to(root.resolve()), path
+
+    dev = root / "dev"
+    _assert_chr(dev / "nvidia0", 195, 0)
+    _assert_chr(dev / "nvidiactl", 195, 255)
+    _assert_chr(dev / "nvidia-modeset", 195, 254)
+    _assert_chr(dev / "nvidia-uvm", driverroot.UVM_MAJOR, 0)
+    _assert_chr(dev / "nvidia-uvm-tools", driverroot.UVM_MAJOR, 1)
+    expected = set()
+    for mig in prof.gpus[0].migs.values():
+        for ci in (None, mig.compute_instance_id):
+            minor = mig_cap_minor_fallback(0, mig.gpu_instance_id, ci)
+            _assert_chr(dev / "nvidia-caps" / f"nvidia-cap{minor}", driverroot.CAPS_MAJOR, minor)
+            expected.add(f"nvidia-cap{minor}")
+    assert {p.name for p in (dev / "nvidia-caps").iterdir()} == expected == {
+        "nvidia-cap21", "nvidia-cap22", "nvidia-cap84", "nvidia-cap85", "nvidia-cap93", "nvidia-cap94",
+    }
+
+    # the root works on its own: discovery through real pynvml reads its inventory
+    real, _ = run_child(root)
+    assert [d["name"] for d in real["devices"]] == [
+        d["name"] for d in simulated("a100-80gb-mig")["devices"]
+    ]
+
+
+def test_driver_root_options(mock_lib: Path, tmp_path: Path) -> None:
+    dgx = load_profile("dgx-h100")
+    root = make_driver_root(tmp_path / "plain", dgx, library=mock_lib, extras=False, mig_caps=False)
+    assert sorted(p.name for p in (root / "dev").iterdir() if p.name.startswith("nvidia") and p.name[6:].isdigit()) \
+        == [f"nvidia{g.minor}" for g in dgx.gpus]
+    assert not (root / "dev/nvidia-caps").exists()
+    assert not list((root / LIB_DIR).glob("libcuda*"))
+    nodev = make_driver_root(tmp_path / "nodev", "a100-80gb-mig", library=mock_lib, device_nodes=False)
+    assert not (nodev / "dev").exists()
