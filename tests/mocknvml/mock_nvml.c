@@ -16,6 +16,9 @@
  *    index) on a MIG handle return NOT_SUPPORTED;
  *  - a device's `fail <call> <code>` lines make that call (named without its _vN suffix) fail;
  *  - string buffers too small for the answer give INSUFFICIENT_SIZE;
+ *  - GPU/compute instance calls (GetGpuInstanceById, GpuInstanceGetInfo, ComputeInstanceGetInfo,
+ *    Get{Gpu,Compute}InstanceProfileInfo v1) answer from the MIG devices, enough for go-nvlib's
+ *    MigDevice.GetProfile, which nvidia-ctk calls for every MIG device;
  *  - exported calls the mock does not model return NOT_SUPPORTED.
  *
  * Inventory: $GPUDRA_MOCK_NVML_INVENTORY, else gpudra-mock-nvml.inventory next to this library file.
@@ -65,6 +68,13 @@ struct fault {
     int code;
 };
 
+struct device;
+
+/* A GPU or compute instance handle: part of the MIG device it belongs to. */
+struct instance {
+    struct device *mig;
+};
+
 struct device {
     int is_mig;
     int present; /* MIG slot filled */
@@ -76,6 +86,7 @@ struct device {
     mock_device_attrs_t attrs;
     int nfaults;
     struct fault faults[MAX_FAULTS];
+    struct instance gi_handle, ci_handle;
 };
 
 struct gpu {
@@ -104,8 +115,8 @@ static int refcount;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 typedef struct device *nvmlDevice_t;
-typedef void *nvmlGpuInstance_t;
-typedef void *nvmlComputeInstance_t;
+typedef struct instance *nvmlGpuInstance_t;
+typedef struct instance *nvmlComputeInstance_t;
 
 /* -- inventory -------------------------------------------------------------------------------- */
 
@@ -191,6 +202,8 @@ static nvmlReturn_t load_inventory(int *init_error) {
             d->present = 1;
             d->gpu_index = g->dev.gpu_index;
             d->slot = slot;
+            d->gi_handle.mig = d;
+            d->ci_handle.mig = d;
         } else if (!strcmp(key, "uuid")) copy_text(d->uuid, sizeof d->uuid, value);
         else if (!strcmp(key, "fail")) bad = add_fault(d, value) != 0;
         else if (d->is_mig) {
@@ -639,32 +652,149 @@ UNSUPPORTED_DEVICE_CALL(nvmlDeviceGetPowerUsage, "nvmlDeviceGetPowerUsage", unsi
 UNSUPPORTED_DEVICE_CALL(nvmlDeviceGetPersistenceMode, "nvmlDeviceGetPersistenceMode", int *mode)
 UNSUPPORTED_DEVICE_CALL(nvmlDeviceGetUtilizationRates, "nvmlDeviceGetUtilizationRates", void *utilization)
 UNSUPPORTED_DEVICE_CALL(nvmlDeviceGetEccMode, "nvmlDeviceGetEccMode", int *current, int *pending)
-UNSUPPORTED_DEVICE_CALL(nvmlDeviceGetGpuInstanceById, "nvmlDeviceGetGpuInstanceById", unsigned int id,
-                        nvmlGpuInstance_t *gpuInstance)
-UNSUPPORTED_DEVICE_CALL(nvmlDeviceGetGpuInstanceProfileInfo, "nvmlDeviceGetGpuInstanceProfileInfo",
-                        unsigned int profile, void *info)
 #pragma GCC diagnostic pop
 
-/* GPU/compute instance handles are never handed out (GetGpuInstanceById is not modelled). */
-EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, void *info) {
-    (void)gpuInstance;
-    (void)info;
-    READY();
-    return NVML_ERROR_NOT_SUPPORTED;
+/* -- MIG GPU and compute instances -------------------------------------------------------------
+ * Enough for go-nvlib's MigDevice.GetProfile (nvidia-ctk): instance handles point into the MIG
+ * device they belong to; profile IDs are NVML's profile *indexes* (NVML_GPU_INSTANCE_PROFILE_<n>_SLICE,
+ * NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE) derived from the slice counts; only the profiles some MIG
+ * device of the GPU uses are known (others: NOT_SUPPORTED); +me/gfx variants are not modelled. */
+
+/* Slice count -> profile index (the same table for GPU and compute instance profiles). */
+static const unsigned int profile_slices[] = {1, 2, 3, 4, 7, 8, 6};
+#define PROFILE_COUNT (sizeof profile_slices / sizeof profile_slices[0])
+
+static int profile_index(unsigned int slices) {
+    for (unsigned int i = 0; i < PROFILE_COUNT; i++)
+        if (profile_slices[i] == slices) return (int)i;
+    return -1;
+}
+
+static struct device *instance_mig(const struct instance *inst, int compute) {
+    if (!inst) return NULL;
+    for (unsigned int i = 0; i < gpu_count; i++)
+        for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++) {
+            struct device *m = &gpus[i].migs[s];
+            if (m->present && inst == (compute ? &m->ci_handle : &m->gi_handle)) return m;
+        }
+    return NULL;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id, nvmlGpuInstance_t *gpuInstance) {
+    GPU(device, "nvmlDeviceGetGpuInstanceById", g);
+    if (!g->mig_capable || g->mig_current != NVML_DEVICE_MIG_ENABLE) return NVML_ERROR_NOT_SUPPORTED;
+    OUT(gpuInstance);
+    for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++)
+        if (g->migs[s].present && g->migs[s].gi == id) {
+            *gpuInstance = &g->migs[s].gi_handle;
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_FOUND;
 }
 
 EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuInstance, unsigned int id,
                                                           nvmlComputeInstance_t *computeInstance) {
-    (void)gpuInstance;
-    (void)id;
-    (void)computeInstance;
     READY();
+    struct device *m = instance_mig(gpuInstance, 0);
+    if (!m) return NVML_ERROR_INVALID_ARGUMENT;
+    OUT(computeInstance);
+    struct gpu *g = gpu_of(m);
+    for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++)
+        if (g->migs[s].present && g->migs[s].gi == m->gi && g->migs[s].ci == id) {
+            *computeInstance = &g->migs[s].ci_handle;
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, mock_gpu_instance_info_t *info) {
+    READY();
+    struct device *m = instance_mig(gpuInstance, 0);
+    if (!m) return NVML_ERROR_INVALID_ARGUMENT;
+    OUT(info);
+    int profile = profile_index(m->attrs.gpuInstanceSliceCount);
+    if (profile < 0) return NVML_ERROR_NOT_SUPPORTED;
+    memset(info, 0, sizeof *info);
+    info->device = &gpu_of(m)->dev;
+    info->id = m->gi;
+    info->profileId = (unsigned int)profile;
+    info->placement.size = m->attrs.gpuInstanceSliceCount;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance,
+                                                  mock_compute_instance_info_t *info) {
+    READY();
+    struct device *m = instance_mig(computeInstance, 1);
+    if (!m) return NVML_ERROR_INVALID_ARGUMENT;
+    OUT(info);
+    int profile = profile_index(m->attrs.computeInstanceSliceCount);
+    if (profile < 0) return NVML_ERROR_NOT_SUPPORTED;
+    memset(info, 0, sizeof *info);
+    info->device = &gpu_of(m)->dev;
+    info->gpuInstance = &m->gi_handle;
+    info->id = m->ci;
+    info->profileId = (unsigned int)profile;
+    info->placement.size = m->attrs.computeInstanceSliceCount;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo(nvmlComputeInstance_t computeInstance,
+                                               mock_compute_instance_info_t *info) {
+    return nvmlComputeInstanceGetInfo_v2(computeInstance, info);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
+                                                        mock_gpu_instance_profile_info_t *info) {
+    GPU(device, "nvmlDeviceGetGpuInstanceProfileInfo", g);
+    if (!g->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    OUT(info);
+    if (profile >= PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++) {
+        const struct device *m = &g->migs[s];
+        if (!m->present || m->attrs.gpuInstanceSliceCount != profile_slices[profile]) continue;
+        memset(info, 0, sizeof *info);
+        info->id = profile;
+        info->sliceCount = profile_slices[profile];
+        info->instanceCount = g->max_migs / profile_slices[profile];
+        /* a GPU instance's share of the GPU: its compute instance scaled back up to the whole GI */
+        info->multiprocessorCount = m->attrs.multiprocessorCount * m->attrs.gpuInstanceSliceCount /
+                                    (m->attrs.computeInstanceSliceCount ? m->attrs.computeInstanceSliceCount : 1);
+        info->copyEngineCount = m->attrs.sharedCopyEngineCount;
+        info->decoderCount = m->attrs.sharedDecoderCount;
+        info->encoderCount = m->attrs.sharedEncoderCount;
+        info->jpegCount = m->attrs.sharedJpegCount;
+        info->ofaCount = m->attrs.sharedOfaCount;
+        info->memorySizeMB = m->attrs.memorySizeMB;
+        return NVML_SUCCESS;
+    }
     return NVML_ERROR_NOT_SUPPORTED;
 }
 
-EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance, void *info) {
-    (void)computeInstance;
-    (void)info;
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t gpuInstance, unsigned int profile,
+                                                                 unsigned int engProfile,
+                                                                 mock_compute_instance_profile_info_t *info) {
     READY();
+    struct device *gm = instance_mig(gpuInstance, 0);
+    if (!gm) return NVML_ERROR_INVALID_ARGUMENT;
+    OUT(info);
+    if (profile >= PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    if (engProfile != 0) return NVML_ERROR_NOT_SUPPORTED; /* only the shared engine profile */
+    struct gpu *g = gpu_of(gm);
+    for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++) {
+        const struct device *m = &g->migs[s];
+        if (!m->present || m->gi != gm->gi || m->attrs.computeInstanceSliceCount != profile_slices[profile]) continue;
+        memset(info, 0, sizeof *info);
+        info->id = profile;
+        info->sliceCount = profile_slices[profile];
+        info->instanceCount = gm->attrs.gpuInstanceSliceCount / profile_slices[profile];
+        info->multiprocessorCount = m->attrs.multiprocessorCount;
+        info->sharedCopyEngineCount = m->attrs.sharedCopyEngineCount;
+        info->sharedDecoderCount = m->attrs.sharedDecoderCount;
+        info->sharedEncoderCount = m->attrs.sharedEncoderCount;
+        info->sharedJpegCount = m->attrs.sharedJpegCount;
+        info->sharedOfaCount = m->attrs.sharedOfaCount;
+        return NVML_SUCCESS;
+    }
     return NVML_ERROR_NOT_SUPPORTED;
 }

@@ -107,4 +107,51 @@ typedef struct {
     unsigned long long memorySizeMB;
 } mock_device_attrs_t;
 
+/* MIG GPU/compute instances (what go-nvlib's MigDevice.GetProfile, used by nvidia-ctk, asks). */
+typedef struct {
+    unsigned int start;
+    unsigned int size;
+} mock_placement_t;
+
+typedef struct {
+    void *device;
+    unsigned int id;
+    unsigned int profileId;
+    mock_placement_t placement;
+} mock_gpu_instance_info_t;
+
+typedef struct {
+    void *device;
+    void *gpuInstance;
+    unsigned int id;
+    unsigned int profileId;
+    mock_placement_t placement;
+} mock_compute_instance_info_t;
+
+typedef struct {
+    unsigned int id;
+    unsigned int isP2pSupported;
+    unsigned int sliceCount;
+    unsigned int instanceCount;
+    unsigned int multiprocessorCount;
+    unsigned int copyEngineCount;
+    unsigned int decoderCount;
+    unsigned int encoderCount;
+    unsigned int jpegCount;
+    unsigned int ofaCount;
+    unsigned long long memorySizeMB;
+} mock_gpu_instance_profile_info_t;
+
+typedef struct {
+    unsigned int id;
+    unsigned int sliceCount;
+    unsigned int instanceCount;
+    unsigned int multiprocessorCount;
+    unsigned int sharedCopyEngineCount;
+    unsigned int sharedDecoderCount;
+    unsigned int sharedEncoderCount;
+    unsigned int sharedJpegCount;
+    unsigned int sharedOfaCount;
+} mock_compute_instance_profile_info_t;
+
 #endif

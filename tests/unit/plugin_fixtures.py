@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 from gpudra_driver.discovery import scan
+from gpudra_driver.driverroot import DriverRoot
+from gpudra_driver.plugin.driverfiles import DriverFilesCache
+from gpudra_operator.localcluster.driverroot import make_driver_root
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 from gpudra_driver.plugin.devicenodes import NodeDevice, node_devices
 
 DRIVER = "gpu.gpudra.io"
 NODE = "node-a"
+
+
+@cache
+def fake_root(profile: str = "dgx-h100") -> DriverRoot:
+    """A fake driver root for ``profile`` (mock NVML, driver files, mknod'd device nodes), made
+    once per process; tests read it only."""
+    path = Path(tempfile.mkdtemp(prefix=f"gpudra-root-{profile}-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return DriverRoot.at(str(make_driver_root(path, profile)))
+
+
+def driver_files(profile: str = "dgx-h100") -> DriverFilesCache:
+    return DriverFilesCache(fake_root(profile))
 
 
 def devices(profile: str = "dgx-h100") -> dict[str, NodeDevice]:

@@ -17,6 +17,7 @@ from typing import Any
 import cdispec
 import jsonschema
 import pytest
+from plugin_fixtures import driver_files
 from cdispec import (SCHEMA_MODULE, SCHEMA_VERSION, SCHEMA_ZIP_SHA256, CdiToolsUnavailable, SchemaUnavailable,
                      fetch_schema, load_and_validate, official_validator, required_version, validate_cdi_spec,
                      validate_with_cdi_library)
@@ -150,7 +151,7 @@ def test_every_spec_written_in_process_is_validated_as_it_is_written(
     device = PreparedDevice(("gpu",), "node-a", "gpu-3", "GPU-1", ("/dev/nvidia3",),
                             f"k8s.gpu.gpudra.io/claim={UID}-gpu-3")
     claim = PreparedClaim(ClaimRef("ns", "c1", UID), (device,))
-    cdi = CdiDir(tmp_path, "gpu.gpudra.io")
+    cdi = CdiDir(tmp_path, "gpu.gpudra.io", driver_files())
     assert cdi_writes.validated == [cdi.write(claim)] and cdi_writes.invalid == []
 
     # A driver that declared a newer cdiVersion than its content needs: caught at the write.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from cdispec import load_and_validate
-from plugin_fixtures import DRIVER, NODE, claim, devices, result
+from plugin_fixtures import DRIVER, NODE, claim, devices, driver_files, result
 
 from gpudra_driver.plugin import checkpoint as ckpt
 from gpudra_driver.plugin import fsutil
@@ -38,7 +38,7 @@ class CrashAt(FaultHook):
 
 def make(tmp_path: Path, fault: FaultHook | None = None, boot: str = "boot-1",
          cls: type[DeviceState] = DeviceState) -> DeviceState:
-    state = cls(tmp_path / "plugin", CdiDir(tmp_path / "cdi", DRIVER), driver=DRIVER, node=NODE,
+    state = cls(tmp_path / "plugin", CdiDir(tmp_path / "cdi", DRIVER, driver_files()), driver=DRIVER, node=NODE,
                 boot_id=boot, fault=fault)
     state.startup()
     state.set_devices(devices())
@@ -59,7 +59,8 @@ async def test_prepare_writes_spec_and_checkpoint_then_unprepare_removes_both(tm
     assert out[A].error is None and [d.device for d in out[A].claim.devices] == ["gpu-2"]
     (name,) = spec_files(tmp_path)
     spec = load_and_validate(tmp_path / "cdi" / name)
-    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia2"}]
+    host = driver_files().root.host
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia2", "hostPath": f"{host}/dev/nvidia2"}]
     saved = ckpt.load(state.checkpoint_path, "boot-1")[0]
     assert saved.claims[A].state == ckpt.COMPLETED
 

@@ -7,7 +7,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpudra_driver.nvml import load_nvml, profile_names
+from gpudra_driver.nvml import NvmlUnavailable, load_nvml, profile_names
 from gpudra_driver.nvml.fake import FakeNvml, load_profile, parse_profile
 
 SHIPPED = ["a100-80gb-mig", "dgx-a100-40gb", "dgx-h100", "h200", "l4x2"]
@@ -191,8 +191,11 @@ def test_mig_devices_need_mig_enabled() -> None:
         parse_profile("t", doc)
 
 
-def test_load_nvml_specs(monkeypatch: pytest.MonkeyPatch, profile_file: Callable[..., Path]) -> None:
-    assert load_nvml("real") is pynvml
+def test_load_nvml_specs(monkeypatch: pytest.MonkeyPatch, profile_file: Callable[..., Path],
+                         driver_roots: Callable[[str], Any]) -> None:
+    assert load_nvml("real", driver_roots("l4x2")) is pynvml  # the fake root's mock libnvidia-ml.so.1
+    with pytest.raises(NvmlUnavailable, match="libnvidia-ml.so.1 was not found in driver root /"):
+        load_nvml("real")  # this machine has no NVIDIA driver
     assert isinstance(load_nvml("fake:l4x2"), FakeNvml)
     assert load_nvml(f"fake:{profile_file('l4x2')}").profile.name == "l4x2-edited"
     monkeypatch.setenv("GPUDRA_NVML", "fake:dgx-h100")

@@ -303,7 +303,17 @@ h = pynvml.nvmlDeviceGetHandleByIndex(0)
 m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
 rec("serial", pynvml.nvmlDeviceGetSerial, h)
 rec("temperature", pynvml.nvmlDeviceGetTemperature, h, 0)
-rec("gi.byId", pynvml.nvmlDeviceGetGpuInstanceById, h, 2)
+rec("gi.byId.unknown", pynvml.nvmlDeviceGetGpuInstanceById, h, 5)
+gi = pynvml.nvmlDeviceGetGpuInstanceById(h, 2)
+info = pynvml.nvmlGpuInstanceGetInfo(gi)
+out["gi.info"] = [info.id, info.profileId, info.placement.size]
+ci = pynvml.nvmlGpuInstanceGetComputeInstanceById(gi, 0)
+rec("ci.byId.unknown", pynvml.nvmlGpuInstanceGetComputeInstanceById, gi, 3)
+gp = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 1)
+out["gi.profile"] = [gp.id, gp.sliceCount, gp.memorySizeMB]
+rec("gi.profile.unused", pynvml.nvmlDeviceGetGpuInstanceProfileInfo, h, pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE, 1)
+cp = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, 0, 1)
+out["ci.profile"] = [cp.id, cp.sliceCount, cp.multiprocessorCount]
 rec("nvmlVersion", pynvml.nvmlSystemGetNVMLVersion)
 rec("errorString", pynvml.nvmlErrorString, pynvml.NVML_ERROR_GPU_IS_LOST)
 rec("byUuid", lambda: pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByUUID(sys.argv[2])))
@@ -352,7 +362,12 @@ def test_direct_calls(mock_lib: Path, tmp_path: Path) -> None:
         "pre.HandleByIndex": "!NVMLError_Uninitialized",
         "serial": "!NVMLError_NotSupported",
         "temperature": "!NVMLError_NotSupported",
-        "gi.byId": "!NVMLError_NotSupported",
+        "gi.byId.unknown": "!NVMLError_NotFound",
+        "gi.info": [2, pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 3],
+        "ci.byId.unknown": "!NVMLError_NotFound",
+        "gi.profile": [pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 3, 40192],
+        "gi.profile.unused": "!NVMLError_NotSupported",
+        "ci.profile": [pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, 3, 42],
         "nvmlVersion": "12.570.133.20",
         "errorString": "GPU is lost",
         "byUuid": gpu.uuid,
@@ -462,6 +477,9 @@ def test_driver_root_layout(mock_lib: Path, tmp_path: Path) -> None:
     assert {p.name for p in (dev / "nvidia-caps").iterdir()} == expected == {
         "nvidia-cap21", "nvidia-cap22", "nvidia-cap84", "nvidia-cap85", "nvidia-cap93", "nvidia-cap94",
     }
+
+    minors = (root / "proc/driver/nvidia-caps/mig-minors").read_text().splitlines()
+    assert minors[:3] == ["config 1", "monitor 2", "gpu0/gi0/access 3"] and "gpu0/gi2/ci0/access 22" in minors
 
     # the root works on its own: discovery through real pynvml reads its inventory
     real, _ = run_child(root)

@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 from cdispec import load_and_validate
-from plugin_fixtures import DRIVER, NODE, claim, result
+from plugin_fixtures import DRIVER, NODE, claim, fake_root, result
 
 from gpudra_driver.discovery import scan
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
@@ -36,6 +36,7 @@ def make_plugin(root: Path, claims: dict, instance: str = "pod-1", **kwargs) -> 
             await value.wait()
         return value
 
+    kwargs.setdefault("driver_root", fake_root())
     return KubeletPlugin(driver=DRIVER, node=NODE, kubelet_dir=root / "kubelet", cdi_dir=root / "cdi",
                          get_claim=get_claim, instance=instance, boot_id="boot-1", **kwargs)
 

@@ -85,7 +85,8 @@ def test_daemonset_defaults() -> None:
     assert c["imagePullPolicy"] == "IfNotPresent"
     assert c["command"] == ["gpudra"]
     assert c["args"] == ["agent", "--driver", "gpu.gpudra.io", "--kubelet-dir", "/var/lib/kubelet",
-                         "--cdi-dir", "/var/run/cdi", "--driver-root", "/", "--metrics-port", "8082",
+                         "--cdi-dir", "/var/run/cdi", "--driver-root", "/",
+                         "--container-driver-root", "/driver-root", "--metrics-port", "8082",
                          "--health-port", "8083"]
     assert c["ports"] == [{"name": "metrics", "containerPort": 8082, "protocol": "TCP"},
                           {"name": "health", "containerPort": 8083, "protocol": "TCP"}]
@@ -98,6 +99,8 @@ def test_downward_api_env() -> None:
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    # an NVIDIA runtime in legacy mode must not hand the agent every GPU and the driver's libraries
+    assert env["NVIDIA_VISIBLE_DEVICES"] == {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
 
 
 def test_host_paths_a_kubelet_plugin_needs() -> None:
@@ -123,7 +126,8 @@ def test_host_paths_a_kubelet_plugin_needs() -> None:
     assert args[args.index("--driver") + 1] == "gpu.example.com"
     assert args[args.index("--kubelet-dir") + 1] == "/data/kubelet"
     assert args[args.index("--cdi-dir") + 1] == "/etc/cdi"
-    assert args[args.index("--driver-root") + 1] == "/run/nvidia/driver"
+    assert args[args.index("--driver-root") + 1] == "/run/nvidia/driver"  # CDI host paths start there
+    assert args[args.index("--container-driver-root") + 1] == DRIVER_ROOT_MOUNT  # the agent reads it there
 
 
 def test_agent_settings_flow_into_the_pod() -> None:

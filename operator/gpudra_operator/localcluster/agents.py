@@ -1,5 +1,11 @@
-"""Node agents as local subprocesses, one per fake Node, on simulated NVML: what a DaemonSet pod
-would run on a real GPU node, minus the container."""
+"""Node agents as local subprocesses, one per fake Node: what a DaemonSet pod would run on a real
+GPU node, minus the container.
+
+Each agent gets a fake driver root of its own (:mod:`gpudra_operator.localcluster.driverroot`):
+the driver's files and real device nodes its CDI specs point at. ``nvml="mock:<profile>"`` runs
+the agent as on a GPU node, ``--nvml real`` loading the root's mock ``libnvidia-ml.so.1`` through
+the real pynvml; ``nvml="fake:<profile>"`` keeps the Python simulator (fault injection, profiles
+edited while the agent runs) for discovery, with the same root for its CDI specs."""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from gpudra_operator.localcluster.driverroot import make_driver_root
 from gpudra_operator.localcluster.processes import dying_with_parent, stop_process
 from gpudra_operator.render import AGENT_PROCESS_ENV
 
@@ -29,15 +36,25 @@ class AgentProcess:
         return stop_process(self.process, sig, timeout)
 
 
+MOCK_PREFIX = "mock:"
+
+
 def start_agent(*, kubeconfig: Path, node_name: str, nvml: str, driver: str, workdir: Path,
                 extra_args: tuple[str, ...] = (), rescan_interval: float = 60.0,
-                cdi_dir: Path | None = None, kubelet_dir: Path | None = None) -> AgentProcess:
-    """Start ``gpudra agent`` for ``node_name``; its kubelet and CDI directories live in ``workdir``
-    (elsewhere when given: a real kubelet's root directory, a CDI directory shared by agents)."""
+                cdi_dir: Path | None = None, kubelet_dir: Path | None = None,
+                driver_root: Path | None = None) -> AgentProcess:
+    """Start ``gpudra agent`` for ``node_name``; its kubelet and CDI directories and its driver
+    root live in ``workdir`` (elsewhere when given: a real kubelet's root directory, a CDI
+    directory shared by agents, a driver root made by the caller)."""
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "agent.log"
+    profile = nvml.split(":", 1)[1] if nvml.startswith((MOCK_PREFIX, "fake:")) else None
+    if driver_root is None and profile is not None:
+        driver_root = make_driver_root(workdir / "driver-root", profile)
+    agent_nvml = "real" if nvml.startswith(MOCK_PREFIX) else nvml
     argv = [sys.executable, "-m", "gpudra_operator.cli", "agent", "--driver", driver,
-            "--node-name", node_name, "--nvml", nvml, "--kubeconfig", str(kubeconfig),
+            "--node-name", node_name, "--nvml", agent_nvml, "--kubeconfig", str(kubeconfig),
+            *(["--driver-root", str(driver_root)] if driver_root is not None else []),
             "--rescan-interval", str(rescan_interval),
             "--kubelet-dir", str(kubelet_dir or workdir / "kubelet"), "--cdi-dir", str(cdi_dir or workdir / "cdi"), *extra_args]
     # The DaemonSet's process settings, with the local cluster's CA in place of the ServiceAccount's

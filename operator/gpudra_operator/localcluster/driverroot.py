@@ -16,6 +16,7 @@ Layout (x86_64, Debian multiarch), relative to the root::
     usr/bin/nvidia-smi, nvidia-debugdump, nvidia-persistenced, nvidia-cuda-mps-control/-server
     lib/firmware/nvidia/<ver>/gsp_ga10x.bin, gsp_tu10x.bin
     dev/nvidia<minor>, nvidiactl, nvidia-modeset, nvidia-uvm, nvidia-uvm-tools, nvidia-caps/nvidia-cap<N>
+    proc/driver/nvidia-caps/mig-minors                 (mig_caps: the kernel driver's capability table)
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 import pynvml
 
 from gpudra_driver.nvml.fake import Profile, load_profile
-from gpudra_driver.plugin.devicenodes import mig_cap_minor_fallback
+from gpudra_driver.plugin.devicenodes import _GIS_PER_GPU, _MINORS_PER_GI, mig_cap_minor_fallback
 
 __all__ = [
     "INVENTORY_ENV",
@@ -192,6 +193,18 @@ def _mknod(path: Path, major: int, minor: int) -> None:
         ) from exc
 
 
+def mig_minors_text(gpu_minors: list[int]) -> str:
+    """``/proc/driver/nvidia-caps/mig-minors`` as the kernel driver writes it, for these GPU minors
+    (nvidia-ctk reads it to find a MIG device's capability nodes)."""
+    lines = ["config 1", "monitor 2"]
+    for gpu in gpu_minors:
+        for gi in range(_GIS_PER_GPU):
+            lines.append(f"gpu{gpu}/gi{gi}/access {mig_cap_minor_fallback(gpu, gi, None)}")
+            for ci in range(_MINORS_PER_GI - 1):
+                lines.append(f"gpu{gpu}/gi{gi}/ci{ci}/access {mig_cap_minor_fallback(gpu, gi, ci)}")
+    return "\n".join(lines) + "\n"
+
+
 def make_driver_root(
     root: Path,
     profile: Profile | str,
@@ -234,6 +247,11 @@ def make_driver_root(
     firmware.mkdir(parents=True, exist_ok=True)
     for blob in _FIRMWARE:
         (firmware / blob).write_bytes(b"gpudra fake GSP firmware\n")
+
+    if mig_caps:
+        proc_caps = root / "proc" / "driver" / "nvidia-caps"
+        proc_caps.mkdir(parents=True, exist_ok=True)
+        (proc_caps / "mig-minors").write_text(mig_minors_text(sorted(g.minor for g in prof.gpus)))
 
     if device_nodes:
         dev = root / "dev"

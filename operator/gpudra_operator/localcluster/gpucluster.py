@@ -78,9 +78,10 @@ class LocalGpuCluster:
                                "metadata": {"name": "gpudra-agent", "namespace": "gpudra-system"}})
         for node in self.nodes:
             await create_fake_node(self.kube, node.name, GPU_NODE_LABELS)
-            self.say(f"node {node.name}: simulated NVML profile {node.profile}, agent starting")
+            self.say(f"node {node.name}: fake driver root with the mock NVML library, profile {node.profile}; "
+                     "agent starting (--nvml real)")
             self.agents[node.name] = start_agent(
-                kubeconfig=self.plane.kubeconfig, node_name=node.name, nvml=f"fake:{node.profile}",
+                kubeconfig=self.plane.kubeconfig, node_name=node.name, nvml=f"mock:{node.profile}",
                 driver=self.driver, workdir=self.agent_workdir(node.name),
                 extra_args=("--pod-uid", f"demo-{node.name}"))
         # Pods with claims stay Pending until run_seed prepares them through the agent's socket.
