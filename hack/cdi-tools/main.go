@@ -10,10 +10,21 @@
 //
 // Usage: cdi-validate [--json] SPEC_FILE...
 //
+//	cdi-validate --inject NAME[,NAME...] --spec-dir DIR [--spec-dir DIR...]
+//
 // Exit status 0 only when every check passes; 1 when one fails (one line per failure on stderr,
 // naming the file or the device); 2 on a usage error. With --json, stdout is one JSON object:
 // qualified device name ("vendor/class=name") -> the OCI runtime spec the device alone turns an
 // empty one into (process.env, mounts, linux.devices, linux.resources.devices, hooks, ...).
+//
+// With --inject it does what a container runtime does with the CDI devices of one container:
+// a CDI cache over the spec directories as containerd builds one (cdi.NewCache(WithSpecDirs(dirs...),
+// WithAutoRefresh(false)): later directories take priority, and a spec file that fails to load
+// only leaves its own devices undefined), then all the qualified names injected together into one
+// empty OCI runtime spec (cache.InjectDevices, so spec-wide edits apply once per spec). stdout is
+// that OCI spec as JSON. Exit status 1 when a name does not resolve or injection fails (the
+// library's error, e.g. "unresolvable CDI devices ...", then the cache's spec file errors, on
+// stderr); 2 on a usage error.
 // Build it with hack/cdi-tools-bin.sh (`make cdi-tools`).
 package main
 
@@ -35,13 +46,35 @@ func main() {
 	os.Exit(run())
 }
 
+// stringList is a flag that may be given several times.
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, ",") }
+
+func (l *stringList) Set(value string) error {
+	*l = append(*l, value)
+	return nil
+}
+
 func run() int {
 	asJSON := flag.Bool("json", false, "print, per device, the OCI spec parts its injection gives an empty spec")
+	inject := flag.String("inject", "", "inject these qualified CDI device names (comma-separated) into one empty OCI spec and print it")
+	var specDirs stringList
+	flag.Var(&specDirs, "spec-dir", "with --inject: a CDI spec directory (repeatable; later ones take priority)")
 	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "usage: %s [--json] SPEC_FILE...\n", filepath.Base(os.Args[0]))
+		name := filepath.Base(os.Args[0])
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: %s [--json] SPEC_FILE...\n", name)
+		fmt.Fprintf(flag.CommandLine.Output(), "       %s --inject NAME[,NAME...] --spec-dir DIR [--spec-dir DIR...]\n", name)
 		flag.PrintDefaults()
 	}
 	flag.Parse()
+	if *inject != "" || len(specDirs) > 0 {
+		if *inject == "" || len(specDirs) == 0 || *asJSON || flag.NArg() > 0 {
+			flag.Usage()
+			return 2
+		}
+		return injectDevices(strings.Split(*inject, ","), specDirs)
+	}
 	files := flag.Args()
 	if len(files) == 0 {
 		flag.Usage()
@@ -160,5 +193,40 @@ func run() int {
 	if failed {
 		return 1
 	}
+	return 0
+}
+
+// injectDevices injects the qualified CDI device names together into one empty OCI spec, from a
+// CDI cache over specDirs built like containerd's, and prints the result as JSON.
+func injectDevices(names []string, specDirs []string) int {
+	for _, name := range names {
+		if strings.TrimSpace(name) == "" {
+			fmt.Fprintln(os.Stderr, "cdi-validate: --inject: an empty CDI device name")
+			return 2
+		}
+	}
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(specDirs...), cdi.WithAutoRefresh(false))
+	if cache == nil {
+		fmt.Fprintf(os.Stderr, "CDI cache: %v\n", err)
+		return 1
+	}
+	ociSpec := &oci.Spec{}
+	if _, err := cache.InjectDevices(ociSpec, names...); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		// Like a runtime's log: why a device is missing is often a spec file that failed to load.
+		cacheErrors := cache.GetErrors()
+		for _, path := range slices.Sorted(maps.Keys(cacheErrors)) {
+			for _, specErr := range cacheErrors[path] {
+				fmt.Fprintf(os.Stderr, "CDI cache: %s: %s\n", path, strings.Join(strings.Fields(specErr.Error()), " "))
+			}
+		}
+		return 1
+	}
+	out, err := json.Marshal(ociSpec)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "cdi-validate: %v\n", err)
+		return 1
+	}
+	fmt.Println(string(out))
 	return 0
 }

@@ -63,10 +63,19 @@ async def test_seed_job_lands_on_a_64gi_gpu_is_prepared_and_unprepared(gpu_clust
     minor = (await published_device(gpu_cluster, node, result.device))["attributes"]["minor"]["int"]
     assert spec["kind"] == "k8s.gpu.gpudra.io/claim"
     assert result.cdi_device_ids == [f"k8s.gpu.gpudra.io/claim={uid}-{result.device}"]
-    assert spec["devices"] == [{"name": f"{uid}-{result.device}",
-                                "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{minor}"}]}}]
+    root = gpu_cluster.agent_workdir(node) / "driver-root"  # the agent's fake driver root (mock NVML)
+    assert spec["devices"] == [{"name": f"{uid}-{result.device}", "containerEdits": {"deviceNodes": [
+        {"path": f"/dev/nvidia{minor}", "hostPath": f"{root}/dev/nvidia{minor}"}]}}]
     assert result.uuid.startswith("GPU-")
-    assert spec["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={result.uuid}"]
+    assert spec["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={result.uuid}",
+                                             "NVIDIA_CTK_LIBCUDA_DIR=/usr/lib/x86_64-linux-gnu"]
+    # CUDA user space from the driver root: what the published driverVersion names, nothing else
+    version = (await published_device(gpu_cluster, node, result.device))["attributes"]["driverVersion"]["version"]
+    mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+    for library in ("libcuda.so", "libnvidia-ml.so"):
+        path = f"/usr/lib/x86_64-linux-gnu/{library}.{version}"
+        assert mounts[path] == f"{root}{path}"
+    assert mounts["/usr/bin/nvidia-smi"] == f"{root}/usr/bin/nvidia-smi"
     kubelet_dir = gpu_cluster.agent_workdir(node) / "kubelet"
     assert checkpoint_states(kubelet_dir, driver) == {uid: "PrepareCompleted"}
     # What the README tells users to run shows the same allocation.

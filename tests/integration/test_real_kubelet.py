@@ -17,6 +17,7 @@ The kubelet's Node is tainted so that no other test's pods land on it."""
 
 from __future__ import annotations
 
+import functools
 import secrets
 import signal
 import uuid
@@ -38,6 +39,7 @@ from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_driver.plugin.plugin import socket_paths
 from gpudra_operator.localcluster.agents import AgentProcess, start_agent
 from gpudra_operator.localcluster.controlplane import ControlPlane, free_port
+from gpudra_operator.localcluster.driverroot import make_driver_root
 from gpudra_operator.localcluster.objects import delete_node, events_about
 from gpudra_operator.localcluster.waiting import wait_for
 from gpudra_operator.render import render
@@ -86,6 +88,11 @@ class KubeletNode:
     def kubelet_dir(self) -> Path:
         return self.kubelet.root_dir
 
+    @functools.cached_property
+    def driver_root(self) -> Path:
+        """The node's one fake driver root (mock NVML, real device nodes), shared by its agents."""
+        return make_driver_root(self.workdir / "driver-root", "dgx-h100")
+
     def checkpoint(self) -> dict[str, str]:
         return checkpoint_states(self.kubelet_dir, self.driver)
 
@@ -98,9 +105,9 @@ class KubeletNode:
         into a directory of its own."""
         pod_uid = pod_uid or str(uuid.uuid4())
         port = free_port()
-        process = start_agent(kubeconfig=self.cluster.kubeconfig, node_name=self.name, nvml="fake:dgx-h100",
+        process = start_agent(kubeconfig=self.cluster.kubeconfig, node_name=self.name, nvml="mock:dgx-h100",
                               driver=self.driver, workdir=self.workdir / f"agent-{len(self.agents)}",
-                              kubelet_dir=self.kubelet_dir, cdi_dir=self.cdi_dir,
+                              kubelet_dir=self.kubelet_dir, cdi_dir=self.cdi_dir, driver_root=self.driver_root,
                               extra_args=("--pod-uid", pod_uid, "--metrics-port", str(port), *extra_args))
         agent = NodeAgent(process, pod_uid, port, socket_paths(self.kubelet_dir, self.driver, pod_uid)[1])
         self.agents.append(agent)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -11,6 +12,7 @@ import pytest
 import yaml
 
 from gpudra_driver import discover_cmd
+from gpudra_operator.localcluster.driverroot import make_driver_root
 
 
 def gpudra(*argv: str) -> int:
@@ -97,3 +99,58 @@ def test_importing_the_command_is_cheap() -> None:
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- the real pynvml on a fake driver root (the mock libnvidia-ml.so.1 built by `make mock-nvml`) ---
+
+def discover_real(*argv: str) -> subprocess.CompletedProcess[str]:
+    """`gpudra discover --nvml real` as its own process: pynvml keeps one library per process."""
+    return subprocess.run([sys.executable, "-m", "gpudra_operator.cli", "discover", "--nvml", "real", *argv],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "GPUDRA_NVML": ""})
+
+
+@pytest.mark.parametrize("profile", ["dgx-h100", "a100-80gb-mig"])
+def test_real_nvml_from_a_driver_root_finds_what_the_simulator_describes(tmp_path: Path, profile: str) -> None:
+    root = make_driver_root(tmp_path / "root", profile)
+    done = discover_real("--driver-root", str(root), "--node-name", "n", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    simulated = subprocess.run([sys.executable, "-m", "gpudra_operator.cli", "discover", "--nvml", f"fake:{profile}",
+                                "--node-name", "n", "-o", "json"], capture_output=True, text=True, check=True)
+    real, fake = json.loads(done.stdout), json.loads(simulated.stdout)
+    assert real["devices"] and real["devices"] == fake["devices"]
+    assert real["resourceSlices"] == fake["resourceSlices"]
+
+
+def test_a_driver_root_without_nvml_names_the_root_and_every_path_searched(tmp_path: Path) -> None:
+    (tmp_path / "usr/bin").mkdir(parents=True)
+    done = discover_real("--driver-root", str(tmp_path), "--node-name", "n")
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith(f"gpudra discover: libnvidia-ml.so.1 was not found in driver root {tmp_path}")
+    assert f"{tmp_path}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1" in done.stderr
+    assert f"{tmp_path}/usr/lib64/libnvidia-ml.so.1" in done.stderr
+    missing = discover_real("--driver-root", str(tmp_path / "nope"), "--node-name", "n")
+    assert missing.returncode == 1 and "does not exist" in missing.stderr
+
+
+@pytest.mark.parametrize(("error", "hint"), [("DriverNotLoaded", "kernel driver is not loaded"),
+                                             ("NoPermission", "no permission"),
+                                             ("LibRmVersionMismatch", "different versions")])
+def test_nvml_init_failures_on_a_node_are_one_line_and_exit_1(tmp_path: Path, profile_file: Callable[..., Path],
+                                                             error: str, hint: str) -> None:
+    root = make_driver_root(tmp_path / "root", str(profile_file("l4x2", lambda doc: doc.update(initError=error))),
+                            device_nodes=False)
+    done = discover_real("--driver-root", str(root), "--node-name", "n")
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith("gpudra discover: NVML unavailable:") and hint in done.stderr
+    if error == "LibRmVersionMismatch":  # which library, and which kernel module where it can tell
+        assert str(root / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.535.104.05") in done.stderr
+
+
+def test_a_library_of_another_architecture_exits_1_before_loading(tmp_path: Path) -> None:
+    root = make_driver_root(tmp_path / "root", "l4x2", device_nodes=False)
+    library = root / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.535.104.05"
+    data = bytearray(library.read_bytes())
+    data[18:20] = (183).to_bytes(2, "little")  # e_machine: EM_AARCH64
+    library.write_bytes(bytes(data))
+    done = discover_real("--driver-root", str(root), "--node-name", "n")
+    assert done.returncode == 1 and "64-bit aarch64 library" in done.stderr and str(library) in done.stderr
