@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import grpc
-import yaml
+from cdispec import cdi_validate
 
 from fakecri.gen import api_pb2 as pb
 from fakecri.gen import api_pb2_grpc as rpc
@@ -30,39 +31,47 @@ class CdiEdits:
 
     env: dict[str, str] = field(default_factory=dict)
     device_nodes: list[str] = field(default_factory=list)
+    mounts: dict[str, str] = field(default_factory=dict)  # container path -> host source
+    hooks: list[list[str]] = field(default_factory=list)  # each hook's args (args[0]: its name)
+
+
+# The OCI runtime spec's hook lists, in the order of a container's lifecycle.
+OCI_HOOK_KINDS = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
 
 
 def resolve_cdi(names: Iterable[str], spec_dirs: Iterable[Path]) -> CdiEdits:
-    """The edits of fully qualified CDI device names (``vendor/class=device``), as a runtime's CDI
-    cache resolves them: the spec's own edits and the device's. Raises LookupError naming what
-    does not resolve."""
-    devices: dict[str, list[Mapping[str, Any]]] = {}
-    broken: list[str] = []  # like a runtime's CDI cache: a bad spec fails only names it would resolve
+    """The edits of fully qualified CDI device names (``vendor/class=device``), as a runtime
+    injects them: the official CDI library (hack/cdi-tools' ``cdi-validate --inject``) builds a
+    CDI cache over ``spec_dirs`` as containerd does (a spec file that fails to load leaves only its
+    own devices undefined) and injects all the names together into one empty OCI runtime spec
+    (a spec's own edits apply once, each device's edits after them). Raises LookupError naming
+    what does not resolve, ValueError when injection fails otherwise (e.g. a device node's host
+    path that does not exist), and cdispec.CdiToolsUnavailable when cdi-validate is not built."""
+    names = list(names)
+    if not names:
+        return CdiEdits()
+    command = [str(cdi_validate()), "--inject", ",".join(names)]
     for directory in spec_dirs:
-        for path in sorted(directory.glob("*")) if directory.is_dir() else []:
-            if path.suffix not in (".json", ".yaml"):
-                continue
-            try:
-                spec = yaml.safe_load(path.read_text())  # JSON is YAML
-                entries = {f"{spec['kind']}={device['name']}": [spec.get("containerEdits") or {},
-                                                                device.get("containerEdits") or {}]
-                           for device in spec.get("devices") or []}
-            except (OSError, ValueError, LookupError, TypeError, AttributeError, yaml.YAMLError) as error:
-                broken.append(f"{path.name}: {error!r}")
-                continue
-            devices.update(entries)
+        command += ["--spec-dir", str(directory)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    if result.returncode != 0:
+        message = " | ".join(line.strip() for line in result.stderr.strip().splitlines())
+        if "unresolvable CDI device" in message:
+            raise LookupError(message)
+        raise ValueError(f"CDI injection of {names} failed (exit {result.returncode}): {message}")
+    oci: dict[str, Any] = json.loads(result.stdout)
     edits = CdiEdits()
-    for name in names:
-        if name not in devices:
-            unreadable = f" (unreadable specs: {broken})" if broken else ""
-            raise LookupError(f"unresolvable CDI device {name!r}{unreadable}")
-        for part in devices[name]:
-            for entry in part.get("env") or []:
-                key, _, value = entry.partition("=")
-                edits.env[key] = value
-            for node in part.get("deviceNodes") or []:
-                if node["path"] not in edits.device_nodes:
-                    edits.device_nodes.append(node["path"])
+    for entry in (oci.get("process") or {}).get("env") or []:
+        key, _, value = entry.partition("=")
+        edits.env[key] = value
+    for node in (oci.get("linux") or {}).get("devices") or []:
+        if node["path"] not in edits.device_nodes:
+            edits.device_nodes.append(node["path"])
+    for mount in oci.get("mounts") or []:
+        edits.mounts[mount["destination"]] = mount.get("source", "")
+    hooks = oci.get("hooks") or {}
+    for kind in OCI_HOOK_KINDS:
+        edits.hooks.extend(list(hook.get("args") or [hook["path"]]) for hook in hooks.get(kind) or [])
     return edits
 
 
@@ -175,7 +184,7 @@ class Runtime(rpc.RuntimeServiceServicer):  # type: ignore[misc]
         names = [device.name for device in request.config.CDI_devices]
         try:
             edits = resolve_cdi(names, self.cdi_dirs)
-        except (LookupError, OSError, ValueError, yaml.YAMLError) as error:
+        except (LookupError, OSError, ValueError, RuntimeError, subprocess.SubprocessError) as error:
             context.abort(grpc.StatusCode.UNKNOWN, f"CDI devices {names}: {error}")
         # The log file, empty, where the kubelet expects it. Its path must be in every status:
         # with none, the kubelet's log cleanup globs and removes "*" in its working directory.

@@ -244,6 +244,12 @@ async def test_a_real_kubelet_prepares_the_seed_pods_claim_and_the_runtime_gets_
     assert container.cdi.env["NVIDIA_VISIBLE_DEVICES"] == gpu["attributes"]["uuid"]["string"]
     assert f"/dev/nvidia{gpu['attributes']['minor']['int']}" in container.cdi.device_nodes
     assert "/dev/nvidiactl" in container.cdi.device_nodes
+    # and the driver's CUDA user space, bind-mounted from files that exist on the host
+    driver_version = gpu["attributes"]["driverVersion"]["version"]
+    for path in (f"/usr/lib/x86_64-linux-gnu/libcuda.so.{driver_version}",
+                 f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{driver_version}", "/usr/bin/nvidia-smi"):
+        assert path in container.cdi.mounts, f"{path} not mounted: {sorted(container.cdi.mounts)}"
+        assert Path(container.cdi.mounts[path]).exists(), f"{path}: no host source {container.cdi.mounts[path]}"
     assert agent.prepared_claims() == 1
 
     await delete_and_wait_unprepared(kube, kubelet_node, pod, uid)
