@@ -82,8 +82,9 @@ def run(args: argparse.Namespace) -> int:
     return eventloop.run(_main(args), args.event_loop)
 
 
-async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: object) -> None:
+async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: object, kube: object) -> None:
     from gpudra_driver.discovery import numa_node_from_sysfs
+    from gpudra_driver.nodeevents import NodeEvents
     from gpudra_driver.rescan import Rescanner
 
     def publish(devices):  # type: ignore[no-untyped-def]
@@ -91,7 +92,8 @@ async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: obje
         return publisher.set_devices(devices)  # type: ignore[attr-defined]
 
     await Rescanner(args.nvml, publish, interval=args.rescan_interval, numa_node_of=numa_node_from_sysfs,
-                    driver_root=_driver_root(args)).run()
+                    driver_root=_driver_root(args),
+                    report=NodeEvents(kube, args.node_name).post).run()  # type: ignore[arg-type]
 
 
 def _driver_root(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -161,7 +163,7 @@ async def _main(args: argparse.Namespace) -> int:
             await api.close()
             return 1
     tasks = [asyncio.create_task(publisher.run(), name="publisher"),
-             asyncio.create_task(_rescan_loop(args, publisher, plugin), name="rescan"),
+             asyncio.create_task(_rescan_loop(args, publisher, plugin, kube), name="rescan"),
              asyncio.create_task(plugin.watch(), name="kubelet-plugin")]
     if args.ready_file:
         tasks.append(asyncio.create_task(

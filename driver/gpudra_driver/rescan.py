@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from gpudra_driver.devicemodel import Device
 from gpudra_driver.discovery import NvmlUnavailable, scan
@@ -25,6 +25,8 @@ from gpudra_driver.nvml import load_nvml, resolve_spec
 log = logging.getLogger("gpudra.agent")
 
 Publish = Callable[[Sequence[Device]], bool]  # True when the devices changed
+# (type, reason, message) of a Node event: a failure's reason when it changes, and the recovery
+Report = Callable[[str, str, str], Awaitable[None]]
 
 
 class Rescanner:
@@ -35,9 +37,10 @@ class Rescanner:
 
     def __init__(self, spec: str | None, publish: Publish, *, interval: float = 60.0,
                  numa_node_of: Callable[[str], int | None] | None = None,
-                 driver_root: DriverRoot | None = None) -> None:
+                 driver_root: DriverRoot | None = None, report: Report | None = None) -> None:
         self.spec = resolve_spec(spec)
         self.driver_root = driver_root
+        self.report = report
         self.publish = publish
         self.interval = interval
         # The sysfs fallback describes this machine's PCI devices, which a simulated GPU is not.
@@ -58,10 +61,15 @@ class Rescanner:
         except asyncio.CancelledError:
             raise
         except Exception as error:  # noqa: BLE001 - whatever NVML does, the agent stays up
-            self._failed(error)
+            message = self._failed(error)
+            if message is not None and self.report is not None:
+                await self.report("Warning", "GpuDiscoveryFailed", f"GPU discovery failed: {message}")
             return False
         if self.failure is not None:
             log.info("GPU discovery works again after %d failed scan(s)", self.failures)
+            if self.report is not None:
+                await self.report("Normal", "GpuDiscoveryRecovered",
+                                  f"GPU discovery works again after {self.failures} failed scan(s)")
             self.failure, self.failures = None, 0
         for warning in result.warnings:
             if warning not in self.warnings:
@@ -83,7 +91,8 @@ class Rescanner:
     def _scan(self):  # type: ignore[no-untyped-def]
         return scan(load_nvml(self.spec, self.driver_root), numa_node_of=self.numa_node_of)
 
-    def _failed(self, error: Exception) -> None:
+    def _failed(self, error: Exception) -> str | None:
+        """Log the failure; returns its message when it is new (not the same as the last scan's)."""
         self.failures += 1
         if isinstance(error, (NvmlUnavailable, ValueError)):
             message = str(error)  # written for a human: the cause and what to check
@@ -91,7 +100,8 @@ class Rescanner:
             message = f"unexpected {type(error).__name__}: {error}"
         if message == self.failure:
             log.debug("GPU discovery still failing (%d consecutive scans): %s", self.failures, message)
-            return
+            return None
         self.failure = message
         log.error("GPU discovery failed: %s. The agent stays up, publishes no new devices and retries "
                   "every %gs", message, self.interval)
+        return message

@@ -18,6 +18,8 @@ import yaml
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.localcluster.agents import AgentProcess
 from gpudra_operator.localcluster.controlplane import ControlPlane
+from gpudra_operator.localcluster.driverroot import make_driver_root
+from gpudra_operator.localcluster.objects import events_about
 from gpudra_operator.localcluster.waiting import wait_for
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
@@ -99,6 +101,34 @@ async def test_nvml_failing_at_init_is_one_clear_line_then_publishes_once_nvml_w
     (recovered,) = log_lines(agent, r"GPU discovery works again after \d+ failed scan")
     assert int(re.search(r"after (\d+) failed", recovered).group(1)) >= 3
     assert len(log_lines(agent, r" ERROR ")) == 1
+
+
+async def test_a_driver_root_without_nvml_is_an_event_on_the_node_until_the_driver_arrives(
+        kube: Kube, fake_nodes, agents, driver: str, short_dir: Path) -> None:
+    """The GPU Operator's driver container starts after the agent: its root is there but empty of
+    NVML. The agent (real pynvml) says so in its log and as a Warning event on its Node, naming the
+    root and the paths it searched, stays up, and publishes once the library appears."""
+    node = (await fake_nodes("drvctr"))["metadata"]["name"]
+    root = short_dir / "run-nvidia-driver"
+    (root / "etc").mkdir(parents=True)  # mounted, not yet populated
+    agent = agents(node, "real", driver, rescan_interval=0.2, driver_root=root)
+
+    async def node_event(reason: str) -> Obj | None:
+        assert agent.process.poll() is None, f"agent exited:\n{agent.log_tail()}"
+        found = [e for e in await events_about(kube, node) if e.get("reason") == reason]
+        return found[0] if found else None
+
+    failed = await wait_for(lambda: node_event("GpuDiscoveryFailed"), timeout=30, what="the Warning event")
+    assert failed["type"] == "Warning" and failed["involvedObject"]["kind"] == "Node"
+    assert f"libnvidia-ml.so.1 was not found in driver root {root}" in failed["message"]
+    assert f"{root}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1" in failed["message"]
+    assert await node_slices(kube, driver, node) == []
+
+    make_driver_root(root, "l4x2")  # the driver container is up
+    await wait_for(published(kube, driver, node, ["gpu-0", "gpu-1"], agent), timeout=30,
+                   what="the L4s once libnvidia-ml.so.1 is in the root")
+    recovered = await wait_for(lambda: node_event("GpuDiscoveryRecovered"), timeout=15, what="the Normal event")
+    assert recovered["type"] == "Normal"
 
 
 async def test_a_gpu_failing_mid_scan_is_skipped_with_one_warning_and_the_others_are_published(

@@ -1,0 +1,42 @@
+"""Events about this agent's Node: what ``kubectl describe node`` shows when GPU discovery fails.
+
+The kubelet reports Node events in the ``default`` namespace, and so does the agent: one Warning
+``GpuDiscoveryFailed`` each time the reason changes (a missing ``libnvidia-ml.so.1`` in the driver
+root, a driver not loaded, a version mismatch), one Normal ``GpuDiscoveryRecovered`` when it works
+again. Posting is best effort: an Event the API server refuses is logged, never retried, and never
+stops discovery.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+
+from gpudra_driver.kubeapi import Kube, error_message
+
+log = logging.getLogger("gpudra.agent")
+
+NAMESPACE = "default"  # where Node events live (the kubelet's choice)
+COMPONENT = "gpudra-agent"
+MAX_MESSAGE = 1024  # Event messages are capped by the API server; keep the cause, drop the tail
+
+
+class NodeEvents:
+    def __init__(self, kube: Kube, node: str, *, host: str | None = None) -> None:
+        self.kube, self.node, self.host = kube, node, host
+
+    async def post(self, kind: str, reason: str, message: str) -> None:
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{self.node}.", "namespace": NAMESPACE},
+            # the kubelet's node reference too: the UID is the node's name
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self.node},
+            "reason": reason, "message": message[:MAX_MESSAGE], "type": kind,
+            "source": {"component": COMPONENT, "host": self.host or self.node},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            await self.kube.create(event)
+        except Exception as error:  # noqa: BLE001 - best effort; the log has the same line
+            log.warning("could not post the %s event on node %s: %s", reason, self.node, error_message(error))

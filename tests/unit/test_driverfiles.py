@@ -1,0 +1,93 @@
+"""The driver's user space a claim's container gets: read from the driver root, following the
+running driver's version, never a spec with a device node that is not there."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from cdispec import load_and_validate
+from plugin_fixtures import DRIVER, NODE, claim, devices, result
+
+from gpudra_driver.driverroot import DriverRoot
+from gpudra_driver.plugin.cdi import CdiDir
+from gpudra_driver.plugin.driverfiles import DriverFilesCache, DriverFilesError, scan_driver_files
+from gpudra_driver.plugin.model import ClaimRef
+from gpudra_driver.plugin.state import DeviceState
+from gpudra_operator.localcluster.driverroot import make_driver_root
+
+LIB = "usr/lib/x86_64-linux-gnu"
+A = "0c1d2e3f-0000-4000-8000-00000000000a"
+B = "0c1d2e3f-0000-4000-8000-00000000000b"
+
+
+def upgrade(root: Path, old: str, new: str) -> None:
+    """What a driver container upgrade leaves: the new version's files, the links moved to them."""
+    lib = root / LIB
+    for path in sorted(lib.glob(f"*.so.{old}")):
+        shutil.copy(path, lib / path.name.replace(old, new))
+        path.unlink()
+    for link in lib.iterdir():
+        if link.is_symlink() and os.readlink(link).endswith(old):
+            target = os.readlink(link).replace(old, new)
+            link.unlink()
+            link.symlink_to(target)
+    (root / "lib/firmware/nvidia" / old).rename(root / "lib/firmware/nvidia" / new)
+
+
+def test_a_driver_upgrade_under_a_running_agent_is_followed_at_the_next_use(tmp_path: Path) -> None:
+    root = make_driver_root(tmp_path / "root", "dgx-h100")
+    cache = DriverFilesCache(DriverRoot.at(str(root)))
+    before = cache.current()
+    assert cache.current() is before  # same version: nothing rescanned
+    upgrade(root, before.version, "590.10.01")
+    after = cache.current()
+    assert after.version == "590.10.01"
+    containers = {m.container for m in after.libraries}
+    assert f"/{LIB}/libcuda.so.590.10.01" in containers and f"/{LIB}/libcuda.so.{before.version}" not in containers
+    assert {m.container for m in after.firmware} == {f"/lib/firmware/nvidia/590.10.01/{n}"
+                                                     for n in ("gsp_ga10x.bin", "gsp_tu10x.bin")}
+
+
+def test_a_version_without_its_libraries_names_what_is_missing(tmp_path: Path) -> None:
+    root = make_driver_root(tmp_path / "root", "l4x2")
+    version = DriverFilesCache(DriverRoot.at(str(root))).current().version
+    (root / LIB / f"libcuda.so.{version}").unlink()
+    (root / LIB / "libcuda.so.1").unlink()
+    (root / LIB / "libcuda.so.1").symlink_to("libcuda.so.550.1")  # an older install's leftover
+    (root / LIB / "libcuda.so.550.1").write_bytes(b"\x7fELF")
+    with pytest.raises(DriverFilesError, match=rf"has no libcuda.so.{version} in /{LIB}: the driver version {version}"):
+        scan_driver_files(DriverRoot.at(str(root)), version)
+
+
+def test_a_driver_containers_absolute_links_mount_its_own_files(tmp_path: Path) -> None:
+    root = make_driver_root(tmp_path / "run-nvidia-driver", "l4x2", device_nodes=False)
+    version = DriverFilesCache(DriverRoot.at(str(root))).current().version
+    link = root / LIB / "libcuda.so.1"
+    link.unlink()
+    link.symlink_to(f"/{LIB}/libcuda.so.{version}")  # absolute, as inside the container
+    files = DriverFilesCache(DriverRoot.at("/run/nvidia/driver", root)).current()
+    cuda = next(m for m in files.libraries if m.container == f"/{LIB}/libcuda.so.{version}")
+    assert cuda.host == f"/run/nvidia/driver/{LIB}/libcuda.so.{version}"  # the host's path of its file
+    assert files.device_root == ""  # no device nodes in the root: the host's /dev
+
+
+def test_missing_device_nodes_fail_that_claim_only_and_write_nothing(tmp_path: Path) -> None:
+    root = make_driver_root(tmp_path / "root", "dgx-h100")
+    (root / "dev/nvidia3").unlink()  # the driver is still creating its nodes
+    cdi = CdiDir(tmp_path / "cdi", DRIVER, DriverFilesCache(DriverRoot.at(str(root))))
+    state = DeviceState(tmp_path / "plugin", cdi, driver=DRIVER, node=NODE, boot_id="b")
+    state.startup()
+    state.set_devices(devices())
+
+    import asyncio
+
+    out = asyncio.run(state.prepare([(ClaimRef("ns", "a", A), claim(A, name="a", results=[result("gpu-3")])),
+                                     (ClaimRef("ns", "b", B), claim(B, name="b", results=[result("gpu-4")]))]))
+    assert out[A].error == (f"ResourceClaim ns/a (UID {A}): device node(s) /dev/nvidia3 missing in {root}/dev: "
+                            "the NVIDIA driver may still be loading on this node (the kubelet retries)")
+    assert out[B].error is None
+    assert sorted(os.listdir(tmp_path / "cdi")) == [f"k8s.{DRIVER}-claim_{B}.json"]
+    load_and_validate(tmp_path / "cdi" / f"k8s.{DRIVER}-claim_{B}.json")
