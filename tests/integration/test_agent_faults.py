@@ -98,7 +98,7 @@ async def test_nvml_failing_at_init_is_one_clear_line_then_publishes_once_nvml_w
     write_profile(path, doc)  # the driver got loaded
     await wait_for(published(kube, driver, node, ["gpu-0", "gpu-1"], agent, generation=1), timeout=15,
                    what="the L4s once NVML works")
-    (recovered,) = log_lines(agent, r"GPU discovery works again after \d+ failed scan")
+    (recovered,) = log_lines(agent, r" INFO gpudra.agent: GPU discovery works again after \d+ failed scan")
     assert int(re.search(r"after (\d+) failed", recovered).group(1)) >= 3
     assert len(log_lines(agent, r" ERROR ")) == 1
 

@@ -162,8 +162,10 @@ async def test_seed_pod_is_scheduled_prepared_and_unprepared(kube: Kube, namespa
             assert list(device.cdi_device_ids) == [cdi_id]
             spec = load_and_validate(plugin.spec_path(uid))  # where the tests expect it, too
             assert f"{spec['kind']}={spec['devices'][0]['name']}" == cdi_id
-            assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": f"/dev/nvidia{minor}"}]
-            assert spec["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={gpu_uuid}"]
+            root = plugin.workdir / "driver-root"  # the agent's fake driver root, with real device nodes
+            assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
+                {"path": f"/dev/nvidia{minor}", "hostPath": f"{root}/dev/nvidia{minor}"}]
+            assert spec["containerEdits"]["env"][0] == f"NVIDIA_VISIBLE_DEVICES={gpu_uuid}"
             assert plugin.checkpoint() == {uid: "PrepareCompleted"}
 
             stat = plugin.spec_path(uid).stat()

@@ -213,12 +213,8 @@ def _is_char_device(device_root: tuple[str, Path], path: str) -> bool:
 
 def _versioned_files(root: DriverRoot, folder: str, version: str) -> list[tuple[str, str]]:
     """(name, resolved path) of the regular files named ``*.so.<version>`` in ``folder``."""
-    try:
-        names = sorted(os.listdir(root.local / folder.lstrip("/")))
-    except OSError:
-        return []
     found = []
-    for name in names:
+    for name in _listdir(root, folder):
         if not name.endswith(f".so.{version}"):
             continue
         resolved = root.resolve(f"{folder}/{name}")
@@ -229,12 +225,8 @@ def _versioned_files(root: DriverRoot, folder: str, version: str) -> list[tuple[
 
 def _soname_links(root: DriverRoot, folder: str, version: str) -> list[tuple[str, str]]:
     """(target, link) for each ``lib*.so.<N>`` link in ``folder`` to a ``*.so.<version>`` file."""
-    try:
-        names = sorted(os.listdir(root.local / folder.lstrip("/")))
-    except OSError:
-        return []
     links = []
-    for name in names:
+    for name in _listdir(root, folder):
         stem, _, suffix = name.partition(".so.")
         if not suffix or suffix == version or not suffix.isdigit():
             continue
@@ -267,11 +259,7 @@ def _firmware(root: DriverRoot, version: str) -> list[Mount]:
     found: dict[str, Mount] = {}
     for directory in FIRMWARE_DIRS:
         folder = f"/{directory}/{version}"
-        try:
-            names = sorted(os.listdir(root.local / folder.lstrip("/")))
-        except OSError:
-            continue
-        for name in names:
+        for name in _listdir(root, folder):
             if any(fnmatch.fnmatch(name, p) for p in FIRMWARE_PATTERNS) and name not in found:
                 resolved = _resolve_quietly(root, f"{folder}/{name}")
                 if resolved is not None:
@@ -292,6 +280,14 @@ def _find_hook(root: DriverRoot) -> str | None:
         if resolved is not None and os.access(root.local / resolved.lstrip("/"), os.X_OK):
             return root.host_path(resolved)
     return None
+
+
+def _listdir(root: DriverRoot, folder: str) -> list[str]:
+    """The names in ``folder`` (inside the root), sorted; none when it cannot be read."""
+    try:
+        return sorted(os.listdir(root.local / folder.lstrip("/")))
+    except OSError:
+        return []
 
 
 def _resolve_quietly(root: DriverRoot, path: str) -> str | None:
