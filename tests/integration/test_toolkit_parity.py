@@ -51,11 +51,20 @@ def nvidia_ctk() -> Path:
 
 
 def toolkit_spec(root: Path, out: Path) -> Path:
-    scratch = out.parent / "ctk-tmp"  # cgo-free here, but the tool writes nothing to a shared /tmp
+    """``nvidia-ctk cdi generate`` on ``root``. For MIG the toolkit reads the capability minors from
+    the host's ``/proc/driver/nvidia-caps/mig-minors``, never from the driver root: it runs in a
+    mount namespace of its own (``unshare --mount``, private propagation) where a tmpfs over
+    /proc/driver holds the fake root's table. Nothing of it is seen outside."""
+    scratch = out.parent / "ctk-tmp"  # the tool writes nothing to a shared /tmp
     scratch.mkdir(exist_ok=True)
-    generated = subprocess.run(
-        [str(nvidia_ctk()), "cdi", "generate", "--driver-root", str(root), "--output", str(out)],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "TMPDIR": str(scratch)})
+    command = [str(nvidia_ctk()), "cdi", "generate", "--driver-root", str(root), "--output", str(out)]
+    table = root / "proc/driver/nvidia-caps/mig-minors"
+    if table.is_file():
+        script = ('mount -t tmpfs gpudra-proc-driver /proc/driver && mkdir /proc/driver/nvidia-caps && '
+                  'cp "$0" /proc/driver/nvidia-caps/mig-minors && exec "$@"')
+        command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(table), *command]
+    generated = subprocess.run(command, capture_output=True, text=True, timeout=60,
+                               env={**os.environ, "TMPDIR": str(scratch)})
     assert generated.returncode == 0, generated.stderr
     return out
 
@@ -73,7 +82,7 @@ def container_view(oci: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("profile", ["l4x2", "dgx-h100"])
+@pytest.mark.parametrize("profile", ["l4x2", "dgx-h100", "a100-80gb-mig"])
 def test_a_claim_on_gpu_n_gets_what_nvidia_ctk_gives_gpu_n(tmp_path: Path, profile: str) -> None:
     root = make_driver_root(tmp_path / "root", profile)
     toolkit = toolkit_spec(root, tmp_path / "nvidia.yaml")
@@ -86,7 +95,7 @@ def test_a_claim_on_gpu_n_gets_what_nvidia_ctk_gives_gpu_n(tmp_path: Path, profi
 
     devices = node_devices(scan(FakeNvml(load_profile(profile))).devices)
     specs = []
-    for index, name in enumerate(sorted(devices, key=lambda n: int(n.rsplit("-", 1)[1]))):
+    for index, name in enumerate(sorted(devices)):
         uid = f"0c1d2e3f-0000-4000-8000-{index:012d}"
         claim = {"metadata": {"uid": uid}, "status": {"allocation": {"devices": {"results": [
             {"request": "gpu", "driver": DRIVER, "pool": "n", "device": name}]}}}}
@@ -94,9 +103,10 @@ def test_a_claim_on_gpu_n_gets_what_nvidia_ctk_gives_gpu_n(tmp_path: Path, profi
                                 node="n", driver=DRIVER).claim
         specs.append((index, uid, name, cdi.write(prepared)))
     injected = validate_with_cdi_library([toolkit, *(path for *_, path in specs)])
+    assert specs
     for index, uid, name, _ in specs:
         ours = container_view(injected[cdi_device_id(DRIVER, uid, name)])
-        theirs = container_view(injected[f"nvidia.com/gpu={index}"])
+        theirs = container_view(injected[f"nvidia.com/gpu={devices[name].uuid}"])  # GPU-… or MIG-…
         assert ours["devices"] == theirs["devices"], (name, ours["devices"], theirs["devices"])
         assert ours["mounts"] == sorted(set(theirs["mounts"]) - TOOLKIT_ONLY_MOUNTS)
         assert all(ours["sources"][m] == theirs["sources"][m] for m in ours["mounts"])
