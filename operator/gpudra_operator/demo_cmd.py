@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import shutil
 import signal
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 SAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "samples"
 
@@ -100,7 +102,7 @@ async def _demo(bin_dir: Path, workdir: Path, pid_file: Path, exit_after: bool) 
         show(f"{kubectl} get resourceclaims -A", cluster.kubectl("get", "resourceclaims", "-A"))
         show(f"{kubectl} get resourceclaim {result.claim_name} -o jsonpath='{{.status.allocation}}'",
              cluster.kubectl("get", "resourceclaim", result.claim_name, "-o", "jsonpath={.status.allocation}"))
-        show(f"cat {result.cdi_spec_path}", result.cdi_spec_path.read_text())
+        show(f"jq . {result.cdi_spec_path}  # summarised", describe_cdi_spec(json.loads(result.cdi_spec_path.read_text())))
         step(f"the pod runs on {result.node_name} with {result.device} "
              f"({result.memory} of memory, UUID {result.uuid}); the 40 GB A100 node was never a candidate")
         step(f"walkthrough done in {time.monotonic() - started:.0f}s")
@@ -110,3 +112,28 @@ async def _demo(bin_dir: Path, workdir: Path, pid_file: Path, exit_after: bool) 
         step("the cluster stays up; Ctrl-C (or `make demo-down`) stops it")
         await stop.wait()
     return 0
+
+
+def describe_cdi_spec(spec: dict[str, Any]) -> str:
+    """A claim's CDI spec as a person reads it: each device's nodes, then what every container of
+    the claim gets besides (env, control nodes, the driver files mounted, hooks)."""
+    def nodes(edits: dict[str, Any]) -> str:
+        return ", ".join(n["path"] + (f" (host {n['hostPath']})" if n.get("hostPath") else "")
+                         for n in edits.get("deviceNodes") or [])
+
+    lines = [f"kind {spec['kind']}, cdiVersion {spec['cdiVersion']}"]
+    lines += [f"device {d['name']}: {nodes(d['containerEdits'])}" for d in spec["devices"]]
+    common = spec.get("containerEdits") or {}
+    lines.append("every container given the claim also gets:")
+    lines.append(f"  env: {', '.join(common.get('env') or []) or 'none'}")
+    lines.append(f"  control nodes: {', '.join(n['path'] for n in common.get('deviceNodes') or []) or 'none'}")
+    mounts = common.get("mounts") or []
+    lines.append(f"  {len(mounts)} read-only mounts of the driver's user space, among them:")
+    for key in ("/libcuda.so.", "/libnvidia-ml.so.", "/nvidia-smi", "/gsp_"):
+        mount = next((m for m in mounts if key in m["containerPath"]), None)
+        if mount is not None:
+            lines.append(f"    {mount['containerPath']} <- {mount['hostPath']}")
+    hooks = [h["args"][1] for h in common.get("hooks") or [] if len(h.get("args") or []) > 1]
+    lines.append(f"  hooks: {', '.join(hooks)}" if hooks else
+                 "  hooks: none (no nvidia-cdi-hook on this node: libraries are mounted at their sonames too)")
+    return "\n".join(lines)
