@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv kube-bin helm-bin cdi-schema cdi-tools nvidia-ctk mock-nvml test unit typecheck demo demo-down bench protos images image-operator image-agent clean
+.PHONY: help venv kube-bin helm-bin cdi-schema cdi-tools nvidia-ctk mock-nvml mock-nvidia-smi containerd test unit typecheck demo demo-down bench protos images image-operator image-agent clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
@@ -61,13 +61,28 @@ $(MOCK_NVML): $(MOCK_NVML_SRC)
 	@mkdir -p $(@D)
 	$(CC) -Wall -Wextra -Werror -O2 -fPIC -shared -Wl,-soname,libnvidia-ml.so.1 -o $@ tests/mocknvml/mock_nvml.c -ldl -lpthread
 
-test: venv cdi-schema mock-nvml
+# The fake driver roots' nvidia-smi: static (CDI mounts it into containers without the host's libc),
+# no NVML; make_driver_root installs it with the root's inventory appended.
+MOCK_NVIDIA_SMI := build/mock-nvml/nvidia-smi
+mock-nvidia-smi: $(MOCK_NVIDIA_SMI)
+$(MOCK_NVIDIA_SMI): tests/mocknvml/nvidia_smi.c
+	@command -v $(CC) >/dev/null || { echo "make mock-nvidia-smi: no C compiler ($(CC)) found: apt-get install gcc libc6-dev" >&2; exit 1; }
+	@mkdir -p $(@D)
+	$(CC) -Wall -Wextra -Werror -O2 -static -o $@ $<
+
+# containerd, its runc shim, ctr and crictl for tests/e2e/test_real_runtime.py, built from the Go
+# module proxy, cached under ~/.cache/gpudra/containerd/<version>.
+containerd:
+	@hack/containerd-bin.sh
+
+test: venv cdi-schema mock-nvml mock-nvidia-smi
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
 	  helm="$$(hack/helm-bin.sh | tail -n 1)" && test -n "$$helm" && \
 	  nvctk="$$(hack/nvidia-ctk-bin.sh | tail -n 1)" && test -n "$$nvctk" && \
 	  cdi_tools="$$(hack/cdi-tools-bin.sh | tail -n 1)" && test -n "$$cdi_tools" && \
+	  containerd_dir="$$(hack/containerd-bin.sh | tail -n 1)" && test -n "$$containerd_dir" && \
 	  GPUDRA_KUBE_BIN="$$bin_dir" GPUDRA_HELM="$$helm" GPUDRA_NVIDIA_CTK_DIR="$$nvctk" \
-	  GPUDRA_CDI_TOOLS_DIR="$$cdi_tools" $(BIN)/pytest $(PYTEST_ARGS)
+	  GPUDRA_CDI_TOOLS_DIR="$$cdi_tools" GPUDRA_CONTAINERD_DIR="$$containerd_dir" $(BIN)/pytest $(PYTEST_ARGS)
 
 unit: venv cdi-schema cdi-tools mock-nvml
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

@@ -17,7 +17,11 @@ The kubelet runs as root, as on a node, but leaves the host as it found it:
   cgroups per QoS class, no node-allocatable enforcement, no eviction, no iptables chains, no
   read-only or healthz port;
 * killed with the process that started it (``setpriv --pdeathsig``), so a test run killed
-  outright leaves no kubelet behind."""
+  outright leaves no kubelet behind.
+
+With ``namespace_of`` (a PID), the kubelet joins that process's mount namespace instead (``nsenter``),
+set up the same way by whoever started that process: a real container runtime must share it, since
+runc has to see the kubelet's mounts (tests/realruntime.py)."""
 
 from __future__ import annotations
 
@@ -69,8 +73,9 @@ def node_ready(node: Obj | None) -> bool:
 
 class RealKubelet:
     def __init__(self, binary: Path, root_dir: Path, *, kubeconfig: Path, node_name: str,
-                 runtime_endpoint: str, taint: str) -> None:
+                 runtime_endpoint: str, taint: str, namespace_of: int | None = None) -> None:
         self.binary, self.root_dir, self.node_name = binary, root_dir, node_name
+        self.namespace_of = namespace_of  # a process whose mount namespace it joins, or None: its own
         self.kubeconfig, self.runtime_endpoint, self.taint = kubeconfig, runtime_endpoint, taint
         self.log_path = root_dir.parent / f"kubelet-{node_name}.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -108,8 +113,11 @@ class RealKubelet:
         kubelet = [str(self.binary), f"--config={config}", f"--kubeconfig={self.kubeconfig}",
                    f"--root-dir={self.root_dir}", f"--cert-dir={self.root_dir / 'pki'}",
                    f"--hostname-override={self.node_name}", f"--register-with-taints={self.taint}", "--v=2"]
-        argv = dying_with_parent(["unshare", "--mount", "--propagation", "private", "--",
-                                  "sh", "-ec", self._masked_sysctls() + "exec " + shlex.join(kubelet)])
+        if self.namespace_of is None:
+            argv = dying_with_parent(["unshare", "--mount", "--propagation", "private", "--",
+                                      "sh", "-ec", self._masked_sysctls() + "exec " + shlex.join(kubelet)])
+        else:
+            argv = dying_with_parent(["nsenter", "-t", str(self.namespace_of), "-m", "--", *kubelet])
         with self.log_path.open("ab") as log:
             # Its own directory as the working directory: a kubelet resolves some paths against it.
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

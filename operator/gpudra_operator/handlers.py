@@ -19,7 +19,8 @@ from . import metrics
 from .events import EventRecorder
 from .reconcile import CONFIG, DAEMONSET, DEVICE_CLASS, SLICE, Reconciler
 from .slicegc import DEFAULT_DELETE_RATE, SliceCollector, gc_tick
-from .render import AGENT_NAME, LABEL_CONFIG, LABEL_MANAGED_BY, MANAGED_BY, agent_selector, child_selector
+from .render import (AGENT_NAME, LABEL_CONFIG, LABEL_MANAGED_BY, MANAGED_BY, agent_selector, child_selector,
+                     configured_agent_image)
 from .spec import GpuDraConfig
 
 GROUP, VERSION, PLURAL = "gpudra.io", "v1alpha1", "gpudraconfigs"
@@ -49,7 +50,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     api = await connect(os.environ.get("KUBECONFIG"))
     memo.api = api
     memo.kube = Kube(api, FIELD_MANAGER)
-    memo.reconciler = Reconciler(memo.kube, EventRecorder(memo.kube))
+    memo.reconciler = Reconciler(memo.kube, EventRecorder(memo.kube), agent_image=configured_agent_image())
+    logging.getLogger(__name__).info("agent image where spec.agent.image is unset: %s",
+                                     memo.reconciler.agent_image)
     memo.slice_gc = SliceCollector(memo.kube, memo.reconciler.events, delete_rate=GC_DELETE_RATE)
 
 

@@ -23,7 +23,8 @@ from gpudra_driver.kubeapi import Kube, Obj, error_message, is_status, resource_
 from .conditions import ApplyError, agents_status, apply_conditions, summarize
 from . import metrics
 from .events import EventRecorder
-from .render import LABEL_CONFIG, LABEL_MANAGED_BY, MANAGED_BY, Rendered, child_selector, render
+from .render import (DEFAULT_AGENT_IMAGE, LABEL_CONFIG, LABEL_MANAGED_BY, MANAGED_BY, Rendered, child_selector,
+                     render)
 from .spec import GpuDraConfig, SpecError
 
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
@@ -160,7 +161,8 @@ def _owned_by(live: Obj, config_name: str) -> bool:
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, events: EventRecorder) -> None:
+    def __init__(self, kube: Kube, events: EventRecorder, *, agent_image: str = DEFAULT_AGENT_IMAGE) -> None:
+        self.agent_image = agent_image
         self.kube = kube
         self.events = events
         self._locks: dict[str, asyncio.Lock] = {}
@@ -236,7 +238,7 @@ class Reconciler:
         self._reconciled.pop(config.name, None)  # until this one has succeeded: refreshes reconcile
         outcome = Outcome()
         outcome.conflicts = find_conflicts(config, body, configs)
-        rendered = render(body)
+        rendered = render(body, agent_image=self.agent_image)
         outcome.render_errors = list(rendered.errors)
         daemonset = None
         if not outcome.conflicts:

@@ -47,6 +47,8 @@ The agent pod (a DRA kubelet plugin) needs:
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -54,6 +56,13 @@ from typing import Any
 
 from gpudra_operator.deviceclasses import RenderError, render_device_classes
 from gpudra_operator.spec import AgentSpec, GpuDraConfig, thaw
+
+
+def _release() -> str:
+    try:
+        return importlib.metadata.version("gpudra")
+    except importlib.metadata.PackageNotFoundError:  # a source tree without the package installed
+        return "0.1.0"
 
 API_VERSION = "gpudra.io/v1alpha1"
 KIND = "GpuDraConfig"
@@ -80,6 +89,15 @@ SERVICE_ACCOUNT_CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 #   server, whose client verifies against the cluster CA explicitly, so the bundle is never used
 #   (OpenSSL's lazily read CA directory, /etc/ssl/certs, stays the fallback for anything else).
 AGENT_PROCESS_ENV = {"MALLOC_ARENA_MAX": "2", "SSL_CERT_FILE": SERVICE_ACCOUNT_CA}
+# The agent image when spec.agent.image is unset: the operator's own setting (its Deployment's
+# env, which kustomize `images:` and the Helm chart set), else this release's image.
+AGENT_IMAGE_ENV = "GPUDRA_AGENT_IMAGE"
+DEFAULT_AGENT_IMAGE = f"ghcr.io/gpudra/gpudra:{_release()}"
+
+
+def configured_agent_image() -> str:
+    """The operator's agent image: ``$GPUDRA_AGENT_IMAGE``, else this release's."""
+    return os.environ.get(AGENT_IMAGE_ENV) or DEFAULT_AGENT_IMAGE
 
 Obj = dict[str, Any]
 
@@ -165,7 +183,7 @@ def _host_volume(name: str, path: str, kind: str) -> Obj:
     return {"name": name, "hostPath": {"path": path, "type": kind}}
 
 
-def render_daemonset(config: GpuDraConfig) -> Obj:
+def render_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_IMAGE) -> Obj:
     spec = config.spec
     agent = spec.agent
     labels = agent_labels(config.name)
@@ -177,7 +195,7 @@ def render_daemonset(config: GpuDraConfig) -> Obj:
 
     container: Obj = {
         "name": AGENT_CONTAINER,
-        "image": agent.image,
+        "image": agent.image or agent_image,
         "imagePullPolicy": agent.image_pull_policy,
         "command": ["gpudra"],
         "args": agent_args(spec.driver_name, agent),
@@ -267,13 +285,14 @@ def _finish_device_class(config: GpuDraConfig, doc: Obj) -> Obj:
     }
 
 
-def render(config_body: Mapping[str, Any]) -> Rendered:
-    """The desired objects of the GpuDraConfig ``config_body`` (a kopf body or a plain dict).
+def render(config_body: Mapping[str, Any], *, agent_image: str = DEFAULT_AGENT_IMAGE) -> Rendered:
+    """The desired objects of the GpuDraConfig ``config_body`` (a kopf body or a plain dict);
+    ``agent_image`` is the agent's image unless ``spec.agent.image`` names one.
 
     Raises :class:`gpudra_operator.spec.SpecError` only for a body of the wrong shape (which the
     CRD's schema prevents); a DeviceClass that fails to render lands in ``errors`` instead and never
     stops the others."""
     config = GpuDraConfig.from_body(config_body)
     classes, errors = render_device_classes(config.spec.device_classes, config.spec.driver_name)
-    objects = [render_daemonset(config), *(_finish_device_class(config, doc) for doc in classes)]
+    objects = [render_daemonset(config, agent_image), *(_finish_device_class(config, doc) for doc in classes)]
     return Rendered(objects=objects, errors=errors)

@@ -36,6 +36,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="a YAML/JSON file with one or more GpuDraConfig documents ('-' reads stdin)")
     parser.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml",
                         help="yaml: a multi-document stream; json: a v1 List (default: %(default)s)")
+    parser.add_argument("--agent-image", default=None,
+                        help="the agent image where spec.agent.image is unset, as the installed operator "
+                             "would use it (default: $GPUDRA_AGENT_IMAGE, else this release's image)")
     parser.set_defaults(run=run)
 
 
@@ -124,11 +127,13 @@ def _class_label(spec: Mapping[str, Any], class_name: str) -> str:
     return f"DeviceClass {class_name!r}"
 
 
-def render_documents(documents: Sequence[Any]) -> tuple[list[dict[str, Any]], list[str]]:
+def render_documents(documents: Sequence[Any], agent_image: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """The objects for every GpuDraConfig in ``documents``, and every problem found (each
-    prefixed with the document's position and name). Pure."""
+    prefixed with the document's position and name). Pure; ``agent_image`` None is this release's."""
     from .crd import default_object, openapi_schema
-    from .render import render
+    from .render import DEFAULT_AGENT_IMAGE, render
+
+    agent_image = agent_image or DEFAULT_AGENT_IMAGE
     from .spec import SpecError
 
     objects: list[dict[str, Any]] = []
@@ -156,7 +161,7 @@ def render_documents(documents: Sequence[Any]) -> tuple[list[dict[str, Any]], li
         body = default_object(doc)
         body.setdefault("metadata", {}).setdefault("generation", 1)
         try:
-            rendered = render(body)
+            rendered = render(body, agent_image=agent_image)
         except SpecError as error:
             errors.append(f"{where}: {error}")
             continue
@@ -199,7 +204,9 @@ def run(args: argparse.Namespace) -> int:
     except yaml.YAMLError as error:
         print(f"gpudra render: {args.filename}: not valid YAML: {error}".replace("\n", " "), file=sys.stderr)
         return 1
-    objects, errors = render_documents(documents)
+    from .render import configured_agent_image
+
+    objects, errors = render_documents(documents, args.agent_image or configured_agent_image())
     if not errors and not objects:
         errors = ["no GpuDraConfig in the file"]
     if errors:

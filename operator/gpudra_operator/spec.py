@@ -16,7 +16,6 @@ from types import MappingProxyType
 from typing import Any
 
 DEFAULT_DRIVER_NAME = "gpu.gpudra.io"
-DEFAULT_IMAGE = "ghcr.io/gpudra/gpudra:0.1.0"
 DEFAULT_NAMESPACE = "gpudra-system"
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -151,7 +150,7 @@ class UpdateStrategy:
 
 @dataclass(frozen=True)
 class AgentSpec:
-    image: str = DEFAULT_IMAGE
+    image: str = ""  # unset: the operator's own agent image (render's agent_image)
     image_pull_policy: str = "IfNotPresent"
     namespace: str = DEFAULT_NAMESPACE
     node_selector: Mapping[str, str] = field(default_factory=lambda: _EMPTY)

@@ -130,8 +130,31 @@ def test_operator_values(helm: str) -> None:
     service = next(o for o in objects if o["kind"] == "Service")
     assert service["spec"]["ports"][0]["port"] == 9999
     digest = "sha256:" + "a" * 64
-    pinned = next(o for o in template(helm, "--set", f"operator.image.digest={digest}") if o["kind"] == "Deployment")
-    assert pinned["spec"]["template"]["spec"]["containers"][0]["image"] == f"ghcr.io/gpudra/gpudra-operator@{digest}"
+    pinned = next(o for o in template(helm, "--set", f"operator.image.digest={digest}",
+                                      "--set", f"agent.image.digest={digest}") if o["kind"] == "Deployment")
+    (operator,) = pinned["spec"]["template"]["spec"]["containers"]
+    assert operator["image"] == f"ghcr.io/gpudra/gpudra-operator@{digest}"
+    assert {"name": "GPUDRA_AGENT_IMAGE", "value": f"ghcr.io/gpudra/gpudra@{digest}"} in operator["env"]
+
+
+def test_a_kustomize_overlays_images_move_the_operator_and_the_agents(tmp_path: Path) -> None:
+    """An overlay's `images:` retargets both images (the README's registry step): the operator's
+    container and the agent image it renders (its GPUDRA_AGENT_IMAGE, via kustomizeconfig.yaml)."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [os.path.relpath(BASE, overlay)],
+        "images": [{"name": "ghcr.io/gpudra/gpudra-operator", "newName": "registry.example.com/gpudra/gpudra-operator",
+                    "newTag": "1.2"},
+                   {"name": "ghcr.io/gpudra/gpudra", "newName": "registry.example.com/gpudra/gpudra", "newTag": "1.2"}]}))
+    out = subprocess.run([str(find_binaries() / "kubectl"), "kustomize", str(overlay)],
+                         capture_output=True, text=True, check=True).stdout
+    deployment = next(o for o in yaml.safe_load_all(out) if o and o["kind"] == "Deployment")
+    (operator,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert operator["image"] == "registry.example.com/gpudra/gpudra-operator:1.2"
+    env = {e["name"]: e.get("value") for e in operator["env"]}
+    assert env["GPUDRA_AGENT_IMAGE"] == "registry.example.com/gpudra/gpudra:1.2"
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1"  # other values untouched
 
 
 def test_config_create_renders_a_valid_gpudraconfig_for_the_agent_values(helm: str) -> None:
@@ -140,13 +163,17 @@ def test_config_create_renders_a_valid_gpudraconfig_for_the_agent_values(helm: s
                        "--set", "namespaces.agent=gpus")
     (config,) = [o for o in objects if o["kind"] == "GpuDraConfig"]
     agent = config["spec"]["agent"]
-    assert agent["image"] == "ghcr.io/gpudra/gpudra:9.9.9"
+    assert "image" not in agent  # the operator's GPUDRA_AGENT_IMAGE: a `helm upgrade` moves the agents
+    operator = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    agent_image = next(e["value"] for e in operator["env"] if e["name"] == "GPUDRA_AGENT_IMAGE")
+    assert agent_image == "ghcr.io/gpudra/gpudra:9.9.9"
     assert agent["namespace"] == "gpus"
     assert agent["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     # What the operator would make of it, through the same schema check and render as `gpudra render`.
-    children, errors = render_documents([config])
+    children, errors = render_documents([config], agent_image)
     assert errors == []
     daemonset = next(o for o in children if o["kind"] == "DaemonSet")
+    assert daemonset["spec"]["template"]["spec"]["containers"][0]["image"] == "ghcr.io/gpudra/gpudra:9.9.9"
     assert daemonset["metadata"]["namespace"] == "gpus"
     assert daemonset["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert "app.kubernetes.io/instance" not in repr(children)  # Helm's tracking label stays on the CR

@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "manifests" / "base"
 CHART = REPO / "manifests" / "helm" / "gpudra"
 Obj = dict[str, Any]
+NOT_RESOURCES = {"kustomization.yaml", "kustomizeconfig.yaml"}  # kustomize's own files
 
 
 def load(path: Path) -> list[Obj]:
@@ -23,7 +24,7 @@ def load(path: Path) -> list[Obj]:
 
 
 def base_objects() -> list[Obj]:
-    return [o for f in sorted(BASE.glob("*.yaml")) if f.name != "kustomization.yaml" for o in load(f)]
+    return [o for f in sorted(BASE.glob("*.yaml")) if f.name not in NOT_RESOURCES for o in load(f)]
 
 
 def find(kind: str, name: str) -> Obj:
@@ -41,7 +42,7 @@ def test_the_base_takes_the_crd_from_its_one_source() -> None:
     assert "../../crds" in kustomization["resources"]
     assert yaml.safe_load((REPO / "crds" / "kustomization.yaml").read_text())["resources"] == ["gpudraconfig.yaml"]
     files = {r for r in kustomization["resources"] if not r.startswith("..")}
-    assert files == {f.name for f in BASE.glob("*.yaml")} - {"kustomization.yaml"}  # nothing left out
+    assert files == {f.name for f in BASE.glob("*.yaml")} - NOT_RESOURCES  # nothing left out
 
 
 def test_names_agree_across_the_base_and_the_code() -> None:

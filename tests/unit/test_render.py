@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from gpudra_operator.render import (AGENT_NAME, DRIVER_ROOT_MOUNT, child_labels, child_selector,
                                     render)
 
@@ -81,7 +83,7 @@ def test_daemonset_defaults() -> None:
     for absent in ("nodeSelector", "affinity", "tolerations"):
         assert absent not in pod
     c = container(ds)
-    assert c["name"] == "agent" and c["image"] == "ghcr.io/gpudra/gpudra:0.1.0"
+    assert c["name"] == "agent" and c["image"] == "ghcr.io/gpudra/gpudra:0.1.0"  # the operator's default
     assert c["imagePullPolicy"] == "IfNotPresent"
     assert c["command"] == ["gpudra"]
     assert c["args"] == ["agent", "--driver", "gpu.gpudra.io", "--kubelet-dir", "/var/lib/kubelet",
@@ -248,3 +250,18 @@ def test_extra_args_cannot_move_the_port_the_probes_dial() -> None:
     assert c["args"][-2:] == ["--health-port", str(c["livenessProbe"]["grpc"]["port"])]  # argparse: last wins
     assert "--log-format=json" in c["args"]
 
+
+
+def test_the_agent_image_is_the_operators_unless_the_spec_pins_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpudra_operator.render import DEFAULT_AGENT_IMAGE, configured_agent_image
+
+    assert container(render(config()).daemonset)["image"] == DEFAULT_AGENT_IMAGE
+    assert container(render(config(), agent_image="registry.example.com/gpudra:1.2").daemonset)["image"] == \
+        "registry.example.com/gpudra:1.2"
+    pinned = config({"agent": {"image": "registry.local/gpudra:dev"}})
+    assert container(render(pinned, agent_image="registry.example.com/gpudra:1.2").daemonset)["image"] == \
+        "registry.local/gpudra:dev"
+    monkeypatch.setenv("GPUDRA_AGENT_IMAGE", "mirror.local/gpudra/gpudra:1.2")
+    assert configured_agent_image() == "mirror.local/gpudra/gpudra:1.2"
+    monkeypatch.delenv("GPUDRA_AGENT_IMAGE")
+    assert configured_agent_image() == DEFAULT_AGENT_IMAGE == "ghcr.io/gpudra/gpudra:0.1.0"

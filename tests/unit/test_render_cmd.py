@@ -41,7 +41,7 @@ def test_defaults_come_from_the_crd(capsys) -> None:
     daemonset = next(yaml.safe_load_all(out))
     assert daemonset["metadata"]["namespace"] == "gpudra-system"
     (container,) = daemonset["spec"]["template"]["spec"]["containers"]
-    assert container["image"] == "ghcr.io/gpudra/gpudra:0.1.0"
+    assert container["image"] == "ghcr.io/gpudra/gpudra:0.1.0"  # no CRD default: this release's image
     assert container["args"][:3] == ["agent", "--driver", "gpu.gpudra.io"]
 
 

@@ -37,7 +37,9 @@ def test_dataclass_defaults_equal_the_crd_defaults(spec: Any) -> None:
 def test_crd_defaults_are_the_documented_ones() -> None:
     spec = GpuDraConfigSpec.from_body(crd.default_object(body()))
     assert spec.driver_name == "gpu.gpudra.io"
-    assert spec.agent == AgentSpec(image="ghcr.io/gpudra/gpudra:0.1.0", image_pull_policy="IfNotPresent",
+    # no image default is frozen into the CRD: the API server would persist it, and an overlay's
+    # `images:` or an operator upgrade would never reach the agents (the operator fills it in)
+    assert spec.agent == AgentSpec(image="", image_pull_policy="IfNotPresent",
                                    namespace="gpudra-system", priority_class_name="system-node-critical",
                                    update_strategy=UpdateStrategy(max_unavailable=0, max_surge=1),
                                    kubelet_dir="/var/lib/kubelet", cdi_dir="/var/run/cdi", driver_root="/")

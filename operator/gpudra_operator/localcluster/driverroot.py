@@ -238,9 +238,18 @@ def make_driver_root(
 
     bindir = root / "usr" / "bin"
     bindir.mkdir(parents=True, exist_ok=True)
+    # The static mock nvidia-smi (`make mock-nvidia-smi`, next to the mock library) when built, with
+    # this root's inventory appended (text, its length as 8 little-endian bytes, b"GPUDRAIN"): it
+    # lists the GPUs whose /dev/nvidia<minor> exist where it runs (tests/mocknvml/nvidia_smi.c).
+    smi = lib.parent / "nvidia-smi"
     for tool in _BINARIES:
         path = bindir / tool
-        path.write_text(f"#!/bin/sh\necho '{tool}: part of a gpudra fake driver root (profile {prof.name})' >&2\nexit 0\n")
+        if tool == "nvidia-smi" and smi.is_file():
+            inventory = inventory_text(prof).encode()
+            path.unlink(missing_ok=True)
+            path.write_bytes(smi.read_bytes() + inventory + len(inventory).to_bytes(8, "little") + b"GPUDRAIN")
+        else:
+            path.write_text(f"#!/bin/sh\necho '{tool}: part of a gpudra fake driver root (profile {prof.name})' >&2\nexit 0\n")
         path.chmod(0o755)
 
     firmware = root / "lib" / "firmware" / "nvidia" / ver

@@ -27,5 +27,10 @@ app.kubernetes.io/name: gpudra-agent
 {{- end -}}
 
 {{- define "gpudra.agentImage" -}}
-{{ .Values.agent.image.repository }}:{{ .Values.agent.image.tag | default .Chart.AppVersion }}
+{{- $image := .Values.agent.image -}}
+{{- if $image.digest -}}
+{{ $image.repository }}@{{ $image.digest }}
+{{- else -}}
+{{ $image.repository }}:{{ $image.tag | default .Chart.AppVersion }}
+{{- end -}}
 {{- end -}}

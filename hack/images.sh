@@ -1,0 +1,233 @@
+#!/usr/bin/env bash
+# Builds gpudra's container images (`make images`, `make base-image`, and `make test` before the
+# image tests), skipping any whose inputs have not changed; prints their references, space-separated,
+# as the last line of stdout. Progress goes to stderr.
+#
+#   hack/images.sh [operator] [agent] [base]     (default: operator agent)
+#
+#   operator  images/operator.Dockerfile -> $IMAGE_REGISTRY/gpudra-operator:$IMAGE_TAG
+#   agent     images/agent.Dockerfile    -> $IMAGE_REGISTRY/gpudra:$IMAGE_TAG
+#   base      the stand-in Python base   -> localhost/gpudra-python-base:bookworm (see below)
+#
+# Environment: IMAGE_REGISTRY (ghcr.io/gpudra), IMAGE_TAG (pyproject's version), CONTAINER_ENGINE
+# (podman or docker; default: podman if installed, else docker if its daemon answers),
+# PYTHON_IMAGE (the Dockerfiles' base; default below), DEBIAN_MIRROR (for the stand-in base).
+#
+# Cache by content: every image carries the label io.gpudra.inputs = a hash of what went into it
+# (its Dockerfile, pyproject.toml, README.md, operator/ and driver/ minus bytecode, this script and
+# the base image's ID). An image whose label matches is kept; one elsewhere in the store with that
+# label is re-tagged; otherwise it is built, and this target's older untagged builds are removed.
+#
+# The base. Unless PYTHON_IMAGE says otherwise, the Dockerfiles' own default (the official
+# python:<patch>-slim-bookworm, what releases use) if it is present or can be pulled. Where it
+# cannot (no Docker Hub, as on the project's CI machines), a stand-in with the same interface:
+# Debian bookworm's python3 (3.11) from `debootstrap --variant=minbase` + `<engine> import`, with a
+# virtual environment at /usr/local, so `python3` and `pip` on PATH (/usr/local/bin) install into
+# /usr/local/lib/python3.11/site-packages and never into Debian's own /usr/lib/python3 (no
+# --break-system-packages needed). Built once per recipe, tagged
+# localhost/gpudra-python-base:bookworm-<recipe hash> and :bookworm. Needs root (debootstrap).
+#
+# podman runs with hack/podman/containers.conf (CONTAINERS_CONF): runc, cgroupfs and rlimits within
+# what these VMs allow. Missing podman/runc/debootstrap: hack/debian-packages.sh installs them.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SELF="$REPO/hack/images.sh"
+IMAGE_REGISTRY="${IMAGE_REGISTRY:-ghcr.io/gpudra}"
+IMAGE_TAG="${IMAGE_TAG:-$(sed -n 's/^version = "\(.*\)"/\1/p' "$REPO/pyproject.toml")}"
+CACHE_ROOT="${GPUDRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpudra}"
+LABEL=io.gpudra.inputs
+STANDIN_REPO=localhost/gpudra-python-base
+ROOTFS_REPO=localhost/gpudra-debian-minbase
+SUITE=bookworm
+FIX="hack/debian-packages.sh"
+
+log() { printf '[images] %s\n' "$*" >&2; }
+die() { printf '[images] error: %s\n' "$*" >&2; exit 1; }
+
+# ---- the engine ---------------------------------------------------------------------------------
+if [[ -z "${CONTAINER_ENGINE:-}" ]]; then
+  if command -v podman >/dev/null; then CONTAINER_ENGINE=podman
+  elif command -v docker >/dev/null && docker info >/dev/null 2>&1; then CONTAINER_ENGINE=docker
+  else die "no container engine: podman is not installed and no docker daemon answers. Run $FIX (as root: installs podman, runc, debootstrap), or set CONTAINER_ENGINE."
+  fi
+fi
+ENGINE="$CONTAINER_ENGINE"
+command -v "$ENGINE" >/dev/null || die "CONTAINER_ENGINE=$ENGINE is not installed (podman: run $FIX)"
+BUILD_FLAGS=()
+if [[ "$(basename "$ENGINE")" == podman ]]; then
+  export CONTAINERS_CONF="${CONTAINERS_CONF:-$REPO/hack/podman/containers.conf}"
+  command -v runc >/dev/null || die "podman needs runc here (crun refuses hybrid cgroups): run $FIX"
+  BUILD_FLAGS=(--layers=false)  # no intermediate images to clean up; a changed input reruns pip anyway
+fi
+
+exists() { "$ENGINE" image inspect "$1" >/dev/null 2>&1; }
+image_id() { "$ENGINE" image inspect --format '{{.Id}}' "$1"; }
+label_of() { "$ENGINE" image inspect --format "{{index .Config.Labels \"$LABEL\"}}" "$1" 2>/dev/null || true; }
+
+# ---- the stand-in base --------------------------------------------------------------------------
+# Its Containerfile; the recipe hash covers it, the debootstrap command and the cleanup below.
+# python3-venv (and the pip/setuptools wheels it brings) is purged once the venv exists, so the
+# images carry no wheel files; the venv keeps its own pip, which the Dockerfiles' final stage removes.
+BASE_CONTAINERFILE='ARG ROOTFS
+FROM ${ROOTFS}
+ENV LANG=C.UTF-8 \
+    PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin
+RUN set -eux; \
+    printf "%s\n" "path-exclude=/usr/share/doc/*" "path-include=/usr/share/doc/*/copyright" \
+      "path-exclude=/usr/share/man/*" "path-exclude=/usr/share/info/*" "path-exclude=/usr/share/locale/*" \
+      > /etc/dpkg/dpkg.cfg.d/gpudra-slim; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends python3 python3-venv ca-certificates netbase tzdata; \
+    python3 -m venv /usr/local; \
+    apt-get purge -y python3-venv python3.11-venv python3-pip-whl python3-setuptools-whl; \
+    apt-get clean; \
+    rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log /var/cache/debconf/*-old; \
+    hash -r; test "$(command -v python3)" = /usr/local/bin/python3; \
+    test "$(command -v pip)" = /usr/local/bin/pip; \
+    python3 --version; pip --version
+CMD ["python3"]
+'
+DEBOOTSTRAP_ARGS=(--variant=minbase "$SUITE")
+ROOTFS_CLEAN=(var/cache/apt/archives/*.deb var/lib/apt/lists/* usr/share/doc usr/share/man usr/share/info usr/share/locale var/log/bootstrap.log)
+
+standin_hash() {
+  { printf '%s\n' "${DEBOOTSTRAP_ARGS[@]}" "${ROOTFS_CLEAN[@]}"; printf '%s' "$BASE_CONTAINERFILE"; } | sha256sum | cut -c1-12
+}
+
+debian_mirror() {
+  [[ -n "${DEBIAN_MIRROR:-}" ]] && { echo "$DEBIAN_MIRROR"; return; }
+  local m=""
+  if [[ -r /etc/apt/sources.list ]]; then
+    m="$(awk -v s="$SUITE" '$1 == "deb" { i = 2; if ($2 ~ /^\[/) while (i <= NF && $(i-1) !~ /\]$/) i++; if ($(i+1) == s) { print $i; exit } }' /etc/apt/sources.list)"
+  fi
+  if [[ -z "$m" ]]; then
+    # deb822 (*.sources): the first stanza of Types deb whose Suites include the suite itself.
+    m="$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk -v s="$SUITE" '
+      function flush() { if (deb && suite && uri != "") { print uri; found = 1; exit } deb = 0; suite = 0; uri = "" }
+      /^[[:space:]]*$/ { flush(); next }
+      /^Types:/ { for (i = 2; i <= NF; i++) if ($i == "deb") deb = 1 }
+      /^Suites:/ { for (i = 2; i <= NF; i++) if ($i == s) suite = 1 }
+      /^URIs:/ { uri = $2 }
+      END { if (!found) flush() }')"
+  fi
+  echo "${m:-http://deb.debian.org/debian}"
+}
+
+build_standin() {  # $1: the tag to build
+  local tag="$1" h rootfs tmp mirror start
+  h="$(standin_hash)"
+  rootfs="$ROOTFS_REPO:$SUITE-$h"
+  if ! exists "$rootfs"; then
+    command -v debootstrap >/dev/null || die "the stand-in Python base needs debootstrap: run $FIX"
+    [[ $(id -u) -eq 0 ]] || die "the stand-in Python base needs root (debootstrap); or pass PYTHON_IMAGE=<an image with python3 and pip>"
+    mirror="$(debian_mirror)"
+    tmp="$(mktemp -d "${TMPDIR:-/var/tmp}/gpudra-debootstrap.XXXXXX")"
+    # shellcheck disable=SC2064
+    trap "rm -rf '$tmp'" EXIT
+    start=$SECONDS
+    log "debootstrap ${DEBOOTSTRAP_ARGS[*]} from $mirror (about 80 s)"
+    debootstrap "${DEBOOTSTRAP_ARGS[@]}" "$tmp/root" "$mirror" >"$tmp/debootstrap.log" 2>&1 \
+      || { tail -n 30 "$tmp/debootstrap.log" >&2; die "debootstrap failed (log above)"; }
+    (cd "$tmp/root" && shopt -s nullglob && rm -rf ${ROOTFS_CLEAN[*]})
+    log "importing the root file system as $rootfs"
+    tar -C "$tmp/root" --numeric-owner -cf - . | "$ENGINE" import --change 'CMD ["/bin/bash"]' - "$rootfs" >/dev/null
+    rm -rf "$tmp"; trap - EXIT
+    log "debootstrap + import: $((SECONDS - start)) s"
+  fi
+  log "building $tag (python3 + a venv at /usr/local) on $rootfs"
+  tmp="$(mktemp -d)"
+  printf '%s' "$BASE_CONTAINERFILE" >"$tmp/Containerfile"
+  "$ENGINE" build "${BUILD_FLAGS[@]}" --network=host --build-arg "ROOTFS=$rootfs" --label "$LABEL=standin-$h" \
+    -t "$tag" -f "$tmp/Containerfile" "$tmp" >&2 || { rm -rf "$tmp"; die "building $tag failed"; }
+  rm -rf "$tmp"
+}
+
+standin_base() {  # prints the stand-in's reference, building it when missing
+  local h tag
+  h="$(standin_hash)"
+  tag="$STANDIN_REPO:$SUITE-$h"
+  if [[ "$(label_of "$tag")" != "standin-$h" ]]; then
+    build_standin "$tag"
+  fi
+  "$ENGINE" tag "$tag" "$STANDIN_REPO:$SUITE"
+  echo "$tag"
+}
+
+official_base() {  # $1: Dockerfile; prints its ARG PYTHON_IMAGE default
+  sed -n 's/^ARG PYTHON_IMAGE=\(.*\)$/\1/p' "$1" | head -n 1
+}
+
+resolve_base() {  # $1: Dockerfile; prints the base image reference to build on
+  local official marker
+  if [[ -n "${PYTHON_IMAGE:-}" ]]; then
+    if [[ "$PYTHON_IMAGE" == "$STANDIN_REPO" || "$PYTHON_IMAGE" == "$STANDIN_REPO:"* ]]; then
+      if ! exists "$PYTHON_IMAGE"; then standin_base >/dev/null; fi
+      exists "$PYTHON_IMAGE" || die "PYTHON_IMAGE=$PYTHON_IMAGE: no such stand-in; use $STANDIN_REPO:$SUITE"
+    fi
+    echo "$PYTHON_IMAGE"; return
+  fi
+  official="$(official_base "$1")"
+  [[ -n "$official" ]] || die "$1 has no ARG PYTHON_IMAGE default"
+  if exists "$official"; then echo "$official"; return; fi
+  # Remember a failed pull for an hour, so a warm run does not wait on an unreachable registry.
+  marker="$CACHE_ROOT/images/unpullable-$(printf '%s' "$official" | tr -c 'A-Za-z0-9._-' _)"
+  if [[ -z "$(find "$marker" -mmin -60 2>/dev/null)" ]]; then
+    if timeout 120 "$ENGINE" pull -q "$official" >/dev/null 2>&1; then echo "$official"; return; fi
+    mkdir -p "$(dirname "$marker")" && touch "$marker"
+  fi
+  log "the official base $official cannot be pulled here: using the stand-in $STANDIN_REPO:$SUITE (releases use the official one)"
+  standin_base
+}
+
+# ---- the gpudra images --------------------------------------------------------------------------
+inputs_hash() {  # $1: target, $2: Dockerfile (relative), $3: base image ID
+  { printf 'target %s\nbase %s\n' "$1" "$3"
+    (cd "$REPO" && find pyproject.toml README.md "$2" hack/images.sh operator driver \
+       \( -name __pycache__ -o -name '*.egg-info' -o -name .mypy_cache -o -name .pytest_cache \) -prune \
+       -o -type f ! -name '*.pyc' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+  } | sha256sum | cut -c1-16
+}
+
+build_app() {  # $1: operator | agent; prints the image reference
+  local target="$1" dockerfile ref base base_id h found start
+  dockerfile="images/$target.Dockerfile"
+  case "$target" in
+    operator) ref="$IMAGE_REGISTRY/gpudra-operator:$IMAGE_TAG" ;;
+    agent) ref="$IMAGE_REGISTRY/gpudra:$IMAGE_TAG" ;;
+  esac
+  base="$(resolve_base "$REPO/$dockerfile")"
+  base_id="$(image_id "$base")" || die "base image $base: not found"
+  h="$(inputs_hash "$target" "$dockerfile" "$base_id")"
+  if [[ "$(label_of "$ref")" == "$h" ]]; then
+    log "$ref is up to date (inputs $h)"
+    echo "$ref"; return
+  fi
+  found="$("$ENGINE" images -q --filter "label=$LABEL=$h" | head -n 1)"
+  if [[ -n "$found" ]]; then
+    log "$ref: re-tagging $found (inputs $h)"
+    "$ENGINE" tag "$found" "$ref"
+    echo "$ref"; return
+  fi
+  log "building $ref from $dockerfile on $base (inputs $h)"
+  start=$SECONDS
+  (cd "$REPO" && "$ENGINE" build "${BUILD_FLAGS[@]}" --network=host --build-arg "PYTHON_IMAGE=$base" \
+     --label "$LABEL=$h" --label "io.gpudra.image=$target" --label "io.gpudra.base=$base" \
+     -f "$dockerfile" -t "$ref" . >&2) || die "building $ref failed"
+  log "built $ref in $((SECONDS - start)) s"
+  # This target's earlier builds, now untagged (their cache entries are gone with them).
+  "$ENGINE" image prune -f --filter "label=io.gpudra.image=$target" >/dev/null 2>&1 || true
+  echo "$ref"
+}
+
+targets=("$@")
+[[ ${#targets[@]} -gt 0 ]] || targets=(operator agent)
+refs=()
+for t in "${targets[@]}"; do
+  case "$t" in
+    operator|agent) refs+=("$(build_app "$t")") ;;
+    base) refs+=("$(standin_base)") ;;
+    *) die "unknown target $t (operator, agent or base)" ;;
+  esac
+done
+echo "${refs[*]}"
