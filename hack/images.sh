@@ -61,6 +61,21 @@ if [[ "$(basename "$ENGINE")" == podman ]]; then
   BUILD_FLAGS=(--layers=false)  # no intermediate images to clean up; a changed input reruns pip anyway
 fi
 
+# Machines whose HTTPS goes through an intercepting proxy trust its CA in the host's bundle, and so
+# must the `pip wheel` step: with podman, the host's bundle (PIP_CERT, REQUESTS_CA_BUNDLE,
+# SSL_CERT_FILE or Debian's) is mounted over the build containers' bundle for the RUN steps, with a
+# pip.conf pointing pip at it. Mounts of `podman build -v` are not part of any layer.
+ca_build_flags() {  # $1: a scratch directory for pip.conf
+  [[ "$(basename "$ENGINE")" == podman ]] || return 0
+  local ca c
+  for c in "${PIP_CERT:-}" "${REQUESTS_CA_BUNDLE:-}" "${SSL_CERT_FILE:-}" /etc/ssl/certs/ca-certificates.crt; do
+    [[ -n "$c" && -f "$c" ]] && { ca="$c"; break; }
+  done
+  [[ -n "${ca:-}" ]] || return 0
+  printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' >"$1/pip.conf"
+  printf '%s\n' -v "$(readlink -f "$ca"):/etc/ssl/certs/ca-certificates.crt:ro" -v "$1/pip.conf:/etc/pip.conf:ro"
+}
+
 exists() { "$ENGINE" image inspect "$1" >/dev/null 2>&1; }
 image_id() { "$ENGINE" image inspect --format '{{.Id}}' "$1"; }
 label_of() { "$ENGINE" image inspect --format "{{index .Config.Labels \"$LABEL\"}}" "$1" 2>/dev/null || true; }
@@ -91,9 +106,8 @@ CMD ["python3"]
 DEBOOTSTRAP_ARGS=(--variant=minbase "$SUITE")
 ROOTFS_CLEAN=(var/cache/apt/archives/*.deb var/lib/apt/lists/* usr/share/doc usr/share/man usr/share/info usr/share/locale var/log/bootstrap.log)
 
-standin_hash() {
-  { printf '%s\n' "${DEBOOTSTRAP_ARGS[@]}" "${ROOTFS_CLEAN[@]}"; printf '%s' "$BASE_CONTAINERFILE"; } | sha256sum | cut -c1-12
-}
+rootfs_hash() { printf '%s\n' "${DEBOOTSTRAP_ARGS[@]}" "${ROOTFS_CLEAN[@]}" | sha256sum | cut -c1-12; }
+standin_hash() { { rootfs_hash; printf '%s' "$BASE_CONTAINERFILE"; } | sha256sum | cut -c1-12; }
 
 debian_mirror() {
   [[ -n "${DEBIAN_MIRROR:-}" ]] && { echo "$DEBIAN_MIRROR"; return; }
@@ -117,7 +131,7 @@ debian_mirror() {
 build_standin() {  # $1: the tag to build
   local tag="$1" h rootfs tmp mirror start
   h="$(standin_hash)"
-  rootfs="$ROOTFS_REPO:$SUITE-$h"
+  rootfs="$ROOTFS_REPO:$SUITE-$(rootfs_hash)"
   if ! exists "$rootfs"; then
     command -v debootstrap >/dev/null || die "the stand-in Python base needs debootstrap: run $FIX"
     [[ $(id -u) -eq 0 ]] || die "the stand-in Python base needs root (debootstrap); or pass PYTHON_IMAGE=<an image with python3 and pip>"
@@ -190,7 +204,7 @@ inputs_hash() {  # $1: target, $2: Dockerfile (relative), $3: base image ID
 }
 
 build_app() {  # $1: operator | agent; prints the image reference
-  local target="$1" dockerfile ref base base_id h found start
+  local target="$1" dockerfile ref base base_id h found start scratch ca_flags
   dockerfile="images/$target.Dockerfile"
   case "$target" in
     operator) ref="$IMAGE_REGISTRY/gpudra-operator:$IMAGE_TAG" ;;
@@ -211,9 +225,12 @@ build_app() {  # $1: operator | agent; prints the image reference
   fi
   log "building $ref from $dockerfile on $base (inputs $h)"
   start=$SECONDS
-  (cd "$REPO" && "$ENGINE" build "${BUILD_FLAGS[@]}" --network=host --build-arg "PYTHON_IMAGE=$base" \
+  scratch="$(mktemp -d)"
+  mapfile -t ca_flags < <(ca_build_flags "$scratch")
+  (cd "$REPO" && "$ENGINE" build "${BUILD_FLAGS[@]}" "${ca_flags[@]}" --network=host --build-arg "PYTHON_IMAGE=$base" \
      --label "$LABEL=$h" --label "io.gpudra.image=$target" --label "io.gpudra.base=$base" \
-     -f "$dockerfile" -t "$ref" . >&2) || die "building $ref failed"
+     -f "$dockerfile" -t "$ref" . >&2) || { rm -rf "$scratch"; die "building $ref failed"; }
+  rm -rf "$scratch"
   log "built $ref in $((SECONDS - start)) s"
   # This target's earlier builds, now untagged (their cache entries are gone with them).
   "$ENGINE" image prune -f --filter "label=io.gpudra.image=$target" >/dev/null 2>&1 || true

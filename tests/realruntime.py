@@ -55,6 +55,9 @@ TEST_IMAGE = "localhost/gpudra-e2e/busybox:1"
 PAUSE_IMAGE = "localhost/gpudra-e2e/pause:1"
 K8S_NAMESPACE = "k8s.io"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# containerd's cgroup parent for pods when the kubelet gives none (cgroupsPerQOS off): runc creates
+# /k8s.io/<id> in every hierarchy, and leaves /k8s.io behind, empty.
+CGROUP_PARENT = "k8s.io"
 
 
 def containerd_dir() -> Path:
@@ -122,6 +125,9 @@ class RealRuntimeNode:
         self.containerd_log = workdir / "containerd.log"
         self.ids: set[str] = set()  # every sandbox and container ID seen (for the cgroup check)
         self.shim_pids: set[int] = set()
+        self.remaining: list[str] = []  # sandboxes and containers containerd still had after removing them
+        self.host_had_run_containerd = Path("/run/containerd").exists()
+        self.cgroup_parents_before = set(self._cgroup_parents())
 
     # -- start ----------------------------------------------------------------------------------
 
@@ -307,6 +313,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
         deadline = time.monotonic() + 15
         while self._shims() and time.monotonic() < deadline:
             time.sleep(0.2)
+        self.remaining = [f"sandbox {i}" for i in self.sandbox_ids()] + [f"container {i}" for i in self.container_ids()]
 
     def _stop_containerd(self) -> None:
         if self.containerd is not None:
@@ -315,7 +322,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
     def _kill_namespace(self) -> None:
         """SIGKILL what is left in the node's namespace (shims, their containers' init processes
         live in namespaces of their own and die with their shim's SIGKILL of them, or below), then
-        the holder."""
+        the holder. Once nothing is left in it, the namespace is forgotten (its inode number may be reused)."""
+        if self.namespace is None:
+            return
         for pid in {*self._namespace_pids(), *(p for p in self._shims())} - {self.holder.pid if self.holder else -1}:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -326,6 +335,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
         deadline = time.monotonic() + 10
         while self._namespace_pids() and time.monotonic() < deadline:
             time.sleep(0.1)
+        if not self._namespace_pids():
+            self.namespace = None
 
     def _our_cgroups(self) -> list[Path]:
         """Cgroup directories (any hierarchy) named after a sandbox or container of this node."""
@@ -343,8 +354,19 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
                 found += [Path(dirpath) / d for d in dirnames if any(i in d for i in self.ids)]
         return found
 
+    @staticmethod
+    def _cgroup_parents() -> list[Path]:
+        return [path for path in CGROUP_ROOT.glob(f"*/{CGROUP_PARENT}") if path.is_dir()]
+
+    def _new_cgroup_parents(self) -> list[Path]:
+        """The /k8s.io cgroups this node's containerd created (none was there when it was made)."""
+        return [path for path in self._cgroup_parents() if path not in self.cgroup_parents_before]
+
     def _remove_cgroups(self) -> None:
-        for path in sorted(self._our_cgroups(), key=lambda p: len(p.parts), reverse=True):
+        """rmdir (only empty cgroups go) what runc left of this node's containers and sandboxes,
+        deepest first, then the /k8s.io parents it made."""
+        for path in [*sorted(self._our_cgroups(), key=lambda p: len(p.parts), reverse=True),
+                     *self._new_cgroup_parents()]:
             try:
                 path.rmdir()
             except OSError:
@@ -365,7 +387,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
         for line in Path("/proc/self/mountinfo").read_text().splitlines():
             if str(self.workdir) in line or "gpudra-node" in line:
                 left.append(f"mount: {line}")
-        left += [f"cgroup: {path}" for path in self._our_cgroups()]
-        if Path("/run/containerd").exists() and not Path("/run/containerd/containerd.sock").exists():
-            left.append("/run/containerd exists on the host (a shim's socket directory outside the namespace?)")
+        left += [f"cgroup: {path}" for path in [*self._our_cgroups(), *self._new_cgroup_parents()]]
+        left += [f"in containerd after removing everything: {what}" for what in self.remaining]
+        if Path("/run/containerd").exists() and not self.host_had_run_containerd:
+            left.append("/run/containerd appeared on the host (shim sockets outside the node's namespace?)")
         return left

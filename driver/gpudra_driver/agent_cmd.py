@@ -40,6 +40,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--container-driver-root", default=None,
                         help="where this process reads the driver root (the DaemonSet mounts it at "
                              "/driver-root; default: --driver-root)")
+    parser.add_argument("--host-dev", default="/dev",
+                        help="where the host's /dev is seen, to check device nodes when the driver root "
+                             "has none (the DaemonSet mounts it at /host-dev: a container's own /dev is a "
+                             "copy made at its start) (default: %(default)s)")
     parser.add_argument("--nvidia-cdi-hook", default=None, metavar="PATH",
                         help="host path of NVIDIA's nvidia-cdi-hook for the CDI specs' hooks (default: "
                              "looked up in the driver root; none found: libraries are also mounted at "
@@ -143,6 +147,7 @@ async def _main(args: argparse.Namespace) -> int:
              type(loop).__module__.split(".")[0])
     plugin = KubeletPlugin(driver=args.driver, node=args.node_name, kubelet_dir=Path(args.kubelet_dir),
                            cdi_dir=Path(args.cdi_dir), driver_root=root, cdi_hook=args.nvidia_cdi_hook,
+                           host_dev=Path(args.host_dev),
                            instance=args.pod_uid,
                            get_claim=claim_getter(kube))
     try:

@@ -79,7 +79,8 @@ class DriverRoot:
         if not self.local.is_dir():
             raise DriverRootError(f"driver root {self.describe()} does not exist or is not a directory")
         try:
-            empty = not any(os.scandir(self.local))
+            with os.scandir(self.local) as entries:
+                empty = not any(entries)
         except OSError as error:
             raise DriverRootError(f"driver root {self.describe()} cannot be read: {error}") from None
         if empty:
@@ -93,17 +94,21 @@ class DriverRoot:
 
     def find_library(self, name: str, dirs: tuple[str, ...] = LIBRARY_DIRS) -> tuple[str, str] | None:
         """(the path found, its resolved path), both inside the root, or None. The soname link is
-        what is looked up; the resolved file carries the version (``libcuda.so.580.95.05``)."""
-        for directory in dirs:
-            candidate = f"/{directory}/{name}"
-            resolved = self.resolve(candidate)
+        what is looked up; the resolved file carries the version (``libcuda.so.580.95.05``). A link
+        that leads out of the root is skipped like a missing file, and the search goes on; when
+        nothing is found, :class:`DriverRootError` names the links that were refused."""
+        refused: list[str] = []
+        cached = ld_cache_lookup(self.local, name)
+        for candidate in [f"/{d}/{name}" for d in dirs] + ([cached] if cached else []):
+            try:
+                resolved = self.resolve(candidate)
+            except DriverRootError as error:
+                refused.append(str(error))
+                continue
             if resolved is not None and (self.local / resolved.lstrip("/")).is_file():
                 return candidate, resolved
-        cached = ld_cache_lookup(self.local, name)
-        if cached is not None:
-            resolved = self.resolve(cached)
-            if resolved is not None:
-                return cached, resolved
+        if refused:
+            raise DriverRootError("; ".join(refused))
         return None
 
     def searched(self, name: str) -> list[str]:

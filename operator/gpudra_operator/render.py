@@ -32,6 +32,10 @@ The agent pod (a DRA kubelet plugin) needs:
   from it by full path and reads the driver files that claims' CDI specs mount
   (``--driver-root`` is the host path those specs name, ``--container-driver-root`` where the
   agent reads it). ``NVIDIA_VISIBLE_DEVICES=void``: an NVIDIA runtime in legacy mode injects nothing.
+* the host's ``/dev`` read-only at ``/host-dev`` (``--host-dev``): a claim's device nodes are checked
+  there before its spec is written when the driver root has none. The container's own ``/dev`` is
+  a copy made when it started, without nodes the driver creates later (MIG capability nodes after
+  a MIG change, every node when the driver loads after the agent).
 * ``privileged: true``: NVML needs the host's ``/dev/nvidia*`` device nodes (a privileged container
   sees the host's ``/dev``, so no ``/dev`` hostPath is needed) and hostPath writes need root.
   Hence the agent namespace must be labelled ``pod-security.kubernetes.io/enforce: privileged``.
@@ -47,6 +51,7 @@ The agent pod (a DRA kubelet plugin) needs:
 
 from __future__ import annotations
 
+import copy
 import importlib.metadata
 import os
 import posixpath
@@ -74,6 +79,7 @@ LABEL_NAME = "app.kubernetes.io/name"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_CONFIG = "gpudra.io/config"
 DRIVER_ROOT_MOUNT = "/driver-root"
+HOST_DEV_MOUNT = "/host-dev"
 AGENT_READY_FILE = "/tmp/gpudra-ready"  # written by `gpudra agent --ready-file`
 AGENT_METRICS_PORT = 8082  # the port named "metrics" (PodMonitor: manifests/monitoring/)
 AGENT_HEALTH_PORT = 8083  # the port named "health": grpc.health.v1 for the kubelet's probes
@@ -89,6 +95,9 @@ SERVICE_ACCOUNT_CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 #   server, whose client verifies against the cluster CA explicitly, so the bundle is never used
 #   (OpenSSL's lazily read CA directory, /etc/ssl/certs, stays the fallback for anything else).
 AGENT_PROCESS_ENV = {"MALLOC_ARENA_MAX": "2", "SSL_CERT_FILE": SERVICE_ACCOUNT_CA}
+# In the container only: an NVIDIA runtime in legacy mode would otherwise give the agent every GPU
+# and the driver's libraries; the agent opens NVML from the driver root itself.
+AGENT_CONTAINER_ENV = {"NVIDIA_VISIBLE_DEVICES": "void", **AGENT_PROCESS_ENV}
 # The agent image when spec.agent.image is unset: the operator's own setting (its Deployment's
 # env, which kustomize `images:` and the Helm chart set), else this release's image.
 AGENT_IMAGE_ENV = "GPUDRA_AGENT_IMAGE"
@@ -100,6 +109,15 @@ def configured_agent_image() -> str:
     return os.environ.get(AGENT_IMAGE_ENV) or DEFAULT_AGENT_IMAGE
 
 Obj = dict[str, Any]
+
+# Where agents run when spec.agent sets neither nodeSelector nor affinity: nodes that a label says
+# have an NVIDIA GPU. Any one label is enough (the terms are ORed): Node Feature Discovery's PCI
+# vendor label (NVIDIA is PCI vendor 10de), GPU Feature Discovery's (the GPU Operator installs it),
+# or gpudra's own for labelling a node by hand (docs/deploy.md, "Which nodes run an agent").
+GPU_NODE_LABELS = ("feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present", "gpudra.io/gpu-node")
+DEFAULT_AGENT_AFFINITY: Obj = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+    "nodeSelectorTerms": [{"matchExpressions": [{"key": label, "operator": "In", "values": ["true"]}]}
+                          for label in GPU_NODE_LABELS]}}}
 
 
 @dataclass
@@ -173,7 +191,7 @@ def agent_labels(config_name: str) -> dict[str, str]:
 def agent_args(driver_name: str, agent: AgentSpec) -> list[str]:
     return ["agent", "--driver", driver_name, "--kubelet-dir", agent.kubelet_dir,
             "--cdi-dir", agent.cdi_dir, "--driver-root", agent.driver_root,
-            "--container-driver-root", DRIVER_ROOT_MOUNT,
+            "--container-driver-root", DRIVER_ROOT_MOUNT, "--host-dev", HOST_DEV_MOUNT,
             "--metrics-port", str(AGENT_METRICS_PORT), *agent.extra_args,
             # last, so that it wins over extraArgs: the probes dial this port
             "--health-port", str(AGENT_HEALTH_PORT)]
@@ -204,11 +222,8 @@ def render_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_IMAG
             field_env("POD_UID", "metadata.uid"),
             field_env("POD_NAMESPACE", "metadata.namespace"),
             {"name": "GPUDRA_READY_FILE", "value": AGENT_READY_FILE},
-            # An NVIDIA runtime in legacy mode would otherwise give the agent every GPU and the
-            # driver's libraries; the agent opens NVML from the driver root itself.
-            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
             # spec.agent.extraEnv may override these (env is a list keyed by name: no duplicates)
-            *({"name": name, "value": value} for name, value in AGENT_PROCESS_ENV.items()
+            *({"name": name, "value": value} for name, value in AGENT_CONTAINER_ENV.items()
               if name not in {e.name for e in agent.extra_env}),
             # The API server drops an empty value; leaving it out keeps a no-op drift tick a no-op.
             *({"name": e.name, "value": e.value} if e.value else {"name": e.name} for e in agent.extra_env),
@@ -232,6 +247,7 @@ def render_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_IMAG
             {"name": "cdi", "mountPath": agent.cdi_dir},
             {"name": "driver-root", "mountPath": DRIVER_ROOT_MOUNT, "readOnly": True,
              "mountPropagation": "HostToContainer"},
+            {"name": "host-dev", "mountPath": HOST_DEV_MOUNT, "readOnly": True, "mountPropagation": "HostToContainer"},
         ],
     }
     if agent.resources:
@@ -246,6 +262,7 @@ def render_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_IMAG
             _host_volume("plugin", plugin_dir, "DirectoryOrCreate"),
             _host_volume("cdi", agent.cdi_dir, "DirectoryOrCreate"),
             _host_volume("driver-root", agent.driver_root, "Directory"),
+            _host_volume("host-dev", "/dev", "Directory"),
         ],
     }
     if not agent.priority_class_name:
@@ -254,6 +271,8 @@ def render_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_IMAG
         pod_spec["nodeSelector"] = dict(agent.node_selector)
     if agent.affinity:
         pod_spec["affinity"] = thaw(agent.affinity)
+    elif agent.affinity is None and not agent.node_selector:  # `affinity: {}` opts out: every node
+        pod_spec["affinity"] = copy.deepcopy(DEFAULT_AGENT_AFFINITY)
     if agent.tolerations:
         pod_spec["tolerations"] = thaw(agent.tolerations)
 

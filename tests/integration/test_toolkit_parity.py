@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,8 @@ def toolkit_spec(root: Path, out: Path) -> Path:
     /proc/driver holds the fake root's table. Nothing of it is seen outside."""
     scratch = out.parent / "ctk-tmp"  # the tool writes nothing to a shared /tmp
     scratch.mkdir(exist_ok=True)
-    command = [str(nvidia_ctk()), "cdi", "generate", "--driver-root", str(root), "--output", str(out)]
+    command = [str(nvidia_ctk()), "cdi", "generate", "--driver-root", str(root), "--output", str(out),
+               "--nvidia-cdi-hook-path", str(root / "usr/bin/nvidia-cdi-hook")]
     table = root / "proc/driver/nvidia-caps/mig-minors"
     if table.is_file():
         script = ('mount -t tmpfs gpudra-proc-driver /proc/driver && mkdir /proc/driver/nvidia-caps && '
@@ -85,8 +87,11 @@ def container_view(oci: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("profile", ["l4x2", "dgx-h100", "a100-80gb-mig"])
 def test_a_claim_on_gpu_n_gets_what_nvidia_ctk_gives_gpu_n(tmp_path: Path, profile: str) -> None:
     root = make_driver_root(tmp_path / "root", profile)
+    # NVIDIA's own hook, as a host install of the toolkit puts it: gpudra finds it in the root and
+    # asks its version (1.20.2: every hook kind), the toolkit is pointed at the same file
+    shutil.copy(nvidia_ctk().parent / "nvidia-cdi-hook", root / "usr/bin/nvidia-cdi-hook")
     toolkit = toolkit_spec(root, tmp_path / "nvidia.yaml")
-    files = DriverFilesCache(DriverRoot.at(str(root)), hook=HOOK)
+    files = DriverFilesCache(DriverRoot.at(str(root)))
     cdi = CdiDir(tmp_path / "cdi", DRIVER, files)
 
     from gpudra_driver.discovery import scan
@@ -111,7 +116,7 @@ def test_a_claim_on_gpu_n_gets_what_nvidia_ctk_gives_gpu_n(tmp_path: Path, profi
         assert ours["mounts"] == sorted(set(theirs["mounts"]) - TOOLKIT_ONLY_MOUNTS)
         assert all(ours["sources"][m] == theirs["sources"][m] for m in ours["mounts"])
         assert ours["hooks"] == sorted(set(theirs["hooks"]) - TOOLKIT_ONLY_HOOKS)
-        assert ours["hook_paths"] == theirs["hook_paths"] == {HOOK}
+        assert ours["hook_paths"] == theirs["hook_paths"] == {str(root / "usr/bin/nvidia-cdi-hook")}
         assert {k: v for k, v in ours["env"].items() if k != "NVIDIA_VISIBLE_DEVICES"} == \
             {k: v for k, v in theirs["env"].items() if k != "NVIDIA_VISIBLE_DEVICES"}
         assert theirs["env"]["NVIDIA_VISIBLE_DEVICES"] == "void"
@@ -124,7 +129,7 @@ def test_without_the_hook_libraries_are_loadable_by_soname_from_mounts_alone(tmp
     root = make_driver_root(tmp_path / "root", "l4x2")
     files = DriverFilesCache(DriverRoot.at(str(root))).current()
     assert files.hook is None
-    hooked = dataclasses.replace(files, hook=HOOK)
+    hooked = dataclasses.replace(files, hook=HOOK, hook_version=(1, 20, 2))
     from gpudra_driver.plugin.driverfiles import common_edits
 
     plain, with_hook = common_edits(files), common_edits(hooked)

@@ -41,7 +41,8 @@ def test_a_driver_upgrade_under_a_running_agent_is_followed_at_the_next_use(tmp_
     root = make_driver_root(tmp_path / "root", "dgx-h100")
     cache = DriverFilesCache(DriverRoot.at(str(root)))
     before = cache.current()
-    assert cache.current() is before  # same version: nothing rescanned
+    scanned = cache._versioned
+    assert cache.current() == before and cache._versioned is scanned  # same version: nothing rescanned
     upgrade(root, before.version, "590.10.01")
     after = cache.current()
     assert after.version == "590.10.01"
@@ -91,3 +92,82 @@ def test_missing_device_nodes_fail_that_claim_only_and_write_nothing(tmp_path: P
     assert out[B].error is None
     assert sorted(os.listdir(tmp_path / "cdi")) == [f"k8s.{DRIVER}-claim_{B}.json"]
     load_and_validate(tmp_path / "cdi" / f"k8s.{DRIVER}-claim_{B}.json")
+
+
+def test_control_nodes_and_sockets_that_appear_later_are_in_the_next_spec(tmp_path: Path) -> None:
+    """nvidia-uvm is created on the first CUDA use on a host install, persistenced starts after the
+    driver: neither waits for a new driver version to be noticed."""
+    root = make_driver_root(tmp_path / "root", "l4x2")
+    (root / "dev/nvidia-uvm").unlink()
+    cache = DriverFilesCache(DriverRoot.at(str(root)))
+    assert "/dev/nvidia-uvm" not in cache.current().control_nodes
+    os.mknod(root / "dev/nvidia-uvm", 0o20666, os.makedev(510, 0))
+    (root / "run/nvidia-persistenced").mkdir(parents=True)
+    (root / "run/nvidia-persistenced/socket").write_text("")  # a socket in life; any file will do here
+    files = cache.current()
+    assert "/dev/nvidia-uvm" in files.control_nodes
+    assert "/run/nvidia-persistenced/socket" in {m.container for m in files.ipc}
+
+
+def test_a_driver_upgraded_on_disk_but_not_loaded_fails_prepares_until_a_reboot(tmp_path: Path) -> None:
+    root = make_driver_root(tmp_path / "root", "l4x2")
+    proc = tmp_path / "proc"
+    (proc / "driver/nvidia").mkdir(parents=True)
+    version = DriverFilesCache(DriverRoot.at(str(root)), proc=proc).current().version  # no module file: fine
+    (proc / "driver/nvidia/version").write_text(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n")
+    with pytest.raises(DriverFilesError, match=rf"holds driver {version}, but the loaded kernel module is 550.54.15"):
+        DriverFilesCache(DriverRoot.at(str(root)), proc=proc).current()
+    (proc / "driver/nvidia/version").write_text(f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build\n")
+    assert DriverFilesCache(DriverRoot.at(str(root)), proc=proc).current().version == version
+
+
+def test_a_link_out_of_the_root_is_a_per_claim_error_not_an_exception(tmp_path: Path) -> None:
+    root = make_driver_root(tmp_path / "root", "dgx-h100")
+    cache = DriverFilesCache(DriverRoot.at(str(root)))
+    link = root / LIB / "libcuda.so.1"
+    link.unlink()
+    link.symlink_to("../../../../../../../etc/passwd")
+    with pytest.raises(DriverFilesError, match="leads out of the root"):
+        cache.current()
+
+
+def test_the_hooks_follow_what_the_nodes_nvidia_cdi_hook_supports(tmp_path: Path) -> None:
+    import dataclasses
+
+    from gpudra_driver.plugin.driverfiles import common_edits
+
+    files = DriverFilesCache(DriverRoot.at(str(make_driver_root(tmp_path / "root", "l4x2")))).current()
+
+    def kinds(version: tuple[int, int, int] | None) -> list[str]:
+        edits = common_edits(dataclasses.replace(files, hook="/usr/bin/nvidia-cdi-hook", hook_version=version))
+        return [h["args"][1] for h in edits["hooks"]]
+
+    basic = ["create-symlinks", "update-ldcache"]
+    assert kinds(None) == basic  # a hook of unknown version (--nvidia-cdi-hook): only what every one has
+    assert kinds((1, 17, 4)) == basic
+    assert kinds((1, 18, 0)) == ["create-symlinks", "enable-cuda-compat", "update-ldcache"]
+    assert kinds((1, 20, 2)) == ["create-symlinks", "enable-cuda-compat", "update-ldcache",
+                                 "disable-device-node-modification", "update-application-profile"]
+
+
+def test_a_start_while_the_driver_is_not_ready_keeps_the_specs_and_serves(tmp_path: Path) -> None:
+    """The agent restarts while the driver container is being replaced: the stale-spec rewrite
+    cannot build a spec now, so it keeps the one on disk and says so, instead of crash-looping
+    (running pods need their unprepare)."""
+    import asyncio
+
+    root = make_driver_root(tmp_path / "root", "dgx-h100")
+    cdi = CdiDir(tmp_path / "cdi", DRIVER, DriverFilesCache(DriverRoot.at(str(root))))
+    state = DeviceState(tmp_path / "plugin", cdi, driver=DRIVER, node=NODE, boot_id="b")
+    state.startup()
+    state.set_devices(devices())
+    out = asyncio.run(state.prepare([(ClaimRef("ns", "a", A), claim(A, name="a", results=[result("gpu-3")]))]))
+    assert out[A].error is None
+    spec = (tmp_path / "cdi" / f"k8s.{DRIVER}-claim_{A}.json").read_bytes()
+    shutil.rmtree(root / "dev")  # the driver is being reloaded
+    again = DeviceState(tmp_path / "plugin", CdiDir(tmp_path / "cdi", DRIVER, DriverFilesCache(DriverRoot.at(str(root)))),
+                        driver=DRIVER, node=NODE, boot_id="b")
+    again.startup()
+    assert (tmp_path / "cdi" / f"k8s.{DRIVER}-claim_{A}.json").read_bytes() == spec
+    assert again.prepared_count == 1

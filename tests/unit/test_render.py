@@ -80,15 +80,19 @@ def test_daemonset_defaults() -> None:
     pod = template["spec"]
     assert pod["serviceAccountName"] == "gpudra-agent"
     assert pod["priorityClassName"] == "system-node-critical"
-    for absent in ("nodeSelector", "affinity", "tolerations"):
+    for absent in ("nodeSelector", "tolerations"):
         assert absent not in pod
+    # GPU nodes by any of NFD's PCI label, GFD's label, or gpudra's hand label (terms are ORed)
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [{"key": key, "operator": "In", "values": ["true"]}]} for key in (
+        "feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present", "gpudra.io/gpu-node")]
     c = container(ds)
     assert c["name"] == "agent" and c["image"] == "ghcr.io/gpudra/gpudra:0.1.0"  # the operator's default
     assert c["imagePullPolicy"] == "IfNotPresent"
     assert c["command"] == ["gpudra"]
     assert c["args"] == ["agent", "--driver", "gpu.gpudra.io", "--kubelet-dir", "/var/lib/kubelet",
                          "--cdi-dir", "/var/run/cdi", "--driver-root", "/",
-                         "--container-driver-root", "/driver-root", "--metrics-port", "8082",
+                         "--container-driver-root", "/driver-root", "--host-dev", "/host-dev", "--metrics-port", "8082",
                          "--health-port", "8083"]
     assert c["ports"] == [{"name": "metrics", "containerPort": 8082, "protocol": "TCP"},
                           {"name": "health", "containerPort": 8083, "protocol": "TCP"}]
@@ -116,13 +120,17 @@ def test_host_paths_a_kubelet_plugin_needs() -> None:
     assert volumes["plugin"] == {"path": "/data/kubelet/plugins/gpu.example.com", "type": "DirectoryOrCreate"}
     assert volumes["cdi"] == {"path": "/etc/cdi", "type": "DirectoryOrCreate"}
     assert volumes["driver-root"] == {"path": "/run/nvidia/driver", "type": "Directory"}
+    # the host's live /dev, where device nodes are checked when the driver root has none
+    assert volumes["host-dev"] == {"path": "/dev", "type": "Directory"}
+    assert mounts["host-dev"] == {"name": "host-dev", "mountPath": "/host-dev", "readOnly": True,
+                                  "mountPropagation": "HostToContainer"}
     # Sockets live at the same path inside and outside: the kubelet dials host paths.
     assert mounts["plugins-registry"]["mountPath"] == "/data/kubelet/plugins_registry"
     assert mounts["plugin"]["mountPath"] == "/data/kubelet/plugins/gpu.example.com"
     assert mounts["cdi"]["mountPath"] == "/etc/cdi"
     assert mounts["driver-root"] == {"name": "driver-root", "mountPath": DRIVER_ROOT_MOUNT, "readOnly": True,
                                      "mountPropagation": "HostToContainer"}
-    for name in ("plugins-registry", "plugin", "cdi"):
+    for name in ("plugins-registry", "plugin", "cdi"):  # writable, private
         assert "readOnly" not in mounts[name] and "mountPropagation" not in mounts[name]
     args = container(ds)["args"]
     assert args[args.index("--driver") + 1] == "gpu.example.com"
@@ -265,3 +273,15 @@ def test_the_agent_image_is_the_operators_unless_the_spec_pins_one(monkeypatch: 
     assert configured_agent_image() == "mirror.local/gpudra/gpudra:1.2"
     monkeypatch.delenv("GPUDRA_AGENT_IMAGE")
     assert configured_agent_image() == DEFAULT_AGENT_IMAGE == "ghcr.io/gpudra/gpudra:0.1.0"
+
+
+def test_a_node_selector_or_an_affinity_replaces_the_gpu_node_default_and_empty_affinity_opts_out() -> None:
+    def pod(agent: dict[str, Any]) -> dict[str, Any]:
+        return render(config({"agent": agent})).daemonset["spec"]["template"]["spec"]  # type: ignore[index]
+
+    assert "affinity" not in pod({"nodeSelector": {"pool": "gpu"}})
+    assert pod({"nodeSelector": {"pool": "gpu"}})["nodeSelector"] == {"pool": "gpu"}
+    own = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    assert pod({"affinity": own})["affinity"] == own
+    assert "affinity" not in pod({"affinity": {}}) and "nodeSelector" not in pod({"affinity": {}})
+

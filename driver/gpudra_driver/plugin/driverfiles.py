@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import stat
+import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -59,6 +61,18 @@ REQUIRED_CONTROL_NODES = ("/dev/nvidiactl",)
 HOOK_NAME = "nvidia-cdi-hook"
 HOOK_PATHS = ("/usr/bin/nvidia-cdi-hook", "/usr/local/bin/nvidia-cdi-hook",
               "/usr/local/nvidia/toolkit/nvidia-cdi-hook")
+
+
+HookVersion = tuple[int, int, int]
+# nvidia-cdi-hook subcommands newer than create-symlinks and update-ldcache (toolkit 1.16+), with
+# the toolkit release that brought them (its CHANGELOG). An older hook fails on an unknown
+# subcommand, and a failing createContainer hook fails the container: a hook whose version is not
+# known (given by --nvidia-cdi-hook, outside the driver root) gets only the two.
+NEWER_HOOKS: tuple[tuple[str, HookVersion], ...] = (
+    ("enable-cuda-compat", (1, 18, 0)),
+    ("disable-device-node-modification", (1, 20, 0)),
+    ("update-application-profile", (1, 20, 0)),
+)
 
 
 class DriverFilesError(OSError):
@@ -86,6 +100,7 @@ class DriverFiles:
     control_nodes: tuple[str, ...]  # container paths of the control nodes present
     device_root: str  # host path prefix of device nodes: "" for /dev, else the driver root
     hook: str | None  # host path of nvidia-cdi-hook, None when the node has none
+    hook_version: HookVersion | None = None  # what `nvidia-cdi-hook --version` says; None: unknown
 
 
 def common_edits(files: DriverFiles) -> dict[str, Any]:
@@ -126,12 +141,17 @@ def _hooks(files: DriverFiles) -> list[dict[str, Any]]:
     def hook(*args: str) -> dict[str, Any]:
         return {"hookName": "createContainer", "path": files.hook, "args": [HOOK_NAME, *args]}
 
+    def supported(name: str) -> bool:
+        needed = dict(NEWER_HOOKS)[name]
+        return files.hook_version is not None and files.hook_version >= needed
+
     links = [arg for target, link in files.soname_links for arg in ("--link", f"{target}::{link}")]
     result = [hook("create-symlinks", *links)] if links else []
-    result.append(hook("enable-cuda-compat", f"--host-driver-version={files.version}"))
+    if supported("enable-cuda-compat"):
+        result.append(hook("enable-cuda-compat", f"--host-driver-version={files.version}"))
     result.append(hook("update-ldcache", *(a for d in files.library_dirs for a in ("--folder", d))))
-    result.append(hook("disable-device-node-modification"))
-    result.append(hook("update-application-profile"))
+    result += [hook(name) for name in ("disable-device-node-modification", "update-application-profile")
+               if supported(name)]
     return result
 
 
@@ -151,9 +171,27 @@ def driver_version(root: DriverRoot) -> str:
     return version
 
 
-def scan_driver_files(root: DriverRoot, version: str, *, hook: str | None = None) -> DriverFiles:
+def scan_driver_files(root: DriverRoot, version: str, *, hook: str | None = None,
+                      host_dev: Path = Path("/dev")) -> DriverFiles:
     """The files of driver ``version`` in ``root``. ``hook``: the host path of nvidia-cdi-hook to
-    use; None looks for it in the root (a host install)."""
+    use; None looks for it in the root (a host install). ``host_dev``: where this process sees the
+    host's ``/dev``, the device root when the driver root has no device nodes."""
+    return _node_view(root, _versioned(root, version), hook=hook, host_dev=host_dev)
+
+
+@dataclass(frozen=True)
+class _Versioned:
+    """What depends on the driver version only: scanned once per version."""
+
+    version: str
+    library_dirs: tuple[str, ...]
+    libraries: tuple[Mount, ...]
+    soname_links: tuple[tuple[str, str], ...]
+    binaries: tuple[Mount, ...]
+    firmware: tuple[Mount, ...]
+
+
+def _versioned(root: DriverRoot, version: str) -> _Versioned:
     cuda = root.find_library(CUDA_LIBRARY)
     if cuda is None:
         raise DriverFilesError(f"{CUDA_LIBRARY} is not in driver root {root.describe()} (driver "
@@ -174,39 +212,51 @@ def scan_driver_files(root: DriverRoot, version: str, *, hook: str | None = None
             "library files; is the driver installation complete?")
     if f"libcuda.so.{version}" in libraries:
         links.append(("libcuda.so.1", f"{lib_dirs[0]}/libcuda.so"))
-    devices = _device_root(root)
-    control = [p for p in CONTROL_NODES if _is_char_device(devices, p)]
+    return _Versioned(version, tuple(lib_dirs[:1]), tuple(libraries[n] for n in sorted(libraries)),
+                      tuple(_unique(links)), tuple(_binaries(root)), tuple(_firmware(root, version)))
+
+
+def _node_view(root: DriverRoot, versioned: _Versioned, *, hook: str | None, host_dev: Path,
+               hook_version: HookVersion | None = None) -> DriverFiles:
+    """``versioned`` with what may change under a running driver: control nodes (``nvidia-uvm``
+    appears on first CUDA use), IPC sockets (persistenced, fabricmanager start later), the hook."""
+    devices = _device_root(root, host_dev)
+    found_hook = _find_hook(root) if hook is None else None
     return DriverFiles(
-        version=version,
-        library_dirs=tuple(lib_dirs[:1]),
-        libraries=tuple(libraries[n] for n in sorted(libraries)),
-        soname_links=tuple(_unique(links)),
-        binaries=tuple(_binaries(root)),
-        firmware=tuple(_firmware(root, version)),
+        version=versioned.version,
+        library_dirs=versioned.library_dirs,
+        libraries=versioned.libraries,
+        soname_links=versioned.soname_links,
+        binaries=versioned.binaries,
+        firmware=versioned.firmware,
         ipc=tuple(m for m in (_ipc(root, p) for p in IPC_PATHS) if m is not None),
-        control_nodes=tuple(control),
+        control_nodes=tuple(p for p in CONTROL_NODES if _is_char_device(devices[1], p)),
         device_root=devices[0],
-        hook=hook if hook is not None else _find_hook(root),
+        hook=hook if hook is not None else (found_hook[0] if found_hook else None),
+        hook_version=hook_version if hook_version is not None else (
+            _hook_version(found_hook[1]) if found_hook else None),
     )
 
 
-def missing_device_nodes(root: DriverRoot, paths: list[str]) -> list[str]:
+def missing_device_nodes(root: DriverRoot, paths: list[str], host_dev: Path = Path("/dev")) -> list[str]:
     """The paths (container paths, ``/dev/...``) with no character device in the device root."""
-    devices = _device_root(root)
-    return [p for p in paths if not _is_char_device(devices, p)]
+    devices = _device_root(root, host_dev)
+    return [p for p in paths if not _is_char_device(devices[1], p)]
 
 
-def _device_root(root: DriverRoot) -> tuple[str, Path]:
-    """(host path prefix of device nodes, where this process sees them): the driver root when its
-    ``dev/`` holds ``nvidiactl``, else the host's ``/dev`` (a privileged pod sees the host's)."""
-    if _is_char_device((root.host, root.local), "/dev/nvidiactl"):
-        return ("" if root.host == "/" else root.host), root.local
-    return "", Path("/")
+def _device_root(root: DriverRoot, host_dev: Path) -> tuple[str, Path]:
+    """(host path prefix of device nodes, the ``dev`` directory this process checks them in): the
+    driver root when its ``dev/`` holds ``nvidiactl`` (as NVIDIA's driver detects it), else the
+    host's ``/dev``, seen at ``host_dev`` (the DaemonSet mounts it: a container's own ``/dev`` is
+    a copy made at its start, without nodes the driver creates later)."""
+    if _is_char_device(root.local / "dev", "/dev/nvidiactl"):
+        return ("" if root.host == "/" else root.host), root.local / "dev"
+    return "", host_dev
 
 
-def _is_char_device(device_root: tuple[str, Path], path: str) -> bool:
+def _is_char_device(dev: Path, path: str) -> bool:
     try:
-        return stat.S_ISCHR(os.stat(device_root[1] / path.lstrip("/")).st_mode)
+        return stat.S_ISCHR(os.stat(dev / path.removeprefix("/dev/")).st_mode)
     except OSError:
         return False
 
@@ -274,12 +324,33 @@ def _ipc(root: DriverRoot, path: str) -> Mount | None:
     return Mount(root.host_path(resolved), path)
 
 
-def _find_hook(root: DriverRoot) -> str | None:
+def _find_hook(root: DriverRoot) -> tuple[str, Path] | None:
+    """(host path, local path) of nvidia-cdi-hook in the root, if there is one."""
     for path in HOOK_PATHS:
         resolved = _resolve_quietly(root, path)
-        if resolved is not None and os.access(root.local / resolved.lstrip("/"), os.X_OK):
-            return root.host_path(resolved)
+        local = root.local / resolved.lstrip("/") if resolved is not None else None
+        if local is not None and local.is_file() and os.access(local, os.X_OK):
+            return root.host_path(resolved), local  # type: ignore[arg-type]
     return None
+
+
+_HOOK_VERSIONS: dict[tuple[Path, float], HookVersion | None] = {}
+
+
+def _hook_version(local: Path) -> HookVersion | None:
+    """``nvidia-cdi-hook --version`` (cached per file and mtime); None when it cannot be told."""
+    try:
+        key = (local, local.stat().st_mtime)
+    except OSError:
+        return None
+    if key not in _HOOK_VERSIONS:
+        try:
+            out = subprocess.run([str(local), "--version"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        match = re.search(r"version (\d+)\.(\d+)\.(\d+)", out)
+        _HOOK_VERSIONS[key] = (int(match[1]), int(match[2]), int(match[3])) if match else None
+    return _HOOK_VERSIONS[key]
 
 
 def _listdir(root: DriverRoot, folder: str) -> list[str]:
@@ -303,31 +374,57 @@ def _unique(items: list[Any]) -> list[Any]:
 
 
 class DriverFilesCache:
-    """The driver files in use, rescanned when the root's driver version changes."""
+    """The driver files a claim's spec gets now. The version's files are scanned when the root's
+    driver version changes (a driver container upgrade); control nodes, IPC sockets and the hook
+    are looked at on every use, since they appear after the driver (``nvidia-uvm`` on first CUDA
+    use, persistenced started later). Every failure is a :class:`DriverFilesError`: a per-claim,
+    retryable prepare error, never an exception that fails the other claims of the call."""
 
-    def __init__(self, root: DriverRoot, *, hook: str | None = None) -> None:
+    def __init__(self, root: DriverRoot, *, hook: str | None = None, host_dev: Path = Path("/dev"),
+                 proc: Path = Path("/proc")) -> None:
         self.root = root
         self.hook = hook
+        self.host_dev = host_dev
+        self.kernel_version_file = proc / "driver/nvidia/version"
         self._lock = threading.Lock()
-        self._files: DriverFiles | None = None
+        self._versioned: _Versioned | None = None
 
     def current(self) -> DriverFiles:
-        version = driver_version(self.root)
-        with self._lock:
-            if self._files is None or self._files.version != version:
-                self._files = scan_driver_files(self.root, version, hook=self.hook)
-            return self._files
+        try:
+            version = driver_version(self.root)
+            self._check_kernel_module(version)
+            with self._lock:
+                if self._versioned is None or self._versioned.version != version:
+                    self._versioned = _versioned(self.root, version)
+                versioned = self._versioned
+            return _node_view(self.root, versioned, hook=self.hook, host_dev=self.host_dev)
+        except DriverRootError as error:  # a link out of the root, a loop
+            raise DriverFilesError(str(error)) from None
+
+    def _check_kernel_module(self, version: str) -> None:
+        """A driver upgraded on disk but not loaded (no reboot yet): its libraries would not work
+        with the running kernel module, so a container would fail CUDA's init."""
+        try:
+            line = self.kernel_version_file.read_text().splitlines()[0]
+        except (OSError, IndexError):
+            return  # no NVIDIA module loaded yet (the device nodes say so), or not readable here
+        match = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)", line)
+        if match and match.group(1) != version:
+            raise DriverFilesError(
+                f"the driver root {self.root.describe()} holds driver {version}, but the loaded kernel module "
+                f"is {match.group(1)} ({self.kernel_version_file}): reboot the node or reload the driver")
 
     def check_device_nodes(self, paths: list[str]) -> None:
         """Raise :class:`DriverFilesError` unless every node in ``paths`` (and ``nvidiactl``) is a
         character device in the device root: a node whose driver is still loading has none yet."""
-        missing = missing_device_nodes(self.root, [*REQUIRED_CONTROL_NODES, *paths])
+        missing = missing_device_nodes(self.root, [*REQUIRED_CONTROL_NODES, *paths], self.host_dev)
         if missing:
-            devices = _device_root(self.root)
-            where = devices[0] + "/dev" if devices[0] else "/dev"
+            prefix, dev = _device_root(self.root, self.host_dev)
+            where = f"{prefix}/dev" if prefix else "/dev"
+            seen = "" if str(dev) == where else f" (seen at {dev})"
             raise DriverFilesError(
-                f"device node(s) {', '.join(missing)} missing in {where}: the NVIDIA driver may still be "
-                "loading on this node (the kubelet retries)")
+                f"device node(s) {', '.join(missing)} missing in {where}{seen}: the NVIDIA driver may still "
+                "be loading on this node (the kubelet retries)")
 
 
 __all__ = ["LIBRARY_DIRS", "DriverFiles", "DriverFilesCache", "DriverFilesError", "Mount", "common_edits",

@@ -100,7 +100,7 @@ def _is_stale(path: Path) -> bool:
 
 class KubeletPlugin:
     def __init__(self, *, driver: str, node: str, kubelet_dir: Path, cdi_dir: Path, get_claim: GetClaim,
-                 driver_root: DriverRoot | None = None, cdi_hook: str | None = None,
+                 driver_root: DriverRoot | None = None, cdi_hook: str | None = None, host_dev: Path = Path("/dev"),
                  instance: str | None = None, boot_id: str | None = None,
                  proc_root: Path = Path("/proc"), api_versions: Sequence[str] = ("v1", "v1beta1"),
                  fault: FaultHook | None = None, claim_get_timeout: float = CLAIM_GET_TIMEOUT) -> None:
@@ -112,7 +112,8 @@ class KubeletPlugin:
         self.get_claim = get_claim
         self.claim_get_timeout = claim_get_timeout
         self.cap_minor: CapMinor = read_mig_cap_minor(proc_root)
-        self.driver_files = DriverFilesCache(driver_root or DriverRoot.at("/"), hook=cdi_hook)
+        self.driver_files = DriverFilesCache(driver_root or DriverRoot.at("/"), hook=cdi_hook, host_dev=host_dev,
+                                             proc=proc_root)
         self.state = DeviceState(self.plugin_dir, CdiDir(cdi_dir, driver, self.driver_files), driver=driver, node=node,
                                  boot_id=boot_id or read_boot_id(), fault=fault or FaultHook())
         self.api_versions = tuple(api_versions)

@@ -168,7 +168,14 @@ class DeviceState:
             result = ckpt.Reconciliation(result.checkpoint, result.remove_specs,
                                          result.rewrite_specs + tuple(stale), result.rolled_back)
             for claim in result.rewrite_specs:
-                self.cdi.write(claim, durable=False)
+                try:
+                    self.cdi.write(claim, durable=False)
+                except DriverFilesError as error:  # the driver is being (re)loaded: never crash-loop
+                    # on it (running pods need their unprepare); a missing spec is written again
+                    # when the kubelet next asks to prepare the claim
+                    kept = "is kept as it is" if self.cdi.exists(claim.uid) else "is missing"
+                    log.warning("%s: its CDI spec %s; it cannot be brought up to date now: %s",
+                                claim.ref, kept, error)
             temp = self.cdi.remove_temp_files() if on_disk or self.cdi.path.is_dir() else 0
             if result.changed or temp:
                 self.cdi.sync()

@@ -1,0 +1,301 @@
+"""The seed pod on a node with a real container runtime: the release's kubelet on containerd's CRI
+socket (containerd built from its Go module, Debian's runc, CDI on), the agent as the node's DRA
+kubelet plugin (a host process, the mock NVML on a fake driver root with real device nodes).
+
+The real scheduler allocates the seed's claim (a GPU with >= 64Gi), the kubelet has the agent
+prepare it, containerd resolves the claim's CDI device ID against the agent's spec and runc
+starts the container: a static busybox image (tests/ociimage.py) with no NVIDIA file of its own,
+running ``ls -l /dev/nvidia*; nvidia-smi; env``. Everything NVIDIA it shows came from CDI: the
+claim's device node and control nodes, ``NVIDIA_VISIBLE_DEVICES`` with the GPU's UUID, and the
+driver root's mock ``nvidia-smi`` (static, tests/mocknvml/nvidia_smi.c), which lists the GPUs whose
+device nodes it finds. A second pod with another claim sees only its own GPU. Deleting the pods
+unprepares both claims (their CDI specs gone), and tearing the node down leaves nothing: no
+containers, shims, mounts, processes or cgroup directories (tests/realruntime.py)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from nodestate import checkpoint_states
+from realkubelet import kubelet_binary
+from realruntime import CGROUP_ROOT, TEST_IMAGE, RealRuntimeNode, runtime_problem
+
+from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_operator.localcluster.agents import AgentProcess, start_agent
+from gpudra_operator.localcluster.controlplane import ControlPlane
+from gpudra_operator.localcluster.driverroot import make_driver_root
+from gpudra_operator.localcluster.objects import delete_node
+from gpudra_operator.localcluster.waiting import wait_for
+
+try:  # tests/seedobjects.py, or tests/integration/ (on sys.path only when integration tests are collected)
+    seedobjects = importlib.import_module("seedobjects")
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+    seedobjects = importlib.import_module("seedobjects")
+
+CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
+DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
+POD = resource_type("v1", "Pod")
+TAINT = "gpudra.io/real-runtime"
+DONE = "gpudra-e2e-done"
+# Everything after DONE keeps the pod running (its claim prepared) until the test deletes it.
+SCRIPT = f"ls -l /dev/nvidia*; nvidia-smi; echo nvidia-smi-exit=$?; env; echo {DONE}; exec sleep 3600"
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@dataclass
+class Node:
+    runtime: RealRuntimeNode
+    agent: AgentProcess
+    driver: str
+    cdi_dir: Path
+    driver_root: Path
+
+    @property
+    def name(self) -> str:
+        return self.runtime.node_name
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return self.runtime.kubelet.root_dir
+
+    def spec_path(self, claim_uid: str) -> Path:
+        return self.cdi_dir / f"k8s.{self.driver}-claim_{claim_uid}.json"
+
+    def checkpoint(self) -> dict[str, str]:
+        return checkpoint_states(self.kubelet_dir, self.driver)
+
+    def failure(self) -> str:
+        return (f"{self.runtime.describe()}\nkubelet log:\n{self.runtime.kubelet.log_tail(40)}\n"
+                f"agent log:\n{self.agent.log_tail(20)}")
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def node(cluster: ControlPlane, kube: Kube) -> AsyncIterator[Node]:
+    if problem := runtime_problem():
+        pytest.fail(problem, pytrace=False)
+    name, driver = f"runtime-{secrets.token_hex(3)}", f"r{secrets.token_hex(4)}.gpudra.io"
+    workdir = Path(tempfile.mkdtemp(prefix="gpudra-rt-", dir="/tmp"))  # short: unix sockets live here
+    cdi_dir = workdir / "cdi"
+    runtime = RealRuntimeNode(workdir, kubelet_binary=kubelet_binary(cluster.bin_dir), kubeconfig=cluster.kubeconfig,
+                              node_name=name, cdi_dir=cdi_dir, taint=f"{TAINT}=:NoSchedule")
+    agent: AgentProcess | None = None
+    class_created = False
+    try:
+        driver_root = make_driver_root(workdir / "driver-root", "dgx-h100")
+        smi = driver_root / "usr/bin/nvidia-smi"
+        assert smi.read_bytes()[:4] == b"\x7fELF", \
+            f"{smi} is the shell-script stand-in, not the static mock: make mock-nvidia-smi"
+        started = time.monotonic()
+        runtime.start()
+        await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": driver},
+                           "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}})
+        class_created = True
+        try:
+            await runtime.kubelet.wait_ready(kube)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{runtime.describe()}\nkubelet log:\n{runtime.kubelet.log_tail(40)}") from None
+        print(f"\n[real-runtime] containerd + kubelet ready in {time.monotonic() - started:.1f}s")
+        agent = start_agent(kubeconfig=cluster.kubeconfig, node_name=name, nvml="mock:dgx-h100", driver=driver,
+                            workdir=workdir / "agent", kubelet_dir=runtime.kubelet.root_dir, cdi_dir=cdi_dir,
+                            driver_root=driver_root, extra_args=("--pod-uid", str(uuid.uuid4())))
+        await seedobjects.published_devices(kube, driver, name, 8)
+
+        async def registered() -> bool:
+            assert agent is not None and agent.process.poll() is None, f"agent exited:\n{agent and agent.log_tail()}"
+            runtime.kubelet.assert_running()
+            return "registered with the kubelet as" in agent.log_path.read_text(errors="replace")
+
+        await wait_for(registered, timeout=60, what=f"the kubelet to register the agent ({agent.log_path})")
+        yield Node(runtime, agent, driver, cdi_dir, driver_root)
+    finally:
+        if agent is not None:
+            agent.stop()
+        problems = runtime.stop()
+        if class_created:
+            await kube.delete(DEVICE_CLASS, driver)
+        await delete_node(kube, name)
+        if problems:
+            print(f"[real-runtime] teardown problems: {problems}")
+        if not runtime.leftovers():
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"[real-runtime] left {workdir} for inspection: {runtime.leftovers()}")
+
+
+def gpu_pod(node: Node, namespace: str, pod_name: str) -> tuple[Obj, Obj]:
+    """The seed's claim template and pod (from manifests/samples), pinned to the node, on the host
+    network, tolerating the node's taints, running SCRIPT in the local busybox image."""
+    template, pod = seedobjects.seed_objects(node.driver, namespace)
+    template["metadata"]["name"] = f"{pod_name}-gpu"
+    pod["metadata"]["name"] = pod_name
+    spec = pod["spec"]
+    spec["resourceClaims"][0]["resourceClaimTemplateName"] = template["metadata"]["name"]
+    (container,) = spec["containers"]
+    container.update(image=TEST_IMAGE, imagePullPolicy="Never", command=["sh", "-c", SCRIPT])
+    spec.update(nodeSelector={"kubernetes.io/hostname": node.name}, hostNetwork=True,
+                automountServiceAccountToken=False, enableServiceLinks=False, terminationGracePeriodSeconds=1,
+                restartPolicy="Never",
+                # The kubelet registers its Node with the not-ready taint; the node lifecycle
+                # controller that would lift it is off in the tests' cluster.
+                tolerations=[{"key": key, "operator": "Exists", "effect": "NoSchedule"}
+                             for key in (TAINT, "node.kubernetes.io/not-ready")])
+    return template, pod
+
+
+def container_log(node: Node, pod: Obj, container: str) -> str:
+    """The container's output, from the log file the runtime writes in the kubelet's pod log
+    directory (CRI format: ``<time> <stream> <P|F> <text>``; P lines are partial)."""
+    meta = pod["metadata"]
+    path = node.runtime.kubelet.pod_logs_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / container / "0.log"
+    if not path.exists():
+        return ""
+    out, partial = [], ""
+    for line in path.read_text(errors="replace").splitlines():
+        parts = line.split(" ", 3)
+        if len(parts) < 3:
+            continue
+        text = parts[3] if len(parts) == 4 else ""
+        if parts[2] == "P":
+            partial += text
+        else:
+            out.append(partial + text)
+            partial = ""
+    return "\n".join(out)
+
+
+async def run_gpu_pod(kube: Kube, node: Node, namespace: str, pod_name: str) -> tuple[Obj, Obj, str]:
+    """Create the pod; wait until it runs and its container has printed SCRIPT's output. Returns
+    (pod, its claim, the output)."""
+    template, pod = gpu_pod(node, namespace, pod_name)
+    await kube.create(template)
+    await kube.create(pod)
+    started = time.monotonic()
+
+    async def printed() -> tuple[Obj, str] | None:
+        node.runtime.kubelet.assert_running()
+        got = await kube.get(POD, pod_name, namespace)
+        if not got or got["status"].get("phase") != "Running":
+            assert not got or got["status"].get("phase") not in ("Failed", "Succeeded"), got["status"]
+            return None
+        output = container_log(node, got, "train")
+        return (got, output) if DONE in output else None
+
+    try:
+        got, output = await wait_for(printed, timeout=120, what=f"pod {pod_name} to run and print on the real runtime")
+    except AssertionError as error:
+        current = await kube.get(POD, pod_name, namespace)
+        raise AssertionError(f"{error}\npod status: {current and current.get('status')}\n{node.failure()}") from None
+    print(f"[real-runtime] {pod_name}: created -> output in {time.monotonic() - started:.1f}s")
+    (status,) = got["status"]["resourceClaimStatuses"]
+    claim = await kube.get(CLAIM, status["resourceClaimName"], namespace)
+    assert claim is not None
+    uid = claim["metadata"]["uid"]
+    assert node.spec_path(uid).is_file() and node.checkpoint().get(uid) == "PrepareCompleted", node.checkpoint()
+    return got, claim, output
+
+
+def allowed_nvidia_minors(node: Node, pod_name: str) -> set[int] | None:
+    """The minors of major 195 (/dev/nvidia*) the device cgroup (v1) of the pod's container
+    allows; None without a cgroup v1 devices hierarchy."""
+    (cid,) = node.runtime.crictl("ps", "-q", "--no-trunc", "--label", f"io.kubernetes.pod.name={pod_name}").stdout.split()
+    pid = json.loads(node.runtime.crictl("inspect", cid).stdout)["info"]["pid"]
+    paths = [line.split(":", 2)[2] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+             if "devices" in line.split(":")[1].split(",")]
+    if not paths:
+        return None
+    rules = (CGROUP_ROOT / "devices" / paths[0].lstrip("/") / "devices.list").read_text().splitlines()
+    assert "a *:* rwm" not in rules, f"container {cid} may open any device"
+    return {int(rule.split()[1].split(":")[1]) for rule in rules if rule.startswith("c 195:")}
+
+
+def assert_sees_only(output: str, gpu: Obj, driver_version: str) -> None:
+    """The container's output shows ``gpu`` (its device node, its UUID, nvidia-smi's view) and no other GPU."""
+    uuid_, minor = gpu["attributes"]["uuid"]["string"], gpu["attributes"]["minor"]["int"]
+    lines = output.splitlines()
+    listed = {m.group(2): m.group(1) for line in lines
+              if (m := re.match(r"^c\S+\s+\d+\s+\S+\s+\S+\s+(\d+,\s*\d+)\s.*\s(/dev/nvidia\S*)$", line))}
+    gpu_nodes = {path for path in listed if re.fullmatch(r"/dev/nvidia[0-9]+", path)}
+    assert gpu_nodes == {f"/dev/nvidia{minor}"}, f"GPU device nodes in the container: {gpu_nodes}\n{output}"
+    assert re.fullmatch(rf"195,\s*{minor}", listed[f"/dev/nvidia{minor}"]), listed
+    for control in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"):
+        assert control in listed, f"{control} not injected:\n{output}"
+    env = dict(line.split("=", 1) for line in lines if re.match(r"^[A-Z_][A-Z0-9_]*=", line))
+    assert env.get("NVIDIA_VISIBLE_DEVICES") == uuid_, f"NVIDIA_VISIBLE_DEVICES: {env.get('NVIDIA_VISIBLE_DEVICES')}"
+    assert env.get("NVIDIA_CTK_LIBCUDA_DIR") == "/usr/lib/x86_64-linux-gnu"
+    assert f"gpudra mock nvidia-smi: driver {driver_version}, GPUs: {uuid_}" in lines, output
+    assert "nvidia-smi-exit=0" in lines, output
+    assert re.search(rf"^GPU 0: .* \(UUID: {re.escape(uuid_)}\) /dev/nvidia{minor}$", output, re.M), output
+
+
+async def test_the_seed_pod_runs_on_containerd_with_only_its_claims_gpu_injected_by_cdi(
+        kube: Kube, namespace: str, node: Node) -> None:
+    devices = await seedobjects.published_devices(kube, node.driver, node.name, 8)
+    first, first_claim, first_output = await run_gpu_pod(kube, node, namespace, "train")
+    second, second_claim, second_output = await run_gpu_pod(kube, node, namespace, "train-2")
+
+    print(f"[real-runtime] the output of pod train's container:\n{first_output}")
+    node.runtime.remember()  # the IDs of both pods' sandboxes and containers, for the cgroup check
+    gpus = []
+    for claim, output in ((first_claim, first_output), (second_claim, second_output)):
+        (allocated,) = claim["status"]["allocation"]["devices"]["results"]
+        assert (allocated["driver"], allocated["pool"]) == (node.driver, node.name)
+        gpu = devices[allocated["device"]]
+        assert gpu["capacity"]["memory"]["value"].endswith("Gi") or gpu["capacity"]["memory"]["value"]
+        assert_sees_only(output, gpu, gpu["attributes"]["driverVersion"]["version"])
+        gpus.append(gpu["attributes"]["uuid"]["string"])
+    assert gpus[0] != gpus[1], "both pods got the same GPU"
+
+    # The containers run in containerd, with the CDI device ID of their own claim.
+    containers = node.runtime.crictl("ps", "-q", "--no-trunc").stdout.split()
+    assert len(containers) == 2, node.runtime.describe()
+    # runc's device cgroup lets each container open its own GPU's node (and the control nodes), no other GPU's.
+    for pod, claim in ((first, first_claim), (second, second_claim)):
+        (allocated,) = claim["status"]["allocation"]["devices"]["results"]
+        allowed = allowed_nvidia_minors(node, pod["metadata"]["name"])
+        if allowed is not None:
+            assert allowed == {devices[allocated["device"]]["attributes"]["minor"]["int"], 254, 255}, allowed
+
+    # Deleting the pods unprepares both claims: their specs and checkpoint entries go.
+    uids = [c["metadata"]["uid"] for c in (first_claim, second_claim)]
+    for pod in (first, second):
+        await kube.delete(POD, pod["metadata"]["name"], namespace)
+
+    async def unprepared() -> bool:
+        node.runtime.kubelet.assert_running()
+        checkpoint = node.checkpoint()
+        return not any(node.spec_path(uid).exists() or uid in checkpoint for uid in uids)
+
+    try:
+        await wait_for(unprepared, timeout=90, what=f"the kubelet to unprepare claims {uids}")
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{node.failure()}") from None
+
+    async def gone() -> bool:
+        return all([await kube.get(POD, p["metadata"]["name"], namespace) is None for p in (first, second)])
+
+    await wait_for(gone, timeout=60, what="both pods to be deleted by the kubelet")
+    assert not list(node.cdi_dir.glob(f"k8s.{node.driver}-claim_*.json"))
+    assert not node.runtime.crictl("ps", "-q").stdout.split(), "containers still running after their pods were deleted"
+
+    # Tear the node down now (the fixture's teardown does it again, harmlessly) and look for leftovers.
+    assert node.agent.stop() == 0, node.agent.log_tail()
+    node.runtime.remember()
+    problems = node.runtime.stop()
+    assert not problems, problems
+    assert node.runtime.ids, "no sandbox or container IDs were recorded"
+    assert node.runtime.leftovers() == []
