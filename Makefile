@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv kube-bin helm-bin cdi-schema cdi-tools nvidia-ctk mock-nvml mock-nvidia-smi containerd test unit typecheck demo demo-down bench protos images image-operator image-agent clean
+.PHONY: help venv kube-bin helm-bin cdi-schema cdi-tools nvidia-ctk mock-nvml mock-nvidia-smi containerd test unit typecheck demo demo-down bench protos images image-operator image-agent base-image clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
@@ -22,7 +22,8 @@ help:
 	@echo "make mock-nvml  build the mock libnvidia-ml.so.1 (tests/mocknvml) the tests run pynvml and nvidia-ctk against"
 	@echo "make bench      benchmarks (not part of make test)"
 	@echo "make protos     regenerate the kubelet plugin's gRPC stubs"
-	@echo "make images     build the operator and agent images (needs a docker or podman engine)"
+	@echo "make images     build the operator and agent images (podman or docker; cached by content: hack/images.sh)"
+	@echo "make base-image build the stand-in Python base the images use where the official one cannot be pulled"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -81,8 +82,10 @@ test: venv cdi-schema mock-nvml mock-nvidia-smi
 	  nvctk="$$(hack/nvidia-ctk-bin.sh | tail -n 1)" && test -n "$$nvctk" && \
 	  cdi_tools="$$(hack/cdi-tools-bin.sh | tail -n 1)" && test -n "$$cdi_tools" && \
 	  containerd_dir="$$(hack/containerd-bin.sh | tail -n 1)" && test -n "$$containerd_dir" && \
+	  images="$$(IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) hack/images.sh operator agent | tail -n 1)" && test -n "$$images" && \
 	  GPUDRA_KUBE_BIN="$$bin_dir" GPUDRA_HELM="$$helm" GPUDRA_NVIDIA_CTK_DIR="$$nvctk" \
-	  GPUDRA_CDI_TOOLS_DIR="$$cdi_tools" GPUDRA_CONTAINERD_DIR="$$containerd_dir" $(BIN)/pytest $(PYTEST_ARGS)
+	  GPUDRA_CDI_TOOLS_DIR="$$cdi_tools" GPUDRA_CONTAINERD_DIR="$$containerd_dir" \
+	  GPUDRA_OPERATOR_IMAGE="$${images%% *}" GPUDRA_AGENT_IMAGE="$${images##* }" $(BIN)/pytest $(PYTEST_ARGS)
 
 unit: venv cdi-schema cdi-tools mock-nvml
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
@@ -105,14 +108,19 @@ protos:
 	$(BIN)/pip install --quiet -e '.[dev]'
 	PYTHON=$(BIN)/python hack/gen-protos.sh
 
-# Container images (images/*.Dockerfile). CONTAINER_ENGINE=docker|podman, else whichever answers.
+# Container images (images/*.Dockerfile), by hack/images.sh: podman (with hack/podman/containers.conf)
+# or docker (CONTAINER_ENGINE=podman|docker; default podman if installed). Skipped when an image of the
+# same inputs (label io.gpudra.inputs) exists. Where the official python base cannot be pulled, on a
+# stand-in from Debian packages (make base-image; or PYTHON_IMAGE=localhost/gpudra-python-base:bookworm).
+# podman, runc, debootstrap: hack/debian-packages.sh.
 IMAGE_REGISTRY ?= ghcr.io/gpudra
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-CONTAINER_ENGINE ?= $(shell for e in docker podman; do command -v $$e >/dev/null && $$e info >/dev/null 2>&1 && { echo $$e; break; }; done)
-images: image-operator image-agent
+images:
+	@IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) hack/images.sh operator agent
 image-operator image-agent: image-%:
-	@test -n "$(CONTAINER_ENGINE)" || { echo "make images: no working container engine: neither 'docker info' nor 'podman info' succeeds here (a client without a running daemon does not count). Start one, or set CONTAINER_ENGINE." >&2; exit 1; }
-	$(CONTAINER_ENGINE) build -f images/$*.Dockerfile -t $(IMAGE_REGISTRY)/$(if $(filter agent,$*),gpudra,gpudra-operator):$(IMAGE_TAG) .
+	@IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) hack/images.sh $*
+base-image:
+	@hack/images.sh base
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -63,17 +63,16 @@ fi
 
 # Machines whose HTTPS goes through an intercepting proxy trust its CA in the host's bundle, and so
 # must the `pip wheel` step: with podman, the host's bundle (PIP_CERT, REQUESTS_CA_BUNDLE,
-# SSL_CERT_FILE or Debian's) is mounted over the build containers' bundle for the RUN steps, with a
-# pip.conf pointing pip at it. Mounts of `podman build -v` are not part of any layer.
-ca_build_flags() {  # $1: a scratch directory for pip.conf
+# SSL_CERT_FILE or Debian's) is mounted over the build containers' system bundle during RUN steps
+# (not part of any layer). Debian's pip reads the system bundle, as does pip >= 24.2 (truststore).
+ca_build_flags() {
   [[ "$(basename "$ENGINE")" == podman ]] || return 0
-  local ca c
+  local c
   for c in "${PIP_CERT:-}" "${REQUESTS_CA_BUNDLE:-}" "${SSL_CERT_FILE:-}" /etc/ssl/certs/ca-certificates.crt; do
-    [[ -n "$c" && -f "$c" ]] && { ca="$c"; break; }
+    if [[ -n "$c" && -f "$c" ]]; then
+      printf '%s\n' -v "$(readlink -f "$c"):/etc/ssl/certs/ca-certificates.crt:ro"; return 0
+    fi
   done
-  [[ -n "${ca:-}" ]] || return 0
-  printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' >"$1/pip.conf"
-  printf '%s\n' -v "$(readlink -f "$ca"):/etc/ssl/certs/ca-certificates.crt:ro" -v "$1/pip.conf:/etc/pip.conf:ro"
 }
 
 exists() { "$ENGINE" image inspect "$1" >/dev/null 2>&1; }
@@ -155,6 +154,11 @@ build_standin() {  # $1: the tag to build
   "$ENGINE" build "${BUILD_FLAGS[@]}" --network=host --build-arg "ROOTFS=$rootfs" --label "$LABEL=standin-$h" \
     -t "$tag" -f "$tmp/Containerfile" "$tmp" >&2 || { rm -rf "$tmp"; die "building $tag failed"; }
   rm -rf "$tmp"
+  # Earlier recipes' stand-ins and root file systems (kept while an image still uses them).
+  local old
+  for old in $("$ENGINE" images --format '{{.Repository}}:{{.Tag}}' | grep -E "^($STANDIN_REPO|$ROOTFS_REPO):$SUITE-" || true); do
+    [[ "$old" == "$tag" || "$old" == "$rootfs" ]] || "$ENGINE" rmi "$old" >/dev/null 2>&1 || true
+  done
 }
 
 standin_base() {  # prints the stand-in's reference, building it when missing
@@ -204,7 +208,7 @@ inputs_hash() {  # $1: target, $2: Dockerfile (relative), $3: base image ID
 }
 
 build_app() {  # $1: operator | agent; prints the image reference
-  local target="$1" dockerfile ref base base_id h found start scratch ca_flags
+  local target="$1" dockerfile ref base base_id h found start ca_flags
   dockerfile="images/$target.Dockerfile"
   case "$target" in
     operator) ref="$IMAGE_REGISTRY/gpudra-operator:$IMAGE_TAG" ;;
@@ -225,12 +229,10 @@ build_app() {  # $1: operator | agent; prints the image reference
   fi
   log "building $ref from $dockerfile on $base (inputs $h)"
   start=$SECONDS
-  scratch="$(mktemp -d)"
-  mapfile -t ca_flags < <(ca_build_flags "$scratch")
+  mapfile -t ca_flags < <(ca_build_flags)
   (cd "$REPO" && "$ENGINE" build "${BUILD_FLAGS[@]}" "${ca_flags[@]}" --network=host --build-arg "PYTHON_IMAGE=$base" \
      --label "$LABEL=$h" --label "io.gpudra.image=$target" --label "io.gpudra.base=$base" \
-     -f "$dockerfile" -t "$ref" . >&2) || { rm -rf "$scratch"; die "building $ref failed"; }
-  rm -rf "$scratch"
+     -f "$dockerfile" -t "$ref" . >&2) || die "building $ref failed"
   log "built $ref in $((SECONDS - start)) s"
   # This target's earlier builds, now untagged (their cache entries are gone with them).
   "$ENGINE" image prune -f --filter "label=io.gpudra.image=$target" >/dev/null 2>&1 || true

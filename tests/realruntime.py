@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -55,20 +56,30 @@ TEST_IMAGE = "localhost/gpudra-e2e/busybox:1"
 PAUSE_IMAGE = "localhost/gpudra-e2e/pause:1"
 K8S_NAMESPACE = "k8s.io"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+REPO = Path(__file__).resolve().parent.parent
 # containerd's cgroup parent for pods when the kubelet gives none (cgroupsPerQOS off): runc creates
 # /k8s.io/<id> in every hierarchy, and leaves /k8s.io behind, empty.
 CGROUP_PARENT = "k8s.io"
 
 
+def cached_containerd_dir() -> Path:
+    """Where hack/containerd-bin.sh caches its pinned version (the same cache root and version)."""
+    script = (REPO / "hack" / "containerd-bin.sh").read_text()
+    pinned = re.search(r'CONTAINERD_VERSION="\$\{CONTAINERD_VERSION:-([^}]+)\}"', script)
+    version = os.environ.get("CONTAINERD_VERSION") or (pinned.group(1) if pinned else "")
+    cache = os.environ.get("GPUDRA_CACHE") or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpudra")
+    return Path(cache) / "containerd" / version
+
+
 def containerd_dir() -> Path:
-    """$GPUDRA_CONTAINERD_DIR with containerd, its shim, ctr and crictl; fails with the fix."""
+    """$GPUDRA_CONTAINERD_DIR (as make test sets it), else hack/containerd-bin.sh's cache, with
+    containerd, its shim, ctr and crictl; fails with the fix."""
     value = os.environ.get("GPUDRA_CONTAINERD_DIR")
-    if not value:
-        raise AssertionError(f"no containerd configured ($GPUDRA_CONTAINERD_DIR is unset): {CONTAINERD_FIX}")
-    directory = Path(value)
+    directory = Path(value) if value else cached_containerd_dir()
+    where = f"$GPUDRA_CONTAINERD_DIR={value}" if value else f"$GPUDRA_CONTAINERD_DIR is unset and the cache {directory}"
     missing = [b for b in CONTAINERD_BINARIES if not os.access(directory / b, os.X_OK)]
     if missing:
-        raise AssertionError(f"$GPUDRA_CONTAINERD_DIR={value} lacks {', '.join(missing)}: {CONTAINERD_FIX}")
+        raise AssertionError(f"{where} lacks {', '.join(missing)}: {CONTAINERD_FIX}")
     return directory
 
 

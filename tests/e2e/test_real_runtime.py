@@ -91,11 +91,13 @@ async def node(cluster: ControlPlane, kube: Kube) -> AsyncIterator[Node]:
     name, driver = f"runtime-{secrets.token_hex(3)}", f"r{secrets.token_hex(4)}.gpudra.io"
     workdir = Path(tempfile.mkdtemp(prefix="gpudra-rt-", dir="/tmp"))  # short: unix sockets live here
     cdi_dir = workdir / "cdi"
-    runtime = RealRuntimeNode(workdir, kubelet_binary=kubelet_binary(cluster.bin_dir), kubeconfig=cluster.kubeconfig,
-                              node_name=name, cdi_dir=cdi_dir, taint=f"{TAINT}=:NoSchedule")
+    runtime: RealRuntimeNode | None = None
     agent: AgentProcess | None = None
     class_created = False
     try:
+        runtime = RealRuntimeNode(workdir, kubelet_binary=kubelet_binary(cluster.bin_dir),
+                                  kubeconfig=cluster.kubeconfig, node_name=name, cdi_dir=cdi_dir,
+                                  taint=f"{TAINT}=:NoSchedule")
         driver_root = make_driver_root(workdir / "driver-root", "dgx-h100")
         smi = driver_root / "usr/bin/nvidia-smi"
         assert smi.read_bytes()[:4] == b"\x7fELF", \
@@ -125,16 +127,17 @@ async def node(cluster: ControlPlane, kube: Kube) -> AsyncIterator[Node]:
     finally:
         if agent is not None:
             agent.stop()
-        problems = runtime.stop()
+        problems = runtime.stop() if runtime is not None else []
         if class_created:
             await kube.delete(DEVICE_CLASS, driver)
         await delete_node(kube, name)
         if problems:
             print(f"[real-runtime] teardown problems: {problems}")
-        if not runtime.leftovers():
-            shutil.rmtree(workdir, ignore_errors=True)
+        leftovers = runtime.leftovers() if runtime is not None else []
+        if leftovers:
+            print(f"[real-runtime] left {workdir} for inspection: {leftovers}")
         else:
-            print(f"[real-runtime] left {workdir} for inspection: {runtime.leftovers()}")
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def gpu_pod(node: Node, namespace: str, pod_name: str) -> tuple[Obj, Obj]:

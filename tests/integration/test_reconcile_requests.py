@@ -83,7 +83,7 @@ async def test_child_events_cost_a_status_refresh_unless_a_child_was_edited(kube
         {"name": "agent", "image": "evil.example.com/x:1"}]}}}}, namespace=namespace, kind="strategic-merge")
     await reconciler.on_child_event(name, "MODIFIED", edited)
     restored = await live(kube, DAEMONSET, "gpudra-agent", namespace)
-    assert restored["spec"]["template"]["spec"]["containers"][0]["image"] == config["spec"]["agent"]["image"]
+    assert restored["spec"]["template"]["spec"]["containers"][0]["image"] == reconciler.agent_image
 
 
 async def live(kube: Kube, rtype: ResourceType, name: str, namespace: str | None = None) -> Obj:
