@@ -85,7 +85,7 @@ test: venv cdi-schema mock-nvml mock-nvidia-smi
 	  images="$$(IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) hack/images.sh operator agent | tail -n 1)" && test -n "$$images" && \
 	  GPUDRA_KUBE_BIN="$$bin_dir" GPUDRA_HELM="$$helm" GPUDRA_NVIDIA_CTK_DIR="$$nvctk" \
 	  GPUDRA_CDI_TOOLS_DIR="$$cdi_tools" GPUDRA_CONTAINERD_DIR="$$containerd_dir" \
-	  GPUDRA_OPERATOR_IMAGE="$${images%% *}" GPUDRA_AGENT_IMAGE="$${images##* }" $(BIN)/pytest $(PYTEST_ARGS)
+	  GPUDRA_TEST_OPERATOR_IMAGE="$${images%% *}" GPUDRA_TEST_AGENT_IMAGE="$${images##* }" $(BIN)/pytest $(PYTEST_ARGS)
 
 unit: venv cdi-schema cdi-tools mock-nvml
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

@@ -45,7 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpudra_driver import limits
-    from gpudra_driver.discovery import numa_node_from_sysfs, scan
+    from gpudra_driver.discovery import numa_node_from_sysfs, nvidia_gpus_on_pci, scan
     from gpudra_driver.driverroot import DriverRoot, DriverRootError
     from gpudra_driver.nvml import NvmlUnavailable, load_nvml, resolve_spec
     from gpudra_driver.slices import build_slices, device_to_api
@@ -58,7 +58,10 @@ def run(args: argparse.Namespace) -> int:
         result = scan(nvml, numa_node_of=numa_node_from_sysfs if spec == "real" else None)
         slices = build_slices(args.driver, node, args.node_uid, args.generation, result.devices)
     except (NvmlUnavailable, DriverRootError) as exc:
-        print(f"gpudra discover: {exc}", file=sys.stderr)
+        from gpudra_driver.rescan import NO_GPU_ON_PCI
+
+        cpu_only = spec == "real" and not nvidia_gpus_on_pci()
+        print(f"gpudra discover: {exc}" + (f" ({NO_GPU_ON_PCI})" if cpu_only else ""), file=sys.stderr)
         return 1
     except (ValueError, limits.LimitError) as exc:
         print(f"gpudra discover: {exc}", file=sys.stderr)
@@ -66,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
 
+    if not result.devices:
+        print("gpudra discover: NVML works but finds no GPU on this node; the agent would publish no devices",
+              file=sys.stderr)
     if args.output == "table":
         print(_table(result.devices))
         print(f"\n{len(result.devices)} device(s) in {len(slices)} ResourceSlice(s) for node {node}, "

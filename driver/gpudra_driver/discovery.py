@@ -34,7 +34,8 @@ from gpudra_driver.devicemodel import (
 )
 from gpudra_driver.nvml import NvmlUnavailable
 
-__all__ = ["Discovery", "NvmlUnavailable", "discover", "mig_profile_name", "numa_node_from_sysfs", "scan"]
+__all__ = ["Discovery", "NvmlUnavailable", "discover", "mig_profile_name", "numa_node_from_sysfs",
+           "nvidia_gpus_on_pci", "scan"]
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +258,29 @@ def mig_profile_name(gi_slices: int, ci_slices: int, memory_mib: int, parent_mem
     gb = round(fraction * math.ceil(parent_memory_bytes / _GIB))
     prefix = f"{ci_slices}c." if ci_slices < gi_slices else ""
     return f"{prefix}{gi_slices}g.{gb}gb"
+
+
+NVIDIA_PCI_VENDOR = "0x10de"
+_DISPLAY_CLASSES = ("0x0300", "0x0302")  # VGA-compatible and 3D controllers: the GPUs (not audio, bridges)
+
+
+def nvidia_gpus_on_pci(sysfs: Path = Path("/sys")) -> list[str]:
+    """PCI addresses of NVIDIA GPUs the kernel sees, whether or not a driver is loaded: what tells a
+    CPU-only node (none) from a GPU node whose driver is missing or still loading."""
+    found = []
+    try:
+        devices = sorted((sysfs / "bus/pci/devices").iterdir())
+    except OSError:
+        return []
+    for device in devices:
+        try:
+            vendor = (device / "vendor").read_text().strip()
+            pci_class = (device / "class").read_text().strip()
+        except OSError:
+            continue
+        if vendor == NVIDIA_PCI_VENDOR and pci_class.startswith(_DISPLAY_CLASSES):
+            found.append(device.name)
+    return found
 
 
 def numa_node_from_sysfs(bus_id: str, sysfs: Path = Path("/sys")) -> int | None:

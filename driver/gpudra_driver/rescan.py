@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 
 from gpudra_driver.devicemodel import Device
-from gpudra_driver.discovery import NvmlUnavailable, scan
+from gpudra_driver.discovery import Discovery, NvmlUnavailable, nvidia_gpus_on_pci, scan
 from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.nvml import load_nvml, resolve_spec
 
@@ -27,6 +28,8 @@ log = logging.getLogger("gpudra.agent")
 Publish = Callable[[Sequence[Device]], bool]  # True when the devices changed
 # (type, reason, message) of a Node event: a failure's reason when it changes, and the recovery
 Report = Callable[[str, str, str], Awaitable[None]]
+NO_GPU_ON_PCI = ("no NVIDIA GPU on this node: no PCI device of vendor 10de under /sys/bus/pci/devices "
+                 "(a CPU-only node: check spec.agent.nodeSelector/affinity)")
 
 
 class Rescanner:
@@ -37,8 +40,11 @@ class Rescanner:
 
     def __init__(self, spec: str | None, publish: Publish, *, interval: float = 60.0,
                  numa_node_of: Callable[[str], int | None] | None = None,
-                 driver_root: DriverRoot | None = None, report: Report | None = None) -> None:
+                 driver_root: DriverRoot | None = None, report: Report | None = None,
+                 sysfs: Path = Path("/sys")) -> None:
         self.spec = resolve_spec(spec)
+        self.sysfs = sysfs
+        self.device_count: int | None = None  # the last scan's, None before the first
         self.driver_root = driver_root
         self.report = report
         self.publish = publish
@@ -86,10 +92,22 @@ class Rescanner:
                      ", ".join(d.name for d in result.devices) or "none")
         else:
             log.debug("rescan: %d device(s), unchanged", len(result.devices))
+        if not result.devices and self.device_count != 0 and self.report is not None:
+            reason = next((w for w in result.warnings if w.startswith(NO_GPU_ON_PCI)),
+                          "NVML works but finds no GPU on this node")
+            await self.report("Warning", "NoGpusFound", f"{reason}; the agent publishes no devices")
+        self.device_count = len(result.devices)
         return True
 
-    def _scan(self):  # type: ignore[no-untyped-def]
-        return scan(load_nvml(self.spec, self.driver_root), numa_node_of=self.numa_node_of)
+    def _scan(self) -> Discovery:
+        try:
+            return scan(load_nvml(self.spec, self.driver_root), numa_node_of=self.numa_node_of)
+        except NvmlUnavailable as error:
+            if self.spec != "real" or nvidia_gpus_on_pci(self.sysfs):
+                raise
+            # No NVIDIA GPU on the PCI bus: a CPU-only node, not a broken one. It publishes nothing
+            # and turns ready, so a DaemonSet that reaches such a node never holds the config's Ready.
+            return Discovery([], [f"{NO_GPU_ON_PCI}; NVML: {error}"])
 
     def _failed(self, error: Exception) -> str | None:
         """Log the failure; returns its message when it is new (not the same as the last scan's)."""

@@ -130,6 +130,12 @@ def test_a_driver_root_without_nvml_names_the_root_and_every_path_searched(tmp_p
     assert f"{tmp_path}/usr/lib64/libnvidia-ml.so.1" in done.stderr
     missing = discover_real("--driver-root", str(tmp_path / "nope"), "--node-name", "n")
     assert missing.returncode == 1 and "does not exist" in missing.stderr
+    # on a machine without an NVIDIA GPU on its PCI bus that is said too, so nobody debugs a driver
+    # on a CPU node; on a GPU machine it must not be
+    from gpudra_driver.discovery import nvidia_gpus_on_pci
+
+    assert done.stderr.count("\n") == 1
+    assert ("(no NVIDIA GPU on this node: no PCI device of vendor 10de" in done.stderr) == (not nvidia_gpus_on_pci())
 
 
 @pytest.mark.parametrize(("error", "hint"), [("DriverNotLoaded", "kernel driver is not loaded"),

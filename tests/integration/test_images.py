@@ -1,0 +1,142 @@
+"""The operator and agent images (images/*.Dockerfile), run with podman + runc.
+
+`make test` builds them first (hack/images.sh, cached by the hash of their inputs) and passes their
+names in $GPUDRA_TEST_OPERATOR_IMAGE / $GPUDRA_TEST_AGENT_IMAGE; run alone, this module builds them
+with the same script. Without podman or runc the tests fail with the command that installs them.
+podman runs with hack/podman/containers.conf (runc, cgroupfs, rlimits these VMs allow), every
+container with --rm and no network; nothing is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpudra_operator.localcluster.driverroot import make_driver_root
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGES_SH = REPO / "hack" / "images.sh"
+FIX = "hack/debian-packages.sh"
+OPERATOR_ENV, AGENT_ENV = "GPUDRA_TEST_OPERATOR_IMAGE", "GPUDRA_TEST_AGENT_IMAGE"
+STANDIN = "localhost/gpudra-python-base"
+PROFILE = "dgx-h100"
+
+# A cold build (stand-in base from debootstrap, then both images) takes a few minutes on 2 cores;
+# it happens in the first test's setup.
+pytestmark = pytest.mark.timeout(1200)
+
+
+def podman_env() -> dict[str, str]:
+    return dict(os.environ, CONTAINERS_CONF=str(REPO / "hack" / "podman" / "containers.conf"))
+
+
+def podman(*args: str, timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(["podman", *args], env=podman_env(), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        pytest.fail(f"podman {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}",
+                    pytrace=False)
+    return proc
+
+
+def labels(image: str) -> dict[str, str]:
+    out = podman("image", "inspect", "--format", "{{json .Config.Labels}}", image).stdout
+    return json.loads(out) or {}
+
+
+@pytest.fixture(scope="module")
+def images() -> Iterator[dict[str, str]]:
+    """{"operator": ref, "agent": ref}: from the Makefile's env, else built here (cached)."""
+    missing = [tool for tool in ("podman", "runc") if shutil.which(tool) is None]
+    if missing:
+        pytest.fail(f"{' and '.join(missing)} not installed: run `{FIX}` (as root; installs podman, runc, "
+                    "debootstrap), then `make images`", pytrace=False)
+    operator, agent = os.environ.get(OPERATOR_ENV), os.environ.get(AGENT_ENV)
+    if not (operator and agent):
+        proc = subprocess.run([str(IMAGES_SH), "operator", "agent"], capture_output=True, text=True, timeout=1100)
+        if proc.returncode != 0 or not proc.stdout.strip():
+            pytest.fail(f"hack/images.sh exited {proc.returncode}:\n{proc.stderr[-5000:]}", pytrace=False)
+        operator, agent = proc.stdout.strip().splitlines()[-1].split()
+    refs = {"operator": operator, "agent": agent}
+    for name, ref in refs.items():
+        if podman("image", "exists", ref, check=False).returncode != 0:
+            pytest.fail(f"the {name} image {ref} does not exist: run `make images`", pytrace=False)
+    yield refs
+    for ref in refs.values():  # --rm everywhere: nothing may be left behind
+        left = podman("ps", "--all", "--quiet", "--filter", f"ancestor={ref}").stdout.split()
+        assert left == [], f"containers left from {ref}: {left}"
+
+
+def test_the_operator_image_runs_as_65532_on_a_read_only_root(images: dict[str, str]) -> None:
+    ref = images["operator"]
+    assert podman("image", "inspect", "--format", "{{.Config.User}}", ref).stdout.strip() == "65532:65532"
+    proc = podman("run", "--rm", "--network=none", "--user", "65532", "--read-only", ref, "operator", "--help")
+    assert proc.stdout.startswith("usage: gpudra operator"), proc.stdout
+
+
+def test_the_agent_image_discovers_gpus_through_the_mock_nvml_in_a_mounted_driver_root(
+        images: dict[str, str], tmp_path: Path) -> None:
+    # The mock NVML is built on this host (bookworm's glibc), and the image is bookworm-based too.
+    root = make_driver_root(tmp_path / "root", PROFILE)
+    in_image = podman("run", "--rm", "--network=none", "--volume", f"{root}:/driver-root:ro", images["agent"],
+                      "discover", "--nvml", "real", "--driver-root", "/driver-root", "-o", "json",
+                      "--node-name", "image-test")
+    gpudra = Path(sys.executable).with_name("gpudra")
+    on_host = subprocess.run([str(gpudra), "discover", "--nvml", f"fake:{PROFILE}", "-o", "json",
+                              "--node-name", "image-test"], capture_output=True, text=True, timeout=60, check=True)
+    seen, expected = json.loads(in_image.stdout), json.loads(on_host.stdout)
+
+    def summary(out: dict[str, Any]) -> list[tuple[str, str]]:
+        return [(d["name"], d["attributes"]["uuid"]["string"]) for d in out["devices"]]
+
+    assert len(expected["devices"]) == 8
+    assert summary(seen) == summary(expected)
+    assert seen["warnings"] == []
+
+
+def test_the_images_carry_no_build_tools_wheels_or_pip(images: dict[str, str]) -> None:
+    # Python's own ensurepip wheels (the official python image has them) are part of the stdlib.
+    check = r"""
+import importlib.util, os, shutil
+bad = [m for m in ("pip", "setuptools", "wheel") if importlib.util.find_spec(m)]
+bad += [t for t in ("gcc", "cc", "c++", "make", "ld") if shutil.which(t)]
+bad += [p for p in ("/wheels", "/src", "/root/.cache") if os.path.exists(p)]
+for top, dirs, files in os.walk("/"):
+    dirs[:] = [d for d in dirs if os.path.join(top, d) not in ("/proc", "/sys", "/dev")]
+    bad += [os.path.join(top, f) for f in files if f.endswith(".whl") and "/ensurepip/" not in top]
+    bad += [os.path.join(top, d) for d in dirs if d == "pip" and top.endswith(".cache")]
+print("\n".join(bad))
+"""
+    for name, ref in images.items():
+        out = podman("run", "--rm", "--network=none", "--entrypoint", "python3", ref, "-c", check).stdout
+        assert out.split() == [], f"{name} image {ref} carries: {out}"
+
+
+def test_a_second_build_is_a_cache_hit(images: dict[str, str]) -> None:
+    registry, _, tag = images["operator"].rpartition("/gpudra-operator:")
+    proc = subprocess.run([str(IMAGES_SH), "operator", "agent"], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, IMAGE_REGISTRY=registry, IMAGE_TAG=tag))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [images["operator"], images["agent"]]
+    assert proc.stderr.count("is up to date") == 2, proc.stderr
+    for ref in images.values():
+        assert len(labels(ref)["io.gpudra.inputs"]) == 16
+
+
+def test_the_stand_in_base_offers_python3_and_pip_like_python_slim(images: dict[str, str]) -> None:
+    base = labels(images["agent"]).get("io.gpudra.base", "")
+    if not base.startswith(STANDIN):
+        pytest.skip(f"the images are built on {base or 'an unknown base'}, not the stand-in")
+    script = ('set -e; command -v python3 pip; '
+              'python3 -c "import sys; print(sys.prefix)"; '
+              '/usr/bin/python3 -c "import sys; print(sys.prefix)"; '
+              'pip --version')
+    out = podman("run", "--rm", "--network=none", "--entrypoint", "sh", base, "-c", script).stdout.split("\n")
+    assert out[:4] == ["/usr/local/bin/python3", "/usr/local/bin/pip", "/usr/local", "/usr"], out
+    assert "/usr/local/lib/python3" in out[4], out
