@@ -159,7 +159,10 @@ class RealRuntimeNode:
 
     def _start_holder(self) -> None:
         ready = self.workdir / "namespace-ready"
-        setup = (self.kubelet._masked_sysctls() + "mount -t tmpfs gpudra-node /run\n"
+        # rshared inside the namespace (new peer groups of its own; the host's mounts were made
+        # private to it): the kubelet expects it, and containerd refuses HostToContainer volumes
+        # (the agent DaemonSet's driver root and /dev) from a private mount.
+        setup = (self.kubelet._masked_sysctls() + "mount -t tmpfs gpudra-node /run\nmount --make-rshared /\n"
                  f"touch {shlex.quote(str(ready))}\nexec sleep 2147483647\n")
         argv = dying_with_parent(["unshare", "--mount", "--propagation", "private", "--", "sh", "-ec", setup])
         with (self.workdir / "namespace.log").open("ab") as log:

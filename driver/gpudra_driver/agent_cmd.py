@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -44,6 +45,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="where the host's /dev is seen, to check device nodes when the driver root "
                              "has none (the DaemonSet mounts it at /host-dev: a container's own /dev is a "
                              "copy made at its start) (default: %(default)s)")
+    parser.add_argument("--sysfs", default="/sys",
+                        help="the host's sysfs: NUMA nodes of GPUs, and NVIDIA devices on the PCI bus, which "
+                             "tell a CPU-only node from a GPU node whose driver fails (default: %(default)s)")
+    parser.add_argument("--allow-device-plugin", action="store_true",
+                        help="publish GPUs even where NVIDIA's device plugin advertises nvidia.com/gpu on the "
+                             "node (by default nothing is published there: a GPU must not be handed out twice)")
     parser.add_argument("--nvidia-cdi-hook", default=None, metavar="PATH",
                         help="host path of NVIDIA's nvidia-cdi-hook for the CDI specs' hooks (default: "
                              "looked up in the driver root; none found: libraries are also mounted at "
@@ -88,16 +95,24 @@ def run(args: argparse.Namespace) -> int:
 
 async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: object, kube: object) -> None:
     from gpudra_driver.discovery import numa_node_from_sysfs
+    from gpudra_driver.devicepluginguard import DevicePluginGuard
     from gpudra_driver.nodeevents import NodeEvents
     from gpudra_driver.rescan import Rescanner
 
-    def publish(devices):  # type: ignore[no-untyped-def]
-        plugin.set_devices(devices)  # type: ignore[attr-defined]
-        return publisher.set_devices(devices)  # type: ignore[attr-defined]
+    events = NodeEvents(kube, args.node_name, driver=args.driver)  # type: ignore[arg-type]
+    # the Node every 5 rescans (5 minutes by default): one GET, not a watch per agent
+    guard = DevicePluginGuard(kube, args.node_name, allow=args.allow_device_plugin,  # type: ignore[arg-type]
+                              report=events.post, interval=5 * args.rescan_interval)
 
-    await Rescanner(args.nvml, publish, interval=args.rescan_interval, numa_node_of=numa_node_from_sysfs,
+    def publish(devices):  # type: ignore[no-untyped-def]
+        plugin.set_devices(devices)  # type: ignore[attr-defined]  # prepared claims keep working
+        return publisher.set_devices([] if guard.blocked else devices)  # type: ignore[attr-defined]
+
+    sysfs = Path(args.sysfs)
+    await Rescanner(args.nvml, publish, interval=args.rescan_interval,
+                    numa_node_of=functools.partial(numa_node_from_sysfs, sysfs=sysfs), sysfs=sysfs,
                     driver_root=_driver_root(args),
-                    report=NodeEvents(kube, args.node_name).post).run()  # type: ignore[arg-type]
+                    report=events.post, gate=guard.check).run()
 
 
 def _driver_root(args: argparse.Namespace):  # type: ignore[no-untyped-def]

@@ -17,13 +17,17 @@ from gpudra_driver.kubeapi import Kube, error_message
 log = logging.getLogger("gpudra.agent")
 
 NAMESPACE = "default"  # where Node events live (the kubelet's choice)
-COMPONENT = "gpudra-agent"
+def event_source(driver: str) -> str:
+    """The events' ``source.component``: per driver, so each GpuDraConfig's operator finds its
+    agents' events with one field selector (``source=gpudra-agent/<driver>``)."""
+    return f"gpudra-agent/{driver}"
 MAX_MESSAGE = 1024  # Event messages are capped by the API server; keep the cause, drop the tail
 
 
 class NodeEvents:
-    def __init__(self, kube: Kube, node: str, *, host: str | None = None) -> None:
+    def __init__(self, kube: Kube, node: str, *, driver: str, host: str | None = None) -> None:
         self.kube, self.node, self.host = kube, node, host
+        self.component = event_source(driver)
 
     async def post(self, kind: str, reason: str, message: str) -> None:
         now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -33,7 +37,7 @@ class NodeEvents:
             # the kubelet's node reference too: the UID is the node's name
             "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self.node},
             "reason": reason, "message": message[:MAX_MESSAGE], "type": kind,
-            "source": {"component": COMPONENT, "host": self.host or self.node},
+            "source": {"component": self.component, "host": self.host or self.node},
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
         try:

@@ -41,7 +41,8 @@ class Rescanner:
     def __init__(self, spec: str | None, publish: Publish, *, interval: float = 60.0,
                  numa_node_of: Callable[[str], int | None] | None = None,
                  driver_root: DriverRoot | None = None, report: Report | None = None,
-                 sysfs: Path = Path("/sys")) -> None:
+                 sysfs: Path = Path("/sys"), gate: Callable[[], Awaitable[str | None]] | None = None) -> None:
+        self.gate = gate  # checked before each publish (the device plugin guard); the publish reads it
         self.spec = resolve_spec(spec)
         self.sysfs = sysfs
         self.device_count: int | None = None  # the last scan's, None before the first
@@ -81,6 +82,8 @@ class Rescanner:
             if warning not in self.warnings:
                 log.warning("%s", warning)
         self.warnings = set(result.warnings)
+        if self.gate is not None:
+            await self.gate()
         try:
             changed = self.publish(result.devices)
         except Exception as error:  # noqa: BLE001 - a bad device must not end the loop (no crash loop)

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import secrets
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,16 +31,18 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+import yaml
 from nodestate import checkpoint_states
 from realkubelet import kubelet_binary
 from realruntime import CGROUP_ROOT, TEST_IMAGE, RealRuntimeNode, runtime_problem
 
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.localcluster.agents import AgentProcess, start_agent
-from gpudra_operator.localcluster.controlplane import ControlPlane
+from gpudra_operator.localcluster.controlplane import ControlPlane, free_port
 from gpudra_operator.localcluster.driverroot import make_driver_root
 from gpudra_operator.localcluster.objects import delete_node
 from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_operator.render import DEFAULT_AGENT_IMAGE, render
 
 try:  # tests/seedobjects.py, or tests/integration/ (on sys.path only when integration tests are collected)
     seedobjects = importlib.import_module("seedobjects")
@@ -54,16 +58,24 @@ DONE = "gpudra-e2e-done"
 # Everything after DONE keeps the pod running (its claim prepared) until the test deletes it.
 SCRIPT = f"ls -l /dev/nvidia*; nvidia-smi; echo nvidia-smi-exit=$?; env; echo {DONE}; exec sleep 3600"
 
+GiB = 1024**3
+UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
 pytestmark = pytest.mark.timeout(600)
+
+
+def to_bytes(quantity: str) -> int:
+    suffix = quantity[-2:]
+    return int(quantity[:-2]) * UNITS[suffix] if suffix in UNITS else int(quantity)
 
 
 @dataclass
 class Node:
     runtime: RealRuntimeNode
-    agent: AgentProcess
     driver: str
     cdi_dir: Path
     driver_root: Path
+    agent: AgentProcess | None = None  # the agent as a host process (None: it runs in a pod)
 
     @property
     def name(self) -> str:
@@ -80,19 +92,21 @@ class Node:
         return checkpoint_states(self.kubelet_dir, self.driver)
 
     def failure(self) -> str:
-        return (f"{self.runtime.describe()}\nkubelet log:\n{self.runtime.kubelet.log_tail(40)}\n"
-                f"agent log:\n{self.agent.log_tail(20)}")
+        agent = f"\nagent log:\n{self.agent.log_tail(20)}" if self.agent is not None else ""
+        return f"{self.runtime.describe()}\nkubelet log:\n{self.runtime.kubelet.log_tail(40)}{agent}"
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def node(cluster: ControlPlane, kube: Kube) -> AsyncIterator[Node]:
+async def runtime_node(cluster: ControlPlane, kube: Kube) -> AsyncIterator[Node]:
+    """containerd + the real kubelet, Ready, with a fake driver root and a DeviceClass for this
+    test's own driver name; no agent yet."""
     if problem := runtime_problem():
         pytest.fail(problem, pytrace=False)
     name, driver = f"runtime-{secrets.token_hex(3)}", f"r{secrets.token_hex(4)}.gpudra.io"
     workdir = Path(tempfile.mkdtemp(prefix="gpudra-rt-", dir="/tmp"))  # short: unix sockets live here
     cdi_dir = workdir / "cdi"
     runtime: RealRuntimeNode | None = None
-    agent: AgentProcess | None = None
+    node: Node | None = None
     class_created = False
     try:
         runtime = RealRuntimeNode(workdir, kubelet_binary=kubelet_binary(cluster.bin_dir),
@@ -112,21 +126,11 @@ async def node(cluster: ControlPlane, kube: Kube) -> AsyncIterator[Node]:
         except AssertionError as error:
             raise AssertionError(f"{error}\n{runtime.describe()}\nkubelet log:\n{runtime.kubelet.log_tail(40)}") from None
         print(f"\n[real-runtime] containerd + kubelet ready in {time.monotonic() - started:.1f}s")
-        agent = start_agent(kubeconfig=cluster.kubeconfig, node_name=name, nvml="mock:dgx-h100", driver=driver,
-                            workdir=workdir / "agent", kubelet_dir=runtime.kubelet.root_dir, cdi_dir=cdi_dir,
-                            driver_root=driver_root, extra_args=("--pod-uid", str(uuid.uuid4())))
-        await seedobjects.published_devices(kube, driver, name, 8)
-
-        async def registered() -> bool:
-            assert agent is not None and agent.process.poll() is None, f"agent exited:\n{agent and agent.log_tail()}"
-            runtime.kubelet.assert_running()
-            return "registered with the kubelet as" in agent.log_path.read_text(errors="replace")
-
-        await wait_for(registered, timeout=60, what=f"the kubelet to register the agent ({agent.log_path})")
-        yield Node(runtime, agent, driver, cdi_dir, driver_root)
+        node = Node(runtime, driver, cdi_dir, driver_root)
+        yield node
     finally:
-        if agent is not None:
-            agent.stop()
+        if node is not None and node.agent is not None:
+            node.agent.stop()
         problems = runtime.stop() if runtime is not None else []
         if class_created:
             await kube.delete(DEVICE_CLASS, driver)
@@ -138,6 +142,25 @@ async def node(cluster: ControlPlane, kube: Kube) -> AsyncIterator[Node]:
             print(f"[real-runtime] left {workdir} for inspection: {leftovers}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def node(cluster: ControlPlane, kube: Kube, runtime_node: Node) -> Node:
+    """The runtime node with its agent as a host process (stopped by runtime_node's teardown)."""
+    node = runtime_node
+    node.agent = agent = start_agent(
+        kubeconfig=cluster.kubeconfig, node_name=node.name, nvml="mock:dgx-h100", driver=node.driver,
+        workdir=node.runtime.workdir / "agent", kubelet_dir=node.kubelet_dir, cdi_dir=node.cdi_dir,
+        driver_root=node.driver_root, extra_args=("--pod-uid", str(uuid.uuid4())))
+    await seedobjects.published_devices(kube, node.driver, node.name, 8)
+
+    async def registered() -> bool:
+        assert agent.process.poll() is None, f"agent exited:\n{agent.log_tail()}"
+        node.runtime.kubelet.assert_running()
+        return "registered with the kubelet as" in agent.log_path.read_text(errors="replace")
+
+    await wait_for(registered, timeout=60, what=f"the kubelet to register the agent ({agent.log_path})")
+    return node
 
 
 def gpu_pod(node: Node, namespace: str, pod_name: str) -> tuple[Obj, Obj]:
@@ -258,7 +281,7 @@ async def test_the_seed_pod_runs_on_containerd_with_only_its_claims_gpu_injected
         (allocated,) = claim["status"]["allocation"]["devices"]["results"]
         assert (allocated["driver"], allocated["pool"]) == (node.driver, node.name)
         gpu = devices[allocated["device"]]
-        assert gpu["capacity"]["memory"]["value"].endswith("Gi") or gpu["capacity"]["memory"]["value"]
+        assert to_bytes(gpu["capacity"]["memory"]["value"]) >= 64 * GiB  # the seed template's selector
         assert_sees_only(output, gpu, gpu["attributes"]["driverVersion"]["version"])
         gpus.append(gpu["attributes"]["uuid"]["string"])
     assert gpus[0] != gpus[1], "both pods got the same GPU"
@@ -296,9 +319,157 @@ async def test_the_seed_pod_runs_on_containerd_with_only_its_claims_gpu_injected
     assert not node.runtime.crictl("ps", "-q").stdout.split(), "containers still running after their pods were deleted"
 
     # Tear the node down now (the fixture's teardown does it again, harmlessly) and look for leftovers.
-    assert node.agent.stop() == 0, node.agent.log_tail()
+    assert node.agent is not None and node.agent.stop() == 0, node.agent and node.agent.log_tail()
     node.runtime.remember()
     problems = node.runtime.stop()
     assert not problems, problems
     assert node.runtime.ids, "no sandbox or container IDs were recorded"
+    assert node.runtime.leftovers() == []
+
+
+# -- the agent as the operator deploys it: the rendered DaemonSet's pod on the real runtime ----------
+
+AGENT_RBAC = Path(__file__).resolve().parents[2] / "manifests" / "base" / "agent-rbac.yaml"
+PODMAN_CONF = Path(__file__).resolve().parents[2] / "hack" / "podman" / "containers.conf"
+DAEMONSET = resource_type("apps/v1", "DaemonSet")
+IMAGE_FIX = "hack/images.sh agent (or: make images), which builds it with podman"
+
+
+def export_agent_image(image: str, out: Path) -> Path:
+    """The agent image from podman's store as an OCI archive (``ctr images import`` reads it)."""
+    podman = shutil.which("podman")
+    if podman is None:
+        raise AssertionError(f"no podman to export the agent image {image} from: hack/debian-packages.sh, then {IMAGE_FIX}")
+    env = {**os.environ, **({"CONTAINERS_CONF": str(PODMAN_CONF)} if PODMAN_CONF.is_file() else {})}
+    if subprocess.run([podman, "image", "exists", image], env=env).returncode != 0:
+        raise AssertionError(f"no agent image {image} in podman's store: {IMAGE_FIX}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    saved = subprocess.run([podman, "save", "--format", "oci-archive", "-o", str(out), image], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert saved.returncode == 0, f"podman save {image}: {saved.stderr}"
+    return out
+
+
+def agent_rbac(namespace: str, suffix: str) -> list[Obj]:
+    """manifests/base/agent-rbac.yaml for a ServiceAccount in ``namespace``, its cluster-wide and
+    ``default`` objects renamed with ``suffix`` (the session cluster is shared)."""
+    objects = [doc for doc in yaml.safe_load_all(AGENT_RBAC.read_text()) if doc]
+    for obj in objects:
+        meta = obj["metadata"]
+        if obj["kind"] == "ServiceAccount":
+            meta["namespace"] = namespace
+        else:
+            meta["name"] = f"{meta['name']}-{suffix}"
+            if "roleRef" in obj:
+                obj["roleRef"]["name"] = f"{obj['roleRef']['name']}-{suffix}"
+            for subject in obj.get("subjects") or []:
+                subject["namespace"] = namespace
+    return objects
+
+
+def agent_daemonset(node: Node, namespace: str, apiserver_port: int, metrics_port: int, health_port: int) -> Obj:
+    """The DaemonSet the operator renders for a GpuDraConfig that points the agent at this node's
+    kubelet, CDI and driver-root directories, with two changes this node needs: the host network
+    (it runs no CNI plugin), with the API server at 127.0.0.1 (its certificate's SAN), and ports of
+    its own for metrics and health (the host's)."""
+    config = {"apiVersion": "gpudra.io/v1alpha1", "kind": "GpuDraConfig", "metadata": {"name": f"rt-{node.name}"},
+              "spec": {"driverName": node.driver, "agent": {
+                  "namespace": namespace, "imagePullPolicy": "Never",
+                  "nodeSelector": {"kubernetes.io/hostname": node.name},
+                  "tolerations": [{"key": key, "operator": "Exists", "effect": "NoSchedule"}
+                                  for key in (TAINT, "node.kubernetes.io/not-ready")],
+                  "kubeletDir": str(node.kubelet_dir), "cdiDir": str(node.cdi_dir),
+                  "driverRoot": str(node.driver_root),
+                  "extraEnv": [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+                               {"name": "KUBERNETES_SERVICE_PORT", "value": str(apiserver_port)}]}}}
+    daemonset = render(config).daemonset
+    assert daemonset is not None
+    spec = daemonset["spec"]["template"]["spec"]
+    spec["hostNetwork"] = True
+    spec["terminationGracePeriodSeconds"] = 10
+    (container,) = spec["containers"]
+    args = container["args"]
+    for flag, port in (("--metrics-port", metrics_port), ("--health-port", health_port)):
+        args[args.index(flag) + 1] = str(port)
+    container["ports"] = [{"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"},
+                          {"name": "health", "containerPort": health_port, "protocol": "TCP"}]
+    for probe in ("startupProbe", "livenessProbe"):
+        container[probe]["grpc"]["port"] = health_port
+    return daemonset
+
+
+async def test_the_agent_as_the_operator_renders_it_runs_as_a_pod_and_prepares_the_seed_pods_claim(
+        cluster: ControlPlane, kube: Kube, namespace: str, runtime_node: Node) -> None:
+    node = runtime_node
+    started = time.monotonic()
+    tar = export_agent_image(DEFAULT_AGENT_IMAGE, node.runtime.workdir / "images" / "agent.tar")
+    node.runtime.import_image(tar)
+    tar.unlink()
+    print(f"\n[real-runtime] agent image {DEFAULT_AGENT_IMAGE} exported and imported in {time.monotonic() - started:.1f}s")
+
+    rbac = agent_rbac(namespace, secrets.token_hex(3))
+    try:
+        for obj in rbac:
+            await kube.create(obj)
+        daemonset = agent_daemonset(node, namespace, cluster.apiserver_port, free_port(), free_port())
+        await kube.create(daemonset)
+        started = time.monotonic()
+        selector = ",".join(f"{k}={v}" for k, v in daemonset["spec"]["selector"]["matchLabels"].items())
+
+        async def agent_pod_ready() -> Obj | None:
+            node.runtime.kubelet.assert_running()
+            pods = [p async for p in kube.list(POD, namespace, label_selector=selector)]
+            ready = [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
+                                           for c in p.get("status", {}).get("conditions") or [])]
+            return ready[0] if ready else None
+
+        try:
+            agent_pod = await wait_for(agent_pod_ready, timeout=120, what="the agent DaemonSet's pod to be Ready")
+        except AssertionError as error:
+            pods = [p.get("status") async for p in kube.list(POD, namespace, label_selector=selector)]
+            raise AssertionError(f"{error}\nagent pods: {pods}\n{node.failure()}") from None
+        print(f"[real-runtime] agent pod Ready in {time.monotonic() - started:.1f}s")
+        assert agent_pod["spec"]["nodeName"] == node.name
+        devices = await seedobjects.published_devices(kube, node.driver, node.name, 8)
+
+        async def registered() -> bool:
+            return "registered with the kubelet as" in container_log(node, agent_pod, "agent")
+
+        await wait_for(registered, timeout=60, what="the kubelet to register the agent pod's plugin")
+
+        pod, claim, output = await run_gpu_pod(kube, node, namespace, "train")
+        (allocated,) = claim["status"]["allocation"]["devices"]["results"]
+        gpu = devices[allocated["device"]]
+        assert_sees_only(output, gpu, gpu["attributes"]["driverVersion"]["version"])
+        uid = claim["metadata"]["uid"]
+        node.runtime.remember()
+
+        await kube.delete(POD, "train", namespace)
+
+        async def unprepared() -> bool:
+            node.runtime.kubelet.assert_running()
+            return not node.spec_path(uid).exists() and uid not in node.checkpoint()
+
+        try:
+            await wait_for(unprepared, timeout=90, what=f"the agent pod to unprepare claim {uid}")
+        except AssertionError as error:
+            raise AssertionError(f"{error}\nagent log:\n{container_log(node, agent_pod, 'agent')[-3000:]}\n"
+                                 f"{node.failure()}") from None
+        agent_log = container_log(node, agent_pod, "agent")
+        assert uid in agent_log, agent_log[-3000:]
+
+        await kube.delete(DAEMONSET, daemonset["metadata"]["name"], namespace)
+
+        async def agent_gone() -> bool:
+            return not [p async for p in kube.list(POD, namespace, label_selector=selector)]
+
+        await wait_for(agent_gone, timeout=60, what="the agent pod to be deleted with its DaemonSet")
+    finally:
+        for obj in rbac:
+            if obj["kind"] != "ServiceAccount":  # the namespace takes it
+                await kube.delete(resource_type(obj["apiVersion"], obj["kind"]), obj["metadata"]["name"],
+                                  obj["metadata"].get("namespace"))
+
+    problems = node.runtime.stop()
+    assert not problems, problems
     assert node.runtime.leftovers() == []

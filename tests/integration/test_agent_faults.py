@@ -18,11 +18,12 @@ import yaml
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.localcluster.agents import AgentProcess
 from gpudra_operator.localcluster.controlplane import ControlPlane
-from gpudra_operator.localcluster.driverroot import make_driver_root
+from gpudra_operator.localcluster.driverroot import make_driver_root, make_pci_sysfs
 from gpudra_operator.localcluster.objects import events_about
 from gpudra_operator.localcluster.waiting import wait_for
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
+NODE = resource_type("v1", "Node")
 PROFILES = Path(__file__).resolve().parents[2] / "driver" / "gpudra_driver" / "profiles"
 
 
@@ -111,7 +112,8 @@ async def test_a_driver_root_without_nvml_is_an_event_on_the_node_until_the_driv
     node = (await fake_nodes("drvctr"))["metadata"]["name"]
     root = short_dir / "run-nvidia-driver"
     (root / "etc").mkdir(parents=True)  # mounted, not yet populated
-    agent = agents(node, "real", driver, rescan_interval=0.2, driver_root=root)
+    agent = agents(node, "real", driver, rescan_interval=0.2, driver_root=root,
+                   sysfs=make_pci_sysfs(short_dir / "sys", "l4x2"))  # a GPU node: its GPUs are on the bus
 
     async def node_event(reason: str) -> Obj | None:
         assert agent.process.poll() is None, f"agent exited:\n{agent.log_tail()}"
@@ -129,6 +131,40 @@ async def test_a_driver_root_without_nvml_is_an_event_on_the_node_until_the_driv
                    what="the L4s once libnvidia-ml.so.1 is in the root")
     recovered = await wait_for(lambda: node_event("GpuDiscoveryRecovered"), timeout=15, what="the Normal event")
     assert recovered["type"] == "Normal"
+
+
+async def test_no_gpu_is_published_where_nvidias_device_plugin_advertises_them(
+        kube: Kube, fake_nodes, agents, driver: str) -> None:
+    """The GPU Operator's device plugin still runs on the node: both would hand out the same GPUs.
+    The agent publishes nothing while the Node advertises nvidia.com/gpu, says so on the Node, and
+    publishes once the device plugin is gone (Node status patched, as the kubelet would)."""
+    node = (await fake_nodes("devplug"))["metadata"]["name"]
+    await kube.patch(NODE, node, {"status": {"allocatable": {"nvidia.com/gpu": "2"},
+                                             "capacity": {"nvidia.com/gpu": "2"}}}, subresource="status")
+    agent = agents(node, "fake:l4x2", driver, rescan_interval=0.2)  # the Node is read every 5 rescans
+
+    async def node_event(reason: str) -> Obj | None:
+        assert agent.process.poll() is None, f"agent exited:\n{agent.log_tail()}"
+        return next((e for e in await events_about(kube, node) if e.get("reason") == reason), None)
+
+    conflict = await wait_for(lambda: node_event("DevicePluginConflict"), timeout=30, what="the Warning event")
+    assert conflict["type"] == "Warning" and conflict["source"]["component"] == f"gpudra-agent/{driver}"
+    assert "advertises nvidia.com/gpu: 2 from NVIDIA's device plugin" in conflict["message"]
+    await wait_for(logged(agent, r"DEBUG .*rescan: 2 device\(s\), unchanged", 3), timeout=15, what="rescans")
+    assert [d for s in await node_slices(kube, driver, node) for d in s["spec"].get("devices") or []] == []
+
+    await kube.patch(NODE, node, {"status": {"allocatable": {"nvidia.com/gpu": None},
+                                             "capacity": {"nvidia.com/gpu": None}}}, subresource="status")
+    await wait_for(published(kube, driver, node, ["gpu-0", "gpu-1"], agent), timeout=30,
+                   what="the L4s once the device plugin is gone")
+    assert await wait_for(lambda: node_event("DevicePluginConflictResolved"), timeout=15, what="the Normal event")
+
+
+async def test_allow_device_plugin_publishes_anyway(kube: Kube, fake_nodes, agents, driver: str) -> None:
+    node = (await fake_nodes("devplugok"))["metadata"]["name"]
+    await kube.patch(NODE, node, {"status": {"allocatable": {"nvidia.com/gpu": "2"}}}, subresource="status")
+    agent = agents(node, "fake:l4x2", driver, rescan_interval=0.2, extra_args=("--allow-device-plugin",))
+    await wait_for(published(kube, driver, node, ["gpu-0", "gpu-1"], agent), timeout=30, what="the L4s")
 
 
 async def test_a_gpu_failing_mid_scan_is_skipped_with_one_warning_and_the_others_are_published(

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from gpudra_operator.localcluster.driverroot import make_driver_root
+from gpudra_operator.localcluster.driverroot import make_driver_root, make_pci_sysfs
 from gpudra_operator.localcluster.processes import dying_with_parent, stop_process
 from gpudra_operator.render import AGENT_PROCESS_ENV
 
@@ -42,7 +42,7 @@ MOCK_PREFIX = "mock:"
 def start_agent(*, kubeconfig: Path, node_name: str, nvml: str, driver: str, workdir: Path,
                 extra_args: tuple[str, ...] = (), rescan_interval: float = 60.0,
                 cdi_dir: Path | None = None, kubelet_dir: Path | None = None,
-                driver_root: Path | None = None) -> AgentProcess:
+                driver_root: Path | None = None, sysfs: Path | None = None) -> AgentProcess:
     """Start ``gpudra agent`` for ``node_name``; its kubelet and CDI directories and its driver
     root live in ``workdir`` (elsewhere when given: a real kubelet's root directory, a CDI
     directory shared by agents, a driver root made by the caller)."""
@@ -51,10 +51,13 @@ def start_agent(*, kubeconfig: Path, node_name: str, nvml: str, driver: str, wor
     profile = nvml.split(":", 1)[1] if nvml.startswith((MOCK_PREFIX, "fake:")) else None
     if driver_root is None and profile is not None:
         driver_root = make_driver_root(workdir / "driver-root", profile)
+    if sysfs is None and profile is not None:  # the node's GPUs on its PCI bus, as on a GPU node
+        sysfs = make_pci_sysfs(workdir / "sys", profile)
     agent_nvml = "real" if nvml.startswith(MOCK_PREFIX) else nvml
     argv = [sys.executable, "-m", "gpudra_operator.cli", "agent", "--driver", driver,
             "--node-name", node_name, "--nvml", agent_nvml, "--kubeconfig", str(kubeconfig),
             *(["--driver-root", str(driver_root)] if driver_root is not None else []),
+            *(["--sysfs", str(sysfs)] if sysfs is not None else []),
             "--rescan-interval", str(rescan_interval),
             "--kubelet-dir", str(kubelet_dir or workdir / "kubelet"), "--cdi-dir", str(cdi_dir or workdir / "cdi"), *extra_args]
     # The DaemonSet's process settings, with the local cluster's CA in place of the ServiceAccount's

@@ -39,6 +39,7 @@ __all__ = [
     "MOCK_NVML_ENV",
     "inventory_text",
     "make_driver_root",
+    "make_pci_sysfs",
     "mock_nvml_library",
     "write_inventory",
 ]
@@ -280,3 +281,17 @@ def make_driver_root(
                         minor = mig_cap_minor_fallback(gpu.minor, mig.gpu_instance_id, ci)
                         _mknod(caps / f"nvidia-cap{minor}", CAPS_MAJOR, minor)
     return root
+
+
+def make_pci_sysfs(sysfs: Path, profile: Profile | str) -> Path:
+    """A sysfs with the profile's GPUs on its PCI bus (``bus/pci/devices/<address>/{vendor,class,
+    numa_node}``): what tells the agent this is a GPU node, whatever NVML says. Returns ``sysfs``."""
+    prof = profile if isinstance(profile, Profile) else load_profile(profile)
+    for gpu in prof.gpus:
+        device = sysfs / "bus/pci/devices" / gpu.bus_id.lower()[4:]  # NVML's 8-digit domain -> sysfs's 4
+        device.mkdir(parents=True, exist_ok=True)
+        (device / "vendor").write_text("0x10de\n")
+        (device / "class").write_text("0x030200\n")
+        (device / "numa_node").write_text(f"{gpu.numa_node if gpu.numa_node is not None else -1}\n")
+    return sysfs
+
