@@ -4,6 +4,9 @@
 #
 # Same two stages as the operator image. No NVIDIA libraries are baked in: NVML comes from the
 # host's driver root, mounted read-only at /driver-root by the DaemonSet.
+# `make images` builds it through hack/images.sh: skipped when unchanged, and on a stand-in base
+# (PYTHON_IMAGE=localhost/gpudra-python-base:bookworm) where this one cannot be pulled; releases use
+# this one (docs/deploy.md, "Building the images").
 ARG PYTHON_IMAGE=python:3.13.9-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS wheels

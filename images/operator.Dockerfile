@@ -5,6 +5,9 @@
 # installs them from a bind mount (no wheels, compilers or pip caches in a layer). The base is
 # pinned to a Python patch release; release builds should pin its digest too
 # (--build-arg PYTHON_IMAGE=python:3.13.9-slim-bookworm@sha256:...).
+# `make images` builds it through hack/images.sh: skipped when unchanged, and on a stand-in base
+# (PYTHON_IMAGE=localhost/gpudra-python-base:bookworm) where this one cannot be pulled; releases use
+# this one (docs/deploy.md, "Building the images").
 ARG PYTHON_IMAGE=python:3.13.9-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS wheels

@@ -1,17 +1,18 @@
 """A node with a real container runtime: containerd (built from its Go module by
 hack/containerd-bin.sh, CDI enabled) running containers with Debian's runc, and the release's real
-kubelet (:class:`realkubelet.RealKubelet`) on containerd's CRI socket. What
-docs/shared reference "container-runtime.md" found to work on these machines:
+kubelet (:class:`realkubelet.RealKubelet`) on containerd's CRI socket, set up as the project's
+notes on these machines (container-runtime.md) found to work:
 
-* **one private mount namespace** shared by containerd, its shims (children of containerd) and the
-  kubelet: a holder process (``unshare --mount --propagation private``, then ``sleep``) sets it up,
-  the others join it with ``nsenter``. runc must see the kubelet's mounts (its root directory's
-  bind mount, volumes). In it: empty tmpfs over ``/var/lib`` and ``/var/log`` (the kubelet's own
-  directories; containerd's root ``/var/lib/containerd``) and over ``/run`` (containerd's state
-  ``/run/containerd``, where its shims put their sockets whatever the configured state directory,
-  and runc's state), and the kubelet's sysctls shown through files bind-mounted over /proc/sys.
-  So the host sees none of the node's mounts, and they all go when the namespace's last process
-  exits;
+* **one private mount namespace** shared by containerd, its shims (which containerd starts) and
+  the kubelet: a holder process (``unshare --mount --propagation private``, then ``sleep``) sets it
+  up, the others join it with ``nsenter``. runc must see the kubelet's mounts (its root directory's
+  bind mount, projected volumes). In it: empty tmpfs over ``/var/lib`` and ``/var/log`` (the
+  kubelet's own directories; containerd's root ``/var/lib/containerd``) and over ``/run``
+  (containerd's state ``/run/containerd``, where its shims put their sockets whatever the
+  configured state directory, and runc's state); the kubelet's sysctls shown through files
+  bind-mounted over /proc/sys; ``/`` made rshared inside it (its own peer groups: nothing
+  propagates to the host), as the kubelet expects and HostToContainer volumes need. So the host
+  sees none of the node's mounts, and they all go when the namespace's last process exits;
 * containerd's own socket (in the work directory), ``restrict_oom_score_adj`` (no
   CAP_SYS_RESOURCE here: runc cannot lower oom_score_adj to the sandbox's -998), CDI with the
   agent's CDI directory as its only spec directory (never the host's /etc/cdi or /var/run/cdi), the
@@ -19,12 +20,12 @@ docs/shared reference "container-runtime.md" found to work on these machines:
 * **hostNetwork pods only**: no CNI plugin ever runs. A one-plugin CNI config in a directory of our
   own (with an empty plugin directory) makes containerd report the network ready, so the kubelet
   reports its Node Ready; a pod without hostNetwork would fail to start, never touch the host's
-  network. All image names are ``localhost/...`` and pods use ``imagePullPolicy: Never``: nothing
-  is ever pulled, no traffic leaves the machine;
+  network. Images are imported (``ctr images import``), pods use ``imagePullPolicy: Never`` and
+  the sandbox image is a ``localhost/`` name: nothing is ever pulled, no traffic leaves the machine;
 * teardown in reverse, every step tried whatever failed before: the kubelet, then every sandbox
   stopped and removed through CRI (their shims exit), containerd, any process still in the
-  namespace, the holder; then cgroup directories of this node's sandboxes and containers that runc
-  left. :meth:`RealRuntimeNode.leftovers` says what is left anyway (the test asserts it is nothing).
+  namespace, the holder; then the cgroup directories runc left (``/k8s.io``, made when it was not
+  there). :meth:`RealRuntimeNode.leftovers` says what is left anyway (the tests assert nothing).
 
 Every process is started with ``setpriv --pdeathsig`` (:func:`dying_with_parent`): a test run killed
 outright leaves no holder, containerd or kubelet; running containers and their shims would stay

@@ -15,8 +15,9 @@ The four conditions, always all present (from the first reconcile on):
     ``Conflict``, ``RenderFailed`` or ``ApplyFailed``, in that order of precedence; the message
     names each failing class and its error.
 ``Degraded``
-    True when a person has to act: a conflict, a render error or an apply error (same reasons as
-    above, first one wins; the message lists them all). A rollout in progress is not degraded.
+    True when a person has to act: a conflict, a render error, an apply error (same reasons as
+    above), or NVIDIA's device plugin on nodes whose agents therefore publish nothing
+    (``DevicePluginConflict``); the first one wins, the message lists them all. A rollout in progress is not degraded.
     False with ``AsExpected`` otherwise.
 ``Ready``
     True (``Ready``) exactly when AgentsReady and DeviceClassesReady are True and Degraded is
@@ -170,28 +171,44 @@ def _classes(device_classes: Sequence[str], render_errors: Sequence[Any],
                           f"{n} DeviceClass{'es' if n != 1 else ''} applied" + (f": {', '.join(device_classes)}" if n else ""))
 
 
+MAX_NODES_NAMED = 10
+
+
+def device_plugin_problem(nodes: Sequence[str]) -> str:
+    named = ", ".join(sorted(nodes)[:MAX_NODES_NAMED]) + (f" and {len(nodes) - MAX_NODES_NAMED} more"
+                                                          if len(nodes) > MAX_NODES_NAMED else "")
+    return (f"NVIDIA's device plugin advertises nvidia.com/gpu on {len(nodes)} node(s) ({named}): their "
+            "agents publish no GPUs, so none is handed out twice; disable the device plugin there "
+            "(docs/deploy.md) or set spec.agent.allowDevicePlugin: true")
+
+
 def _degraded(render_errors: Sequence[Any], apply_errors: Sequence[ApplyError],
-              conflicts: Sequence[str]) -> ConditionValue:
+              conflicts: Sequence[str], device_plugin_nodes: Sequence[str] = ()) -> ConditionValue:
     problems = [*conflicts, *map(str, render_errors), *map(str, apply_errors)]
+    if device_plugin_nodes:
+        problems.append(device_plugin_problem(device_plugin_nodes))
     if not problems:
         return ConditionValue(DEGRADED, FALSE, "AsExpected", "")
-    reason = "Conflict" if conflicts else "RenderFailed" if render_errors else "ApplyFailed"
+    reason = ("Conflict" if conflicts else "RenderFailed" if render_errors else "ApplyFailed" if apply_errors
+              else "DevicePluginConflict")
     return ConditionValue(DEGRADED, TRUE, reason, "; ".join(problems))
 
 
 def summarize(*, daemonset: Mapping[str, Any] | None, device_classes: Sequence[str] = (),
               render_errors: Sequence[Any] = (), apply_errors: Sequence[ApplyError] = (),
-              conflicts: Sequence[str] = ()) -> list[ConditionValue]:
+              conflicts: Sequence[str] = (), device_plugin_nodes: Sequence[str] = ()) -> list[ConditionValue]:
     """The four conditions, in the order Ready, AgentsReady, DeviceClassesReady, Degraded.
 
     ``daemonset``: the live agent DaemonSet (whole object: its generation is compared with
     ``status.observedGeneration``) or None. ``device_classes``: names applied. ``render_errors``:
     :class:`~gpudra_operator.deviceclasses.RenderError` (anything printable that names the class).
     ``apply_errors``: :class:`ApplyError`. ``conflicts``: one sentence per conflict with another
-    GpuDraConfig (e.g. ``driver name gpu.gpudra.io is already claimed by GpuDraConfig 'a'``)."""
+    GpuDraConfig (e.g. ``driver name gpu.gpudra.io is already claimed by GpuDraConfig 'a'``).
+    ``device_plugin_nodes``: nodes whose agent publishes nothing because NVIDIA's device plugin
+    advertises ``nvidia.com/gpu`` there."""
     agents = _agents(daemonset, apply_errors, conflicts)
     classes = _classes(device_classes, render_errors, apply_errors, conflicts)
-    degraded = _degraded(render_errors, apply_errors, conflicts)
+    degraded = _degraded(render_errors, apply_errors, conflicts, device_plugin_nodes)
     if degraded.status == TRUE:
         ready = ConditionValue(READY, FALSE, degraded.reason, degraded.message)
     elif classes.status != TRUE:

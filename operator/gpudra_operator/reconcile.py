@@ -17,12 +17,15 @@ from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from gpudra_driver.devicepluginguard import CONFLICT as DEVICE_PLUGIN_CONFLICT
+from gpudra_driver.devicepluginguard import RESOLVED as DEVICE_PLUGIN_RESOLVED
 from gpudra_driver.diff import contains
+from gpudra_driver.nodeevents import event_source
 from gpudra_driver.kubeapi import Kube, Obj, error_message, is_status, resource_type
 
 from .conditions import ApplyError, agents_status, apply_conditions, summarize
 from . import metrics
-from .events import EventRecorder
+from .events import EVENT_NAMESPACE, EventRecorder
 from .render import (DEFAULT_AGENT_IMAGE, LABEL_CONFIG, LABEL_MANAGED_BY, MANAGED_BY, Rendered, child_selector,
                      render)
 from .spec import GpuDraConfig, SpecError
@@ -31,6 +34,7 @@ CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 DAEMONSET = resource_type("apps/v1", "DaemonSet")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
+EVENT = resource_type("v1", "Event")
 log = logging.getLogger("gpudra.operator")
 DEVICE_COUNT_TTL = 10.0
 
@@ -170,6 +174,7 @@ class Reconciler:
         self._status_queued: set[str] = set()
         self._reconciled: dict[str, _Reconciled] = {}
         self._device_counts: dict[str, tuple[float, int]] = {}  # driver -> (monotonic time, count)
+        self._device_plugin_cache: dict[str, tuple[float, list[str]]] = {}  # driver -> (time, nodes)
 
     def lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -330,6 +335,28 @@ class Reconciler:
         self._device_counts[driver] = (now, total)
         return total
 
+    async def _device_plugin_nodes(self, driver: str) -> list[str]:
+        """Nodes whose agent says (its latest DevicePluginConflict[Resolved] Node event) that it
+        publishes nothing because NVIDIA's device plugin advertises nvidia.com/gpu there. One
+        filtered LIST of the driver's agent events (few: they are posted on changes only), reused
+        for DEVICE_COUNT_TTL seconds like the device count; Events expire after an hour, and an agent
+        that still conflicts posts again when it restarts."""
+        cached = self._device_plugin_cache.get(driver)
+        now = time.monotonic()
+        if cached and now - cached[0] < DEVICE_COUNT_TTL:
+            return cached[1]
+        latest: dict[str, tuple[str, str]] = {}
+        async for event in self.kube.list(EVENT, EVENT_NAMESPACE, field_selector=f"source={event_source(driver)}"):
+            if event.get("reason") not in (DEVICE_PLUGIN_CONFLICT, DEVICE_PLUGIN_RESOLVED):
+                continue
+            node = (event.get("involvedObject") or {}).get("name") or ""
+            when = event.get("lastTimestamp") or event.get("eventTime") or event["metadata"].get("creationTimestamp") or ""
+            if node and (node not in latest or when >= latest[node][0]):
+                latest[node] = (when, event["reason"])
+        nodes = sorted(n for n, (_, reason) in latest.items() if reason == DEVICE_PLUGIN_CONFLICT)
+        self._device_plugin_cache[driver] = (now, nodes)
+        return nodes
+
     async def _report(self, body: Mapping[str, Any], config: GpuDraConfig, rendered: Rendered,
                       outcome: Outcome, daemonset: Obj | None) -> None:
         """Status from this reconcile's outcome and ``daemonset``, as read or written just now."""
@@ -339,7 +366,9 @@ class Reconciler:
         values = summarize(daemonset=daemonset, device_classes=applied_classes, render_errors=rendered.errors,
                            # in a stable order: the children are written concurrently
                            apply_errors=sorted(outcome.apply_errors, key=lambda e: (e.kind, e.name)),
-                           conflicts=outcome.conflicts)
+                           conflicts=outcome.conflicts,
+                           device_plugin_nodes=[] if outcome.conflicts or config.spec.agent.allow_device_plugin
+                           else await self._device_plugin_nodes(config.spec.driver_name))
         old_status = body.get("status") or {}
         conditions = apply_conditions(old_status.get("conditions"), values, config.generation,
                                       datetime.now(timezone.utc))

@@ -192,6 +192,7 @@ def agent_args(driver_name: str, agent: AgentSpec) -> list[str]:
     return ["agent", "--driver", driver_name, "--kubelet-dir", agent.kubelet_dir,
             "--cdi-dir", agent.cdi_dir, "--driver-root", agent.driver_root,
             "--container-driver-root", DRIVER_ROOT_MOUNT, "--host-dev", HOST_DEV_MOUNT,
+            *(["--allow-device-plugin"] if agent.allow_device_plugin else []),
             "--metrics-port", str(AGENT_METRICS_PORT), *agent.extra_args,
             # last, so that it wins over extraArgs: the probes dial this port
             "--health-port", str(AGENT_HEALTH_PORT)]

@@ -162,6 +162,7 @@ class AgentSpec:
     kubelet_dir: str = "/var/lib/kubelet"
     cdi_dir: str = "/var/run/cdi"
     driver_root: str = "/"
+    allow_device_plugin: bool = False
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[EnvVar, ...] = ()
 
@@ -201,6 +202,7 @@ class AgentSpec:
             kubelet_dir=_str(d.get("kubeletDir"), f"{path}.kubeletDir", cls.kubelet_dir),
             cdi_dir=_str(d.get("cdiDir"), f"{path}.cdiDir", cls.cdi_dir),
             driver_root=_str(d.get("driverRoot"), f"{path}.driverRoot", cls.driver_root),
+            allow_device_plugin=_bool(d.get("allowDevicePlugin"), f"{path}.allowDevicePlugin", cls.allow_device_plugin),
             extra_args=tuple(args),
             extra_env=tuple(env),
         )

@@ -10,7 +10,14 @@ claim's device node and control nodes, ``NVIDIA_VISIBLE_DEVICES`` with the GPU's
 driver root's mock ``nvidia-smi`` (static, tests/mocknvml/nvidia_smi.c), which lists the GPUs whose
 device nodes it finds. A second pod with another claim sees only its own GPU. Deleting the pods
 unprepares both claims (their CDI specs gone), and tearing the node down leaves nothing: no
-containers, shims, mounts, processes or cgroup directories (tests/realruntime.py)."""
+containers, shims, mounts, processes or cgroup directories (tests/realruntime.py).
+
+Then the agent as the operator deploys it: the DaemonSet ``render`` makes for a GpuDraConfig pointing
+it at this node's directories, from the agent image (built by hack/images.sh with podman, moved
+into containerd with ``podman save --format oci-archive`` + ``ctr images import``), as a pod of this
+kubelet: Ready, registered, and the one that prepares and unprepares the seed pod's claim. Two
+changes to the rendered DaemonSet: the host network (this node runs no CNI plugin) with the API
+server at 127.0.0.1, and free host ports for metrics and health."""
 
 from __future__ import annotations
 
@@ -35,11 +42,12 @@ import yaml
 from nodestate import checkpoint_states
 from realkubelet import kubelet_binary
 from realruntime import CGROUP_ROOT, TEST_IMAGE, RealRuntimeNode, runtime_problem
+from scrape import sample_value, scrape
 
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.localcluster.agents import AgentProcess, start_agent
 from gpudra_operator.localcluster.controlplane import ControlPlane, free_port
-from gpudra_operator.localcluster.driverroot import make_driver_root
+from gpudra_operator.localcluster.driverroot import make_driver_root, make_pci_sysfs
 from gpudra_operator.localcluster.objects import delete_node
 from gpudra_operator.localcluster.waiting import wait_for
 from gpudra_operator.render import DEFAULT_AGENT_IMAGE, render
@@ -367,11 +375,13 @@ def agent_rbac(namespace: str, suffix: str) -> list[Obj]:
     return objects
 
 
-def agent_daemonset(node: Node, namespace: str, apiserver_port: int, metrics_port: int, health_port: int) -> Obj:
+def agent_daemonset(node: Node, namespace: str, apiserver_port: int, metrics_port: int, health_port: int,
+                    sysfs: Path) -> Obj:
     """The DaemonSet the operator renders for a GpuDraConfig that points the agent at this node's
-    kubelet, CDI and driver-root directories, with two changes this node needs: the host network
-    (it runs no CNI plugin), with the API server at 127.0.0.1 (its certificate's SAN), and ports of
-    its own for metrics and health (the host's)."""
+    kubelet, CDI and driver-root directories, with the changes this node needs: the host network
+    (it runs no CNI plugin), with the API server at 127.0.0.1 (its certificate's SAN); ports of
+    its own for metrics and health (the host's); and ``sysfs``, a sysfs with the fake GPUs on its
+    PCI bus (the host's /sys has none), mounted at /host-sys and passed as ``--sysfs``."""
     config = {"apiVersion": "gpudra.io/v1alpha1", "kind": "GpuDraConfig", "metadata": {"name": f"rt-{node.name}"},
               "spec": {"driverName": node.driver, "agent": {
                   "namespace": namespace, "imagePullPolicy": "Never",
@@ -379,7 +389,7 @@ def agent_daemonset(node: Node, namespace: str, apiserver_port: int, metrics_por
                   "tolerations": [{"key": key, "operator": "Exists", "effect": "NoSchedule"}
                                   for key in (TAINT, "node.kubernetes.io/not-ready")],
                   "kubeletDir": str(node.kubelet_dir), "cdiDir": str(node.cdi_dir),
-                  "driverRoot": str(node.driver_root),
+                  "driverRoot": str(node.driver_root), "extraArgs": ["--sysfs", "/host-sys"],
                   "extraEnv": [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
                                {"name": "KUBERNETES_SERVICE_PORT", "value": str(apiserver_port)}]}}}
     daemonset = render(config).daemonset
@@ -395,6 +405,8 @@ def agent_daemonset(node: Node, namespace: str, apiserver_port: int, metrics_por
                           {"name": "health", "containerPort": health_port, "protocol": "TCP"}]
     for probe in ("startupProbe", "livenessProbe"):
         container[probe]["grpc"]["port"] = health_port
+    spec["volumes"].append({"name": "host-sys", "hostPath": {"path": str(sysfs), "type": "Directory"}})
+    container["volumeMounts"].append({"name": "host-sys", "mountPath": "/host-sys", "readOnly": True})
     return daemonset
 
 
@@ -411,7 +423,9 @@ async def test_the_agent_as_the_operator_renders_it_runs_as_a_pod_and_prepares_t
     try:
         for obj in rbac:
             await kube.create(obj)
-        daemonset = agent_daemonset(node, namespace, cluster.apiserver_port, free_port(), free_port())
+        metrics_port = free_port()
+        sysfs = make_pci_sysfs(node.runtime.workdir / "sys", "dgx-h100")
+        daemonset = agent_daemonset(node, namespace, cluster.apiserver_port, metrics_port, free_port(), sysfs)
         await kube.create(daemonset)
         started = time.monotonic()
         selector = ",".join(f"{k}={v}" for k, v in daemonset["spec"]["selector"]["matchLabels"].items())
@@ -455,8 +469,10 @@ async def test_the_agent_as_the_operator_renders_it_runs_as_a_pod_and_prepares_t
         except AssertionError as error:
             raise AssertionError(f"{error}\nagent log:\n{container_log(node, agent_pod, 'agent')[-3000:]}\n"
                                  f"{node.failure()}") from None
-        agent_log = container_log(node, agent_pod, "agent")
-        assert uid in agent_log, agent_log[-3000:]
+        # The pod's agent (its metrics port is the host's) did both.
+        metrics = scrape(metrics_port)
+        assert sample_value(metrics, "gpudra_agent_node_prepare_total") == 1, metrics
+        assert sample_value(metrics, "gpudra_agent_node_unprepare_total") == 1, metrics
 
         await kube.delete(DAEMONSET, daemonset["metadata"]["name"], namespace)
 

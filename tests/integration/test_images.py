@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -120,11 +121,19 @@ print("\n".join(bad))
 
 def test_a_second_build_is_a_cache_hit(images: dict[str, str]) -> None:
     registry, _, tag = images["operator"].rpartition("/gpudra-operator:")
-    proc = subprocess.run([str(IMAGES_SH), "operator", "agent"], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, IMAGE_REGISTRY=registry, IMAGE_TAG=tag))
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == [images["operator"], images["agent"]]
-    assert proc.stderr.count("is up to date") == 2, proc.stderr
+    env = dict(os.environ, IMAGE_REGISTRY=registry, IMAGE_TAG=tag)
+
+    def build() -> tuple[subprocess.CompletedProcess[str], float]:
+        start = time.monotonic()
+        proc = subprocess.run([str(IMAGES_SH), "operator", "agent"], capture_output=True, text=True, timeout=900, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == [images["operator"], images["agent"]]
+        return proc, time.monotonic() - start
+
+    build()  # brings them up to date if a source changed since the fixture's build
+    warm, seconds = build()
+    assert warm.stderr.count("is up to date") == 2, warm.stderr
+    assert seconds < 20, f"a warm hack/images.sh took {seconds:.1f} s"
     for ref in images.values():
         assert len(labels(ref)["io.gpudra.inputs"]) == 16
 
@@ -133,7 +142,7 @@ def test_the_stand_in_base_offers_python3_and_pip_like_python_slim(images: dict[
     base = labels(images["agent"]).get("io.gpudra.base", "")
     if not base.startswith(STANDIN):
         pytest.skip(f"the images are built on {base or 'an unknown base'}, not the stand-in")
-    script = ('set -e; command -v python3 pip; '
+    script = ('set -e; command -v python3; command -v pip; '
               'python3 -c "import sys; print(sys.prefix)"; '
               '/usr/bin/python3 -c "import sys; print(sys.prefix)"; '
               'pip --version')

@@ -26,6 +26,7 @@ CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 DAEMONSET = resource_type("apps/v1", "DaemonSet")
 SERVICE_ACCOUNT = resource_type("v1", "ServiceAccount")
+NODE = resource_type("v1", "Node")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -163,6 +164,29 @@ async def test_create_update_repair_delete(kube: Kube, configs, namespace: str, 
     await wait_for(lambda: _absent(kube, CONFIG, name), timeout=60, what="the config to be finalized")
     assert await kube.get(DEVICE_CLASS, f"big-{suffix}.gpudra.io") is None
     assert await kube.get(DAEMONSET, "gpudra-agent", namespace) is None
+
+
+async def test_nodes_running_nvidias_device_plugin_degrade_the_config_until_it_is_gone(
+        kube: Kube, configs, namespace: str, fake_nodes, agents, suffix: str) -> None:
+    """The agent on a node where the device plugin advertises nvidia.com/gpu publishes nothing and
+    says so on the Node; the operator names the node in Degraded (and an Event on the config), and
+    the config is Ready again once the device plugin is gone."""
+    await agent_namespace(kube, namespace)
+    node = (await fake_nodes("dp", labels={"gpudra-test": suffix}))["metadata"]["name"]
+    await kube.patch(NODE, node, {"status": {"allocatable": {"nvidia.com/gpu": "8"}}}, subresource="status")
+    name, driver = f"dp-{suffix}", f"dp{suffix}.gpudra.io"
+    await configs(make_config(name, namespace, driver, [], nodeSelector={"gpudra-test": suffix}))
+    agents(node, "fake:l4x2", driver, rescan_interval=0.2)
+
+    degraded = await wait_for(has_condition(kube, name, "Degraded", "True", "DevicePluginConflict"), timeout=60,
+                              what=f"{name} Degraded=True DevicePluginConflict")
+    assert f"advertises nvidia.com/gpu on 1 node(s) ({node})" in condition(degraded, "Degraded")["message"]
+    assert condition(degraded, "Ready")["status"] == "False"
+    assert any(e["reason"] == "DevicePluginConflict" and e["type"] == "Warning"
+               for e in await events_about(kube, name))  # `kubectl describe gdc` shows it
+
+    await kube.patch(NODE, node, {"status": {"allocatable": {"nvidia.com/gpu": None}}}, subresource="status")
+    await wait_for(has_condition(kube, name, "Degraded", "False"), timeout=60, what=f"{name} Degraded=False")
 
 
 async def test_broken_template_loses_nothing(kube: Kube, configs, namespace: str, suffix: str) -> None:

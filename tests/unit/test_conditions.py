@@ -164,3 +164,17 @@ def test_find_condition() -> None:
     ready = find_condition(conds, "Ready")
     assert ready is not None and ready["status"] == "False"
     assert find_condition(conds, "Nope") is None and find_condition(None, "Ready") is None
+
+
+def test_nodes_with_nvidias_device_plugin_make_the_config_degraded_and_name_them() -> None:
+    c = by_type(summarize(daemonset=daemonset(3, 3, 3), device_classes=["a"], device_plugin_nodes=["gpu-b", "gpu-a"]))
+    assert c["Degraded"].status == "True" and c["Degraded"].reason == "DevicePluginConflict"
+    assert "advertises nvidia.com/gpu on 2 node(s) (gpu-a, gpu-b)" in c["Degraded"].message
+    assert "spec.agent.allowDevicePlugin: true" in c["Degraded"].message
+    assert c["Ready"].status == "False" and c["Ready"].reason == "DevicePluginConflict"
+    assert c["AgentsReady"].status == "True"  # the agents run; they publish nothing there
+    many = by_type(summarize(daemonset=daemonset(3, 3, 3), device_plugin_nodes=[f"n{i:02d}" for i in range(25)]))
+    assert "(n00, n01, n02, n03, n04, n05, n06, n07, n08, n09 and 15 more)" in many["Degraded"].message
+    # an error of the config's own comes first
+    first = by_type(summarize(daemonset=daemonset(1, 1, 1), conflicts=["driver taken"], device_plugin_nodes=["x"]))
+    assert first["Degraded"].reason == "Conflict"

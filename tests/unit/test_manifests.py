@@ -117,7 +117,8 @@ def test_operator_cannot_write_slices_or_pods() -> None:
     namespaced = {(g, r): set(rule["verbs"]) for rule in rules("Role", "gpudra-operator")
                   for g in rule["apiGroups"] for r in rule["resources"]}
     assert namespaced[("", "pods")] == {"get", "list", "watch"}
-    assert rules("Role", "gpudra-operator-events") == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    # create its own Events; list the agents' DevicePluginConflict Node events (no update, no delete)
+    assert rules("Role", "gpudra-operator-events") == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "list"]}]
 
 
 def _value_paths(values: Any, prefix: str = "") -> set[str]:
