@@ -144,14 +144,14 @@ build_standin() {  # $1: the tag to build
       || { tail -n 30 "$tmp/debootstrap.log" >&2; die "debootstrap failed (log above)"; }
     (cd "$tmp/root" && shopt -s nullglob && rm -rf ${ROOTFS_CLEAN[*]})
     log "importing the root file system as $rootfs"
-    tar -C "$tmp/root" --numeric-owner -cf - . | "$ENGINE" import --change 'CMD ["/bin/bash"]' - "$rootfs" >/dev/null
+    tar -C "$tmp/root" --numeric-owner -cf - . | "$ENGINE" import --change 'CMD ["/bin/bash"]' --change 'LABEL io.gpudra.image=debian-minbase' - "$rootfs" >/dev/null
     rm -rf "$tmp"; trap - EXIT
     log "debootstrap + import: $((SECONDS - start)) s"
   fi
   log "building $tag (python3 + a venv at /usr/local) on $rootfs"
   tmp="$(mktemp -d)"
   printf '%s' "$BASE_CONTAINERFILE" >"$tmp/Containerfile"
-  "$ENGINE" build "${BUILD_FLAGS[@]}" --network=host --build-arg "ROOTFS=$rootfs" --label "$LABEL=standin-$h" \
+  "$ENGINE" build "${BUILD_FLAGS[@]}" --network=host --build-arg "ROOTFS=$rootfs" --label "$LABEL=standin-$h" --label io.gpudra.image=python-base \
     -t "$tag" -f "$tmp/Containerfile" "$tmp" >&2 || { rm -rf "$tmp"; die "building $tag failed"; }
   rm -rf "$tmp"
   # Earlier recipes' stand-ins and root file systems (kept while an image still uses them).
@@ -159,6 +159,8 @@ build_standin() {  # $1: the tag to build
   for old in $("$ENGINE" images --format '{{.Repository}}:{{.Tag}}' | grep -E "^($STANDIN_REPO|$ROOTFS_REPO):$SUITE-" || true); do
     [[ "$old" == "$tag" || "$old" == "$rootfs" ]] || "$ENGINE" rmi "$old" >/dev/null 2>&1 || true
   done
+  "$ENGINE" image prune -f --filter label=io.gpudra.image=python-base >/dev/null 2>&1 || true
+  "$ENGINE" image prune -f --filter label=io.gpudra.image=debian-minbase >/dev/null 2>&1 || true
 }
 
 standin_base() {  # prints the stand-in's reference, building it when missing
@@ -238,6 +240,15 @@ build_app() {  # $1: operator | agent; prints the image reference
   "$ENGINE" image prune -f --filter "label=io.gpudra.image=$target" >/dev/null 2>&1 || true
   echo "$ref"
 }
+
+# One build at a time per store (make test, an e2e test and a `make images` may overlap): a second
+# run waits, then finds the first one's images up to date.
+mkdir -p "$CACHE_ROOT/images"
+exec 9>"$CACHE_ROOT/images/lock"
+if ! flock -n 9; then
+  log "waiting for another hack/images.sh run to finish"
+  flock 9
+fi
 
 targets=("$@")
 [[ ${#targets[@]} -gt 0 ]] || targets=(operator agent)

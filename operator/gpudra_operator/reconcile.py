@@ -60,6 +60,18 @@ def _age_key(body: Mapping[str, Any]) -> tuple[str, int, str]:
     return (meta.get("creationTimestamp") or "", 0 if incumbent else 1, meta["name"])
 
 
+def _check_dropped_fields(desired: Obj, stored: Obj | None, outcome: Outcome) -> None:
+    """A DeviceClass field the API server dropped: its feature gate is off. The class is applied
+    without it; the config says so rather than pretend the class serves the name."""
+    name = (desired.get("spec") or {}).get("extendedResourceName")
+    if stored is not None and name and not (stored.get("spec") or {}).get("extendedResourceName"):
+        outcome.apply_errors.append(ApplyError(
+            "DeviceClass", desired["metadata"]["name"],
+            f"spec.extendedResourceName {name} was dropped by the API server: its DRAExtendedResource "
+            "feature gate is off (alpha and off in Kubernetes 1.35; beta and on from 1.36), so pods asking "
+            f"for {name} are not served by this class. Upgrade to 1.36, enable the gate, or remove the field"))
+
+
 def find_conflicts(config: GpuDraConfig, body: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> list[str]:
     """What ``config`` claims that an OLDER GpuDraConfig already claims. The older one wins; the
     newer one reports the conflict and touches nothing (pure)."""
@@ -297,7 +309,8 @@ class Reconciler:
                    if needed]
         valid = [c for c, stored in zip(changed, await _gather(self._apply(c, outcome, dry_run=True) for c in changed))
                  if stored is not None]
-        await _gather(self._apply(c, outcome) for c in valid)
+        for desired, stored in zip(valid, await _gather(self._apply(c, outcome) for c in valid)):
+            _check_dropped_fields(desired, stored, outcome)
 
     async def _apply_daemonset(self, rendered: Rendered, outcome: Outcome) -> Obj | None:
         """The DaemonSet written if it changed; the live one (None: there is none), for status."""

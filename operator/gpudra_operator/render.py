@@ -296,12 +296,16 @@ def render_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_IMAG
 
 def _finish_device_class(config: GpuDraConfig, doc: Obj) -> Obj:
     meta = doc.get("metadata") or {}
+    spec = dict(doc["spec"])
+    entry = next((c for c in config.spec.device_classes if c.name == meta["name"]), None)
+    if entry is not None and entry.extended_resource_name:  # the entry wins over what a template wrote
+        spec["extendedResourceName"] = entry.extended_resource_name
     return {
         "apiVersion": doc["apiVersion"],
         "kind": doc["kind"],
         "metadata": _metadata(config, meta["name"], labels=meta.get("labels"),
                               annotations=meta.get("annotations")),
-        "spec": doc["spec"],
+        "spec": spec,
     }
 
 

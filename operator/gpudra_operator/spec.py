@@ -216,6 +216,7 @@ class DeviceClassSpec:
     template: str | None = None
     parameters: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     inline: str | None = None
+    extended_resource_name: str | None = None
 
     @classmethod
     def from_dict(cls, data: Any, path: str) -> DeviceClassSpec:
@@ -226,6 +227,8 @@ class DeviceClassSpec:
             template=None if template is None else _str(template, f"{path}.template", ""),
             parameters=_str_map(d.get("parameters"), f"{path}.parameters"),
             inline=None if inline is None else _str(inline, f"{path}.inline", ""),
+            extended_resource_name=None if d.get("extendedResourceName") is None
+            else _str(d.get("extendedResourceName"), f"{path}.extendedResourceName", ""),
         )
 
 

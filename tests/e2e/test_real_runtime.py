@@ -50,7 +50,7 @@ from gpudra_operator.localcluster.controlplane import ControlPlane, free_port
 from gpudra_operator.localcluster.driverroot import make_driver_root, make_pci_sysfs
 from gpudra_operator.localcluster.objects import delete_node
 from gpudra_operator.localcluster.waiting import wait_for
-from gpudra_operator.render import DEFAULT_AGENT_IMAGE, render
+from gpudra_operator.render import render
 
 try:  # tests/seedobjects.py, or tests/integration/ (on sys.path only when integration tests are collected)
     seedobjects = importlib.import_module("seedobjects")
@@ -340,7 +340,21 @@ async def test_the_seed_pod_runs_on_containerd_with_only_its_claims_gpu_injected
 AGENT_RBAC = Path(__file__).resolve().parents[2] / "manifests" / "base" / "agent-rbac.yaml"
 PODMAN_CONF = Path(__file__).resolve().parents[2] / "hack" / "podman" / "containers.conf"
 DAEMONSET = resource_type("apps/v1", "DaemonSet")
+IMAGES_SH = Path(__file__).resolve().parents[2] / "hack" / "images.sh"
 IMAGE_FIX = "hack/images.sh agent (or: make images), which builds it with podman"
+AGENT_IMAGE_ENV = "GPUDRA_TEST_AGENT_IMAGE"  # make test builds the images first and names them
+
+
+def agent_image() -> str:
+    """$GPUDRA_TEST_AGENT_IMAGE, else what hack/images.sh builds (or finds up to date: it caches by
+    the hash of the image's inputs) for the working tree."""
+    if image := os.environ.get(AGENT_IMAGE_ENV):
+        return image
+    proc = subprocess.run([str(IMAGES_SH), "agent"], capture_output=True, text=True, timeout=1100)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise AssertionError(f"hack/images.sh agent exited {proc.returncode} (missing podman, runc or debootstrap: "
+                             f"hack/debian-packages.sh):\n{proc.stderr[-5000:]}")
+    return proc.stdout.strip().splitlines()[-1].split()[-1]
 
 
 def export_agent_image(image: str, out: Path) -> Path:
@@ -375,8 +389,8 @@ def agent_rbac(namespace: str, suffix: str) -> list[Obj]:
     return objects
 
 
-def agent_daemonset(node: Node, namespace: str, apiserver_port: int, metrics_port: int, health_port: int,
-                    sysfs: Path) -> Obj:
+def agent_daemonset(node: Node, namespace: str, image: str, apiserver_port: int, metrics_port: int,
+                    health_port: int, sysfs: Path) -> Obj:
     """The DaemonSet the operator renders for a GpuDraConfig that points the agent at this node's
     kubelet, CDI and driver-root directories, with the changes this node needs: the host network
     (it runs no CNI plugin), with the API server at 127.0.0.1 (its certificate's SAN); ports of
@@ -392,7 +406,7 @@ def agent_daemonset(node: Node, namespace: str, apiserver_port: int, metrics_por
                   "driverRoot": str(node.driver_root), "extraArgs": ["--sysfs", "/host-sys"],
                   "extraEnv": [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
                                {"name": "KUBERNETES_SERVICE_PORT", "value": str(apiserver_port)}]}}}
-    daemonset = render(config).daemonset
+    daemonset = render(config, agent_image=image).daemonset
     assert daemonset is not None
     spec = daemonset["spec"]["template"]["spec"]
     spec["hostNetwork"] = True
@@ -410,14 +424,16 @@ def agent_daemonset(node: Node, namespace: str, apiserver_port: int, metrics_por
     return daemonset
 
 
+@pytest.mark.timeout(1500)  # run alone, hack/images.sh may have to build the agent image first
 async def test_the_agent_as_the_operator_renders_it_runs_as_a_pod_and_prepares_the_seed_pods_claim(
         cluster: ControlPlane, kube: Kube, namespace: str, runtime_node: Node) -> None:
     node = runtime_node
     started = time.monotonic()
-    tar = export_agent_image(DEFAULT_AGENT_IMAGE, node.runtime.workdir / "images" / "agent.tar")
+    image = agent_image()
+    tar = export_agent_image(image, node.runtime.workdir / "images" / "agent.tar")
     node.runtime.import_image(tar)
     tar.unlink()
-    print(f"\n[real-runtime] agent image {DEFAULT_AGENT_IMAGE} exported and imported in {time.monotonic() - started:.1f}s")
+    print(f"\n[real-runtime] agent image {image} found, exported and imported in {time.monotonic() - started:.1f}s")
 
     rbac = agent_rbac(namespace, secrets.token_hex(3))
     try:
@@ -425,7 +441,7 @@ async def test_the_agent_as_the_operator_renders_it_runs_as_a_pod_and_prepares_t
             await kube.create(obj)
         metrics_port = free_port()
         sysfs = make_pci_sysfs(node.runtime.workdir / "sys", "dgx-h100")
-        daemonset = agent_daemonset(node, namespace, cluster.apiserver_port, metrics_port, free_port(), sysfs)
+        daemonset = agent_daemonset(node, namespace, image, cluster.apiserver_port, metrics_port, free_port(), sysfs)
         await kube.create(daemonset)
         started = time.monotonic()
         selector = ",".join(f"{k}={v}" for k, v in daemonset["spec"]["selector"]["matchLabels"].items())

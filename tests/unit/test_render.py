@@ -285,3 +285,12 @@ def test_a_node_selector_or_an_affinity_replaces_the_gpu_node_default_and_empty_
     assert pod({"affinity": own})["affinity"] == own
     assert "affinity" not in pod({"affinity": {}}) and "nodeSelector" not in pod({"affinity": {}})
 
+
+
+def test_an_extended_resource_name_goes_into_its_device_class() -> None:
+    rendered = render(config({"deviceClasses": [
+        {"name": "gpu.gpudra.io", "template": "all", "extendedResourceName": "nvidia.com/gpu"},
+        {"name": "mig.gpudra.io", "template": "mig"}]}))
+    classes = {c["metadata"]["name"]: c["spec"] for c in rendered.device_classes}
+    assert classes["gpu.gpudra.io"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert "extendedResourceName" not in classes["mig.gpudra.io"]
