@@ -30,6 +30,7 @@
 # podman runs with hack/podman/containers.conf (CONTAINERS_CONF): runc, cgroupfs and rlimits within
 # what these VMs allow. Missing podman/runc/debootstrap: hack/debian-packages.sh installs them.
 set -euo pipefail
+shopt -s inherit_errexit  # a failure inside $(...) stops the script too
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SELF="$REPO/hack/images.sh"
@@ -216,7 +217,7 @@ build_app() {  # $1: operator | agent; prints the image reference
     operator) ref="$IMAGE_REGISTRY/gpudra-operator:$IMAGE_TAG" ;;
     agent) ref="$IMAGE_REGISTRY/gpudra:$IMAGE_TAG" ;;
   esac
-  base="$(resolve_base "$REPO/$dockerfile")"
+  base="$(resolve_base "$REPO/$dockerfile")" || exit 1
   base_id="$(image_id "$base")" || die "base image $base: not found"
   h="$(inputs_hash "$target" "$dockerfile" "$base_id")"
   if [[ "$(label_of "$ref")" == "$h" ]]; then
@@ -255,8 +256,8 @@ targets=("$@")
 refs=()
 for t in "${targets[@]}"; do
   case "$t" in
-    operator|agent) refs+=("$(build_app "$t")") ;;
-    base) refs+=("$(standin_base)") ;;
+    operator|agent) ref="$(build_app "$t")" || exit 1; refs+=("$ref") ;;
+    base) ref="$(standin_base)" || exit 1; refs+=("$ref") ;;
     *) die "unknown target $t (operator, agent or base)" ;;
   esac
 done

@@ -23,6 +23,7 @@ import os
 import platform
 import re
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -98,8 +99,14 @@ class DriverRoot:
         that leads out of the root is skipped like a missing file, and the search goes on; when
         nothing is found, :class:`DriverRootError` names the links that were refused."""
         refused: list[str] = []
-        cached = ld_cache_lookup(self.local, name)
-        for candidate in [f"/{d}/{name}" for d in dirs] + ([cached] if cached else []):
+
+        def candidates() -> Iterator[str]:
+            yield from (f"/{d}/{name}" for d in dirs)
+            cached = ld_cache_lookup(self.local, name)  # read only when the dirs have nothing
+            if cached:
+                yield cached
+
+        for candidate in candidates():
             try:
                 resolved = self.resolve(candidate)
             except DriverRootError as error:
@@ -171,6 +178,7 @@ def resolve_in_root(root: Path, path: str) -> str | None:
     (inside the root) or None when a component does not exist; raises :class:`DriverRootError` for
     a symlink that climbs out of the root or too many links."""
     parts = [p for p in path.split("/") if p and p != "."]
+    base = os.fspath(root).rstrip("/")  # strings, not Paths: this runs on every prepare
     done: list[str] = []
     links = 0
     while parts:
@@ -180,13 +188,13 @@ def resolve_in_root(root: Path, path: str) -> str | None:
                 raise DriverRootError(f"{path} in driver root {root} leads out of the root ('..' above it)")
             done.pop()
             continue
-        current = root.joinpath(*done, part)
+        current = "/".join((base, *done, part))
         try:
             target = os.readlink(current)
         except FileNotFoundError:
             return None
         except OSError:  # not a link (EINVAL), or a path through a non-directory (ENOTDIR)
-            if not current.exists() and not current.is_symlink():
+            if not os.path.lexists(current):
                 return None
             done.append(part)
             continue

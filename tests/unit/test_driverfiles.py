@@ -99,11 +99,14 @@ def test_control_nodes_and_sockets_that_appear_later_are_in_the_next_spec(tmp_pa
     driver: neither waits for a new driver version to be noticed."""
     root = make_driver_root(tmp_path / "root", "l4x2")
     (root / "dev/nvidia-uvm").unlink()
-    cache = DriverFilesCache(DriverRoot.at(str(root)))
+    now = [0.0]
+    cache = DriverFilesCache(DriverRoot.at(str(root)), clock=lambda: now[0])
     assert "/dev/nvidia-uvm" not in cache.current().control_nodes
     os.mknod(root / "dev/nvidia-uvm", 0o20666, os.makedev(510, 0))
     (root / "run/nvidia-persistenced").mkdir(parents=True)
     (root / "run/nvidia-persistenced/socket").write_text("")  # a socket in life; any file will do here
+    assert "/dev/nvidia-uvm" not in cache.current().control_nodes  # a burst of prepares: one look
+    now[0] += 1.0
     files = cache.current()
     assert "/dev/nvidia-uvm" in files.control_nodes
     assert "/run/nvidia-persistenced/socket" in {m.container for m in files.ipc}

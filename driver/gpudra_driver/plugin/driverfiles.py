@@ -39,6 +39,8 @@ import re
 import stat
 import subprocess
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -373,6 +375,11 @@ def _unique(items: list[Any]) -> list[Any]:
     return list(dict.fromkeys(items))
 
 
+# How long a look at control nodes, IPC sockets and the hook serves the next prepares: a burst of
+# claims (a job's pods starting at once) costs one look; something that appears is seen within it.
+VIEW_TTL = 1.0
+
+
 class DriverFilesCache:
     """The driver files a claim's spec gets now. The version's files are scanned when the root's
     driver version changes (a driver container upgrade); control nodes, IPC sockets and the hook
@@ -381,13 +388,15 @@ class DriverFilesCache:
     retryable prepare error, never an exception that fails the other claims of the call."""
 
     def __init__(self, root: DriverRoot, *, hook: str | None = None, host_dev: Path = Path("/dev"),
-                 proc: Path = Path("/proc")) -> None:
+                 proc: Path = Path("/proc"), clock: Callable[[], float] = time.monotonic) -> None:
         self.root = root
+        self.clock = clock
         self.hook = hook
         self.host_dev = host_dev
         self.kernel_version_file = proc / "driver/nvidia/version"
         self._lock = threading.Lock()
         self._versioned: _Versioned | None = None
+        self._view: tuple[float, DriverFiles] | None = None  # (monotonic time, view) of the last look
 
     def current(self) -> DriverFiles:
         try:
@@ -395,9 +404,12 @@ class DriverFilesCache:
             self._check_kernel_module(version)
             with self._lock:
                 if self._versioned is None or self._versioned.version != version:
-                    self._versioned = _versioned(self.root, version)
+                    self._versioned, self._view = _versioned(self.root, version), None
                 versioned = self._versioned
-            return _node_view(self.root, versioned, hook=self.hook, host_dev=self.host_dev)
+                now = self.clock()
+                if self._view is None or now - self._view[0] >= VIEW_TTL:
+                    self._view = (now, _node_view(self.root, versioned, hook=self.hook, host_dev=self.host_dev))
+                return self._view[1]
         except DriverRootError as error:  # a link out of the root, a loop
             raise DriverFilesError(str(error)) from None
 
