@@ -33,7 +33,6 @@ set -euo pipefail
 shopt -s inherit_errexit  # a failure inside $(...) stops the script too
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SELF="$REPO/hack/images.sh"
 IMAGE_REGISTRY="${IMAGE_REGISTRY:-ghcr.io/gpudra}"
 IMAGE_TAG="${IMAGE_TAG:-$(sed -n 's/^version = "\(.*\)"/\1/p' "$REPO/pyproject.toml")}"
 CACHE_ROOT="${GPUDRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpudra}"
@@ -55,6 +54,9 @@ if [[ -z "${CONTAINER_ENGINE:-}" ]]; then
 fi
 ENGINE="$CONTAINER_ENGINE"
 command -v "$ENGINE" >/dev/null || die "CONTAINER_ENGINE=$ENGINE is not installed (podman: run $FIX)"
+if [[ "$(basename "$ENGINE")" == docker ]]; then
+  "$ENGINE" info >/dev/null 2>&1 || die "CONTAINER_ENGINE=$ENGINE: its daemon does not answer ('$ENGINE info' fails)"
+fi
 BUILD_FLAGS=()
 if [[ "$(basename "$ENGINE")" == podman ]]; then
   export CONTAINERS_CONF="${CONTAINERS_CONF:-$REPO/hack/podman/containers.conf}"
