@@ -139,9 +139,12 @@ def test_a_second_build_is_a_cache_hit(images: dict[str, str]) -> None:
 
 
 def test_the_stand_in_base_offers_python3_and_pip_like_python_slim(images: dict[str, str]) -> None:
-    base = labels(images["agent"]).get("io.gpudra.base", "")
-    if not base.startswith(STANDIN):
-        pytest.skip(f"the images are built on {base or 'an unknown base'}, not the stand-in")
+    """Whatever base the app images were built on, the stand-in `make base-image` builds is held
+    to python:*-slim's interface (built here, cached, when the app images used the official one)."""
+    built = subprocess.run([str(IMAGES_SH), "base"], capture_output=True, text=True, timeout=900)
+    assert built.returncode == 0, built.stderr
+    base = built.stdout.split()[-1]
+    assert base.startswith(STANDIN), base
     script = ('set -e; command -v python3; command -v pip; '
               'python3 -c "import sys; print(sys.prefix)"; '
               '/usr/bin/python3 -c "import sys; print(sys.prefix)"; '
