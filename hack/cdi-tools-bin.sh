@@ -11,27 +11,16 @@ set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SRC="$HACK_DIR/cdi-tools"
-CACHE_ROOT="${GPUDRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpudra}"
+TOOL=cdi-tools-bin
+BINARIES=(cdi-validate)
+source "$HACK_DIR/lib/cached-tool.sh"
 HASH="$(cat "$SRC/go.mod" "$SRC/go.sum" "$SRC/main.go" | sha256sum | cut -c1-16)"
 BIN_DIR="$CACHE_ROOT/cdi-tools/$HASH"
 
-log() { printf '[cdi-tools-bin] %s\n' "$*" >&2; }
-
-if [[ -n "${GPUDRA_CDI_TOOLS_DIR:-}" ]]; then
-  if [[ -x "$GPUDRA_CDI_TOOLS_DIR/cdi-validate" ]]; then
-    log "using \$GPUDRA_CDI_TOOLS_DIR=$GPUDRA_CDI_TOOLS_DIR"
-    echo "$GPUDRA_CDI_TOOLS_DIR"; exit 0
-  fi
-  log "\$GPUDRA_CDI_TOOLS_DIR=$GPUDRA_CDI_TOOLS_DIR has no cdi-validate; falling back"
-fi
-if [[ -x "$BIN_DIR/cdi-validate" ]]; then
-  log "cached: $BIN_DIR"
-  echo "$BIN_DIR"; exit 0
-fi
-command -v go >/dev/null || { log "no Go toolchain to build cdi-validate: install Go >= 1.23, or set GPUDRA_CDI_TOOLS_DIR to a directory with cdi-validate"; exit 1; }
-mkdir -p "$BIN_DIR"
-STAGE="$(mktemp -d "$BIN_DIR/.stage.XXXXXX")"
-trap 'rm -rf "$STAGE"' EXIT
+use_given_dir GPUDRA_CDI_TOOLS_DIR
+use_cached "$BIN_DIR"
+require_go cdi-validate GPUDRA_CDI_TOOLS_DIR
+new_stage "$BIN_DIR"
 start=$SECONDS
 log "building cdi-validate ($(go -C "$SRC" list -m -f '{{.Path}} {{.Version}}' tags.cncf.io/container-device-interface)) from the Go module proxy"
 (cd "$SRC" && CGO_ENABLED=0 go build -trimpath -mod=readonly -ldflags "-s -w" -o "$STAGE/cdi-validate" . >&2)

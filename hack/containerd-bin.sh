@@ -11,32 +11,18 @@ set -euo pipefail
 
 CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.2.9}"
 CRICTL_VERSION="${CRICTL_VERSION:-v1.34.0}"
-CACHE_ROOT="${GPUDRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpudra}"
-BIN_DIR="$CACHE_ROOT/containerd/$CONTAINERD_VERSION"
+TOOL=containerd-bin
 BINARIES=(containerd containerd-shim-runc-v2 ctr crictl)
+source "$(dirname "${BASH_SOURCE[0]}")/lib/cached-tool.sh"
+BIN_DIR="$CACHE_ROOT/containerd/$CONTAINERD_VERSION"
 
-log() { printf '[containerd-bin] %s\n' "$*" >&2; }
-
-has_all() {
-  local dir="$1" b
-  for b in "${BINARIES[@]}"; do [[ -x "$dir/$b" ]] || return 1; done
-}
-
-if [[ -n "${GPUDRA_CONTAINERD_DIR:-}" ]]; then
-  if has_all "$GPUDRA_CONTAINERD_DIR"; then
-    log "using \$GPUDRA_CONTAINERD_DIR=$GPUDRA_CONTAINERD_DIR"
-    echo "$GPUDRA_CONTAINERD_DIR"; exit 0
-  fi
-  log "\$GPUDRA_CONTAINERD_DIR=$GPUDRA_CONTAINERD_DIR lacks one of: ${BINARIES[*]}; falling back"
-fi
+use_given_dir GPUDRA_CONTAINERD_DIR
 if has_all "$BIN_DIR" && [[ "$("$BIN_DIR/containerd" --version 2>/dev/null)" == *" $CONTAINERD_VERSION "* ]]; then
   log "cached: $BIN_DIR"
   echo "$BIN_DIR"; exit 0
 fi
-command -v go >/dev/null || { log "no Go toolchain to build containerd $CONTAINERD_VERSION: install Go, or set GPUDRA_CONTAINERD_DIR"; exit 1; }
-mkdir -p "$BIN_DIR"
-STAGE="$(mktemp -d "$BIN_DIR/.stage.XXXXXX")"
-trap 'rm -rf "$STAGE"' EXIT
+require_go "containerd $CONTAINERD_VERSION" GPUDRA_CONTAINERD_DIR
+new_stage "$BIN_DIR"
 
 start=$SECONDS
 log "building containerd, containerd-shim-runc-v2, ctr $CONTAINERD_VERSION from the Go module proxy (first time only: ~4-5 min on 2 cores)"

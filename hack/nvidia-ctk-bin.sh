@@ -10,34 +10,17 @@ set -euo pipefail
 
 NVIDIA_CTK_VERSION="${NVIDIA_CTK_VERSION:-v1.20.2}"
 MODULE=github.com/NVIDIA/nvidia-container-toolkit
-CACHE_ROOT="${GPUDRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpudra}"
-BIN_DIR="$CACHE_ROOT/nvidia-ctk/$NVIDIA_CTK_VERSION"
+TOOL=nvidia-ctk-bin
 BINARIES=(nvidia-ctk nvidia-cdi-hook)
+source "$(dirname "${BASH_SOURCE[0]}")/lib/cached-tool.sh"
+BIN_DIR="$CACHE_ROOT/nvidia-ctk/$NVIDIA_CTK_VERSION"
 
-log() { printf '[nvidia-ctk-bin] %s\n' "$*" >&2; }
-
-has_all() {
-  local dir="$1" b
-  for b in "${BINARIES[@]}"; do [[ -x "$dir/$b" ]] || return 1; done
-}
-
-if [[ -n "${GPUDRA_NVIDIA_CTK_DIR:-}" ]]; then
-  if has_all "$GPUDRA_NVIDIA_CTK_DIR"; then
-    log "using \$GPUDRA_NVIDIA_CTK_DIR=$GPUDRA_NVIDIA_CTK_DIR"
-    echo "$GPUDRA_NVIDIA_CTK_DIR"; exit 0
-  fi
-  log "\$GPUDRA_NVIDIA_CTK_DIR=$GPUDRA_NVIDIA_CTK_DIR lacks one of: ${BINARIES[*]}; falling back"
-fi
-if has_all "$BIN_DIR"; then
-  log "cached: $BIN_DIR"
-  echo "$BIN_DIR"; exit 0
-fi
-command -v go >/dev/null || { log "no Go toolchain to build $MODULE $NVIDIA_CTK_VERSION: install Go >= 1.26, or set GPUDRA_NVIDIA_CTK_DIR to a directory with ${BINARIES[*]}"; exit 1; }
+use_given_dir GPUDRA_NVIDIA_CTK_DIR
+use_cached "$BIN_DIR"
+require_go "$MODULE $NVIDIA_CTK_VERSION" GPUDRA_NVIDIA_CTK_DIR
 command -v "$(go env CC)" >/dev/null || { log "no C compiler ($(go env CC)): nvidia-ctk needs cgo (go-nvml); install gcc"; exit 1; }
 
-mkdir -p "$BIN_DIR"
-STAGE="$(mktemp -d "$BIN_DIR/.stage.XXXXXX")"
-trap 'rm -rf "$STAGE"' EXIT
+new_stage "$BIN_DIR"
 # cgo writes its probe files to $TMPDIR and gcc resolves `#include "nvml.h"` there first: a stray
 # nvml.h in /tmp breaks go-nvml's build. So the build gets a clean TMPDIR of its own.
 mkdir "$STAGE/tmp" "$STAGE/bin"
