@@ -19,7 +19,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpudra_driver.devicepluginguard import CONFLICT as DEVICE_PLUGIN_CONFLICT
 from gpudra_driver.devicepluginguard import RESOLVED as DEVICE_PLUGIN_RESOLVED
-from gpudra_driver.diff import contains
+from gpudra_driver.diff import contains, dropped_fields
 from gpudra_driver.nodeevents import event_source
 from gpudra_driver.kubeapi import Kube, Obj, error_message, is_status, resource_type
 
@@ -281,7 +281,8 @@ class Reconciler:
             outcome.apply_errors.append(ApplyError(desired["kind"], meta["name"],
                                                    "exists and is not managed by this GpuDraConfig; left untouched"))
             return False, live
-        if live is not None and contains(live, desired):
+        if live is not None and contains(live, desired) and not dropped_fields(live, desired, self.kube.field_manager):
+            # Nothing to set and nothing of ours to remove: the apply would be a no-op, skip it.
             outcome.unchanged.append(f"{desired['kind']} {meta['name']}")
             return False, live
         return True, live

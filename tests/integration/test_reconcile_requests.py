@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest_asyncio
 
@@ -110,3 +111,78 @@ async def test_a_refresh_after_a_spec_change_reconciles_instead(kube: Kube, conf
     assert daemonset["spec"]["template"]["spec"]["containers"][0]["image"] == "example.com/gpudra:next"
     status = (await live(kube, CONFIG, name))["status"]
     assert status["observedGeneration"] == (await live(kube, CONFIG, name))["metadata"]["generation"]
+
+
+OPTIONAL_AGENT_FIELDS: dict[str, tuple[Any, Callable[[Obj], Any]]] = {
+    # spec.agent field -> (a value, where it lands in the DaemonSet)
+    "nodeSelector": ({"gpudra-requests-extra": "x"}, lambda ds: ds["spec"]["template"]["spec"].get("nodeSelector")),
+    "affinity": ({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}}]}},
+        lambda ds: ds["spec"]["template"]["spec"].get("affinity")),
+    "tolerations": ([{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    lambda ds: ds["spec"]["template"]["spec"].get("tolerations")),
+    "resources": ({"limits": {"memory": "300Mi"}}, lambda ds: ds["spec"]["template"]["spec"]["containers"][0].get("resources")),
+    "extraEnv": ([{"name": "GPUDRA_EXTRA", "value": "1"}],
+                 lambda ds: [e for e in ds["spec"]["template"]["spec"]["containers"][0]["env"] if e["name"] == "GPUDRA_EXTRA"]),
+    "priorityClassName": ("", lambda ds: "priorityClassName" in ds["spec"]["template"]["spec"] or None),
+}
+
+
+async def test_an_optional_field_taken_out_of_the_spec_leaves_the_children_and_a_tick_writes_nothing(
+        kube: Kube, config: Obj, namespace: str) -> None:
+    """Set every optional field, then take each out: server-side apply removes what this manager
+    owned and no longer sends, so the DaemonSet and the classes lose it (a `contains` check alone
+    would call the live object current). After that, a drift tick reads and writes nothing."""
+    name = config["metadata"]["name"]
+    counting = CountingKube(kube.api, "gpudra-operator")
+    reconciler = Reconciler(counting, EventRecorder(counting))
+    class_name = config["spec"]["deviceClasses"][0]["name"]
+    annotated = {"name": class_name, "inline": (
+        "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: {{ name }}\n"
+        "  annotations: {example.com/owner: ml-team}\nspec:\n  selectors:\n  - cel:\n"
+        "      expression: {{ driver_match | yaml_string }}\n"
+        "  config:\n  - opaque:\n      driver: {{ driver }}\n      parameters: {kind: Example}\n")}
+    agent = {**config["spec"]["agent"], **{k: v for k, (v, _) in OPTIONAL_AGENT_FIELDS.items() if k != "priorityClassName"}}
+    agent["nodeSelector"] = {**config["spec"]["agent"]["nodeSelector"], "gpudra-requests-extra": "x"}
+    await kube.patch(CONFIG, name, {"spec": {"agent": agent, "deviceClasses": [
+        annotated, *config["spec"]["deviceClasses"][1:]]}})
+    await reconciler.reconcile(await live(kube, CONFIG, name))
+    daemonset = await live(kube, DAEMONSET, "gpudra-agent", namespace)
+    for field, (_, where) in OPTIONAL_AGENT_FIELDS.items():
+        if field != "priorityClassName":
+            assert where(daemonset), f"{field} not applied"
+    assert "priorityClassName" in daemonset["spec"]["template"]["spec"]
+    applied = await live(kube, DEVICE_CLASS, class_name)
+    assert applied["metadata"]["annotations"] == {"example.com/owner": "ml-team"} and applied["spec"]["config"]
+
+    # Out, one at a time (each alone leaves everything else the live object has as it is); an empty
+    # priorityClassName means none.
+    removals: list[tuple[str, Obj]] = [
+        ("nodeSelector", {"nodeSelector": {"gpudra-requests-extra": None}}), ("affinity", {"affinity": None}),
+        ("tolerations", {"tolerations": None}), ("resources", {"resources": None}),
+        ("extraEnv", {"extraEnv": None}), ("priorityClassName", {"priorityClassName": ""})]
+    for field, patch in removals:
+        await kube.patch(CONFIG, name, {"spec": {"agent": patch}})
+        await reconciler.reconcile(await live(kube, CONFIG, name))
+        daemonset = await live(kube, DAEMONSET, "gpudra-agent", namespace)
+        if field == "nodeSelector":
+            assert daemonset["spec"]["template"]["spec"]["nodeSelector"] == config["spec"]["agent"]["nodeSelector"]
+        else:
+            assert not OPTIONAL_AGENT_FIELDS[field][1](daemonset), f"{field} still on the DaemonSet"
+    await kube.patch(CONFIG, name, {"spec": {"deviceClasses": [
+        {"name": class_name, "template": "full-gpu"}, *config["spec"]["deviceClasses"][1:]]}})
+    await reconciler.reconcile(await live(kube, CONFIG, name))
+    cleared = await live(kube, DEVICE_CLASS, class_name)
+    assert "annotations" not in cleared["metadata"] or "example.com/owner" not in cleared["metadata"]["annotations"]
+    assert "config" not in cleared["spec"]
+
+    async def settled() -> Obj | None:  # the DaemonSet controller has caught up with the new template
+        ds = await kube.get(DAEMONSET, "gpudra-agent", namespace)
+        status = (ds or {}).get("status") or {}
+        return ds if ds and status.get("observedGeneration") == ds["metadata"]["generation"] else None
+
+    await wait_for(settled, timeout=30, what="the DaemonSet controller to observe the new template")
+    await reconciler.reconcile(await live(kube, CONFIG, name))  # the status catches up
+    counting.requests.clear()
+    await reconciler.reconcile(await live(kube, CONFIG, name))  # a drift tick
+    assert [r for r in counting.requests if r[0] != "GET"] == [], [r for r in counting.requests if r[0] != "GET"]

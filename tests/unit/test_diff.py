@@ -25,3 +25,32 @@ def test_quantity_value() -> None:
     assert quantity_value("81559Mi") == 81559 * 2**20
     assert quantity_value("2") == 2 and quantity_value(3) == 3
     assert quantity_value("gpu") is None and quantity_value(None) is None and quantity_value(True) is None
+
+
+def test_fields_this_manager_applied_and_no_longer_sends_are_found() -> None:
+    from gpudra_driver.diff import dropped_fields
+
+    live = {"metadata": {"managedFields": [
+        {"manager": "gpudra-operator", "operation": "Apply", "fieldsV1": {
+            "f:metadata": {"f:annotations": {"f:example.com/owner": {}}},
+            "f:spec": {"f:template": {"f:spec": {
+                "f:nodeSelector": {},  # atomic: owned whole
+                "f:tolerations": {},
+                "f:containers": {'k:{"name":"agent"}': {".": {}, "f:name": {}, "f:resources": {"f:limits": {"f:memory": {}}}}},
+            }}}}},
+        {"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:metadata": {"f:labels": {"f:x": {}}}}}]},
+        "spec": {"template": {"spec": {"nodeSelector": {"a": "1", "b": "2"}, "tolerations": [{"key": "k"}],
+                                       "containers": [{"name": "agent", "resources": {"limits": {"memory": "1Gi"}}}]}}}}
+    same = {"metadata": {"annotations": {"example.com/owner": "x"}},
+            "spec": {"template": {"spec": {"nodeSelector": {"a": "1", "b": "2"}, "tolerations": [{"key": "k"}],
+                                           "containers": [{"name": "agent", "resources": {"limits": {"memory": "1Gi"}}}]}}}}
+    assert dropped_fields(live, same, "gpudra-operator") == []
+    assert dropped_fields(live, {}, "someone-else") == []  # another manager's fields are not ours to drop
+    fewer = {"metadata": {}, "spec": {"template": {"spec": {
+        "nodeSelector": {"a": "1"}, "containers": [{"name": "agent"}]}}}}
+    assert sorted(dropped_fields(live, fewer, "gpudra-operator")) == [
+        "metadata.annotations",
+        'spec.template.spec.containers[{"name":"agent"}].resources',
+        "spec.template.spec.nodeSelector.{b}",
+        "spec.template.spec.tolerations",
+    ]
