@@ -432,7 +432,7 @@ def _template_line(error: BaseException) -> int | None:
     return line
 
 
-def _describe(error: BaseException) -> str:
+def describe_error(error: BaseException) -> str:
     line = _template_line(error)
     at = f" (template line {line})" if line else ""
     if isinstance(error, jinja2.TemplateSyntaxError):
@@ -470,7 +470,9 @@ def _time_limit(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def _render_text(source: str, context: Mapping[str, Any]) -> str:
+def render_text_here(source: str, context: Mapping[str, Any]) -> str:
+    """Render in this process (built-in templates; inline ones in the bounded worker, where this
+    runs too: see :mod:`gpudra_operator.templateworker`)."""
     template = _compiled(source)
     size = 0
     chunks: list[str] = []
@@ -584,7 +586,17 @@ def render_device_class(name: str, driver: str, *, template: str | None = None,
             source = builtin_source(template)
         else:
             source = str(inline)
-        text = _render_text(source, template_context(name, driver, params))
+        if template is not None:
+            text = render_text_here(source, template_context(name, driver, params))
+        else:  # a config author's code: rendered where memory and CPU are bounded
+            from gpudra_operator.templateworker import WORKER, TemplateBoundExceeded
+
+            try:
+                text = WORKER.render(name, driver, params, source)
+            except TemplateBoundExceeded as error:
+                raise RenderError(name, f"template exceeded its bounds: {error}") from None
+            except ValueError as error:  # the template's own failure, described by the worker
+                raise RenderError(name, str(error)) from None
         try:
             doc = _load_one(text)
         except yaml.YAMLError as error:
@@ -593,7 +605,7 @@ def render_device_class(name: str, driver: str, *, template: str | None = None,
     except RenderError:
         raise
     except Exception as error:  # noqa: BLE001 - every template failure becomes one RenderError
-        raise RenderError(name, _describe(error)) from error
+        raise RenderError(name, describe_error(error)) from error
 
 
 def render_device_classes(classes: Iterable[Any], driver: str) -> tuple[list[dict[str, Any]], list[RenderError]]:

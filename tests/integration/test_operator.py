@@ -189,6 +189,26 @@ async def test_nodes_running_nvidias_device_plugin_degrade_the_config_until_it_i
     await wait_for(has_condition(kube, name, "Degraded", "False"), timeout=60, what=f"{name} Degraded=False")
 
 
+async def test_a_template_bomb_degrades_its_class_and_the_operator_stays_small(
+        kube: Kube, configs, namespace: str, suffix: str, operator: OperatorProcess) -> None:
+    """The review's live reproduction: an inline template allocating 2.4 GiB in one C call. It
+    renders in the bounded worker: its class is named in Degraded, the other class is applied, and
+    the operator's peak resident memory stays under 300 MiB (its Deployment's limit is 512Mi)."""
+    await agent_namespace(kube, namespace)
+    name, driver = f"bomb-{suffix}", f"bomb{suffix}.gpudra.io"
+    good = {"name": f"fine-{suffix}.gpudra.io", "template": "full-gpu"}
+    bomb = {"name": f"bomb-{suffix}.gpudra.io",
+            "inline": "{% set x = (range(100000)|list) * 3000 %}apiVersion: resource.k8s.io/v1\nkind: DeviceClass\n"}
+    await configs(make_config(name, namespace, driver, [good, bomb], nodeSelector={"none": suffix}))
+    degraded = await wait_for(has_condition(kube, name, "Degraded", "True"), timeout=60, what="Degraded=True")
+    message = condition(degraded, "Degraded")["message"]
+    assert bomb["name"] in message and "more than the 256 MiB it may use" in message, message
+    assert await kube.get(DEVICE_CLASS, good["name"])
+    with open(f"/proc/{operator.process.pid}/status") as status:
+        peak_kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    assert peak_kib < 300 * 1024, f"operator peak RSS {peak_kib // 1024} MiB"
+
+
 async def test_broken_template_loses_nothing(kube: Kube, configs, namespace: str, suffix: str) -> None:
     await agent_namespace(kube, namespace)
     name, driver = f"bad-{suffix}", f"b{suffix}.gpudra.io"

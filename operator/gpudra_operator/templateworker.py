@@ -1,0 +1,154 @@
+"""Inline DeviceClass templates render in a worker process with hard limits.
+
+An inline template is code a GpuDraConfig author writes. Jinja2's sandbox stops it from reaching
+Python objects, but not from allocating or computing: ``{% set x = (range(100000)|list) * 3000 %}``
+is one C-level operation of 2.4 GiB, which no signal interrupts and an output cap sees only after
+the allocation. Rendered in the operator, it would get the operator OOM-killed, and crash-loop,
+since every restart renders the config again. So inline templates render in a child process:
+
+* its address space is capped (``RLIMIT_AS``, :data:`MEMORY_LIMIT`): an allocation past it fails
+  with ``MemoryError`` in the child, never in the operator;
+* its CPU per render is capped (``RLIMIT_CPU`` moved ahead before each render): the kernel ends a
+  render that loops in C, where a timer signal would wait for the next bytecode;
+* the parent also waits at most :data:`WALL_LIMIT` seconds for an answer, then kills the child.
+
+A child that dies is replaced at the next render; the failing class gets a :class:`RenderError`
+naming the bound it hit, and the other classes render as before. Built-in templates are the
+project's own and render in-process. The protocol is one JSON line each way over the child's
+stdin/stdout: ``{"name", "driver", "params", "source"}`` in, ``{"text"}`` or ``{"error"}`` out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import IO, Any
+
+log = logging.getLogger("gpudra.operator")
+
+MEMORY_LIMIT = 256 * 1024 * 1024  # the child's whole address space (a rendering child uses ~30 MiB)
+CPU_LIMIT = 2  # seconds of CPU per render
+WALL_LIMIT = 5.0  # seconds the operator waits for one render
+
+
+class TemplateBoundExceeded(Exception):
+    """The render hit a memory, CPU or time bound; the message says which."""
+
+
+class TemplateWorker:
+    """One child process at a time, started on first use, replaced when it dies."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._child: subprocess.Popen[bytes] | None = None
+
+    def render(self, name: str, driver: str, params: Mapping[str, str], source: str) -> str:
+        """The rendered text; ``ValueError`` with the template's own error (as the in-process
+        render describes it), or :class:`TemplateBoundExceeded`."""
+        request = json.dumps({"name": name, "driver": driver, "params": dict(params), "source": source})
+        with self._lock:
+            child = self._running()
+            assert child.stdin is not None and child.stdout is not None
+            try:
+                child.stdin.write(request.encode() + b"\n")
+                child.stdin.flush()
+                line = _read_line(child.stdout, WALL_LIMIT)
+            except (BrokenPipeError, TimeoutError) as error:
+                self._stop(child)
+                if isinstance(error, TimeoutError):
+                    raise TemplateBoundExceeded(f"template took longer than {WALL_LIMIT:g} s to render") from None
+                raise TemplateBoundExceeded(self._death(child)) from None
+            if not line:
+                self._stop(child)
+                raise TemplateBoundExceeded(self._death(child))
+        answer = json.loads(line)
+        if "error" in answer:
+            raise ValueError(answer["error"])
+        return str(answer["text"])
+
+    def _running(self) -> subprocess.Popen[bytes]:
+        if self._child is None or self._child.poll() is not None:
+            self._child = subprocess.Popen(
+                [sys.executable, "-m", "gpudra_operator.templateworker"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+        return self._child
+
+    def _stop(self, child: subprocess.Popen[bytes]) -> None:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+        if self._child is child:
+            self._child = None
+
+    @staticmethod
+    def _death(child: subprocess.Popen[bytes]) -> str:
+        signal_number = -child.returncode if child.returncode and child.returncode < 0 else None
+        if signal_number == 24:  # SIGXCPU
+            return f"template used more than {CPU_LIMIT} s of CPU"
+        return (f"template rendering ended its worker (exit {child.returncode}): more than "
+                f"{MEMORY_LIMIT // 2**20} MiB or {CPU_LIMIT} s of CPU")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._child is not None:
+                self._stop(self._child)
+
+
+def _read_line(stream: IO[bytes], timeout: float) -> bytes:
+    deadline = time.monotonic() + timeout
+    fd = stream.fileno()
+    chunks: list[bytes] = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            raise TimeoutError
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        if chunk.endswith(b"\n"):
+            return b"".join(chunks)
+
+
+WORKER = TemplateWorker()
+
+
+# -- the child ----------------------------------------------------------------------------------
+
+
+def _serve() -> None:
+    from gpudra_operator.deviceclasses import render_text_here, template_context
+
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    out = sys.stdout.buffer
+    for line in sys.stdin.buffer:
+        request: dict[str, Any] = json.loads(line)
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        spent = int(usage.ru_utime + usage.ru_stime)
+        resource.setrlimit(resource.RLIMIT_CPU, (spent + CPU_LIMIT, spent + CPU_LIMIT + 1))
+        try:
+            context = template_context(request["name"], request["driver"], request["params"])
+            answer = {"text": render_text_here(request["source"], context)}
+        except MemoryError:
+            answer = {"error": f"template allocated more than the {MEMORY_LIMIT // 2**20} MiB it may use"}
+        except Exception as error:  # noqa: BLE001 - the template's own failure, described for the class
+            from gpudra_operator.deviceclasses import describe_error
+
+            answer = {"error": describe_error(error)}
+        out.write(json.dumps(answer).encode() + b"\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    _serve()
