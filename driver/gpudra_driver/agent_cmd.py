@@ -48,6 +48,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--sysfs", default="/sys",
                         help="the host's sysfs: NUMA nodes of GPUs, and NVIDIA devices on the PCI bus, which "
                              "tell a CPU-only node from a GPU node whose driver fails (default: %(default)s)")
+    parser.add_argument("--checkpoint-sweep-interval", type=float, default=300.0,
+                        help="seconds between sweeps that release prepared claims whose unprepare never came "
+                             "(deleted, re-created or deallocated claims); one also runs at start "
+                             "(default: %(default)s)")
     parser.add_argument("--allow-device-plugin", action="store_true",
                         help="publish GPUs even where NVIDIA's device plugin advertises nvidia.com/gpu on the "
                              "node (by default nothing is published there: a GPU must not be handed out twice)")
@@ -93,16 +97,15 @@ def run(args: argparse.Namespace) -> int:
     return eventloop.run(_main(args), args.event_loop)
 
 
-async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: object, kube: object) -> None:
+async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: object, kube: object,
+                       events: object) -> None:
     from gpudra_driver.discovery import numa_node_from_sysfs
     from gpudra_driver.devicepluginguard import DevicePluginGuard
-    from gpudra_driver.nodeevents import NodeEvents
     from gpudra_driver.rescan import Rescanner
 
-    events = NodeEvents(kube, args.node_name, driver=args.driver)  # type: ignore[arg-type]
     # the Node every 5 rescans (5 minutes by default): one GET, not a watch per agent
     guard = DevicePluginGuard(kube, args.node_name, allow=args.allow_device_plugin,  # type: ignore[arg-type]
-                              report=events.post, interval=5 * args.rescan_interval)
+                              report=events.post, interval=5 * args.rescan_interval)  # type: ignore[attr-defined]
 
     def publish(devices):  # type: ignore[no-untyped-def]
         plugin.set_devices(devices)  # type: ignore[attr-defined]  # prepared claims keep working
@@ -112,7 +115,7 @@ async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: obje
     await Rescanner(args.nvml, publish, interval=args.rescan_interval,
                     numa_node_of=functools.partial(numa_node_from_sysfs, sysfs=sysfs), sysfs=sysfs,
                     driver_root=_driver_root(args),
-                    report=events.post, gate=guard.check).run()
+                    report=events.post, gate=guard.check).run()  # type: ignore[attr-defined]
 
 
 def _driver_root(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -136,6 +139,8 @@ async def _report_ready(path: Path, registered: asyncio.Event, published: asynci
 
 async def _main(args: argparse.Namespace) -> int:
     from gpudra_driver.kubeapi import Kube, connect
+    from gpudra_driver.nodeevents import NodeEvents
+    from gpudra_driver.plugin.sweep import LeakSweeper
     from gpudra_driver.plugin.plugin import KubeletPlugin, claim_getter
     from gpudra_driver.publisher import SlicePublisher
 
@@ -153,6 +158,7 @@ async def _main(args: argparse.Namespace) -> int:
         log.error("%s", error)
     api = await connect(args.kubeconfig)
     kube = Kube(api, field_manager="gpudra-agent")
+    events = NodeEvents(kube, args.node_name, driver=args.driver)
     publisher = SlicePublisher(kube, args.driver, args.node_name)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -183,7 +189,11 @@ async def _main(args: argparse.Namespace) -> int:
             await api.close()
             return 1
     tasks = [asyncio.create_task(publisher.run(), name="publisher"),
-             asyncio.create_task(_rescan_loop(args, publisher, plugin, kube), name="rescan"),
+             asyncio.create_task(_rescan_loop(args, publisher, plugin, kube, events), name="rescan"),
+             asyncio.create_task(LeakSweeper(prepared=plugin.state.prepared_claims, get_claim=plugin.get_claim,
+                                             unprepare=plugin.unprepare, driver=args.driver, node=args.node_name,
+                                             report=events.post, interval=args.checkpoint_sweep_interval).run(),
+                                 name="checkpoint-sweep"),
              asyncio.create_task(plugin.watch(), name="kubelet-plugin")]
     if args.ready_file:
         tasks.append(asyncio.create_task(

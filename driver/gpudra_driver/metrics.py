@@ -78,6 +78,9 @@ PUBLISHED_DEVICES = Gauge("gpudra_agent_published_devices", "Devices this agent 
 PUBLISHED_SLICES = Gauge("gpudra_agent_published_resourceslices", "ResourceSlices this agent publishes.")
 LAST_PUBLISH = Gauge("gpudra_agent_last_successful_publish_timestamp_seconds",
                      "Unix time the agent last confirmed its ResourceSlices current (0: never).")
+LEAKED_CLAIMS_RELEASED = Counter("gpudra_agent_leaked_claims_released_total",
+                                 "Prepared claims released by the checkpoint sweep: deleted, re-created or "
+                                 "deallocated while their unprepare never came.")
 PUBLISH_ERRORS = Counter("gpudra_agent_publish_errors_total", "ResourceSlice syncs that failed (and are retried).")
 BUILD_INFO = Info("gpudra_agent_build", "The gpudra version of this agent.")
 

@@ -30,6 +30,7 @@ from gpudra_driver.plugin.kubelet_client import DraClient, Registered, probe_hea
 from gpudra_driver.plugin.plugin import socket_paths
 from gpudra_operator.localcluster.agents import AgentProcess, start_agent
 from gpudra_operator.localcluster.controlplane import ControlPlane, free_port
+from gpudra_operator.localcluster.objects import events_about
 from gpudra_operator.localcluster.waiting import wait_for
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
@@ -455,3 +456,33 @@ async def test_the_agent_on_uvloop_registers_prepares_and_unprepares(kube: Kube,
     assert plugin.checkpoint() == {} and not plugin.spec_path(claim["metadata"]["uid"]).exists()
     assert "event loop uvloop" in plugin.agent.log_tail()  # what it ran on, read off the running loop
     assert plugin.agent.stop() == 0
+
+
+async def test_a_claim_deleted_behind_the_agents_back_is_released_by_the_sweep(
+        kube: Kube, namespace: str, fake_nodes, plugin_agents, driver: str) -> None:
+    """The review's leak: a prepared claim is deleted while its unprepare never comes (the
+    kubelet's state lost, the node away). The scheduler sees gpu-2 free and allocates it to a new
+    claim; the agent refuses it ("already prepared") until its checkpoint sweep finds the old claim
+    gone and releases it, with a Node event. Then the same prepare succeeds."""
+    node = (await fake_nodes("leak"))["metadata"]["name"]
+    plugin = plugin_agents(node, driver, extra_args=("--checkpoint-sweep-interval", "1"))
+    await published_devices(kube, driver, node, 8)
+    registered = await plugin.registered()
+    old = await allocated_claim(kube, namespace, "leaked", driver, node, ["gpu-2"])
+    async with DraClient(registered.endpoint, registered.version) as kubelet:
+        first = await plugin.prepare(kubelet, [ref(old)])
+        assert first.claims[old["metadata"]["uid"]].error == ""
+        await kube.delete(CLAIM, "leaked", namespace)  # no unprepare ever reaches the agent
+        new = await allocated_claim(kube, namespace, "leaked", driver, node, ["gpu-2"])  # same name, new UID
+
+        async def released() -> Obj | None:
+            events = [e for e in await events_about(kube, node) if e.get("reason") == "LeakedClaimReleased"]
+            return events[0] if events else None
+
+        event = await wait_for(released, timeout=30, what="the sweep to release the deleted claim")
+        assert f"UID {old['metadata']['uid']}" in event["message"] and "gpu-2" in event["message"]
+        assert "re-created" in event["message"]
+        again = await plugin.prepare(kubelet, [ref(new)])
+        assert again.claims[new["metadata"]["uid"]].error == ""
+        assert plugin.checkpoint() == {new["metadata"]["uid"]: "PrepareCompleted"}
+        assert not plugin.spec_path(old["metadata"]["uid"]).exists()

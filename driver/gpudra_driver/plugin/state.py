@@ -120,6 +120,11 @@ class DeviceState:
             timeout = max(0.0, min(timeout, deadline - time.monotonic()))
         return node_lock_async(self.lock_path, timeout)
 
+    def prepared_claims(self) -> list[PreparedClaim]:
+        """The claims the checkpoint holds as prepared (PrepareCompleted), for the leak sweep."""
+        checkpoint = self._load()
+        return [entry.claim for entry in checkpoint.claims.values() if entry.state == ckpt.COMPLETED]
+
     def _load(self) -> ckpt.Checkpoint:
         """The checkpoint on disk. Decoding and verifying it is O(prepared claims), so the last one
         this instance read or wrote is reused while the file holds exactly its bytes (reading
