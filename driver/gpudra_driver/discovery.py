@@ -126,7 +126,12 @@ def scan(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = None) 
                 devices += _scan_gpu(nvml, index, system, numa_node_of, warnings)
             except (_CallFailed, ValueError) as exc:
                 warnings.append(f"GPU {index} skipped: {exc}")
-        return Discovery(devices, warnings)
+        # A value past an API limit (a 96-character product name) changes that device only; the
+        # node's other devices publish (a LimitError in build_slices would hold up the whole pool).
+        from gpudra_driver.slices import fit_devices
+
+        devices, fixes = fit_devices(devices)
+        return Discovery(devices, warnings + fixes)
     finally:
         try:
             nvml.nvmlShutdown()

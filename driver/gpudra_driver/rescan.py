@@ -81,6 +81,8 @@ class Rescanner:
         for warning in result.warnings:
             if warning not in self.warnings:
                 log.warning("%s", warning)
+                if self.report is not None and not warning.startswith(NO_GPU_ON_PCI):
+                    await self.report("Warning", "DiscoveryWarning", warning)
         self.warnings = set(result.warnings)
         if self.gate is not None:
             await self.gate()

@@ -9,13 +9,15 @@ desired and observed objects and write nothing when nothing changed. Every limit
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import re
 from collections.abc import Iterable
 from typing import Any
 
 from gpudra_driver import limits
-from gpudra_driver.devicemodel import CAPACITIES, Device
+from gpudra_driver.devicemodel import CAPACITIES, AttrValue, Device
 
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceSlice"
@@ -78,6 +80,41 @@ def build_slices(
             spec["devices"] = [device_to_api(d) for d in chunk]
         slices.append({"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec})
     return slices
+
+
+def fit_devices(devices: list[Device]) -> tuple[list[Device], list[str]]:
+    """The devices as the API will take them, and what had to change (pure). A value past a limit
+    must not hold up the whole pool: a string attribute over 64 characters (NVML product names
+    reach 96) is cut to 64, an attribute value the API refuses otherwise is left out, and a device
+    that still does not fit is skipped; each change is one warning naming the device."""
+    fitted: list[Device] = []
+    warnings: list[str] = []
+    for device in devices:
+        attributes = dict(device.attributes)
+        for key, val in device.attributes.items():
+            where = f"device {device.name} attribute {key}"
+            try:
+                if val.type == "string":
+                    limits.check_string_value(where, str(val.value))
+                elif val.type == "version":
+                    limits.check_version_value(where, str(val.value))
+                elif val.type == "int":
+                    limits.check_int_value(where, int(val.value))
+            except limits.LimitError as error:
+                if val.type == "string":
+                    attributes[key] = AttrValue.of_string(str(val.value)[:limits.MAX_ATTRIBUTE_STRING_LENGTH])
+                    warnings.append(f"{error}; published cut to {limits.MAX_ATTRIBUTE_STRING_LENGTH} characters")
+                else:
+                    del attributes[key]
+                    warnings.append(f"{error}; published without it")
+        candidate = dataclasses.replace(device, attributes=attributes) if attributes != device.attributes else device
+        try:
+            device_to_api(candidate)
+        except (limits.LimitError, ValueError) as error:
+            warnings.append(f"device {device.name} skipped: {error}")
+            continue
+        fitted.append(candidate)
+    return fitted, warnings
 
 
 def device_to_api(device: Device) -> dict[str, Any]:

@@ -167,6 +167,27 @@ async def test_allow_device_plugin_publishes_anyway(kube: Kube, fake_nodes, agen
     await wait_for(published(kube, driver, node, ["gpu-0", "gpu-1"], agent), timeout=30, what="the L4s")
 
 
+async def test_a_product_name_past_the_api_limit_holds_up_nothing(
+        kube: Kube, fake_nodes, agents, driver: str, tmp_path: Path) -> None:
+    """NVML product names reach 96 characters; attribute strings 64. The node publishes every GPU,
+    the long name cut to 64, and says so in its log and a Node event (the review's defect: one
+    value made the whole pool fail, retried every 30 s, forever)."""
+    node = (await fake_nodes("longname"))["metadata"]["name"]
+    doc = profile("l4x2")
+    doc["gpus"][1]["name"] = "NVIDIA L4 " + "Extended Edition " * 5
+    agent = agents(node, f"fake:{write_profile(tmp_path / 'nvml.yaml', doc)}", driver, rescan_interval=0.2)
+    slices = await wait_for(published(kube, driver, node, ["gpu-0", "gpu-1"], agent), timeout=30, what="both L4s")
+    names = {d["name"]: d["attributes"]["productName"]["string"] for s in slices for d in s["spec"]["devices"]}
+    assert names["gpu-1"] == doc["gpus"][1]["name"][:64] and names["gpu-0"] == "NVIDIA L4"
+
+    async def warned() -> Obj | None:
+        return next((e for e in await events_about(kube, node) if e.get("reason") == "DiscoveryWarning"), None)
+
+    event = await wait_for(warned, timeout=15, what="the Node event")
+    assert "device gpu-1 attribute productName" in event["message"] and "cut to 64 characters" in event["message"]
+    assert len(log_lines(agent, r" WARNING .*cut to 64 characters")) == 1  # once, not every rescan
+
+
 async def test_a_gpu_failing_mid_scan_is_skipped_with_one_warning_and_the_others_are_published(
         kube: Kube, fake_nodes, agents, driver: str, tmp_path: Path) -> None:
     node = (await fake_nodes("badgpu"))["metadata"]["name"]

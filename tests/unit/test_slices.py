@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections.abc import Callable
@@ -9,7 +10,7 @@ import pytest
 from gpudra_driver import limits
 from gpudra_driver.devicemodel import AttrValue, Device
 from gpudra_driver.discovery import scan
-from gpudra_driver.nvml.fake import FakeNvml
+from gpudra_driver.nvml.fake import FakeNvml, load_profile
 from gpudra_driver.slices import build_slices, device_to_api, node_label_value, quantity, slice_name
 
 DRIVER = "gpu.gpudra.io"
@@ -187,3 +188,22 @@ def test_limit_helpers() -> None:
     limits.check_dns_label("a", "a" * 63)
     with pytest.raises(limits.LimitError, match="10240 bytes"):
         limits.check_cel_expression("c", "x" * (10 * 1024 + 1))
+
+
+def test_a_value_past_a_limit_changes_that_device_only_and_says_so() -> None:
+    from gpudra_driver.devicemodel import AttrValue
+    from gpudra_driver.slices import build_slices, fit_devices
+
+    devices = scan(FakeNvml(load_profile("l4x2"))).devices
+    long_name = "NVIDIA L4 " + "Extended Edition " * 5  # 95 characters, as NVML names can be
+    bad = dataclasses.replace(devices[0], attributes={**devices[0].attributes,
+                                                      "productName": AttrValue.of_string(long_name),
+                                                      "driverVersion": AttrValue.of_version("550.1")})
+    fitted, warnings = fit_devices([bad, devices[1]])
+    assert [d.name for d in fitted] == ["gpu-0", "gpu-1"] and fitted[1] is devices[1]
+    assert fitted[0].attr("productName") == long_name[:64]
+    assert fitted[0].attr("driverVersion") is None  # not a semantic version: left out, not guessed
+    assert len(warnings) == 2 and all(w.startswith("device gpu-0 attribute ") for w in warnings)
+    assert "cut to 64 characters" in warnings[0] + warnings[1] and "published without it" in warnings[0] + warnings[1]
+    (slice_,) = build_slices("gpu.gpudra.io", "n", None, 1, fitted)  # the pool publishes
+    assert len(slice_["spec"]["devices"]) == 2
