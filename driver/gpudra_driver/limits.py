@@ -1,7 +1,7 @@
 """Kubernetes resource.k8s.io/v1 limits, in one place, with checks that fail before the API server does.
 
 Numbers come from ``k8s.io/api/resource/v1/types.go`` and the apiserver's resource validation
-(Kubernetes 1.34/1.35); see shared/reference/dra-api.md section 4. Every check raises
+(kubernetes/kubernetes ``pkg/apis/resource/validation/validation.go``, 1.35). Every check raises
 :class:`LimitError`, which names the object and the rule it broke, so a caller can log one line
 that says what to fix.
 """
