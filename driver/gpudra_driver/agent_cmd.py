@@ -124,15 +124,26 @@ def _driver_root(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return DriverRoot.at(args.driver_root, args.container_driver_root)
 
 
-async def _report_ready(path: Path, registered: asyncio.Event, published: asyncio.Event) -> None:
+READINESS_RECHECK = 1.0  # seconds between looks at whether the registration still holds
+
+
+async def _report_ready(path: Path, plugin: object, published: asyncio.Event) -> None:
     """Ready means usable: the kubelet accepted the plugin and this node's slices are current. A
-    rolling update (maxSurge 1) retires the old agent only then, so the node never lacks one."""
-    await registered.wait()
-    await published.wait()
-    path.touch()
-    log.info("ready: registered with the kubelet and published (%s)", path)
+    rolling update (maxSurge 1) retires the old agent only then, so the node never lacks one. The
+    file goes as soon as the registration is lost (the kubelet refused it, or the registration
+    socket is gone, which deregisters the plugin), and comes back once it is registered again."""
+    registration = plugin.registration  # type: ignore[attr-defined]
     try:
-        await asyncio.Event().wait()  # until the agent stops
+        while True:
+            await registration.registered.wait()
+            await published.wait()
+            path.touch()
+            log.info("ready: registered with the kubelet and published (%s)", path)
+            while registration.registered.is_set() and plugin.registration_socket.exists():  # type: ignore[attr-defined]
+                await asyncio.sleep(READINESS_RECHECK)  # a periodic look, not a synchronisation
+            path.unlink(missing_ok=True)
+            registration.registered.clear()  # a lost socket: wait for the kubelet's next registration
+            log.warning("not ready: the registration with the kubelet was lost (%s removed)", path)
     finally:
         path.unlink(missing_ok=True)
 
@@ -197,7 +208,7 @@ async def _main(args: argparse.Namespace) -> int:
              asyncio.create_task(plugin.watch(), name="kubelet-plugin")]
     if args.ready_file:
         tasks.append(asyncio.create_task(
-            _report_ready(Path(args.ready_file), plugin.registration.registered, publisher.published),
+            _report_ready(Path(args.ready_file), plugin, publisher.published),
             name="readiness"))
     stopper = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)

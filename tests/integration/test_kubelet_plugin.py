@@ -5,6 +5,7 @@ with claims allocated by the real scheduler or written into the real API server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -381,8 +382,31 @@ async def test_ready_file_appears_once_registered_and_published(kube: Kube, fake
     assert not ready.exists()  # published, but no kubelet has registered it yet
     await plugin.registered()
     await wait_for(lambda: _exists(ready), timeout=10, what=f"{ready} after registration")
+
+    # The kubelet takes the registration back (NotifyRegistrationStatus, not registered): the pod
+    # turns unready until the plugin is registered again.
+    await _refuse_registration(plugin.registration_socket)
+    await wait_for(lambda: _gone(ready), timeout=10, what=f"{ready} removed once the registration is lost")
+    await plugin.registered()
+    await wait_for(lambda: _exists(ready), timeout=10, what=f"{ready} back after registering again")
     assert plugin.agent.stop() == 0
     assert not ready.exists()  # a stopping agent is no longer ready
+
+
+async def _refuse_registration(registration_socket: Path) -> None:
+    from gpudra_driver.plugin.gen import pluginregistration_pb2, pluginregistration_pb2_grpc
+    from gpudra_driver.plugin.sockets import SocketAddress
+
+    with SocketAddress(registration_socket) as address:
+        async with grpc.aio.insecure_channel(address.target) as channel:
+            stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
+            status = pluginregistration_pb2.RegistrationStatus(plugin_registered=False, error="deregistered")
+            with contextlib.suppress(grpc.aio.AioRpcError):  # the plugin answers a refusal with an error
+                await stub.NotifyRegistrationStatus(status, timeout=5)
+
+
+async def _gone(path: Path) -> bool:
+    return not path.exists()
 
 
 async def _is_socket(path: Path) -> bool:
