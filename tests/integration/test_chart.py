@@ -196,3 +196,18 @@ def test_monitoring_objects(helm: str) -> None:
 def test_admission_policy_can_be_disabled(helm: str) -> None:
     kinds = {o["kind"] for o in template(helm, "--set", "agent.admissionPolicy.enabled=false")}
     assert "ValidatingAdmissionPolicy" not in kinds and "ValidatingAdmissionPolicyBinding" not in kinds
+
+
+def test_the_crd_defaults_the_agent_namespace_to_the_releases(helm: str) -> None:
+    """A GpuDraConfig written by hand that leaves spec.agent.namespace out lands where this
+    release's RBAC, admission policy and operator --namespace point (not the base's gpudra-system)."""
+    def agent_namespace_default(*args: str) -> str:
+        (crd,) = [o for o in template(helm, *args) if o["kind"] == "CustomResourceDefinition"]
+        (version,) = crd["spec"]["versions"]
+        return version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["agent"]["properties"][
+            "namespace"]["default"]
+
+    assert agent_namespace_default() == "gpudra-system"
+    assert agent_namespace_default("--set", "namespaces.agent=gpus") == "gpus"
+    deployment = next(o for o in template(helm, "--set", "namespaces.agent=gpus") if o["kind"] == "Deployment")
+    assert "--namespace=gpus" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
