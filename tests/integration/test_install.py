@@ -30,7 +30,8 @@ from gpudra_driver.kubeapi import Kube, Obj, connect, error_message, resource_ty
 from gpudra_operator.localcluster.agents import AgentProcess, start_agent
 from gpudra_operator.localcluster.controlplane import ControlPlane, free_port
 from gpudra_operator.localcluster.kubelet_sim import KubeletSimulator
-from gpudra_operator.localcluster.objects import create_fake_node, delete_namespace, delete_node
+from gpudra_operator.localcluster.objects import (create_fake_node, create_scratch_namespace, delete_namespace,
+                                                  delete_node)
 from gpudra_operator.localcluster.operatorproc import start_operator
 from gpudra_operator.localcluster.waiting import wait_for
 
@@ -356,6 +357,36 @@ async def test_agent_writes_only_its_own_nodes_slices_and_the_operator_any(
             error = await denied(agent.list(CLAIM, "default").__anext__())
             assert error.status == 403
             await agent.delete(SLICE, mine["metadata"]["name"])
+
+        # An agent ServiceAccount in another namespace (spec.agent.namespace is free-form), given the
+        # agent's role by hand: the policy holds it to its own node as well.
+        elsewhere = await create_scratch_namespace(kube, "agents")
+        try:
+            await kube.create({"apiVersion": "v1", "kind": "ServiceAccount",
+                               "metadata": {"name": "gpudra-agent", "namespace": elsewhere}})
+            await kube.create({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                               "metadata": {"name": "gpudra-agent", "namespace": elsewhere},
+                               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                           "name": "gpudra-agent"},
+                               "subjects": [{"kind": "ServiceAccount", "name": "gpudra-agent", "namespace": elsewhere}]})
+            await kube.create({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                               "metadata": {"name": f"gpudra-agent-{elsewhere}"},
+                               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                           "name": "gpudra-agent"},
+                               "subjects": [{"kind": "ServiceAccount", "name": "gpudra-agent", "namespace": elsewhere}]})
+            moved = await kube.create({"apiVersion": "v1", "kind": "Pod",
+                                       "metadata": {"name": f"agent-{suffix}", "namespace": elsewhere},
+                                       "spec": {"serviceAccountName": "gpudra-agent", "nodeName": own,
+                                                "containers": [{"name": "agent", "image": "ghcr.io/gpudra/gpudra:0.1.0"}]}})
+            moved_cfg = token_kubeconfig(cluster, await request_token(kube, elsewhere, "gpudra-agent", moved),
+                                         tmp_path / "m")
+            async with TokenClient(moved_cfg, "gpudra-agent") as moved_agent:
+                error = await denied(moved_agent.create(slice_for(other, driver, f"m-{suffix}")))
+                assert error.status == 403 and "gpudra-agent-resourceslices" in error_message(error)
+        finally:
+            await kube.delete(resource_type("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
+                              f"gpudra-agent-{elsewhere}")
+            await delete_namespace(kube, elsewhere)
 
         # A token of the agent's ServiceAccount not bound to a pod carries no node: no writes at all.
         async with TokenClient(unbound_cfg, "gpudra-agent") as unbound:
