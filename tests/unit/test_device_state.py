@@ -208,8 +208,8 @@ async def test_the_answer_does_not_wait_for_the_commits_directory_fsync_and_late
     assert await asyncio.to_thread(syncing.wait, 10)
     assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims[A].state == ckpt.COMPLETED
     unprepare = asyncio.ensure_future(state.unprepare([REF_A]))
-    await asyncio.sleep(0)  # the unprepare reaches the stager, behind the held fsync
-    assert order == ["durable stage"] and not unprepare.done()
+    done, _ = await asyncio.wait({unprepare}, timeout=0.2)  # it must queue behind the held fsync
+    assert not done and order == ["durable stage"]
     release.set()
     assert await asyncio.wait_for(unprepare, 10) == {A: None}
     assert order == ["durable stage", "commit's directory fsync", "durable stage"]

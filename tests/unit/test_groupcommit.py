@@ -201,8 +201,8 @@ async def test_ended_raises_when_the_rounds_end_unasked_and_returns_after_stop()
     rounds = GroupCommit({"prepare": rec.handler("prepare")})
     rounds.start()
     watching = asyncio.ensure_future(rounds.ended())
-    await asyncio.sleep(0)
-    assert not watching.done()  # serving: the watcher waits
+    done, _ = await asyncio.wait({watching}, timeout=0.2)  # an ended() that returned early would be done
+    assert not done  # serving: the watcher waits
     assert rounds._task is not None
     rounds._task.cancel()  # ended by something other than stop()
     with pytest.raises(RuntimeError, match="group commit was cancelled"):

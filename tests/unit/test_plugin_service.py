@@ -263,8 +263,8 @@ async def test_watch_raises_when_the_registration_socket_cannot_be_served(
     await plugin.start()
     try:
         watching = asyncio.ensure_future(plugin.watch())
-        await asyncio.sleep(0)
-        assert not watching.done()  # waiting for discovery, then serving
+        done, _ = await asyncio.wait({watching}, timeout=0.2)  # a watch that returned early would be done
+        assert not done  # waiting for discovery, then serving
         shutil.rmtree(plugin.registry_dir)
         plugin.registry_dir.write_text("not a directory")  # nothing can listen in there
         plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
@@ -284,8 +284,8 @@ async def test_watch_raises_when_the_rounds_that_answer_calls_end(root: Path, di
             plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
             await plugin._register_task  # type: ignore[misc]
         watching = asyncio.ensure_future(plugin.watch())
-        await asyncio.sleep(0)
-        assert not watching.done()  # serving (registered, or waiting for discovery to register)
+        done, _ = await asyncio.wait({watching}, timeout=0.2)  # a watch that returned early would be done
+        assert not done  # serving (registered, or waiting for discovery to register)
         assert plugin._rounds._task is not None
         plugin._rounds._task.cancel()
         with pytest.raises(RuntimeError, match="group commit was cancelled"):
