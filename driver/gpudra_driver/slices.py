@@ -82,6 +82,16 @@ def build_slices(
     return slices
 
 
+def check_attribute_value(where: str, val: AttrValue) -> None:
+    """The API's limits on one attribute value (``LimitError`` naming ``where``)."""
+    if val.type == "string":
+        limits.check_string_value(where, str(val.value))
+    elif val.type == "version":
+        limits.check_version_value(where, str(val.value))
+    elif val.type == "int":
+        limits.check_int_value(where, int(val.value))
+
+
 def fit_devices(devices: list[Device]) -> tuple[list[Device], list[str]]:
     """The devices as the API will take them, and what had to change (pure). A value past a limit
     must not hold up the whole pool: a string attribute over 64 characters (NVML product names
@@ -92,14 +102,8 @@ def fit_devices(devices: list[Device]) -> tuple[list[Device], list[str]]:
     for device in devices:
         attributes = dict(device.attributes)
         for key, val in device.attributes.items():
-            where = f"device {device.name} attribute {key}"
             try:
-                if val.type == "string":
-                    limits.check_string_value(where, str(val.value))
-                elif val.type == "version":
-                    limits.check_version_value(where, str(val.value))
-                elif val.type == "int":
-                    limits.check_int_value(where, int(val.value))
+                check_attribute_value(f"device {device.name} attribute {key}", val)
             except limits.LimitError as error:
                 if val.type == "string":
                     attributes[key] = AttrValue.of_string(str(val.value)[:limits.MAX_ATTRIBUTE_STRING_LENGTH])
@@ -126,12 +130,7 @@ def device_to_api(device: Device) -> dict[str, Any]:
     for key, val in sorted(device.attributes.items()):
         where = f"{subject} attribute {key}"
         limits.check_qualified_name(where, key)
-        if val.type == "string":
-            limits.check_string_value(where, str(val.value))
-        elif val.type == "version":
-            limits.check_version_value(where, str(val.value))
-        elif val.type == "int":
-            limits.check_int_value(where, int(val.value))
+        check_attribute_value(where, val)
         attributes[key] = val.to_api()
     capacity: dict[str, Any] = {}
     for key, amount in sorted(device.capacity.items()):
