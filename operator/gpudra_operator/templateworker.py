@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import resource
 import select
@@ -131,13 +132,18 @@ def _serve() -> None:
     from gpudra_operator.deviceclasses import render_text_here, template_context
 
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGXCPU dumps core by default: no dumps on the node
     out = sys.stdout.buffer
     for line in sys.stdin.buffer:
-        request: dict[str, Any] = json.loads(line)
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        spent = int(usage.ru_utime + usage.ru_stime)
-        resource.setrlimit(resource.RLIMIT_CPU, (spent + CPU_LIMIT, spent + CPU_LIMIT + 1))
         try:
+            request: dict[str, Any] = json.loads(line)
+            # Only the soft limit moves (raising a hard limit needs CAP_SYS_RESOURCE, which the
+            # operator's pod has not): SIGXCPU ends the child once this render used CPU_LIMIT
+            # seconds. The hard limit stays unlimited; the parent's wall limit is the backstop.
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+            soft = math.ceil(usage.ru_utime + usage.ru_stime) + CPU_LIMIT
+            resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
             context = template_context(request["name"], request["driver"], request["params"])
             answer = {"text": render_text_here(request["source"], context)}
         except MemoryError:

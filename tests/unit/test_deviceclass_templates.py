@@ -379,3 +379,16 @@ def test_a_template_bomb_fails_its_class_and_the_operator_keeps_its_memory(bomb:
     (error,) = errors
     assert error.class_name == "bomb.gpudra.io" and bound.lower() in error.message.lower(), error.message
     assert _rss_kib() - before < 50 * 1024  # the allocation happened (and failed) in the worker
+
+
+def test_the_worker_serves_many_renders_whatever_cpu_it_has_used_in_all() -> None:
+    """The CPU bound is per render: a worker that has spent several seconds on cheap renders still
+    renders (a limit on its lifetime's CPU, or a raised hard limit, would fail them by turns)."""
+    from gpudra_operator.templateworker import WORKER
+
+    busy = ("{% for a in range(300) %}{% for b in range(300) %}{% endfor %}{% endfor %}"
+            "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nspec:\n  selectors:\n  - cel:\n"
+            "      expression: {{ driver_match | yaml_string }}\n")
+    WORKER.close()  # a fresh worker, so its CPU so far is this test's
+    for _ in range(25):
+        assert render_device_class("busy.gpudra.io", "gpu.gpudra.io", inline=busy)["metadata"]["name"] == "busy.gpudra.io"
