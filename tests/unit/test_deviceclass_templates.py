@@ -386,9 +386,9 @@ def test_the_worker_serves_many_renders_whatever_cpu_it_has_used_in_all() -> Non
     renders (a limit on its lifetime's CPU, or a raised hard limit, would fail them by turns)."""
     from gpudra_operator.templateworker import WORKER
 
-    busy = ("{% for a in range(300) %}{% for b in range(300) %}{% endfor %}{% endfor %}"
+    busy = ("{% for a in range(1000) %}{% for b in range(1000) %}{% endfor %}{% endfor %}"
             "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nspec:\n  selectors:\n  - cel:\n"
             "      expression: {{ driver_match | yaml_string }}\n")
     WORKER.close()  # a fresh worker, so its CPU so far is this test's
-    for _ in range(25):
+    for _ in range(40):  # seconds of CPU in one worker, well past the 2 s a single render may use
         assert render_device_class("busy.gpudra.io", "gpu.gpudra.io", inline=busy)["metadata"]["name"] == "busy.gpudra.io"
