@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     except (NvmlUnavailable, DriverRootError) as exc:
         from gpudra_driver.rescan import NO_GPU_ON_PCI
 
-        cpu_only = spec == "real" and not nvidia_gpus_on_pci()
+        cpu_only = spec == "real" and nvidia_gpus_on_pci() == []
         print(f"gpudra discover: {exc}" + (f" ({NO_GPU_ON_PCI})" if cpu_only else ""), file=sys.stderr)
         return 1
     except (ValueError, limits.LimitError) as exc:

@@ -269,14 +269,15 @@ NVIDIA_PCI_VENDOR = "0x10de"
 _DISPLAY_CLASSES = ("0x0300", "0x0302")  # VGA-compatible and 3D controllers: the GPUs (not audio, bridges)
 
 
-def nvidia_gpus_on_pci(sysfs: Path = Path("/sys")) -> list[str]:
+def nvidia_gpus_on_pci(sysfs: Path = Path("/sys")) -> list[str] | None:
     """PCI addresses of NVIDIA GPUs the kernel sees, whether or not a driver is loaded: what tells a
-    CPU-only node (none) from a GPU node whose driver is missing or still loading."""
+    CPU-only node (none) from a GPU node whose driver is missing or still loading. None when the
+    PCI bus cannot be read: no evidence either way."""
     found = []
     try:
         devices = sorted((sysfs / "bus/pci/devices").iterdir())
     except OSError:
-        return []
+        return None
     for device in devices:
         try:
             vendor = (device / "vendor").read_text().strip()

@@ -108,7 +108,7 @@ class Rescanner:
         try:
             return scan(load_nvml(self.spec, self.driver_root), numa_node_of=self.numa_node_of)
         except NvmlUnavailable as error:
-            if self.spec != "real" or nvidia_gpus_on_pci(self.sysfs):
+            if self.spec != "real" or nvidia_gpus_on_pci(self.sysfs) != []:  # GPUs, or unreadable
                 raise
             # No NVIDIA GPU on the PCI bus: a CPU-only node, not a broken one. It publishes nothing
             # and turns ready, so a DaemonSet that reaches such a node never holds the config's Ready.

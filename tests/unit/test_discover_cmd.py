@@ -135,7 +135,7 @@ def test_a_driver_root_without_nvml_names_the_root_and_every_path_searched(tmp_p
     from gpudra_driver.discovery import nvidia_gpus_on_pci
 
     assert done.stderr.count("\n") == 1
-    assert ("(no NVIDIA GPU on this node: no PCI device of vendor 10de" in done.stderr) == (not nvidia_gpus_on_pci())
+    assert ("(no NVIDIA GPU on this node: no PCI device of vendor 10de" in done.stderr) == (nvidia_gpus_on_pci() == [])
 
 
 @pytest.mark.parametrize(("error", "hint"), [("DriverNotLoaded", "kernel driver is not loaded"),

@@ -27,7 +27,7 @@ def test_nvidia_gpus_are_told_from_other_pci_devices(tmp_path: Path) -> None:
     pci(tmp_path, "0000:3b:00.1", "0x10de", "0x040300")  # its audio function: not a GPU
     pci(tmp_path, "0000:86:00.0", "0x10de", "0x030000")  # a VGA-class NVIDIA GPU
     assert nvidia_gpus_on_pci(tmp_path) == ["0000:3b:00.0", "0000:86:00.0"]
-    assert nvidia_gpus_on_pci(tmp_path / "nope") == []
+    assert nvidia_gpus_on_pci(tmp_path / "nope") is None  # unreadable: no evidence of a CPU-only node
 
 
 class Recorder:
@@ -68,3 +68,15 @@ def test_a_gpu_node_whose_driver_is_missing_keeps_failing(tmp_path: Path) -> Non
     assert recorder.published == []
     (event,) = recorder.events
     assert event[:2] == ("Warning", "GpuDiscoveryFailed") and "libnvidia-ml.so.1 was not found" in event[2]
+
+
+def test_an_unreadable_pci_bus_is_no_evidence_of_a_cpu_only_node(tmp_path: Path) -> None:
+    """A wrong --sysfs, or a bus that cannot be listed, must not turn an NVML failure into an empty
+    pool: the failure stands (and the last published devices with it)."""
+    recorder = Recorder()
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    scanner = Rescanner("real", recorder.publish, driver_root=DriverRoot.at(str(root)), report=recorder.report,
+                        sysfs=tmp_path / "no-such-sysfs")
+    assert not asyncio.run(scanner.scan_once())
+    assert recorder.published == [] and recorder.events[0][1] == "GpuDiscoveryFailed"
