@@ -52,6 +52,7 @@ def rescanner(tmp_path: Path, recorder: Recorder) -> Rescanner:
 
 def test_a_cpu_only_node_publishes_nothing_says_so_once_and_does_not_fail(tmp_path: Path) -> None:
     recorder = Recorder()
+    pci(tmp_path / "sys", "0000:00:02.0", "0x8086", "0x030000")  # an Intel iGPU, no NVIDIA device
     scanner = rescanner(tmp_path, recorder)
     assert asyncio.run(scanner.scan_once()) and asyncio.run(scanner.scan_once())
     assert recorder.published == [[], []]  # devices known: the agent registers and turns ready
