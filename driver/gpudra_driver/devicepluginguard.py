@@ -32,15 +32,24 @@ DEVICE_PLUGIN_RESOURCE = "nvidia.com/gpu"
 CONFLICT = "DevicePluginConflict"
 RESOLVED = "DevicePluginConflictResolved"
 Report = Callable[[str, str, str], Awaitable[None]]
+REPOST_INTERVAL = 900.0  # a conflict's event again every 15 minutes while it lasts (Events live an hour)
 
 
-def advertised_gpus(node: dict | None) -> int:  # type: ignore[type-arg]
-    """``nvidia.com/gpu`` in the Node's allocatable (0 when absent or unparsable)."""
-    value = (((node or {}).get("status") or {}).get("allocatable") or {}).get(DEVICE_PLUGIN_RESOURCE, "0")
-    try:
-        return int(str(value))
-    except ValueError:
-        return 0
+def advertised_gpus(node: dict | None) -> dict[str, int]:  # type: ignore[type-arg]
+    """The device plugin's resources in the Node's allocatable, with a count above 0:
+    ``nvidia.com/gpu``, renamed or shared ones (``nvidia.com/gpu.shared``) and the MIG strategy
+    ``mixed``'s ``nvidia.com/mig-<profile>``."""
+    found = {}
+    for name, value in ((((node or {}).get("status") or {}).get("allocatable") or {}).items()):
+        if not (name.startswith(DEVICE_PLUGIN_RESOURCE) or name.startswith("nvidia.com/mig-")):
+            continue
+        try:
+            count = int(str(value))
+        except ValueError:
+            continue
+        if count > 0:
+            found[name] = count
+    return found
 
 
 class DevicePluginGuard:
@@ -50,6 +59,10 @@ class DevicePluginGuard:
         self.interval, self.clock = interval, clock
         self.blocked: str | None = None  # why nothing is published, while it is so
         self._checked: float | None = None
+        self._posted: float | None = None  # when the conflict was last posted as a Node event
+
+    def _repost_due(self, now: float) -> bool:
+        return self._posted is None or now - self._posted >= REPOST_INTERVAL
 
     async def check(self) -> str | None:
         """Refresh from the Node when due; returns the reason to publish nothing, or None."""
@@ -64,18 +77,20 @@ class DevicePluginGuard:
             log.debug("reading node %s for the device plugin check failed: %s", self.node, error_message(error))
             return self.blocked
         self._checked = now
-        count = advertised_gpus(node)
-        if count and self.blocked is None:
-            self.blocked = (f"node {self.node} advertises {DEVICE_PLUGIN_RESOURCE}: {count} from NVIDIA's device "
-                            "plugin; gpudra publishes none of its GPUs there, so none is handed out twice. Disable "
-                            "the device plugin on this node (docs/deploy.md), or set "
-                            "spec.agent.allowDevicePlugin: true")
-            log.error("%s", self.blocked)
-            if self.report is not None:
+        resources = advertised_gpus(node)
+        if resources and (self.blocked is None or self._repost_due(now)):
+            named = ", ".join(f"{name}: {count}" for name, count in sorted(resources.items()))
+            self.blocked = (f"node {self.node} advertises {named} from NVIDIA's device plugin; gpudra publishes "
+                            "none of its GPUs there, so none is handed out twice. Disable the device plugin on "
+                            "this node (docs/deploy.md), or set spec.agent.allowDevicePlugin: true")
+            if self._posted is None:
+                log.error("%s", self.blocked)
+            self._posted = now
+            if self.report is not None:  # again while it lasts: Events expire (an hour by default)
                 await self.report("Warning", CONFLICT, self.blocked)
-        elif not count and self.blocked is not None:
-            self.blocked = None
-            message = f"node {self.node} no longer advertises {DEVICE_PLUGIN_RESOURCE}; gpudra publishes its GPUs"
+        elif not resources and self.blocked is not None:
+            self.blocked, self._posted = None, None
+            message = f"node {self.node} no longer advertises NVIDIA's device plugin resources; gpudra publishes its GPUs"
             log.info("%s", message)
             if self.report is not None:
                 await self.report("Normal", RESOLVED, message)
