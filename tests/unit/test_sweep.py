@@ -60,10 +60,16 @@ def test_the_sweep_releases_what_the_api_server_shows_leaked_and_keeps_the_rest(
     sweeper = LeakSweeper(prepared=lambda: list(claims.values()), get_claim=get_claim, unprepare=unprepare,
                           driver=DRIVER, node=NODE, report=report, rate=1000)
     before = metrics.LEAKED_CLAIMS_RELEASED._value.get()
-    assert asyncio.run(sweeper.sweep_once()) == [A]
+    assert asyncio.run(sweeper.sweep_once()) == []  # a first look only makes it a suspect
+    assert unprepared == [] and events == []
+    assert asyncio.run(sweeper.sweep_once()) == [A]  # found leaked by two sweeps in a row
     assert unprepared == [[A]]  # b's GET failed: no evidence, kept
     (event,) = events
     assert event[:2] == ("Warning", "LeakedClaimReleased") and "deleted" in event[2] and "gpu-2" in event[2]
     assert metrics.LEAKED_CLAIMS_RELEASED._value.get() == before + 1
+    # a suspect that is allocated again by the next look is kept (deallocated, then re-allocated here)
+    answers["a"] = claim(A, name="a", results=[result("gpu-2")])
+    answers["b"] = claim(B, name="b", allocated=False)
+    assert asyncio.run(sweeper.sweep_once()) == []  # b a suspect now, a fine
     answers["b"] = claim(B, name="b", results=[result("gpu-3")])
-    assert asyncio.run(sweeper.sweep_once()) == [A]  # a is still in this fake's list; b still allocated
+    assert asyncio.run(sweeper.sweep_once()) == []  # b allocated again: never released

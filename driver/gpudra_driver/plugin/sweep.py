@@ -11,8 +11,11 @@ cleanup), each prepared claim is looked up by namespace/name:
 * no longer allocated any device of ours on this node: leaked;
 * anything else, a failed GET included: kept (only evidence releases a claim).
 
-Leaked claims are unprepared through the same path as the kubelet's calls (node lock, spec and
-checkpoint entry removed), with a Node event and ``gpudra_agent_leaked_claims_released_total``.
+A claim is released only when two sweeps in a row found it leaked (an interval apart: the kubelet's
+own unprepare, which follows a pod's teardown, normally comes first; a claim deallocated and
+allocated again on this node in between is seen allocated by the second look). Leaked claims are
+unprepared through the same path as the kubelet's calls (node lock, spec and checkpoint entry
+removed), with a Node event and ``gpudra_agent_leaked_claims_released_total``.
 The GETs are spaced at ``rate`` per second, so a node with many claims never bursts.
 :func:`leak_reason` is the pure decision.
 """
@@ -56,6 +59,7 @@ class LeakSweeper:
         self.prepared, self.get_claim, self.unprepare = prepared, get_claim, unprepare
         self.driver, self.node, self.report = driver, node, report
         self.interval, self.rate = interval, rate
+        self._suspects: set[str] = set()  # UIDs the previous sweep found leaked
 
     async def run(self) -> None:
         while True:
@@ -81,8 +85,11 @@ class LeakSweeper:
             reason = leak_reason(claim, live, driver=self.driver, node=self.node)
             if reason is not None:
                 leaked.append((claim, reason))
+        suspects, self._suspects = self._suspects, {claim.uid for claim, _ in leaked}
+        leaked = [(claim, reason) for claim, reason in leaked if claim.uid in suspects]  # the second look
         if not leaked:
             return []
+        self._suspects -= {claim.uid for claim, _ in leaked}
         results = await self.unprepare([claim.ref for claim, _ in leaked])
         released = []
         for claim, reason in leaked:
