@@ -37,6 +37,7 @@ SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 EVENT = resource_type("v1", "Event")
 log = logging.getLogger("gpudra.operator")
 DEVICE_COUNT_TTL = 10.0
+DROPPED_FIELD_RECHECK = 3600.0  # seconds before a class whose field the API server dropped is applied again
 
 
 @dataclass
@@ -60,16 +61,26 @@ def _age_key(body: Mapping[str, Any]) -> tuple[str, int, str]:
     return (meta.get("creationTimestamp") or "", 0 if incumbent else 1, meta["name"])
 
 
-def _check_dropped_fields(desired: Obj, stored: Obj | None, outcome: Outcome) -> None:
-    """A DeviceClass field the API server dropped: its feature gate is off. The class is applied
-    without it; the config says so rather than pretend the class serves the name."""
+def _dropped_extended_resource(desired: Obj, stored: Obj | None) -> str | None:
+    """The extendedResourceName the API server dropped from ``stored`` (its feature gate is off)."""
     name = (desired.get("spec") or {}).get("extendedResourceName")
     if stored is not None and name and not (stored.get("spec") or {}).get("extendedResourceName"):
-        outcome.apply_errors.append(ApplyError(
-            "DeviceClass", desired["metadata"]["name"],
-            f"spec.extendedResourceName {name} was dropped by the API server: its DRAExtendedResource "
-            "feature gate is off (alpha and off in Kubernetes 1.35; beta and on from 1.36), so pods asking "
-            f"for {name} are not served by this class. Upgrade to 1.36, enable the gate, or remove the field"))
+        return str(name)
+    return None
+
+
+def _dropped_error(class_name: str, name: str) -> ApplyError:
+    """The class is applied without the field; the config says so rather than pretend the class
+    serves the name."""
+    return ApplyError(
+        "DeviceClass", class_name,
+        f"spec.extendedResourceName {name} was dropped by the API server: its DRAExtendedResource "
+        "feature gate is off (alpha and off in Kubernetes 1.35; beta and on from 1.36), so pods asking "
+        f"for {name} are not served by this class. Upgrade to 1.36, enable the gate, or remove the field")
+
+
+def _without_extended_resource(desired: Obj) -> Obj:
+    return {**desired, "spec": {k: v for k, v in desired["spec"].items() if k != "extendedResourceName"}}
 
 
 def find_conflicts(config: GpuDraConfig, body: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -187,6 +198,7 @@ class Reconciler:
         self._reconciled: dict[str, _Reconciled] = {}
         self._device_counts: dict[str, tuple[float, int]] = {}  # driver -> (monotonic time, count)
         self._device_plugin_cache: dict[str, tuple[float, list[str]]] = {}  # driver -> (time, nodes)
+        self._dropped: dict[str, tuple[float, str]] = {}  # class -> (when, extendedResourceName dropped)
 
     def lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -275,7 +287,18 @@ class Reconciler:
     # --- children ---------------------------------------------------------------------------
     async def _changed(self, desired: Obj, outcome: Outcome) -> tuple[bool, Obj | None]:
         """(whether ``desired`` must be written, the live object); records unchanged and foreign
-        objects."""
+        objects. A class whose extendedResourceName this API server drops is compared without it
+        (applying it again would change nothing) and reported again; once an hour it is applied
+        anyway, in case the gate was turned on since."""
+        seen = self._dropped.get(desired["metadata"]["name"]) if desired["kind"] == "DeviceClass" else None
+        if seen is not None and (desired["spec"].get("extendedResourceName") != seen[1]
+                                 or time.monotonic() - seen[0] >= DROPPED_FIELD_RECHECK):
+            del self._dropped[desired["metadata"]["name"]]
+            seen = None
+        compared = desired
+        if seen is not None:
+            outcome.apply_errors.append(_dropped_error(desired["metadata"]["name"], seen[1]))
+            compared = _without_extended_resource(desired)  # what the server keeps of it
         rtype = resource_type(desired["apiVersion"], desired["kind"])
         meta = desired["metadata"]
         live = await self.kube.get(rtype, meta["name"], meta.get("namespace"))
@@ -283,7 +306,8 @@ class Reconciler:
             outcome.apply_errors.append(ApplyError(desired["kind"], meta["name"],
                                                    "exists and is not managed by this GpuDraConfig; left untouched"))
             return False, live
-        if live is not None and contains(live, desired) and not dropped_fields(live, desired, self.kube.field_manager):
+        # (ownership is checked against what we send: the server records the dropped field as ours)
+        if live is not None and contains(live, compared) and not dropped_fields(live, desired, self.kube.field_manager):
             # Nothing to set and nothing of ours to remove: the apply would be a no-op, skip it.
             outcome.unchanged.append(f"{desired['kind']} {meta['name']}")
             return False, live
@@ -313,7 +337,10 @@ class Reconciler:
         valid = [c for c, stored in zip(changed, await _gather(self._apply(c, outcome, dry_run=True) for c in changed))
                  if stored is not None]
         for desired, stored in zip(valid, await _gather(self._apply(c, outcome) for c in valid)):
-            _check_dropped_fields(desired, stored, outcome)
+            dropped = _dropped_extended_resource(desired, stored)
+            if dropped is not None:
+                self._dropped[desired["metadata"]["name"]] = (time.monotonic(), dropped)
+                outcome.apply_errors.append(_dropped_error(desired["metadata"]["name"], dropped))
 
     async def _apply_daemonset(self, rendered: Rendered, outcome: Outcome) -> Obj | None:
         """The DaemonSet written if it changed; the live one (None: there is none), for status."""

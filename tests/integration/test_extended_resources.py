@@ -16,7 +16,10 @@ from typing import Any
 
 import pytest_asyncio
 
+from counting import CountingKube
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_operator.events import EventRecorder
+from gpudra_operator.reconcile import Reconciler
 from gpudra_operator.localcluster.controlplane import ControlPlane
 from gpudra_operator.localcluster.kubelet_sim import KubeletSimulator
 from gpudra_operator.localcluster.operatorproc import start_operator
@@ -80,6 +83,16 @@ async def _dropped_on_1_35(kube: Kube, name: str, class_name: str, resource: str
     assert f"spec.extendedResourceName {resource} was dropped by the API server" in conditions["DeviceClassesReady"]["message"]
     assert conditions["Degraded"]["status"] == "True" and conditions["Degraded"]["reason"] == "ApplyFailed"
     assert await kube.get(DEVICE_CLASS, class_name)  # the class itself is applied, without the field
+
+    # Applying it again would change nothing: a reconcile that saw the field dropped compares the
+    # class without it from then on, and still reports it (no write of the class per drift tick).
+    counting = CountingKube(kube.api, "gpudra-operator")
+    reconciler = Reconciler(counting, EventRecorder(counting))
+    await reconciler.reconcile(await kube.get(CONFIG, name))
+    counting.requests.clear()
+    outcome = await reconciler.reconcile(await kube.get(CONFIG, name))
+    assert [r for r in counting.requests if r[0] != "GET" and "/deviceclasses/" in r[1]] == [], counting.requests
+    assert any("was dropped by the API server" in e.message for e in outcome.apply_errors)
 
 
 async def _served(kube: Kube, namespace: str, node: str, driver: str, class_name: str, resource: str,
