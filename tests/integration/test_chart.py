@@ -212,3 +212,13 @@ def test_the_crd_defaults_the_agent_namespace_to_the_releases(helm: str) -> None
     assert agent_namespace_default("--set", "namespaces.agent=gpus") == "gpus"
     deployment = next(o for o in template(helm, "--set", "namespaces.agent=gpus") if o["kind"] == "Deployment")
     assert "--namespace=gpus" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_the_agents_network_policy_follows_its_values(helm: str) -> None:
+    peers = '[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]'
+    objects = template(helm, "--set", "namespaces.agent=gpus", "--set-json", f"agent.networkPolicy.metricsFrom={peers}")
+    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    assert policy["metadata"]["namespace"] == "gpus"
+    assert policy["spec"]["ingress"][0]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    assert not [o for o in template(helm, "--set", "agent.networkPolicy.enabled=false") if o["kind"] == "NetworkPolicy"]

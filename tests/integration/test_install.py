@@ -172,7 +172,7 @@ async def test_apply_k_creates_everything(cluster: ControlPlane, kube: Kube, ins
     kinds = {o["kind"] for o in installed}
     assert kinds == {"Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
                      "Role", "RoleBinding", "Deployment", "Service", "ValidatingAdmissionPolicy",
-                     "ValidatingAdmissionPolicyBinding"}
+                     "ValidatingAdmissionPolicyBinding", "NetworkPolicy"}
     for obj in installed:
         kind, name, namespace = ref(obj)
         assert (kind in CLUSTER_SCOPED) == (namespace is None), f"{kind} {name}"

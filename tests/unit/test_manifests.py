@@ -146,3 +146,16 @@ def test_images_are_multi_stage_pinned_and_the_operator_is_not_root() -> None:
         assert len(re.findall(r"^FROM ", text, re.M)) == 2, name
         assert re.findall(r"^USER (\S+)$", text, re.M) == [user], name
         assert 'ENTRYPOINT ["gpudra"]' in text
+
+
+def test_the_agents_network_policy_opens_metrics_only() -> None:
+    from gpudra_operator.render import AGENT_HEALTH_PORT, AGENT_METRICS_PORT, agent_labels
+
+    policy = find("NetworkPolicy", "gpudra-agent")
+    assert policy["metadata"]["namespace"] == find("ServiceAccount", "gpudra-agent")["metadata"]["namespace"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= agent_labels("default").items()  # the rendered agent pods
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": AGENT_METRICS_PORT, "protocol": "TCP"}]
+    assert AGENT_HEALTH_PORT not in {p["port"] for r in policy["spec"]["ingress"] for p in r["ports"]}
