@@ -16,10 +16,8 @@ import pytest
 import pytest_asyncio
 from cdispec import load_and_validate
 
-from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.kubeapi import Kube, Obj, connect
 from gpudra_driver.plugin.cdi import CdiDir
-from gpudra_operator.localcluster.driverroot import make_driver_root
 from gpudra_operator.localcluster.controlplane import ControlPlane, find_binaries
 from gpudra_operator.localcluster.objects import (create_fake_node, create_scratch_namespace,
                                                   delete_namespace, delete_node)
@@ -55,25 +53,6 @@ def cdi_writes(monkeypatch: pytest.MonkeyPatch) -> Iterator[CdiWrites]:
     yield writes
     if writes.invalid:
         pytest.fail("invalid CDI spec written:\n" + "\n".join(writes.invalid), pytrace=False)
-
-
-DriverRoots = Callable[..., DriverRoot]
-
-
-@pytest.fixture(scope="session")
-def driver_roots(tmp_path_factory: pytest.TempPathFactory) -> DriverRoots:
-    """Fake NVIDIA driver roots (the mock libnvidia-ml.so.1, driver files, real device nodes made
-    with mknod), one per profile per test run: ``driver_roots("dgx-h100")``. Tests only read them;
-    a test that changes a root makes its own with ``make_driver_root``."""
-    made: dict[str, DriverRoot] = {}
-
-    def get(profile: str = "dgx-h100") -> DriverRoot:
-        if profile not in made:
-            path = make_driver_root(tmp_path_factory.mktemp(f"driver-root-{Path(profile).stem}"), profile)
-            made[profile] = DriverRoot.at(str(path))
-        return made[profile]
-
-    return get
 
 
 @pytest.fixture(scope="session")

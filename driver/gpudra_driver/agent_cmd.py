@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: object, kube: object,
-                       events: object) -> None:
+                       events: object, root: object) -> None:
     from gpudra_driver.discovery import numa_node_from_sysfs
     from gpudra_driver.devicepluginguard import DevicePluginGuard
     from gpudra_driver.rescan import Rescanner
@@ -114,14 +114,9 @@ async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: obje
     sysfs = Path(args.sysfs)
     await Rescanner(args.nvml, publish, interval=args.rescan_interval,
                     numa_node_of=functools.partial(numa_node_from_sysfs, sysfs=sysfs), sysfs=sysfs,
-                    driver_root=_driver_root(args),
+                    driver_root=root,  # type: ignore[arg-type]
                     report=events.post, gate=guard.check).run()  # type: ignore[attr-defined]
 
-
-def _driver_root(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from gpudra_driver.driverroot import DriverRoot
-
-    return DriverRoot.at(args.driver_root, args.container_driver_root)
 
 
 READINESS_RECHECK = 1.0  # seconds between looks at whether the registration still holds
@@ -155,10 +150,10 @@ async def _main(args: argparse.Namespace) -> int:
     from gpudra_driver.plugin.plugin import KubeletPlugin, claim_getter
     from gpudra_driver.publisher import SlicePublisher
 
-    from gpudra_driver.driverroot import DriverRootError
+    from gpudra_driver.driverroot import DriverRoot, DriverRootError
 
     try:
-        root = _driver_root(args)
+        root = DriverRoot.at(args.driver_root, args.container_driver_root)
     except DriverRootError as error:
         log.error("%s", error)
         return 2
@@ -200,7 +195,7 @@ async def _main(args: argparse.Namespace) -> int:
             await api.close()
             return 1
     tasks = [asyncio.create_task(publisher.run(), name="publisher"),
-             asyncio.create_task(_rescan_loop(args, publisher, plugin, kube, events), name="rescan"),
+             asyncio.create_task(_rescan_loop(args, publisher, plugin, kube, events, root), name="rescan"),
              asyncio.create_task(LeakSweeper(prepared=plugin.state.prepared_claims, get_claim=plugin.get_claim,
                                              unprepare=plugin.unprepare, driver=args.driver, node=args.node_name,
                                              report=events.post, interval=args.checkpoint_sweep_interval).run(),

@@ -261,3 +261,21 @@ class Kube:
                         yield event["type"], event["object"]
         finally:
             response.release()
+
+
+EVENT_NAMESPACE = "default"  # where a cluster-scoped object's (and a Node's) Events go, as the kubelet's do
+
+
+def core_event(involved: Obj, type_: str, reason: str, message: str, *, component: str,
+               host: str | None = None) -> Obj:
+    """A core/v1 Event about ``involved`` (its object reference), in the ``default`` namespace where
+    ``kubectl describe`` finds a cluster-scoped object's Events, posted once (count 1)."""
+    from datetime import datetime, timezone
+
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    source = {"component": component, **({"host": host} if host else {})}
+    return {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": EVENT_NAMESPACE},
+            "involvedObject": involved, "type": type_, "reason": reason, "message": message[:1024],
+            "source": source, "reportingComponent": component,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1}

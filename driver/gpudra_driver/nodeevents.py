@@ -10,18 +10,15 @@ stops discovery.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
 
-from gpudra_driver.kubeapi import Kube, error_message
+from gpudra_driver.kubeapi import Kube, core_event, error_message
 
 log = logging.getLogger("gpudra.agent")
 
-NAMESPACE = "default"  # where Node events live (the kubelet's choice)
 def event_source(driver: str) -> str:
     """The events' ``source.component``: per driver, so each GpuDraConfig's operator finds its
     agents' events with one field selector (``source=gpudra-agent/<driver>``)."""
     return f"gpudra-agent/{driver}"
-MAX_MESSAGE = 1024  # Event messages are capped by the API server; keep the cause, drop the tail
 
 
 class NodeEvents:
@@ -30,16 +27,9 @@ class NodeEvents:
         self.component = event_source(driver)
 
     async def post(self, kind: str, reason: str, message: str) -> None:
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{self.node}.", "namespace": NAMESPACE},
-            # the kubelet's node reference too: the UID is the node's name
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self.node},
-            "reason": reason, "message": message[:MAX_MESSAGE], "type": kind,
-            "source": {"component": self.component, "host": self.host or self.node},
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }
+        # the kubelet's node reference too: the UID is the node's name
+        node = {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self.node}
+        event = core_event(node, kind, reason, message, component=self.component, host=self.host or self.node)
         try:
             await self.kube.create(event)
         except Exception as error:  # noqa: BLE001 - best effort; the log has the same line

@@ -7,16 +7,13 @@ instead (nolar/kopf#949). Status conditions stay the durable record: Events expi
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
 from typing import Any
 
-from gpudra_driver.kubeapi import Kube
+from gpudra_driver.kubeapi import EVENT_NAMESPACE, Kube, core_event
 
 from .conditions import DEGRADED, READY, find_condition
 
-EVENT_NAMESPACE = "default"
 COMPONENT = "gpudra-operator"
 log = logging.getLogger("gpudra.operator")
 
@@ -27,17 +24,10 @@ class EventRecorder:
 
     async def post(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         meta = body["metadata"]
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{meta['name']}.{secrets.token_hex(8)}", "namespace": EVENT_NAMESPACE},
-            "involvedObject": {"apiVersion": body.get("apiVersion", "gpudra.io/v1alpha1"),
-                               "kind": body.get("kind", "GpuDraConfig"), "name": meta["name"],
-                               "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
-            "type": type_, "reason": reason, "message": message[:1024],
-            "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }
+        event = core_event({"apiVersion": body.get("apiVersion", "gpudra.io/v1alpha1"),
+                            "kind": body.get("kind", "GpuDraConfig"), "name": meta["name"],
+                            "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
+                           type_, reason, message, component=COMPONENT)
         try:
             await self.kube.create(event)
         except Exception as error:  # an Event is a courtesy; never fail a reconcile over it

@@ -10,10 +10,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -35,6 +35,7 @@ DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 DAEMONSET = resource_type("apps/v1", "DaemonSet")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 EVENT = resource_type("v1", "Event")
+T = TypeVar("T")
 log = logging.getLogger("gpudra.operator")
 DEVICE_COUNT_TTL = 10.0
 DROPPED_FIELD_RECHECK = 3600.0  # seconds before a class whose field the API server dropped is applied again
@@ -59,6 +60,16 @@ def _age_key(body: Mapping[str, Any]) -> tuple[str, int, str]:
     degraded: Mapping[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Degraded"), {})
     incumbent = "observedGeneration" in status and degraded.get("reason") != "Conflict"
     return (meta.get("creationTimestamp") or "", 0 if incumbent else 1, meta["name"])
+
+
+async def _reused(cache: dict[str, tuple[float, T]], key: str, compute: Callable[[], Awaitable[T]]) -> T:
+    """``compute()``'s answer for ``key``, reused for DEVICE_COUNT_TTL seconds."""
+    cached, now = cache.get(key), time.monotonic()
+    if cached and now - cached[0] < DEVICE_COUNT_TTL:
+        return cached[1]
+    value = await compute()
+    cache[key] = (now, value)
+    return value
 
 
 def _dropped_extended_resource(desired: Obj, stored: Obj | None) -> str | None:
@@ -368,15 +379,11 @@ class Reconciler:
         """Devices the driver publishes, for status. Listing every slice is the one costly read of a
         reconcile, and a fleet rollout triggers reconciles back to back, so a count is reused for
         DEVICE_COUNT_TTL seconds (the printer column lags by at most that)."""
-        cached = self._device_counts.get(driver)
-        now = time.monotonic()
-        if cached and now - cached[0] < DEVICE_COUNT_TTL:
-            return cached[1]
-        total = 0
-        async for slice_ in self.kube.list(SLICE, field_selector=f"spec.driver={driver}"):
-            total += len(slice_["spec"].get("devices") or [])
-        self._device_counts[driver] = (now, total)
-        return total
+        async def count() -> int:
+            return sum([len(s["spec"].get("devices") or [])
+                        async for s in self.kube.list(SLICE, field_selector=f"spec.driver={driver}")])
+
+        return await _reused(self._device_counts, driver, count)
 
     async def _device_plugin_nodes(self, driver: str) -> list[str]:
         """Nodes whose agent says (its latest DevicePluginConflict[Resolved] Node event) that it
@@ -384,10 +391,9 @@ class Reconciler:
         filtered LIST of the driver's agent events (few: they are posted on changes only), reused
         for DEVICE_COUNT_TTL seconds like the device count; Events expire after an hour, and an agent
         that still conflicts posts again when it restarts."""
-        cached = self._device_plugin_cache.get(driver)
-        now = time.monotonic()
-        if cached and now - cached[0] < DEVICE_COUNT_TTL:
-            return cached[1]
+        return await _reused(self._device_plugin_cache, driver, lambda: self._list_device_plugin_nodes(driver))
+
+    async def _list_device_plugin_nodes(self, driver: str) -> list[str]:
         latest: dict[str, tuple[str, str]] = {}
         async for event in self.kube.list(EVENT, EVENT_NAMESPACE, field_selector=f"source={event_source(driver)}"):
             if event.get("reason") not in (DEVICE_PLUGIN_CONFLICT, DEVICE_PLUGIN_RESOLVED):
@@ -396,9 +402,7 @@ class Reconciler:
             when = event.get("lastTimestamp") or event.get("eventTime") or event["metadata"].get("creationTimestamp") or ""
             if node and (node not in latest or when >= latest[node][0]):
                 latest[node] = (when, event["reason"])
-        nodes = sorted(n for n, (_, reason) in latest.items() if reason == DEVICE_PLUGIN_CONFLICT)
-        self._device_plugin_cache[driver] = (now, nodes)
-        return nodes
+        return sorted(n for n, (_, reason) in latest.items() if reason == DEVICE_PLUGIN_CONFLICT)
 
     async def _report(self, body: Mapping[str, Any], config: GpuDraConfig, rendered: Rendered,
                       outcome: Outcome, daemonset: Obj | None) -> None:

@@ -519,18 +519,23 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, mock_memory_
     return NVML_SUCCESS;
 }
 
+/* The fields both PCI layouts share, and the legacy 4-digit-domain bus ID into `legacy`. */
+#define FILL_PCI(pci, g, legacy)                                                                          \
+    do {                                                                                                  \
+        memset((pci), 0, sizeof *(pci));                                                                  \
+        snprintf((legacy), sizeof(legacy), "%04X:%02X:%02X.%X", (g)->domain & 0xFFFF, (g)->bus & 0xFF,    \
+                 (g)->device & 0xFF, (g)->function & 0xF);                                                \
+        (pci)->domain = (g)->domain;                                                                      \
+        (pci)->bus = (g)->bus;                                                                            \
+        (pci)->device = (g)->device;                                                                      \
+        (pci)->pciDeviceId = (g)->pci_device_id;                                                          \
+        (pci)->pciSubSystemId = (g)->pci_subsystem_id;                                                    \
+    } while (0)
+
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, mock_pci_info_t *pci) {
     GPU(device, "nvmlDeviceGetPciInfo", g);
     OUT(pci);
-    memset(pci, 0, sizeof *pci);
-    /* NVML keeps the legacy 4-digit-domain form alongside the 8-digit one. */
-    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", g->domain & 0xFFFF, g->bus & 0xFF,
-             g->device & 0xFF, g->function & 0xF);
-    pci->domain = g->domain;
-    pci->bus = g->bus;
-    pci->device = g->device;
-    pci->pciDeviceId = g->pci_device_id;
-    pci->pciSubSystemId = g->pci_subsystem_id;
+    FILL_PCI(pci, g, pci->busIdLegacy);  /* NVML keeps the legacy form alongside the 8-digit one */
     copy_text(pci->busId, sizeof pci->busId, g->bus_id);
     return NVML_SUCCESS;
 }
@@ -539,14 +544,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, mock_pci_info_t
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, mock_pci_info_v2_t *pci) {
     GPU(device, "nvmlDeviceGetPciInfo", g);
     OUT(pci);
-    memset(pci, 0, sizeof *pci);
-    snprintf(pci->busId, sizeof pci->busId, "%04X:%02X:%02X.%X", g->domain & 0xFFFF, g->bus & 0xFF,
-             g->device & 0xFF, g->function & 0xF);
-    pci->domain = g->domain;
-    pci->bus = g->bus;
-    pci->device = g->device;
-    pci->pciDeviceId = g->pci_device_id;
-    pci->pciSubSystemId = g->pci_subsystem_id;
+    FILL_PCI(pci, g, pci->busId);
     return NVML_SUCCESS;
 }
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from cdispec import load_and_validate, validate_cdi_spec
-from plugin_fixtures import DRIVER, NODE, claim, devices, result
+from plugin_fixtures import DRIVER, NODE, claim, devices, fake_root, result
 
 from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.plugin.cdi import CdiDir, cdi_spec, claim_uid_of, minimum_version, spec_file_name
@@ -28,8 +28,8 @@ def prepared(*results, uid: str = UID, profile: str = "dgx-h100") -> PreparedCla
 
 
 @pytest.fixture
-def root(driver_roots) -> DriverRoot:  # type: ignore[no-untyped-def]
-    return driver_roots("dgx-h100")
+def root() -> DriverRoot:
+    return fake_root("dgx-h100")
 
 
 @pytest.fixture
@@ -120,8 +120,8 @@ def test_minimum_version_follows_the_cdi_rules(spec, version: str) -> None:
     assert minimum_version(spec) == version
 
 
-def test_mig_spec_has_parent_and_capability_nodes(driver_roots) -> None:  # type: ignore[no-untyped-def]
-    root = driver_roots("a100-80gb-mig")
+def test_mig_spec_has_parent_and_capability_nodes() -> None:
+    root = fake_root("a100-80gb-mig")
     spec = validate_cdi_spec(cdi_spec(prepared(result("gpu-0-mig-1g10gb-9-0"), profile="a100-80gb-mig"), DRIVER,
                                       DriverFilesCache(root).current()))
     assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [

@@ -191,9 +191,10 @@ def test_mig_devices_need_mig_enabled() -> None:
         parse_profile("t", doc)
 
 
-def test_load_nvml_specs(monkeypatch: pytest.MonkeyPatch, profile_file: Callable[..., Path],
-                         driver_roots: Callable[[str], Any]) -> None:
-    assert load_nvml("real", driver_roots("l4x2")) is pynvml  # the fake root's mock libnvidia-ml.so.1
+def test_load_nvml_specs(monkeypatch: pytest.MonkeyPatch, profile_file: Callable[..., Path]) -> None:
+    from plugin_fixtures import fake_root
+
+    assert load_nvml("real", fake_root("l4x2")) is pynvml  # the fake root's mock libnvidia-ml.so.1
     with pytest.raises(NvmlUnavailable, match="libnvidia-ml.so.1 was not found in driver root /"):
         load_nvml("real")  # this machine has no NVIDIA driver
     assert isinstance(load_nvml("fake:l4x2"), FakeNvml)

@@ -44,10 +44,6 @@ def open_nvml_library(pynvml: Any, root: DriverRoot) -> NvmlLibrary:
     return library
 
 
-def loaded_library() -> NvmlLibrary | None:
-    return _loaded
-
-
 def version_mismatch_detail() -> str:
     """What to show when nvmlInit reports a library/kernel-module version mismatch."""
     library = f"library {_loaded.path} (version {_loaded.version or 'unknown'})" if _loaded else "the library"

@@ -218,8 +218,7 @@ def _versioned(root: DriverRoot, version: str) -> _Versioned:
                       tuple(_unique(links)), tuple(_binaries(root)), tuple(_firmware(root, version)))
 
 
-def _node_view(root: DriverRoot, versioned: _Versioned, *, hook: str | None, host_dev: Path,
-               hook_version: HookVersion | None = None) -> DriverFiles:
+def _node_view(root: DriverRoot, versioned: _Versioned, *, hook: str | None, host_dev: Path) -> DriverFiles:
     """``versioned`` with what may change under a running driver: control nodes (``nvidia-uvm``
     appears on first CUDA use), IPC sockets (persistenced, fabricmanager start later), the hook."""
     devices = _device_root(root, host_dev)
@@ -235,8 +234,7 @@ def _node_view(root: DriverRoot, versioned: _Versioned, *, hook: str | None, hos
         control_nodes=tuple(p for p in CONTROL_NODES if _is_char_device(devices[1], p)),
         device_root=devices[0],
         hook=hook if hook is not None else (found_hook[0] if found_hook else None),
-        hook_version=hook_version if hook_version is not None else (
-            _hook_version(found_hook[1]) if found_hook else None),
+        hook_version=_hook_version(found_hook[1]) if found_hook else None,  # a given hook's: unknown
     )
 
 
@@ -396,35 +394,40 @@ class DriverFilesCache:
         self.kernel_version_file = proc / "driver/nvidia/version"
         self._lock = threading.Lock()
         self._versioned: _Versioned | None = None
-        self._view: tuple[float, DriverFiles] | None = None  # (monotonic time, view) of the last look
+        # (monotonic time, view, loaded kernel module version) of the last look
+        self._view: tuple[float, DriverFiles, str | None] | None = None
 
     def current(self) -> DriverFiles:
         try:
             version = driver_version(self.root)
-            self._check_kernel_module(version)
             with self._lock:
                 if self._versioned is None or self._versioned.version != version:
                     self._versioned, self._view = _versioned(self.root, version), None
                 versioned = self._versioned
                 now = self.clock()
                 if self._view is None or now - self._view[0] >= VIEW_TTL:
-                    self._view = (now, _node_view(self.root, versioned, hook=self.hook, host_dev=self.host_dev))
-                return self._view[1]
+                    self._view = (now, _node_view(self.root, versioned, hook=self.hook, host_dev=self.host_dev),
+                                  self._kernel_module_version())
+                _, files, kernel = self._view
         except DriverRootError as error:  # a link out of the root, a loop
             raise DriverFilesError(str(error)) from None
+        # A driver upgraded on disk but not loaded (no reboot yet): its libraries would not work
+        # with the running kernel module, so a container would fail CUDA's init.
+        if kernel is not None and kernel != version:
+            raise DriverFilesError(
+                f"the driver root {self.root.describe()} holds driver {version}, but the loaded kernel module "
+                f"is {kernel} ({self.kernel_version_file}): reboot the node or reload the driver")
+        return files
 
-    def _check_kernel_module(self, version: str) -> None:
-        """A driver upgraded on disk but not loaded (no reboot yet): its libraries would not work
-        with the running kernel module, so a container would fail CUDA's init."""
+    def _kernel_module_version(self) -> str | None:
+        """The loaded NVIDIA kernel module's version; None when none is loaded yet (the device
+        nodes say so) or the file cannot be read here."""
         try:
             line = self.kernel_version_file.read_text().splitlines()[0]
         except (OSError, IndexError):
-            return  # no NVIDIA module loaded yet (the device nodes say so), or not readable here
+            return None
         match = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)", line)
-        if match and match.group(1) != version:
-            raise DriverFilesError(
-                f"the driver root {self.root.describe()} holds driver {version}, but the loaded kernel module "
-                f"is {match.group(1)} ({self.kernel_version_file}): reboot the node or reload the driver")
+        return match.group(1) if match else None
 
     def check_device_nodes(self, paths: list[str]) -> None:
         """Raise :class:`DriverFilesError` unless every node in ``paths`` (and ``nvidiactl``) is a
