@@ -156,7 +156,7 @@ def test_every_spec_written_in_process_is_validated_as_it_is_written(
 
     # A driver that declared a newer cdiVersion than its content needs: caught at the write.
     monkeypatch.setattr(cdi_module, "minimum_version", lambda spec: "1.1.0")
-    path = cdi.write(claim, durable=False)
+    path = cdi.write(claim)
     (problem,) = cdi_writes.invalid
     assert problem.startswith(f"{path}: AssertionError: cdiVersion 1.1.0, but its content needs exactly 0.5.0")
     cdi_writes.invalid.clear()  # seen: this test is about the fixture noticing it

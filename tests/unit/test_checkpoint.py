@@ -105,23 +105,33 @@ def test_garbage_is_rejected(data: bytes) -> None:
 
 def test_a_checkpoint_from_another_boot_is_void(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint.json"
-    ckpt.save(path, Checkpoint("boot-1").started(prepared(A, "gpu-0")).completed(A))
+    ckpt.CheckpointFile(path, "boot-1").save(Checkpoint("boot-1").started(prepared(A, "gpu-0")).completed(A))
     assert ckpt.load(path, "boot-1")[0].claims.keys() == {A}
     loaded, problem = ckpt.load(path, "boot-2")
     assert loaded == Checkpoint("boot-2") and "from boot boot-1" in (problem or "")
     assert ckpt.load(tmp_path / "missing.json", "boot-2") == (Checkpoint("boot-2"), None)
 
 
-def test_save_is_atomic_and_private(tmp_path: Path) -> None:
+def test_save_is_atomic_private_and_read_back(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint.json"
-    ckpt.save(path, Checkpoint("b"))
-    ckpt.save(path, Checkpoint("b").started(prepared(A, "gpu-0")), durable=False)
-    written = ckpt.save(path, Checkpoint("b").started(prepared(A, "gpu-0")).completed(A))
-    assert path.read_bytes() == written
-    # besides the file, one scratch file per kind of write (durable or not), nothing else
-    assert sorted(os.listdir(tmp_path)) == [".checkpoint.json.scratch-durable", ".checkpoint.json.scratch-volatile",
-                                            "checkpoint.json"]
-    assert all((tmp_path / name).stat().st_mode & 0o777 == 0o600 for name in os.listdir(tmp_path))
+    store = ckpt.CheckpointFile(path, "b")
+    done = Checkpoint("b").started(prepared(A, "gpu-0")).completed(A)
+    for checkpoint in (Checkpoint("b"), Checkpoint("b").started(prepared(A, "gpu-0")), done):
+        store.save(checkpoint)
+        assert path.read_bytes() == ckpt.encode(checkpoint) and os.listdir(tmp_path) == ["checkpoint.json"]
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert store.prepared_count == 1 and ckpt.CheckpointFile(path, "b").load() == done
+
+
+def test_a_checkpoint_changed_by_someone_else_is_read_again(tmp_path: Path) -> None:
+    """The decoded checkpoint is reused only while the file holds exactly the bytes it came from."""
+    path = tmp_path / "checkpoint.json"
+    mine, peer = ckpt.CheckpointFile(path, "b"), ckpt.CheckpointFile(path, "b")
+    mine.save(Checkpoint("b"))
+    assert mine.load() == Checkpoint("b")
+    changed = Checkpoint("b").started(prepared(A, "gpu-0")).completed(A)
+    peer.save(changed)
+    assert mine.load() == changed and mine.prepared_count == 1
 
 
 def test_start_up_may_delete_only_the_writers_leftovers() -> None:

@@ -1,7 +1,8 @@
 """DeviceState: prepare/unprepare on disk, and a crash at every point of them followed by a restart.
 
 A crash is simulated by raising from the fault hook at the named point: every write before it is
-already durable (synchronous, atomic), nothing after it happens, as with SIGKILL. The integration
+in place (synchronous, atomic, in the page cache a killed process cannot lose), nothing after it
+happens, as with SIGKILL. The integration
 tests do the real SIGKILL against an agent subprocess."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from gpudra_driver.plugin import fsutil
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.faults import POINTS, FaultHook
 from gpudra_driver.plugin.model import ClaimError, ClaimRef
+from gpudra_driver.plugin.recovery import recover
 from gpudra_driver.plugin.state import DeviceState
 
 A = "0c1d2e3f-0000-4000-8000-00000000000a"
@@ -40,7 +42,7 @@ def make(tmp_path: Path, fault: FaultHook | None = None, boot: str = "boot-1",
          cls: type[DeviceState] = DeviceState) -> DeviceState:
     state = cls(tmp_path / "plugin", CdiDir(tmp_path / "cdi", DRIVER, driver_files()), driver=DRIVER, node=NODE,
                 boot_id=boot, fault=fault)
-    state.startup()
+    recover(state)
     state.set_devices(devices())
     return state
 
@@ -105,8 +107,7 @@ async def test_an_unwritable_cdi_directory_is_a_per_claim_error_and_nothing_is_r
     assert "writing its CDI spec" in (out[A].error or "")
     assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims == {}
     assert sorted(os.listdir(tmp_path)) == ["cdi", "plugin"]
-    assert {n for n in os.listdir(tmp_path / "plugin") if not ckpt.is_leftover(n, "checkpoint.json")} == {
-        "checkpoint.json", "serialize.lock"}  # and the checkpoint's scratch files
+    assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", "serialize.lock"]
 
 
 async def test_a_deleted_spec_of_a_prepared_claim_is_written_again(tmp_path: Path) -> None:
@@ -137,111 +138,70 @@ async def test_a_checkpoint_changed_by_another_instance_is_read_again_even_with_
     assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims.keys() == {A, B}
 
 
-async def test_a_prepare_writes_the_checkpoint_twice_and_only_the_commit_is_durable(
+async def test_a_prepare_writes_started_specs_commit_in_order_and_never_fsyncs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import asyncio
-
+    """The durability contract (docs/kubelet-plugin.md): atomic renames, no fsync of file or
+    directory on the prepare or unprepare path."""
     state = make(tmp_path)
-    writes: list[tuple[str, ...]] = []  # in order: stage (scratch, fsync'd?), swap (scratch), dir fsync
-    real_stage, real_swap, real_fsync_dir = fsutil.stage, fsutil.swap, fsutil.fsync_dir
+    writes: list[str] = []
+    real_write_atomic = fsutil.write_atomic
 
-    def recording_stage(path, data, *, scratch, mode=0o644, durable=True):  # type: ignore[no-untyped-def]
-        writes.append(("stage", scratch, "fsync" if durable else "no fsync"))
-        real_stage(path, data, scratch=scratch, mode=mode, durable=durable)
+    def recording_write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+        if path.name == "checkpoint.json":
+            loaded = ckpt.decode(data)
+            writes.append("checkpoint " + ",".join(f"{e.claim.ref.name}:{e.state}" for _, e in sorted(loaded.claims.items())))
+        else:
+            writes.append("spec " + ("a" if A in path.name else "b"))
+        real_write_atomic(path, data, mode=mode)
 
-    def recording_swap(path, *, scratch):  # type: ignore[no-untyped-def]
-        writes.append(("swap", scratch))
-        real_swap(path, scratch=scratch)
+    def no_fsync(fd: int) -> None:
+        raise AssertionError("fsync on the prepare path")
 
-    def recording_fsync_dir(directory):  # type: ignore[no-untyped-def]
-        writes.append(("fsync dir", Path(directory).name))
-        real_fsync_dir(directory)
+    from gpudra_driver.plugin import cdi
 
-    monkeypatch.setattr(fsutil, "stage", recording_stage)
-    monkeypatch.setattr(fsutil, "swap", recording_swap)
-    monkeypatch.setattr(fsutil, "fsync_dir", recording_fsync_dir)
-    assert await state.prepare(items((REF_A, claim(A, name="a")), (REF_B, claim(B, name="b", results=[result("gpu-1")]))))
-    assert state.dir_synced is not None
-    await asyncio.wrap_future(state.dir_synced)
-    # one batch: PrepareStarted, then the commit (staged while the specs were written), the
-    # plugin directory fsync'd after it
-    assert sorted(writes[:2]) == [("stage", "scratch-durable", "fsync"), ("stage", "scratch-volatile", "no fsync")]
-    assert writes[2:] == [("swap", "scratch-volatile"), ("swap", "scratch-durable"), ("fsync dir", "plugin")]
-    assert writes.index(("swap", "scratch-volatile")) > writes.index(("stage", "scratch-volatile", "no fsync"))
-    assert state.prepared_count == 2 and ckpt.load(state.checkpoint_path, "boot-1")[0].completed_count() == 2
+    monkeypatch.setattr(fsutil, "write_atomic", recording_write_atomic)
+    monkeypatch.setattr(cdi, "write_atomic", recording_write_atomic)
+    monkeypatch.setattr(os, "fsync", no_fsync)
+    monkeypatch.setattr(os, "fdatasync", no_fsync)
+    out = await state.prepare(items((REF_A, claim(A, name="a")), (REF_B, claim(B, name="b", results=[result("gpu-1")]))))
+    assert out[A].error is None and out[B].error is None
+    assert writes == ["checkpoint a:PrepareStarted,b:PrepareStarted", "spec a", "spec b",
+                      "checkpoint a:PrepareCompleted,b:PrepareCompleted"]
+    assert state.prepared_count == 2
     del writes[:]
     await state.prepare(items((REF_A, claim(A, name="a"))))  # answered again: nothing written
     assert writes == []
-    await state.unprepare([REF_A])
-    assert writes[:3] == [("stage", "scratch-durable", "fsync"), ("swap", "scratch-durable"), ("fsync dir", "plugin")]
+    assert await state.unprepare([REF_A]) == {A: None}
+    assert writes == ["checkpoint b:PrepareCompleted"] and state.cdi.claim_uids() == {B}
     assert state.prepared_count == 1
 
 
-async def test_the_answer_does_not_wait_for_the_commits_directory_fsync_and_later_writes_do(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The kubelet gets its answer once the commit is fsync'd and renamed; the directory fsync
-    runs after, and this instance's next durable write waits for it."""
-    import asyncio
-    import threading
+def commit_fails(patched: pytest.MonkeyPatch, state: DeviceState, uid: str, *, after_writing: bool = False,
+                 error: OSError | None = None) -> None:
+    """The checkpoint write that records ``uid`` as prepared fails (after taking effect, when
+    ``after_writing``: a rename that reports an error)."""
+    real_save = state.checkpoint.save
 
-    state = make(tmp_path)
-    syncing, release = threading.Event(), threading.Event()
-    order: list[str] = []
-    real_stage, real_fsync_dir = fsutil.stage, fsutil.fsync_dir
+    def save(checkpoint: ckpt.Checkpoint) -> None:
+        entry = checkpoint.claims.get(uid)
+        if entry is not None and entry.state == ckpt.COMPLETED:
+            if after_writing:
+                real_save(checkpoint)
+            raise error or OSError(5, "Input/output error")
+        real_save(checkpoint)
 
-    def held_fsync_dir(directory):  # type: ignore[no-untyped-def]
-        if Path(directory) == state.plugin_dir and not release.is_set():
-            syncing.set()
-            assert release.wait(10), "the test never let the directory fsync go on"
-            order.append("commit's directory fsync")
-        real_fsync_dir(directory)
-
-    def noting_stage(path, data, *, scratch, mode=0o644, durable=True):  # type: ignore[no-untyped-def]
-        if durable:
-            order.append("durable stage")
-        real_stage(path, data, scratch=scratch, mode=mode, durable=durable)
-
-    monkeypatch.setattr(fsutil, "fsync_dir", held_fsync_dir)
-    monkeypatch.setattr(fsutil, "stage", noting_stage)
-    out = await asyncio.wait_for(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])))), 10)
-    assert out[A].error is None  # answered while the directory fsync is still held
-    assert await asyncio.to_thread(syncing.wait, 10)
-    assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims[A].state == ckpt.COMPLETED
-    unprepare = asyncio.ensure_future(state.unprepare([REF_A]))
-    done, _ = await asyncio.wait({unprepare}, timeout=0.2)  # it must queue behind the held fsync
-    assert not done and order == ["durable stage"]
-    release.set()
-    assert await asyncio.wait_for(unprepare, 10) == {A: None}
-    assert order == ["durable stage", "commit's directory fsync", "durable stage"]
+    patched.setattr(state.checkpoint, "save", save)
 
 
-async def test_a_failing_directory_fsync_after_the_answer_is_logged_and_changes_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    import asyncio
-
-    state = make(tmp_path)
-
-    def failing_fsync_dir(directory):  # type: ignore[no-untyped-def]
-        raise OSError(5, "Input/output error")
-
-    monkeypatch.setattr(fsutil, "fsync_dir", failing_fsync_dir)
-    out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
-    assert state.dir_synced is not None
-    await asyncio.wrap_future(state.dir_synced)  # it does not raise: the error is logged
-    assert out[A].error is None and state.cdi.claim_uids() == {A}
-    assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims[A].state == ckpt.COMPLETED
-    assert any("Input/output error" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
-
-
-async def test_a_spec_that_cannot_be_written_drops_its_claim_from_the_staged_commit(
+async def test_a_spec_that_cannot_be_written_drops_its_claim_from_the_commit(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     state = make(tmp_path)
     real_write = state.cdi.write
 
-    def failing_for_b(claim, *, durable=True):  # type: ignore[no-untyped-def]
+    def failing_for_b(claim):  # type: ignore[no-untyped-def]
         if claim.uid == B:
             raise OSError(28, "No space left on device")
-        return real_write(claim, durable=durable)
+        return real_write(claim)
 
     monkeypatch.setattr(state.cdi, "write", failing_for_b)
     out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])),
@@ -252,111 +212,61 @@ async def test_a_spec_that_cannot_be_written_drops_its_claim_from_the_staged_com
     assert state.cdi.claim_uids() == {A}
 
 
-async def test_a_commit_that_cannot_be_staged_is_an_error_for_every_claim_and_nothing_stays(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("after_writing", [False, True], ids=["not-written", "written-then-error"])
+async def test_a_commit_that_fails_is_an_error_and_rolled_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, after_writing: bool) -> None:
     state = make(tmp_path)
-    real_stage = fsutil.stage
-
-    def failing_durable_stage(path, data, *, scratch, mode=0o644, durable=True):  # type: ignore[no-untyped-def]
-        if durable:
-            raise OSError(5, "Input/output error")
-        return real_stage(path, data, scratch=scratch, mode=mode, durable=durable)
-
-    monkeypatch.setattr(fsutil, "stage", failing_durable_stage)
-    out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
-    assert "recording the prepared claim failed" in (out[A].error or "")
-    # no commit: at most the PrepareStarted entry, which the next start rolls back; no spec
-    assert {e.state for e in ckpt.load(state.checkpoint_path, "boot-1")[0].claims.values()} <= {ckpt.STARTED}
-    assert state.cdi.claim_uids() == set()
-
-
-async def test_a_commit_that_fails_in_place_is_an_error_and_rolled_back(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    state = make(tmp_path)
-    real_publish = ckpt.publish_commit
-
-    def renamed_but_not_synced(path):  # type: ignore[no-untyped-def]
-        real_publish(path)
-        raise OSError(5, "Input/output error")  # the rename reports an error, having taken effect
-
-    monkeypatch.setattr(ckpt, "publish_commit", renamed_but_not_synced)
+    commit_fails(monkeypatch, state, A, after_writing=after_writing)
     out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
     assert "recording the prepared claim failed" in (out[A].error or "")
     assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims == {}  # rolled back to before
     assert state.cdi.claim_uids() == set() and state.prepared_count == 0
 
 
-async def test_a_failing_prepare_started_write_fails_the_new_claims_and_leaves_the_stager_free(
+async def test_a_failing_prepare_started_write_fails_the_new_claims_and_nothing_stays(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import asyncio
-
     state = make(tmp_path)
-    real_swap_in = fsutil.swap_in
-
-    def full_disk_for_volatile(path, data, *, scratch, mode=0o644, durable=True):  # type: ignore[no-untyped-def]
-        if not durable:
-            raise OSError(28, "No space left on device")
-        return real_swap_in(path, data, scratch=scratch, mode=mode, durable=durable)
-
     await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))  # before the disk filled up
-    monkeypatch.setattr(fsutil, "swap_in", full_disk_for_volatile)
-    out = await asyncio.wait_for(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])),
-                                                     (REF_B, claim(B, name="b", results=[result("gpu-1")])))), 10)
-    assert "preparing on node" in (out[A].error or "") and "No space left" in (out[A].error or "")
+    real_save = state.checkpoint.save
+
+    def full_disk(checkpoint: ckpt.Checkpoint) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(state.checkpoint, "save", full_disk)
+    out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])),
+                                    (REF_B, claim(B, name="b", results=[result("gpu-1")]))))
+    assert "No space left" in (out[A].error or "")
     assert out[B].error is None and out[B].claim is not None  # already prepared: still answered
     assert set(ckpt.load(state.checkpoint_path, "boot-1")[0].claims) == {B} and state.cdi.claim_uids() == {B}
-    monkeypatch.setattr(fsutil, "swap_in", real_swap_in)
-    out = await asyncio.wait_for(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])))), 10)
-    assert out[A].error is None and state.prepared_count == 2  # the stager was not left waiting
+    monkeypatch.setattr(state.checkpoint, "save", real_save)
+    out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+    assert out[A].error is None and state.prepared_count == 2
 
 
-async def test_a_prepare_cancelled_during_its_commit_keeps_the_lock_until_the_commit_is_done(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The agent shutting down mid-commit: the node lock outlives the stager's write under it."""
+async def test_a_call_cancelled_while_a_peer_holds_the_node_lock_leaves_no_lock_behind(tmp_path: Path) -> None:
+    """The agent shutting down, or the kubelet giving up, while a call waits for a peer instance:
+    the calls after it are not blocked by it."""
     import asyncio
-    import threading
 
-    from gpudra_driver.plugin import state as state_module
-    from gpudra_driver.plugin.locking import LockTimeout, node_lock
+    from gpudra_driver.plugin.locking import node_lock
+    from gpudra_operator.localcluster.waiting import wait_for
 
     state = make(tmp_path)
-    staging, released, cancel_seen = threading.Event(), threading.Event(), threading.Event()
-    real_stage, real_wait = fsutil.stage, state_module.wait
+    with node_lock(state.lock_path):  # a peer instance
+        waiting = asyncio.ensure_future(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])))))
+        queued = asyncio.ensure_future(state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")])))))
 
-    def slow_durable_stage(path, data, *, scratch, mode=0o644, durable=True):  # type: ignore[no-untyped-def]
-        if durable:
-            staging.set()
-            assert released.wait(10), "the test never let the commit go on"
-        return real_stage(path, data, scratch=scratch, mode=mode, durable=durable)
+        async def both_wait() -> bool:
+            return state._one_call.locked() and not waiting.done() and not queued.done()
 
-    def noting_wait(jobs):  # type: ignore[no-untyped-def]
-        cancel_seen.set()  # the cancelled prepare now waits for its job, on the event loop
-        return real_wait(jobs)
-
-    monkeypatch.setattr(fsutil, "stage", slow_durable_stage)
-    monkeypatch.setattr(state_module, "wait", noting_wait)
-    lock_held_meanwhile: list[bool] = []
-
-    def peer() -> None:  # another agent instance, trying the lock while the commit is under way
-        assert cancel_seen.wait(10)
-        try:
-            with node_lock(state.lock_path, timeout=0.05):
-                lock_held_meanwhile.append(False)
-        except LockTimeout:
-            lock_held_meanwhile.append(True)
-        released.set()
-
-    task = asyncio.create_task(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])))))
-    assert await asyncio.to_thread(staging.wait, 10)  # the commit is being staged
-    peer_instance = threading.Thread(target=peer)
-    peer_instance.start()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    peer_instance.join(10)
-    assert lock_held_meanwhile == [True]
-    loaded = ckpt.load(state.checkpoint_path, "boot-1")[0]  # whole, and a restart resolves the rest
-    assert make(tmp_path).prepared_count == loaded.completed_count()
+        await wait_for(both_wait, timeout=10, what="both calls to wait for the peer")
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert not queued.done()  # still behind the peer, not behind the cancelled call
+    assert (await asyncio.wait_for(queued, 10))[B].error is None
+    assert state.busy_for() == 0 and not state._one_call.locked()
+    assert set(ckpt.load(state.checkpoint_path, "boot-1")[0].claims) == {B}
 
 
 @pytest.mark.parametrize("point", [p for p in POINTS if not p.startswith("unprepare")])
@@ -454,58 +364,13 @@ async def test_a_call_queued_behind_a_stuck_peer_waits_for_the_lock_only_within_
     assert "held by another agent instance for over 0.0s" in (gone[A] or "")
 
 
-async def test_a_prepare_waits_for_the_last_commits_directory_fsync_before_its_prepare_started_write(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """PrepareStarted overwrites in place the scratch file that, until that fsync, the disk may
-    still hold as the checkpoint."""
-    import asyncio
-    import threading
-
-    from gpudra_driver.plugin.locking import LockTimeout, node_lock
-    from gpudra_operator.localcluster.waiting import wait_for
-
-    state = make(tmp_path)
-    release = threading.Event()
-    order: list[str] = []
-    real_stage, real_fsync_dir = fsutil.stage, fsutil.fsync_dir
-
-    def held_fsync_dir(directory):  # type: ignore[no-untyped-def]
-        if Path(directory) == state.plugin_dir and not release.is_set():
-            assert release.wait(10), "the test never let the directory fsync go on"
-            order.append("directory fsync")
-        real_fsync_dir(directory)
-
-    def noting_stage(path, data, *, scratch, mode=0o644, durable=True):  # type: ignore[no-untyped-def]
-        order.append("durable stage" if durable else "PrepareStarted")
-        real_stage(path, data, scratch=scratch, mode=mode, durable=durable)
-
-    monkeypatch.setattr(fsutil, "fsync_dir", held_fsync_dir)
-    monkeypatch.setattr(fsutil, "stage", noting_stage)
-    assert (await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])))))[A].error is None
-    second = asyncio.ensure_future(state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")])))))
-
-    async def second_holds_the_lock() -> bool:  # it first waits for anything once it holds it
-        try:
-            with node_lock(state.lock_path, timeout=0):
-                return False
-        except LockTimeout:
-            return True
-
-    await wait_for(second_holds_the_lock, timeout=10, what="the second prepare to take the node lock")
-    assert not second.done() and order.count("PrepareStarted") == 1  # not written yet: it waits
-    release.set()
-    assert (await asyncio.wait_for(second, 10))[B].error is None
-    first, rest = order[:order.index("directory fsync")], order[order.index("directory fsync") + 1:]
-    assert sorted(first) == ["PrepareStarted", "durable stage"] and rest[0] == "PrepareStarted"
-
-
 async def test_a_claim_allocated_anew_that_fails_leaves_neither_old_nor_new_state(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     state = make(tmp_path)
     await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
     real_write = state.cdi.write
 
-    def full_disk(claim, *, durable=True):  # type: ignore[no-untyped-def]
+    def full_disk(claim):  # type: ignore[no-untyped-def]
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(state.cdi, "write", full_disk)
@@ -516,16 +381,11 @@ async def test_a_claim_allocated_anew_that_fails_leaves_neither_old_nor_new_stat
     monkeypatch.setattr(state.cdi, "write", real_write)
 
     await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-2")]))))
-    real_publish = ckpt.publish_commit
-
-    def failing_publish(path):  # type: ignore[no-untyped-def]
-        raise OSError(5, "Input/output error")
-
-    monkeypatch.setattr(ckpt, "publish_commit", failing_publish)
-    out = await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-3")]))))
+    with monkeypatch.context() as patched:
+        commit_fails(patched, state, B)
+        out = await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-3")]))))
     assert "recording the prepared claim failed" in (out[B].error or "")
     assert state.cdi.claim_uids() == set() and ckpt.load(state.checkpoint_path, "boot-1")[0].claims == {}
-    monkeypatch.setattr(ckpt, "publish_commit", real_publish)
     retry = await state.prepare(items((REF_B, ClaimError("API down"))))
     assert "API down" in (retry[B].error or "")  # not answered with the old gpu-2
 
@@ -534,13 +394,10 @@ async def test_a_spec_that_cannot_be_removed_after_a_failed_commit_still_rolls_t
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     state = make(tmp_path)
 
-    def failing_publish(path):  # type: ignore[no-untyped-def]
-        raise OSError(5, "Input/output error")
-
     def stuck_remove(uid):  # type: ignore[no-untyped-def]
         raise OSError(16, "Device or resource busy")
 
-    monkeypatch.setattr(ckpt, "publish_commit", failing_publish)
+    commit_fails(monkeypatch, state, A)
     monkeypatch.setattr(state.cdi, "remove", stuck_remove)
     out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
     assert "recording the prepared claim failed" in (out[A].error or "")
@@ -604,11 +461,11 @@ def test_a_crash_of_the_start_that_adopts_the_specs_finds_them_again(tmp_path: P
     kept = spec_files(tmp_path)
     (tmp_path / "plugin" / "checkpoint.json").write_text("{torn")
 
-    def full(self: DeviceState, checkpoint: ckpt.Checkpoint, *, durable: bool = True) -> None:
+    def full(self: ckpt.CheckpointFile, checkpoint: ckpt.Checkpoint) -> None:
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as patched:
-        patched.setattr(DeviceState, "_save", full)
+        patched.setattr(ckpt.CheckpointFile, "save", full)
         with pytest.raises(OSError):
             make(tmp_path)  # the agent exits before recording the adoptions; its pod restarts
     make(tmp_path)  # the corrupt file is still there: adopted now
@@ -624,7 +481,7 @@ async def test_an_adopted_claim_whose_prepare_fails_stays_adopted(tmp_path: Path
     (tmp_path / "plugin" / "checkpoint.json").write_text("{torn")
     later = make(tmp_path)
 
-    def full(claim: object, *, durable: bool = True) -> None:
+    def full(claim: object) -> None:
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as patched:
@@ -798,11 +655,8 @@ async def test_an_adopted_claim_allocated_anew_whose_commit_fails_holds_what_its
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     later = await adopted_a(tmp_path)
 
-    def fails(path: Path) -> None:
-        raise OSError(5, "Input/output error")
-
     with monkeypatch.context() as patched:
-        patched.setattr(ckpt, "publish_commit", fails)
+        commit_fails(patched, later, A)
         out = await later.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-4")]))))
     assert "Input/output error" in (out[A].error or "")
     assert later.cdi.claim_uids() == {A} and adopted(later) == {A: ((NODE, "gpu-4"),)}

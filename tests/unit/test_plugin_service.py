@@ -198,61 +198,49 @@ async def test_kubelet_refuses_a_plugin_without_common_versions(root: Path) -> N
         await plugin.stop()
 
 
-async def test_concurrent_calls_are_committed_together(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_concurrent_calls_each_change_the_state_alone_and_all_land(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight pods starting at once: their claim GETs overlap, their state changes never do, and
+    every claim ends up in the checkpoint with its own spec."""
+    import asyncio
+
     from gpudra_driver.plugin import checkpoint as ckpt
-    from gpudra_driver.plugin import fsutil
 
     uids = [f"0c1d2e3f-0000-4000-8000-00000000001{i}" for i in range(8)]
     claims = {("ns", f"c{i}"): claim(uid, name=f"c{i}", results=[result(f"gpu-{i}")]) for i, uid in enumerate(uids)}
     plugin = make_plugin(root, claims)
     await plugin.start()
     plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
-    commits: list[int] = []  # claims in the checkpoint after each durable write
-    real_swap = fsutil.swap
+    inside, most_inside = 0, 0
+    real_load = plugin.state.checkpoint.load
 
-    def counting_swap(path, *, scratch):  # type: ignore[no-untyped-def]
-        real_swap(path, scratch=scratch)
-        if scratch == ckpt.SCRATCH[True]:
-            commits.append(len(ckpt.load(path, "boot-1")[0].claims))
+    def noting_load() -> ckpt.Checkpoint:  # the first step of every state change
+        nonlocal inside, most_inside
+        inside += 1
+        most_inside = max(most_inside, inside)
+        return real_load()
 
-    monkeypatch.setattr(fsutil, "swap", counting_swap)
+    real_prepare_locked = plugin.state._prepare_locked
+
+    def leaving(*args):  # type: ignore[no-untyped-def]
+        nonlocal inside
+        try:
+            return real_prepare_locked(*args)
+        finally:
+            inside = 0
+
+    monkeypatch.setattr(plugin.state.checkpoint, "load", noting_load)
+    monkeypatch.setattr(plugin.state, "_prepare_locked", leaving)
     try:
         async with DraClient(plugin.dra_socket) as client:
-            import asyncio
-
             responses = await asyncio.gather(*(client.prepare([("ns", f"c{i}", uid)]) for i, uid in enumerate(uids)))
         assert all(r.claims[uid].error == "" for r, uid in zip(responses, uids))
         assert [r.claims[uid].devices[0].device_name for r, uid in zip(responses, uids)] == [f"gpu-{i}" for i in range(8)]
-        assert 1 <= len(commits) < 8 and commits[-1] == 8  # fewer commits than calls, all claims in
+        assert most_inside == 1
+        assert ckpt.load(plugin.state.checkpoint_path, "boot-1")[0].completed_count() == 8
         assert len(os.listdir(root / "cdi")) == 8
     finally:
         await plugin.stop()
-
-
-async def test_a_lone_prepare_never_waits_for_the_gather_delay(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpudra_driver.plugin import plugin as plugin_module
-
-    monkeypatch.setattr(plugin_module, "PREPARE_GATHER_DELAY", 60.0)  # a wait would show as a timeout
-    plugin = make_plugin(root, {("ns", "a"): claim(A, name="a", results=[result("gpu-1")])})
-    await plugin.start()
-    plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
-    coming_when_queued: list[int] = []
-    submit = plugin._rounds.submit
-
-    def recording_submit(kind, items, key, deadline=None):  # type: ignore[no-untyped-def]
-        coming_when_queued.append(plugin._rounds.coming())
-        return submit(kind, items, key, deadline)
-
-    monkeypatch.setattr(plugin._rounds, "submit", recording_submit)
-    try:
-        async with DraClient(plugin.dra_socket) as client:
-            response = await asyncio.wait_for(client.prepare([("ns", "a", A)]), 10)
-            assert response.claims[A].error == ""
-            assert (await asyncio.wait_for(client.unprepare([("ns", "a", A)]), 10)).claims[A].error == ""
-    finally:
-        await plugin.stop()
-    # a round may be taken the moment the call is queued: it must not count as coming
-    assert coming_when_queued == [0, 0]
 
 
 async def test_watch_raises_when_the_registration_socket_cannot_be_served(
@@ -271,25 +259,6 @@ async def test_watch_raises_when_the_registration_socket_cannot_be_served(
         with pytest.raises(OSError, match="cannot listen on unix socket"):
             await asyncio.wait_for(watching, 10)
         assert any("registration socket could not be served" in r.getMessage() for r in caplog.records)
-    finally:
-        await plugin.stop()
-
-
-@pytest.mark.parametrize("discovered", [True, False], ids=["registered", "before-discovery"])
-async def test_watch_raises_when_the_rounds_that_answer_calls_end(root: Path, discovered: bool) -> None:
-    plugin = make_plugin(root, {})
-    await plugin.start()
-    try:
-        if discovered:
-            plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
-            await plugin._register_task  # type: ignore[misc]
-        watching = asyncio.ensure_future(plugin.watch())
-        done, _ = await asyncio.wait({watching}, timeout=0.2)  # a watch that returned early would be done
-        assert not done  # serving (registered, or waiting for discovery to register)
-        assert plugin._rounds._task is not None
-        plugin._rounds._task.cancel()
-        with pytest.raises(RuntimeError, match="group commit was cancelled"):
-            await asyncio.wait_for(watching, 10)
     finally:
         await plugin.stop()
 
@@ -396,18 +365,18 @@ async def test_liveness_fails_when_a_socket_accepts_but_never_answers(root: Path
         await plugin.stop()
 
 
-async def test_liveness_fails_when_a_round_of_calls_is_stuck(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A round that has run longer than any call may (a hung disk): the sockets still answer the
-    check's empty call, but no prepare would ever be answered again."""
+async def test_liveness_fails_when_a_call_is_stuck_under_the_node_lock(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call that has held the node lock longer than any call may (a hung disk): the sockets still
+    answer the check's empty call, but no prepare would ever be answered again."""
     from gpudra_driver.plugin import health
 
     plugin = make_plugin(root, {})
     await plugin.start()
     try:
-        assert plugin.round_running_for() == 0 and await health.liveness_problem(plugin) is None
-        monkeypatch.setattr(plugin._rounds, "round_started", time.monotonic() - health.ROUND_STUCK_AFTER - 5)
+        assert plugin.busy_for() == 0 and await health.liveness_problem(plugin) is None
+        monkeypatch.setattr(plugin.state, "_busy_since", time.monotonic() - health.CALL_STUCK_AFTER - 5)
         problem = await health.liveness_problem(plugin)
-        assert problem is not None and "are not done" in problem
+        assert problem is not None and "is not done" in problem
     finally:
         monkeypatch.undo()
         await plugin.stop()

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudra_driver.plugin.driverfiles import DriverFiles, DriverFilesCache, common_edits, device_node
-from gpudra_driver.plugin.fsutil import fsync_dir, remove, write_atomic
+from gpudra_driver.plugin.fsutil import TEMP_MARK, remove, write_atomic
 from gpudra_driver.plugin.model import PreparedClaim
 
 CDI_CLASS = "claim"
@@ -128,18 +128,17 @@ class CdiDir:
         # kubelet's critical path (`jq . <spec>` pretty-prints it).
         return json.dumps(cdi_spec(claim, self.driver, self.files.current()), separators=(",", ":")).encode() + b"\n"
 
-    def write(self, claim: PreparedClaim, *, durable: bool = True) -> Path:
+    def write(self, claim: PreparedClaim) -> Path:
         """Write the claim's spec atomically (an existing one is replaced whole), after checking
         that every device node it names exists: a spec with a missing node would fail the
-        container, so the claim fails with a retryable :class:`DriverFilesError` instead. ``durable``
-        adds the fsyncs; specs are derived from the checkpoint, so the prepare path skips them."""
+        container, so the claim fails with a retryable :class:`DriverFilesError` instead."""
         self.files.check_device_nodes([p for d in claim.devices for p in d.device_nodes])
         path, content = self.spec_path(claim.uid), self.content(claim)
         try:
-            write_atomic(path, content, fsync=durable, sync_dir=durable)
+            write_atomic(path, content)
         except FileNotFoundError:  # no directory yet, e.g. /var/run/cdi on a fresh tmpfs
             self.path.mkdir(parents=True, exist_ok=True)  # (a file in its place fails here)
-            write_atomic(path, content, fsync=durable, sync_dir=durable)
+            write_atomic(path, content)
         return path
 
     def matches(self, claim: PreparedClaim) -> bool:
@@ -165,9 +164,6 @@ class CdiDir:
     def remove(self, claim_uid: str) -> bool:
         return remove(self.spec_path(claim_uid))
 
-    def sync(self) -> None:
-        fsync_dir(self.path)
-
     def claim_uids(self) -> set[str]:
         """UIDs of the claims that have a spec of ours in the directory."""
         try:
@@ -185,6 +181,6 @@ class CdiDir:
         except FileNotFoundError:
             return 0
         for name in names:
-            if name.startswith(prefix) and ".json.tmp-" in name:
+            if name.startswith(prefix) and f".json{TEMP_MARK}" in name:
                 count += remove(self.path / name)
         return count

@@ -15,13 +15,15 @@ hand-edited file is detected. ``bootID`` is the node's
 ``/proc/sys/kernel/random/boot_id`` when it was written: after a reboot no container holds a
 prepared device any more (and the kubelet prepares again), so an old boot's checkpoint is void.
 
-Transitions and :func:`reconcile` are pure; :func:`load`/:func:`save` are the file I/O.
+Transitions and :func:`reconcile` are pure; :class:`CheckpointFile` is the file I/O.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -31,6 +33,8 @@ from typing import Any
 
 from gpudra_driver.plugin import fsutil
 from gpudra_driver.plugin.model import PreparedClaim
+
+log = logging.getLogger(__name__)
 
 # The file's version is the lowest whose readers keep all of its content, as a CDI spec's is:
 # 2 when it holds adoptions or admin-access devices, which an agent reading only version 1 would
@@ -261,55 +265,73 @@ def reconcile(checkpoint: Checkpoint, spec_uids: Iterable[str]) -> Reconciliatio
 
 # -- file I/O --------------------------------------------------------------------------------------
 
-# Scratch files of :func:`save` (see :func:`fsutil.swap_in`): one per kind of write.
-SCRATCH = {True: "scratch-durable", False: "scratch-volatile"}
+class CheckpointFile:
+    """The checkpoint file: read (with a cache of its last decoded content) and replaced atomically.
+
+    Decoding and verifying is O(prepared claims), so what this instance last read or wrote is
+    reused while the file holds exactly its bytes (reading them is cheap; another agent
+    instance's write changes them). Callers hold the node lock."""
+
+    def __init__(self, path: Path, boot_id: str) -> None:
+        self.path = path
+        self.boot_id = boot_id
+        self.prepared_count = 0  # completed claims in the checkpoint last read or written (a metric)
+        self._cached: tuple[bytes, Checkpoint] | None = None
+
+    def load(self) -> Checkpoint:
+        """The checkpoint on disk; an empty one when there is none or it is from an earlier boot
+        (logged). A corrupt file or a newer version raises :class:`CheckpointError`."""
+        data = fsutil.read_file(self.path)
+        if data is not None and self._cached is not None and self._cached[0] == data:
+            return self._cached[1]
+        self._cached = None
+        checkpoint, problem = (Checkpoint(self.boot_id), None) if data is None else parse(data, self.boot_id)
+        if problem:
+            log.warning("%s", problem)
+        if data is not None and not problem:
+            self._cached = (data, checkpoint)
+        self.prepared_count = checkpoint.completed_count()
+        return checkpoint
+
+    def save(self, checkpoint: Checkpoint) -> None:
+        """Replace the file atomically (temp file, rename; see :mod:`.fsutil` for why no fsync)."""
+        self._cached = None
+        data = encode(checkpoint)
+        fsutil.write_atomic(self.path, data, mode=0o600)
+        self._cached = (data, checkpoint)
+        self.prepared_count = checkpoint.completed_count()
+
+    @property
+    def is_cached(self) -> bool:
+        """The file holds a checkpoint this boot can use, as last read or written."""
+        return self._cached is not None
+
+    def leftovers(self) -> list[Path]:
+        """Files of the checkpoint's writers that a crash may have left half-written."""
+        return [self.path.parent / n for n in os.listdir(self.path.parent) if is_leftover(n, self.path.name)]
+
+
+def is_leftover(name: str, checkpoint_name: str) -> bool:
+    """A temp file of an interrupted write, or a scratch file of an earlier agent (they kept two,
+    exchanged with the checkpoint)."""
+    prefix = f".{checkpoint_name}."
+    return name.startswith(prefix + fsutil.TEMP_MARK[1:]) or name in {prefix + "scratch-durable", prefix + "scratch-volatile"}
 
 
 def load(path: Path, boot_id: str) -> tuple[Checkpoint, str | None]:
-    """The checkpoint at ``path`` and, when it had to be discarded, why. A missing file or one
-    from an earlier boot is an empty checkpoint. A corrupt file or a newer version raises."""
+    """The checkpoint at ``path`` (see :func:`parse`); a missing file is an empty checkpoint."""
     data = fsutil.read_file(path)
     return (Checkpoint(boot_id), None) if data is None else parse(data, boot_id)
 
 
 def parse(data: bytes, boot_id: str) -> tuple[Checkpoint, str | None]:
-    """:func:`load` for bytes already read."""
+    """The checkpoint in ``data`` and, when it had to be discarded (an earlier boot's), why. A
+    corrupt file or a newer version raises."""
     checkpoint = decode(data)
     if checkpoint.boot_id != boot_id:
         return Checkpoint(boot_id), (f"checkpoint is from boot {checkpoint.boot_id}, this is boot {boot_id}: "
                                      f"discarding {len(checkpoint.claims)} claim(s) prepared before the reboot")
     return checkpoint, None
-
-
-def save(path: Path, checkpoint: Checkpoint, *, durable: bool = True) -> bytes:
-    """Atomically replace the checkpoint; returns the bytes written. ``durable``: written, fsync'd,
-    renamed into place, directory fsync'd (the commit of a prepare or unprepare); otherwise written
-    and renamed, which a crash of the agent cannot tear either (see :mod:`.state` for when that is
-    enough). The rename is an exchange with a standing scratch file where the file system can."""
-    data = encode(checkpoint)
-    fsutil.swap_in(path, data, scratch=SCRATCH[durable], mode=0o600, durable=durable)
-    return data
-
-
-def stage_commit(path: Path, checkpoint: Checkpoint) -> bytes:
-    """The durable :func:`save` of ``checkpoint``, written and fsync'd but not yet in place (a
-    prepare stages its commit while it writes the specs); :func:`publish_commit` puts it there."""
-    data = encode(checkpoint)
-    fsutil.stage(path, data, scratch=SCRATCH[True], mode=0o600)
-    return data
-
-
-def publish_commit(path: Path) -> None:
-    """Rename the staged commit into place. The directory fsync that completes the durable save
-    is the caller's: prepare answers the kubelet first (see :mod:`.state`)."""
-    fsutil.swap(path, scratch=SCRATCH[True])
-
-
-def is_leftover(name: str, checkpoint_name: str) -> bool:
-    """A file of the checkpoint's writers that start-up may delete: a temp file of an older agent,
-    or a scratch file, which a crash may have left half-written."""
-    prefix = f".{checkpoint_name}."
-    return name.startswith(f"{prefix}tmp-") or name in {prefix + s for s in SCRATCH.values()}
 
 
 def read_boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str:

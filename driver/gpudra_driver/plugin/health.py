@@ -7,9 +7,8 @@ connection outlives its socket file, so only a new one notices a file removed fr
 again until the agent restarts and serves a new socket). It passes when the DRA socket answers a
 NodePrepareResources without claims and, once the registration socket is served (after the first
 discovery; an agent still waiting for NVML stays alive), that socket answers GetInfo. The empty
-call takes no round and no node lock, so a peer holding the lock never gets this instance
-restarted; a round of real calls running for longer than any call may (a hung disk) fails the
-check instead. The check runs on the agent's event loop, so a wedged loop fails it too: the probe
+call takes no node lock, so a peer holding the lock never gets this instance restarted; a call
+holding it for longer than any call may (a hung disk) fails the check instead. The check runs on the agent's event loop, so a wedged loop fails it too: the probe
 times out.
 
 The port is open to the pod network, so a check costs little and is shared: concurrent callers
@@ -33,9 +32,9 @@ log = logging.getLogger(__name__)
 
 SERVICES = ("", "liveness")  # the whole server, and the name the DaemonSet's probes ask for
 CHECK_TIMEOUT = 3.0  # per socket; the probes' timeoutSeconds leaves room for both
-# A round answers its calls within the kubelet's 45 s (plugin.CALL_BUDGET); one running this long
-# answers none.
-ROUND_STUCK_AFTER = 120.0
+# A call answers within the kubelet's 45 s (plugin.CALL_BUDGET); one holding the node lock this
+# long answers nothing again.
+CALL_STUCK_AFTER = 120.0
 # Its own subchannel pool: a new connection even where another channel of this process (a test's
 # kubelet client) is connected to the same path, to the server behind a file since removed.
 FRESH_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
@@ -54,13 +53,13 @@ class PluginSockets(Protocol):
     @property
     def registration_served(self) -> bool: ...
 
-    def round_running_for(self) -> float: ...
+    def busy_for(self) -> float: ...
 
 
 async def liveness_problem(plugin: PluginSockets, timeout: float = CHECK_TIMEOUT) -> str | None:
     """Why the plugin cannot serve the kubelet now; None when it can."""
-    if (running := plugin.round_running_for()) > ROUND_STUCK_AFTER:
-        return f"the prepare/unprepare calls taken {running:.0f}s ago are not done (a hung disk or node lock?)"
+    if (running := plugin.busy_for()) > CALL_STUCK_AFTER:
+        return f"the prepare/unprepare call that took the node lock {running:.0f}s ago is not done (a hung disk?)"
     checks = [("DRA", plugin.dra_socket, _answers_prepare)]
     if plugin.registration_served:
         checks.append(("registration", plugin.registration_socket, _answers_get_info))

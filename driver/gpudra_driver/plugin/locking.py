@@ -6,9 +6,12 @@ plugin directory makes their read-modify-write sections exclusive. The kernel dr
 its holder dies (SIGKILL included), so a crashed agent never wedges the node.
 
 flock belongs to an open file description, so the lock is taken with a fresh descriptor each
-time; within one process callers are already serialised by the plugin's group commit (one round
-at a time). :func:`node_lock_async` is the same lock for a round on the event loop: uncontended it
-never leaves the loop; contended (a peer instance holds it) it waits without blocking the loop."""
+time; within one process calls are serialised before they get here (:mod:`.state`).
+:func:`node_lock_async` is the same lock for a call on the event loop: uncontended it never leaves
+the loop; contended (a peer instance holds it) it waits without blocking the loop.
+
+Not the ``filelock`` library: its acquire and release cost two orders of magnitude more than the
+flock itself (bench/README.md), on the kubelet's critical path."""
 
 from __future__ import annotations
 

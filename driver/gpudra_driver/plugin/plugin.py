@@ -1,4 +1,4 @@
-"""The kubelet plugin's I/O shell: sockets, gRPC servers, the claim GET, the group commit.
+"""The kubelet plugin's I/O shell: sockets, gRPC servers, the claim GET.
 
 Sockets (unique per agent instance, so a DaemonSet rolling update can overlap two instances; the
 kubelet prefers the newest registered one that is connected):
@@ -10,10 +10,8 @@ Start: stale sockets (nobody accepts on them: a crashed instance's) are removed,
 CDI directory are reconciled, the DRA socket is served; the registration socket appears once
 devices have been discovered, so the kubelet never prefers an instance that cannot prepare yet.
 Stop (SIGTERM): registration socket first (deregistration), then the DRA server after in-flight
-calls finish, then our socket files. Prepare GETs each claim (concurrently, before taking the
-lock), then hands them to :class:`DeviceState`, one round at a time (:mod:`.groupcommit`): calls
-that arrive while a batch is on disk are committed together in the next one (group commit), so
-concurrent pod starts share the fsync instead of queueing behind one each."""
+calls finish, then our socket files. Prepare GETs each claim (concurrently, before taking any
+lock), then hands them to :class:`DeviceState`, which changes the node's state one call at a time."""
 
 from __future__ import annotations
 
@@ -40,11 +38,11 @@ from gpudra_driver.plugin.checkpoint import read_boot_id
 from gpudra_driver.plugin.driverfiles import DriverFilesCache
 from gpudra_driver.plugin.devicenodes import CapMinor, node_devices, read_mig_cap_minor
 from gpudra_driver.plugin.faults import FaultHook
-from gpudra_driver.plugin.groupcommit import GroupCommit
 from gpudra_driver.plugin.gen import pluginregistration_pb2_grpc
 from gpudra_driver.plugin.model import ClaimError, ClaimRef
 from gpudra_driver.plugin.registration import SUPPORTED_VERSIONS, RegistrationServicer
 from gpudra_driver.plugin.sockets import MAX_SOCKET_PATH, SocketAddress
+from gpudra_driver.plugin.recovery import recover
 from gpudra_driver.plugin.state import DeviceState, Fetched, PrepareResult
 
 log = logging.getLogger(__name__)
@@ -55,12 +53,6 @@ CLAIM_GET_TIMEOUT = 10.0  # with the node lock's wait (locking.LOCK_TIMEOUT) ins
 # How long a call may take before it answers: the kubelet's 45 s, less room for the writes and the
 # answer. A call queued behind others waits for the node lock only until then.
 CALL_BUDGET = 40.0
-# While other prepare calls are still reading their claims, a round waits up to this long for
-# them (see groupcommit); a lone call never waits. Measured with 16 concurrent callers on the
-# development VM, paired in one cluster: throughput 1.90x the bare baseline without a delay, 1.53x
-# at 4 ms, 1.38-1.44x at 6 ms, 1.37x at 9 ms, 1.47x at 12 ms (fewer, larger rounds: fewer
-# checkpoint writes and fsyncs per claim, against the wait itself).
-PREPARE_GATHER_DELAY = 0.008
 
 
 def socket_paths(kubelet_dir: Path, driver: str, instance: str) -> tuple[Path, Path]:
@@ -121,9 +113,6 @@ class KubeletPlugin:
             driver, os.fspath(self.dra_socket),
             tuple(v for v in SUPPORTED_VERSIONS if v.split(".")[0] in self.api_versions))
         self.devices_known = asyncio.Event()
-        self._fetching = 0  # prepare calls whose claim GETs are in flight
-        self._rounds = GroupCommit({"prepare": self.state.prepare, "unprepare": self.state.unprepare},
-                                   coming=lambda: self._fetching, gather_delay=PREPARE_GATHER_DELAY)
         self._dra_server: grpc.aio.Server | None = None
         self._reg_server: grpc.aio.Server | None = None
         self.registration_served = False  # the registration socket is up (after the first discovery)
@@ -140,38 +129,27 @@ class KubeletPlugin:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.registry_dir.mkdir(parents=True, exist_ok=True)
         self._remove_stale_sockets()
-        await asyncio.to_thread(self.state.startup)  # before any call can reach the state
+        await asyncio.to_thread(recover, self.state)  # before any call can reach the state
         metrics.set_prepared_claims(self.state.prepared_count)  # claims prepared by earlier instances
-        self._rounds.start()
-        try:
-            self._dra_server = grpc.aio.server()
-            for version in self.api_versions:
-                servicer_class, add = service.VERSIONS[version]
-                add(servicer_class(self), self._dra_server)
-            self._listen(self._dra_server, self.dra_socket)
-            await self._dra_server.start()
-        except BaseException:
-            await self._rounds.stop()
-            raise
+        self._dra_server = grpc.aio.server()
+        for version in self.api_versions:
+            servicer_class, add = service.VERSIONS[version]
+            add(servicer_class(self), self._dra_server)
+        self._listen(self._dra_server, self.dra_socket)
+        await self._dra_server.start()
         log.info("DRA service (%s) on %s", ", ".join(self.api_versions), self.dra_socket)
         self._register_task = asyncio.create_task(self._register(), name="plugin-registration")
         self._register_task.add_done_callback(_log_registration_failure)
 
     async def watch(self) -> None:
         """Wait while the plugin serves; raise when it no longer can: its registration socket could
-        not be served (the kubelet would never call), or the rounds that answer calls ended. The
-        agent then exits and its pod restarts, instead of running on unregistered or deaf."""
+        not be served (the kubelet would never call). The agent then exits and its pod restarts,
+        instead of running on unregistered."""
         registering = self._register_task
         if registering is None:
             raise RuntimeError("the kubelet plugin was not started")
-        ended = asyncio.ensure_future(self._rounds.ended())
-        try:  # both at once: registration waits for discovery, which may never come
-            await asyncio.wait([registering, ended], return_when=asyncio.FIRST_EXCEPTION)
-            if registering.done() and not registering.cancelled() and registering.exception() is not None:
-                raise registering.exception()  # type: ignore[misc]
-            await ended
-        finally:
-            ended.cancel()
+        await registering  # raises what serving the registration socket raised
+        await asyncio.Event().wait()  # served: from here on, the plugin serves until cancelled
 
     async def _register(self) -> None:
         await self.devices_known.wait()
@@ -193,7 +171,6 @@ class KubeletPlugin:
         if self._dra_server is not None:
             await self._dra_server.stop(grace)  # in-flight prepares finish, new ones are refused
         _unlink(self.dra_socket)
-        await self._rounds.stop()
         log.info("kubelet plugin stopped; sockets removed")
 
     def _listen(self, server: grpc.aio.Server, path: Path) -> None:
@@ -217,23 +194,17 @@ class KubeletPlugin:
                 _unlink(path)
                 log.info("removed stale socket %s", path)
 
-    def round_running_for(self) -> float:
-        """Seconds the prepare/unprepare round running now has taken (0: none runs)."""
-        return self._rounds.round_running_for()
+    def busy_for(self) -> float:
+        """Seconds the prepare/unprepare call running now has taken (0: none runs)."""
+        return self.state.busy_for()
 
     # -- the calls ------------------------------------------------------------------------------
     async def prepare(self, refs: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
         if not refs:  # nothing to do (the liveness check's call): no round, no node lock
             return {}
         started, deadline = time.perf_counter(), time.monotonic() + CALL_BUDGET
-        self._fetching += 1
-        try:
-            fetched = await asyncio.gather(*(self._fetch(ref) for ref in refs))
-        finally:
-            # before the call is queued: a round taken meanwhile must not wait for it
-            self._fetching -= 1
-        results = await self._rounds.submit("prepare", list(zip(refs, fetched)), key=lambda item: item[0].uid,
-                                            deadline=deadline)
+        fetched = await asyncio.gather(*(self._fetch(ref) for ref in refs))
+        results = await self.state.prepare(list(zip(refs, fetched)), deadline)
         self._record(metrics.PREPARE, started, [r.error for r in results.values()])
         return results
 
@@ -241,7 +212,7 @@ class KubeletPlugin:
         if not refs:
             return {}
         started, deadline = time.perf_counter(), time.monotonic() + CALL_BUDGET
-        results = await self._rounds.submit("unprepare", refs, key=lambda ref: ref.uid, deadline=deadline)
+        results = await self.state.unprepare(refs, deadline)
         self._record(metrics.UNPREPARE, started, list(results.values()))
         return results
 

@@ -1,0 +1,118 @@
+"""Start-up recovery: make the checkpoint and the CDI directory agree before any kubelet call.
+
+Runs once per agent start, under the node lock (a peer instance may be serving during a rolling
+update). What a crash at any point can leave, and what happens to it, is decided by the pure
+:func:`checkpoint.reconcile`; this module reads the disk, applies the decision and writes the result:
+
+* half-done prepares (PrepareStarted) are rolled back: their specs go, the kubelet prepares again;
+* completed claims whose spec is missing, or differs from what the checkpoint says, are rewritten;
+* specs of ours with no completed entry (a crash in unprepare, between its checkpoint write and the
+  spec removal) are orphans and removed;
+* temp files of interrupted writes are removed.
+
+A corrupt checkpoint (a failed checksum: a disk fault or a hand edit) is copied aside, and every
+spec of ours is adopted with the devices it names, so running containers keep their devices and
+nobody else is given them until the kubelet unprepares those claims.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import time
+
+from gpudra_driver.plugin import checkpoint as ckpt
+from gpudra_driver.plugin.cdi import CdiDir
+from gpudra_driver.plugin.driverfiles import DriverFilesError
+from gpudra_driver.plugin.locking import node_lock
+from gpudra_driver.plugin.state import DeviceState
+
+log = logging.getLogger(__name__)
+
+
+def recover(state: DeviceState) -> ckpt.Reconciliation:
+    """Reconcile ``state``'s checkpoint with its CDI directory (blocking: run it off the event loop)."""
+    store, cdi = state.checkpoint, state.cdi
+    state.plugin_dir.mkdir(parents=True, exist_ok=True)
+    with node_lock(state.lock_path, state.lock_timeout):
+        read = _read(store)
+        on_disk, listed = _list_specs(cdi)
+        loaded = read if read is not None else _adopt_kept_specs(state, on_disk, listed)
+        # an adopted spec is forgotten only when the directory was read and it is not there
+        result = ckpt.reconcile(loaded, on_disk if listed else on_disk | set(loaded.adopted))
+        if listed and read is not None and result.checkpoint.adopted:
+            # what kept specs name now: a crashed prepare of an adopted claim may have rewritten one
+            # (a start that just adopted them has read them already)
+            adopted = result.checkpoint.adopted
+            result = dataclasses.replace(result, checkpoint=result.checkpoint.adopting(
+                {uid: state.spec_devices(uid, pairs) for uid, pairs in adopted.items()}))
+        for uid in result.remove_specs:
+            cdi.remove(uid)
+        stale = [e.claim for u, e in result.checkpoint.claims.items()
+                 if e.claim.devices and u in on_disk and not cdi.matches(e.claim)]
+        result = dataclasses.replace(result, rewrite_specs=result.rewrite_specs + tuple(stale))
+        for claim in result.rewrite_specs:
+            try:
+                cdi.write(claim)
+            except DriverFilesError as error:  # the driver is being (re)loaded: never crash-loop on
+                # it (running pods need their unprepare); a missing spec is written again when the
+                # kubelet next asks to prepare the claim
+                kept = "is kept as it is" if cdi.exists(claim.uid) else "is missing"
+                log.warning("%s: its CDI spec %s; it cannot be brought up to date now: %s", claim.ref, kept, error)
+        if on_disk or cdi.path.is_dir():
+            cdi.remove_temp_files()
+        if result.checkpoint != read or not store.is_cached:
+            # no file, or not one this boot can use (another boot's is replaced too: read once,
+            # warned once): write the reconciled one
+            store.save(result.checkpoint)
+        for leftover in store.leftovers():
+            os.unlink(leftover)
+    if result.changed:
+        log.info("start-up reconciliation: rolled back %s, removed orphan specs %s, rewrote specs %s",
+                 list(result.rolled_back), list(result.remove_specs), [c.uid for c in result.rewrite_specs])
+    return result
+
+
+def _read(store: ckpt.CheckpointFile) -> ckpt.Checkpoint | None:
+    """The checkpoint; None when it is corrupt (then a copy is set aside; the file itself stays
+    until the checkpoint recording the kept specs replaces it, so that a crash before then finds
+    it, and keeps them, again). A newer agent's stops the start."""
+    try:
+        return store.load()
+    except ckpt.NewerCheckpoint as error:
+        raise RuntimeError(f"{store.path}: {error}") from None
+    except ckpt.CheckpointError as error:
+        aside = store.path.with_name(f"{store.path.name}.corrupt-{int(time.time())}")
+        shutil.copyfile(store.path, aside)
+        log.error("checkpoint %s is unusable (%s); a copy is in %s. Existing CDI specs are kept for "
+                  "running containers, and their devices held, until the kubelet unprepares their "
+                  "claims", store.path, error, aside)
+        return None
+
+
+def _list_specs(cdi: CdiDir) -> tuple[set[str], bool]:
+    """The claim UIDs with a spec of ours, and whether the directory could be listed at all."""
+    try:
+        cdi.path.mkdir(parents=True, exist_ok=True)
+        return cdi.claim_uids(), True
+    except OSError as error:
+        log.error("CDI directory %s is unusable: %s", cdi.path, error)
+        return set(), False
+
+
+def _adopt_kept_specs(state: DeviceState, on_disk: set[str], listed: bool) -> ckpt.Checkpoint:
+    """In place of a corrupt checkpoint: every spec of ours adopted, with the devices it names.
+    Where that cannot be told, the start stops (the next one tries again) rather than forget a
+    spec or a device a running container may use."""
+    path, cdi = state.checkpoint.path, state.cdi
+    if not listed:
+        raise RuntimeError(f"{path} is unusable and the CDI directory {cdi.path} "
+                           "cannot be read: cannot tell which specs running containers need")
+    named = {uid: cdi.device_names(uid) for uid in on_disk}
+    if unreadable := sorted(uid for uid, names in named.items() if names is None):
+        raise RuntimeError(f"{path} is unusable and the CDI specs of claim(s) {', '.join(unreadable)} "
+                           "cannot be read: cannot tell which devices running containers hold")
+    return ckpt.Checkpoint(state.boot_id).adopting(
+        {uid: [(state.node, device) for device in names or ()] for uid, names in named.items()})
