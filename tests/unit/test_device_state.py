@@ -269,6 +269,65 @@ async def test_a_call_cancelled_while_a_peer_holds_the_node_lock_leaves_no_lock_
     assert set(ckpt.load(state.checkpoint_path, "boot-1")[0].claims) == {B}
 
 
+async def test_calls_queued_behind_one_are_done_as_one_batch_even_if_its_taker_is_cancelled(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a call waits for a peer, the calls queued behind it are taken together by the next to
+    get its turn; cancelling that one (its kubelet call gone) still leaves the others done."""
+    import asyncio
+    import time
+
+    from gpudra_driver.plugin.locking import node_lock
+    from gpudra_operator.localcluster.waiting import wait_for
+
+    state = make(tmp_path)
+    C = "0c1d2e3f-0000-4000-8000-00000000000c"
+    saves: list[set[str]] = []
+    real_save = state.checkpoint.save
+
+    def noting_save(checkpoint: ckpt.Checkpoint) -> None:
+        saves.append(set(checkpoint.claims))
+        real_save(checkpoint)
+
+    monkeypatch.setattr(state.checkpoint, "save", noting_save)
+    peer = node_lock(state.lock_path)
+    peer.__enter__()  # a peer instance holds the node
+    try:
+        first = asyncio.ensure_future(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))),
+                                                    deadline=time.monotonic() + 0.5))
+        taker = asyncio.ensure_future(state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")])))))
+        queued = asyncio.ensure_future(state.prepare(items((ClaimRef("ns", "c", C),
+                                                            claim(C, name="c", results=[result("gpu-2")])))))
+
+        async def all_wait() -> bool:
+            return len(state._queued) == 2
+
+        await wait_for(all_wait, timeout=10, what="two calls queued behind the first")
+        assert "held by another agent instance" in ((await asyncio.wait_for(first, 10))[A].error or "")
+
+        async def taken() -> bool:
+            return not state._queued  # the taker has both queued calls in its batch
+
+        await wait_for(taken, timeout=10, what="the next call to take the queued ones")
+        taker.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await taker
+    finally:
+        peer.__exit__(None, None, None)
+    assert (await asyncio.wait_for(queued, 10))[C].error is None
+    assert set(ckpt.load(state.checkpoint_path, "boot-1")[0].claims) == {C}
+    assert await state.unprepare([ClaimRef("ns", "c", C)]) == {C: None}
+    # Behind a running call, two queued calls are one batch: one PrepareStarted write, one commit.
+    del saves[:]
+    with node_lock(state.lock_path):
+        running = asyncio.ensure_future(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])))))
+        behind = [asyncio.ensure_future(state.prepare(items((ref, claim(ref.uid, name=ref.name, results=[result(g)])))))
+                  for ref, g in ((REF_B, "gpu-1"), (ClaimRef("ns", "c", C), "gpu-2"))]
+        await wait_for(all_wait, timeout=10, what="two calls queued behind a running one")
+    outs = await asyncio.wait_for(asyncio.gather(running, *behind), 10)
+    assert [out[uid].error for out, uid in zip(outs, (A, B, C))] == [None, None, None]
+    assert saves == [{A}, {A}, {A, B, C}, {A, B, C}]  # A alone, then B and C together
+
+
 @pytest.mark.parametrize("point", [p for p in POINTS if not p.startswith("unprepare")])
 async def test_a_crash_anywhere_in_prepare_loses_nothing_and_leaves_nothing(tmp_path: Path, point: str) -> None:
     state = make(tmp_path)

@@ -38,13 +38,19 @@ def upgrade(root: Path, old: str, new: str) -> None:
     (root / "lib/firmware/nvidia" / old).rename(root / "lib/firmware/nvidia" / new)
 
 
-def test_a_driver_upgrade_under_a_running_agent_is_followed_at_the_next_use(tmp_path: Path) -> None:
+def test_a_driver_upgrade_under_a_running_agent_is_followed_once_the_view_is_renewed(tmp_path: Path) -> None:
+    from gpudra_driver.plugin.driverfiles import VIEW_TTL
+
     root = make_driver_root(tmp_path / "root", "dgx-h100")
-    cache = DriverFilesCache(DriverRoot.at(str(root)))
+    now = [0.0]
+    cache = DriverFilesCache(DriverRoot.at(str(root)), clock=lambda: now[0])
     before = cache.current()
     scanned = cache._versioned
+    now[0] += VIEW_TTL
     assert cache.current() == before and cache._versioned is scanned  # same version: nothing rescanned
     upgrade(root, before.version, "590.10.01")
+    assert cache.current() == before  # within the view's life, every prepare gets the same view
+    now[0] += VIEW_TTL
     after = cache.current()
     assert after.version == "590.10.01"
     containers = {m.container for m in after.libraries}
@@ -93,6 +99,28 @@ def test_missing_device_nodes_fail_that_claim_only_and_write_nothing(tmp_path: P
     assert out[B].error is None
     assert sorted(os.listdir(tmp_path / "cdi")) == [f"k8s.{DRIVER}-claim_{B}.json"]
     load_and_validate(tmp_path / "cdi" / f"k8s.{DRIVER}-claim_{B}.json")
+
+
+def test_a_device_node_is_looked_for_until_seen_then_again_once_the_view_is_renewed(tmp_path: Path) -> None:
+    from gpudra_driver.plugin.driverfiles import VIEW_TTL
+
+    root = make_driver_root(tmp_path / "root", "dgx-h100")
+    node = root / "dev/nvidia3"
+    mode, rdev = node.stat().st_mode, node.stat().st_rdev
+    node.unlink()  # the driver is still creating its nodes
+    now = [0.0]
+    cache = DriverFilesCache(DriverRoot.at(str(root)), clock=lambda: now[0])
+    cache.current()
+    with pytest.raises(DriverFilesError, match="nvidia3 missing"):
+        cache.check_device_nodes(["/dev/nvidia3"])
+    os.mknod(node, mode, rdev)
+    cache.check_device_nodes(["/dev/nvidia3"])  # created: seen at once, no waiting for the view
+    node.unlink()
+    cache.check_device_nodes(["/dev/nvidia3"])  # seen present within this view: not looked at again
+    now[0] += VIEW_TTL
+    cache.current()
+    with pytest.raises(DriverFilesError, match="nvidia3 missing"):
+        cache.check_device_nodes(["/dev/nvidia3"])
 
 
 def test_control_nodes_and_sockets_that_appear_later_are_in_the_next_spec(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpudra_driver.plugin.driverfiles import DriverFiles, DriverFilesCache, common_edits, device_node
+from gpudra_driver.plugin.driverfiles import DriverFiles, DriverFilesCache, device_node
 from gpudra_driver.plugin.fsutil import TEMP_MARK, remove, write_atomic
 from gpudra_driver.plugin.model import PreparedClaim
 
@@ -79,7 +79,7 @@ def cdi_spec(claim: PreparedClaim, driver: str, files: DriverFiles) -> dict[str,
         if per_device:
             edits["env"] = [_visible(groups[key])]
         devices.append({"name": cdi_device_name(claim.uid, d.device), "containerEdits": edits})
-    common = common_edits(files)
+    common = dict(files.edits)
     if not per_device:
         common["env"] = [_visible([d.uuid for d in claim.devices]), *common["env"]]
     spec: dict[str, Any] = {"cdiVersion": "", "kind": cdi_kind(driver), "devices": devices, "containerEdits": common}

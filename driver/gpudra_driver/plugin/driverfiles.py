@@ -40,8 +40,9 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -103,6 +104,12 @@ class DriverFiles:
     device_root: str  # host path prefix of device nodes: "" for /dev, else the driver root
     hook: str | None  # host path of nvidia-cdi-hook, None when the node has none
     hook_version: HookVersion | None = None  # what `nvidia-cdi-hook --version` says; None: unknown
+
+    @cached_property
+    def edits(self) -> Mapping[str, Any]:
+        """:func:`common_edits` of this snapshot, built once: every claim's spec repeats them.
+        Shared by every spec: read it, never change it."""
+        return common_edits(self)
 
 
 def common_edits(files: DriverFiles) -> dict[str, Any]:
@@ -396,27 +403,29 @@ class DriverFilesCache:
         self._versioned: _Versioned | None = None
         # (monotonic time, view, loaded kernel module version) of the last look
         self._view: tuple[float, DriverFiles, str | None] | None = None
+        self._present_nodes: set[str] = set()  # device nodes seen present since the view was renewed
 
     def current(self) -> DriverFiles:
+        """The view of the root, looked at again once it is VIEW_TTL old: every prepare asks."""
         try:
-            version = driver_version(self.root)
             with self._lock:
-                if self._versioned is None or self._versioned.version != version:
-                    self._versioned, self._view = _versioned(self.root, version), None
-                versioned = self._versioned
                 now = self.clock()
                 if self._view is None or now - self._view[0] >= VIEW_TTL:
-                    self._view = (now, _node_view(self.root, versioned, hook=self.hook, host_dev=self.host_dev),
+                    version = driver_version(self.root)
+                    if self._versioned is None or self._versioned.version != version:
+                        self._versioned = _versioned(self.root, version)
+                    self._view = (now, _node_view(self.root, self._versioned, hook=self.hook, host_dev=self.host_dev),
                                   self._kernel_module_version())
+                    self._present_nodes = set()
                 _, files, kernel = self._view
         except DriverRootError as error:  # a link out of the root, a loop
             raise DriverFilesError(str(error)) from None
         # A driver upgraded on disk but not loaded (no reboot yet): its libraries would not work
         # with the running kernel module, so a container would fail CUDA's init.
-        if kernel is not None and kernel != version:
+        if kernel is not None and kernel != files.version:
             raise DriverFilesError(
-                f"the driver root {self.root.describe()} holds driver {version}, but the loaded kernel module "
-                f"is {kernel} ({self.kernel_version_file}): reboot the node or reload the driver")
+                f"the driver root {self.root.describe()} holds driver {files.version}, but the loaded kernel "
+                f"module is {kernel} ({self.kernel_version_file}): reboot the node or reload the driver")
         return files
 
     def _kernel_module_version(self) -> str | None:
@@ -431,8 +440,12 @@ class DriverFilesCache:
 
     def check_device_nodes(self, paths: list[str]) -> None:
         """Raise :class:`DriverFilesError` unless every node in ``paths`` (and ``nvidiactl``) is a
-        character device in the device root: a node whose driver is still loading has none yet."""
-        missing = missing_device_nodes(self.root, [*REQUIRED_CONTROL_NODES, *paths], self.host_dev)
+        character device in the device root: a node whose driver is still loading has none yet.
+        A node seen present is not looked at again until the view is renewed (:meth:`current`);
+        a missing one is looked for on every call."""
+        wanted = [p for p in (*REQUIRED_CONTROL_NODES, *paths) if p not in self._present_nodes]
+        missing = missing_device_nodes(self.root, wanted, self.host_dev) if wanted else []
+        self._present_nodes.update(p for p in wanted if p not in missing)
         if missing:
             prefix, dev = _device_root(self.root, self.host_dev)
             where = f"{prefix}/dev" if prefix else "/dev"

@@ -72,6 +72,7 @@ class DeviceState:
         self.lock_path = plugin_dir / LOCK_FILE
         self.devices: Mapping[str, NodeDevice] | None = None  # swapped whole by set_devices
         self._one_call = asyncio.Lock()
+        self._queued: list[_QueuedPrepare] = []  # prepare calls waiting for their turn
         self._busy_since: float | None = None  # time.monotonic() since the call holding the lock began
 
     @property
@@ -96,10 +97,10 @@ class DeviceState:
         return 0.0 if started is None else time.monotonic() - started
 
     @asynccontextmanager
-    async def _serialized(self, deadline: float | None) -> AsyncIterator[None]:
-        """This instance's calls one at a time, then the node lock; waited for until ``deadline``
-        (time.monotonic) at the latest: the kubelet's call budget, which calls queued behind a
-        stuck peer have partly spent."""
+    async def _one_at_a_time(self, deadline: float | None) -> AsyncIterator[float | None]:
+        """This instance's calls one at a time (FIFO), waited for until ``deadline``
+        (time.monotonic) at the latest: the kubelet's call budget. Yields the node lock's timeout:
+        what is left of the budget, at most ``lock_timeout``."""
         timeout = self.lock_timeout
         if deadline is not None:
             timeout = max(0.0, min(timeout, deadline - time.monotonic()))
@@ -110,31 +111,59 @@ class DeviceState:
         except TimeoutError:
             raise LockTimeout(f"the calls before this one on node {self.node} took over {timeout:.1f}s") from None
         try:
-            async with node_lock_async(self.lock_path, max(0.0, waited_until - time.monotonic())):
-                self._busy_since = time.monotonic()
-                try:
-                    yield
-                finally:
-                    self._busy_since = None
+            yield max(0.0, waited_until - time.monotonic())
         finally:
             self._one_call.release()
+
+    @asynccontextmanager
+    async def _node_locked(self, timeout: float | None) -> AsyncIterator[None]:
+        async with node_lock_async(self.lock_path, self.lock_timeout if timeout is None else timeout):
+            self._busy_since = time.monotonic()
+            try:
+                yield
+            finally:
+                self._busy_since = None
 
     # -- prepare ----------------------------------------------------------------------------------
     async def prepare(self, claims: Sequence[tuple[ClaimRef, Fetched]],
                       deadline: float | None = None) -> dict[str, PrepareResult]:
         """Every claim's answer. A failure of the node rather than of a claim (the lock held by a
         peer past the timeout, an unreadable checkpoint, a failing disk) is the error of each claim
-        not answered yet; claims answered before it (already prepared, or refused) keep theirs."""
+        not answered yet; claims answered before it (already prepared, or refused) keep theirs.
+
+        Calls that queued while another call held the node are done as one batch by the first of
+        them to get its turn (one checkpoint write per phase for all of them); nothing waits for
+        calls to arrive."""
+        call = _QueuedPrepare(list(claims), deadline)
+        self._queued.append(call)
+        try:
+            async with self._one_at_a_time(deadline) as lock_timeout:
+                if call.results is None:  # not done in an earlier call's batch (nor in one cancelled)
+                    batch = [call, *(queued for queued in self._queued if queued is not call)]
+                    self._queued = []
+                    await self._prepare_batch(batch, lock_timeout)
+        except LockTimeout as error:
+            call.fail(error, self.node)
+        finally:
+            if call in self._queued:
+                self._queued.remove(call)
+        return call.results or {}
+
+    async def _prepare_batch(self, batch: list[_QueuedPrepare], lock_timeout: float | None) -> None:
+        deadlines = [call.deadline for call in batch if call.deadline is not None]
+        if deadlines:  # the earliest caller's budget
+            lock_timeout = max(0.0, min(lock_timeout or self.lock_timeout, min(deadlines) - time.monotonic()))
         results: dict[str, PrepareResult] = {}
         try:
-            async with self._serialized(deadline):
-                self._prepare_locked(claims, results)
+            async with self._node_locked(lock_timeout):
+                self._prepare_locked([item for call in batch for item in call.claims], results)
         except (OSError, ckpt.CheckpointError) as error:  # LockTimeout is an OSError too
             log.error("prepare on node %s failed: %s", self.node, error)
-            for ref, _ in claims:
-                results.setdefault(ref.uid, PrepareResult(error=f"{ref}: preparing on node {self.node} "
-                                                                f"failed: {error}"))
-        return results
+            for call in batch:
+                call.fail(error, self.node, results)
+            return
+        for call in batch:
+            call.results = {ref.uid: results[ref.uid] for ref, _ in call.claims}
 
     def _prepare_locked(self, claims: Sequence[tuple[ClaimRef, Fetched]], results: dict[str, PrepareResult]) -> None:
         checkpoint = self.checkpoint.load()
@@ -277,7 +306,7 @@ class DeviceState:
                 results[ref.uid] = str(error)
         if valid:
             try:
-                async with self._serialized(deadline):
+                async with self._one_at_a_time(deadline) as lock_timeout, self._node_locked(lock_timeout):
                     results.update(self._unprepare_locked(valid))
             except (OSError, ckpt.CheckpointError) as error:  # of the node, not of a claim
                 log.error("unprepare on node %s failed: %s", self.node, error)  # the kubelet retries
@@ -299,3 +328,18 @@ class DeviceState:
             except OSError as error:
                 results[uid] = f"claim {uid}: removing its CDI spec failed: {error}"
         return results
+
+
+@dataclass
+class _QueuedPrepare:
+    claims: list[tuple[ClaimRef, Fetched]]
+    deadline: float | None
+    results: dict[str, PrepareResult] | None = None  # set once done, by whichever call ran its batch
+
+    def fail(self, error: Exception, node: str, answered: Mapping[str, PrepareResult] | None = None) -> None:
+        """Each claim not answered yet gets the node's ``error``."""
+        results = dict(self.results or {})
+        for ref, _ in self.claims:
+            results.setdefault(ref.uid, (answered or {}).get(ref.uid) or PrepareResult(
+                error=f"{ref}: preparing on node {node} failed: {error}"))
+        self.results = results
