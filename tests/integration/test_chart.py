@@ -101,10 +101,14 @@ def test_namespaces_follow_the_values_everywhere(helm: str) -> None:
     names = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Namespace"}
     assert names["gpus"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
     assert names["ops"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
-    policy = next(o for o in objects if o["kind"] == "ValidatingAdmissionPolicy")
-    assert policy["spec"]["matchConditions"][0]["expression"] == (  # any namespace's agent account
-        'request.userInfo.username.startsWith("system:serviceaccount:") && '
-        'request.userInfo.username.endsWith(":gpudra-agent")')
+    policies = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
+    for policy in policies.values():
+        assert policy["spec"]["matchConditions"][0]["expression"] == (  # any namespace's agent account
+            'request.userInfo.username.startsWith("system:serviceaccount:") && '
+            'request.userInfo.username.endsWith(":gpudra-agent")')
+    # The driver check takes each agent's namespace from the GpuDraConfigs, none from the values.
+    defaults = {o["metadata"]["name"]: o for o in template(helm) if o["kind"] == "ValidatingAdmissionPolicy"}
+    assert policies["gpudra-agent-resourceslice-drivers"] == defaults["gpudra-agent-resourceslice-drivers"]
     deployment = next(o for o in objects if o["kind"] == "Deployment")
     assert "--namespace=gpus" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     for binding in (o for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):

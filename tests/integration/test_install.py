@@ -4,8 +4,9 @@
 operator's pod is admitted as `restricted`). Then the operator and one agent run with tokens of
 their own ServiceAccounts (TokenRequest, the agent's bound to its DaemonSet pod on a fake node, so
 the API server puts the node's name in it), reconcile a sample to Ready and publish its devices:
-the RBAC is sufficient. The ValidatingAdmissionPolicy lets an agent write only its own node's
-ResourceSlices and never stands in the operator's way; each token is denied what its role lacks.
+the RBAC is sufficient. The ValidatingAdmissionPolicies let an agent write only its own node's
+ResourceSlices of its own GpuDraConfig's driver, type-check clean and never stand in the
+operator's way; each token is denied what its role lacks.
 Both components serve their metrics; Argo CD's health check reads the live status as Healthy."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 import secrets
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,9 @@ DAEMONSET = resource_type("apps/v1", "DaemonSet")
 POD = resource_type("v1", "Pod")
 NODE = resource_type("v1", "Node")
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
+CLUSTER_ROLE_BINDING = resource_type("rbac.authorization.k8s.io/v1", "ClusterRoleBinding")
+POLICY = resource_type("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy")
+NODE_POLICY, DRIVER_POLICY = "gpudra-agent-resourceslices", "gpudra-agent-resourceslice-drivers"
 SECRET_PATH = "/api/v1/namespaces/default/secrets"
 CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
                   "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
@@ -120,6 +124,70 @@ def slice_for(node: str, driver: str, name: str) -> Obj:
             "spec": {"driver": driver, "nodeName": node,
                      "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
                      "devices": [{"name": "gpu-0"}]}}
+
+
+def agent_pod(namespace: str, node: str, name: str) -> Obj:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"serviceAccountName": "gpudra-agent", "nodeName": node,
+                     "containers": [{"name": "agent", "image": "ghcr.io/gpudra/gpudra:0.1.0"}]}}
+
+
+async def agent_elsewhere(cluster: ControlPlane, kube: Kube, namespace: str, node: str, path: Path) -> Path:
+    """The kubeconfig of an agent in ``namespace`` (spec.agent.namespace is free-form): a gpudra-agent
+    ServiceAccount there, given the agent's role by hand, with a token bound to its pod on ``node``.
+    :func:`remove_agent_elsewhere` undoes it."""
+    await kube.create({"apiVersion": "v1", "kind": "ServiceAccount",
+                       "metadata": {"name": "gpudra-agent", "namespace": namespace}})
+    await kube.create({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                       "metadata": {"name": f"gpudra-agent-{namespace}"},
+                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                   "name": "gpudra-agent"},
+                       "subjects": [{"kind": "ServiceAccount", "name": "gpudra-agent", "namespace": namespace}]})
+    pod = await kube.create(agent_pod(namespace, node, "agent"))
+    return token_kubeconfig(cluster, await request_token(kube, namespace, "gpudra-agent", pod), path)
+
+
+async def remove_agent_elsewhere(kube: Kube, namespace: str) -> None:
+    await kube.delete(CLUSTER_ROLE_BINDING, f"gpudra-agent-{namespace}")
+    await delete_namespace(kube, namespace)
+
+
+def gpudra_config(name: str, agent_namespace: str, driver: str) -> Obj:
+    return {"apiVersion": "gpudra.io/v1alpha1", "kind": "GpuDraConfig", "metadata": {"name": name},
+            "spec": {"driverName": driver, "agent": {"namespace": agent_namespace}}}
+
+
+async def report(kube: Kube, name: str, *, conflict: bool = False) -> None:
+    """The status the operator writes after a reconcile (with a Degraded condition of reason
+    Conflict when an older config holds the driver or the agent namespace); no operator runs here."""
+    live = await kube.get(CONFIG, name)
+    assert live is not None
+    conditions = [{"type": "Degraded", "status": "True", "reason": "Conflict", "message": "claimed by an older config",
+                   "lastTransitionTime": "2026-01-01T00:00:00Z"}] if conflict else []
+    await kube.patch(CONFIG, name, {"status": {"observedGeneration": live["metadata"]["generation"],
+                                               "conditions": conditions}}, subresource="status")
+
+
+ALLOWED = "allowed"
+
+
+async def verdict(call: Awaitable[Any]) -> str:
+    """ALLOWED, or the refusal's status and message."""
+    try:
+        await call
+    except ApiException as error:
+        return f"{error.status} {error_message(error)}"
+    return ALLOWED
+
+
+async def verdict_becomes(call: Callable[[], Awaitable[Any]], expected: str, what: str) -> None:
+    """Wait until ``call()`` (a dry-run write) is ALLOWED or refused with ``expected`` in the message:
+    the API server reads GpuDraConfigs for the policy through an informer, a moment behind writes."""
+    async def probe() -> str | None:
+        got = await verdict(call())
+        return got if (got == expected if expected == ALLOWED else expected in got) else None
+
+    await wait_for(probe, timeout=30, what=what)
 
 
 # --- fixtures -------------------------------------------------------------------------------------
@@ -312,29 +380,28 @@ async def test_agent_writes_only_its_own_nodes_slices_and_the_operator_any(
         tmp_path: Path) -> None:
     own, other = await fake_node(kube, nodes, "own"), await fake_node(kube, nodes, "other")
     driver = f"vap-{suffix}.gpudra.io"
-    pod = await kube.create({"apiVersion": "v1", "kind": "Pod",
-                             "metadata": {"name": f"agent-{suffix}", "namespace": AGENT_NS},
-                             "spec": {"serviceAccountName": "gpudra-agent", "nodeName": own,
-                                      "containers": [{"name": "agent", "image": "ghcr.io/gpudra/gpudra:0.1.0"}]}})
+    pod = await kube.create(agent_pod(AGENT_NS, own, f"agent-{suffix}"))
     agent_cfg = token_kubeconfig(cluster, await request_token(kube, AGENT_NS, "gpudra-agent", pod), tmp_path / "a")
     unbound_cfg = token_kubeconfig(cluster, await request_token(kube, AGENT_NS, "gpudra-agent"), tmp_path / "u")
     operator_cfg = token_kubeconfig(cluster, await request_token(kube, OPERATOR_NS, "gpudra-operator"), tmp_path / "o")
     foreign = await kube.create(slice_for(other, driver, f"{other}-{suffix}"))
     try:
         async with TokenClient(agent_cfg, "gpudra-agent") as agent:
+            message = f"gpudra-agent on node {own} may only write ResourceSlices of its own node, not of node {other}"
+            await verdict_becomes(lambda: agent.create(slice_for(other, driver, f"x-{suffix}"), dry_run=True),
+                                  message, "the policy in force (the API server loads it within a second)")
             # Its own node: create, update, delete are all allowed.
             mine = await agent.create(slice_for(own, driver, f"{own}-{suffix}"))
             mine = await agent.patch(SLICE, mine["metadata"]["name"], {"spec": {"pool": {"generation": 2}}})
             assert mine["spec"]["pool"]["generation"] == 2
 
             # Another node: denied by the policy, with its message, for every write.
-            message = f"gpudra-agent on node {own} may only write ResourceSlices of its own node, not of node {other}"
             for attempt in (agent.create(slice_for(other, driver, f"x-{suffix}")),
                             agent.patch(SLICE, foreign["metadata"]["name"], {"spec": {"pool": {"generation": 5}}}),
                             agent.delete(SLICE, foreign["metadata"]["name"])):
                 error = await denied(attempt)
                 assert error.status == 403, error_message(error)
-                assert "gpudra-agent-resourceslices" in error_message(error) and message in error_message(error)
+                assert NODE_POLICY in error_message(error) and message in error_message(error)
             # Nor may it move another node's slice onto itself, or write one without a node.
             error = await denied(agent.patch(SLICE, foreign["metadata"]["name"], {"spec": {"nodeName": own}}))
             assert error.status in (403, 422), error_message(error)
@@ -362,31 +429,12 @@ async def test_agent_writes_only_its_own_nodes_slices_and_the_operator_any(
         # agent's role by hand: the policy holds it to its own node as well.
         elsewhere = await create_scratch_namespace(kube, "agents")
         try:
-            await kube.create({"apiVersion": "v1", "kind": "ServiceAccount",
-                               "metadata": {"name": "gpudra-agent", "namespace": elsewhere}})
-            await kube.create({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                               "metadata": {"name": "gpudra-agent", "namespace": elsewhere},
-                               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                           "name": "gpudra-agent"},
-                               "subjects": [{"kind": "ServiceAccount", "name": "gpudra-agent", "namespace": elsewhere}]})
-            await kube.create({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                               "metadata": {"name": f"gpudra-agent-{elsewhere}"},
-                               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                           "name": "gpudra-agent"},
-                               "subjects": [{"kind": "ServiceAccount", "name": "gpudra-agent", "namespace": elsewhere}]})
-            moved = await kube.create({"apiVersion": "v1", "kind": "Pod",
-                                       "metadata": {"name": f"agent-{suffix}", "namespace": elsewhere},
-                                       "spec": {"serviceAccountName": "gpudra-agent", "nodeName": own,
-                                                "containers": [{"name": "agent", "image": "ghcr.io/gpudra/gpudra:0.1.0"}]}})
-            moved_cfg = token_kubeconfig(cluster, await request_token(kube, elsewhere, "gpudra-agent", moved),
-                                         tmp_path / "m")
+            moved_cfg = await agent_elsewhere(cluster, kube, elsewhere, own, tmp_path / "m")
             async with TokenClient(moved_cfg, "gpudra-agent") as moved_agent:
                 error = await denied(moved_agent.create(slice_for(other, driver, f"m-{suffix}")))
-                assert error.status == 403 and "gpudra-agent-resourceslices" in error_message(error)
+                assert error.status == 403 and NODE_POLICY in error_message(error)
         finally:
-            await kube.delete(resource_type("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
-                              f"gpudra-agent-{elsewhere}")
-            await delete_namespace(kube, elsewhere)
+            await remove_agent_elsewhere(kube, elsewhere)
 
         # A token of the agent's ServiceAccount not bound to a pod carries no node: no writes at all.
         async with TokenClient(unbound_cfg, "gpudra-agent") as unbound:
@@ -405,6 +453,155 @@ async def test_agent_writes_only_its_own_nodes_slices_and_the_operator_any(
         await kube.delete(POD, pod["metadata"]["name"], AGENT_NS, grace_period_seconds=0)
         async for leftover in kube.list(SLICE, field_selector=f"spec.driver={driver}"):
             await kube.delete(SLICE, leftover["metadata"]["name"])
+
+
+async def test_each_agent_publishes_only_its_own_configs_driver(
+        cluster: ControlPlane, kube: Kube, installed: list[Obj], nodes: list[str], suffix: str,
+        tmp_path: Path) -> None:
+    """Two GpuDraConfigs, each with its agents in its own namespace: each agent writes its own
+    config's driver and no other (create, update, delete); the installed ServiceAccount, which no
+    config names here, writes no config's driver; a config in Conflict binds no one; the operator
+    is never held."""
+    node = await fake_node(kube, nodes, "drv")
+    ns_a, ns_b = await create_scratch_namespace(kube, "agents-a"), await create_scratch_namespace(kube, "agents-b")
+    name_a, name_b, name_c = f"drv-a-{suffix}", f"drv-b-{suffix}", f"drv-c-{suffix}"
+    driver_a, driver_b, driver_c = f"a-{suffix}.example.com", f"b-{suffix}.example.com", f"c-{suffix}.example.com"
+    unowned = f"free-{suffix}.example.com"
+
+    def only_its_driver(config: str, namespace: str, driver: str, written: str) -> str:
+        return f"gpudra-agent of GpuDraConfig {config} (namespace {namespace}) publishes only driver {driver}, not {written}"
+
+    def only_its_agent(config: str, namespace: str, driver: str, writer_namespace: str) -> str:
+        return (f"driver {driver} of GpuDraConfig {config} is published only by its gpudra-agent in namespace "
+                f"{namespace}, not by system:serviceaccount:{writer_namespace}:gpudra-agent")
+
+    # An agent writing the other config's driver breaks both configs' rules; the API server
+    # reports the first config's refusal it met, in no fixed order.
+    a_writes_b = (only_its_driver(name_a, ns_a, driver_a, driver_b), only_its_agent(name_b, ns_b, driver_b, ns_a))
+    b_writes_a = (only_its_driver(name_b, ns_b, driver_b, driver_a), only_its_agent(name_a, ns_a, driver_a, ns_b))
+    installed_pod = await kube.create(agent_pod(AGENT_NS, node, f"agent-{suffix}"))
+    try:
+        a_cfg = await agent_elsewhere(cluster, kube, ns_a, node, tmp_path / "a")
+        b_cfg = await agent_elsewhere(cluster, kube, ns_b, node, tmp_path / "b")
+        installed_cfg = token_kubeconfig(cluster, await request_token(kube, AGENT_NS, "gpudra-agent", installed_pod),
+                                         tmp_path / "i")
+        operator_cfg = token_kubeconfig(cluster, await request_token(kube, OPERATOR_NS, "gpudra-operator"),
+                                        tmp_path / "o")
+        for name, namespace, driver in ((name_a, ns_a, driver_a), (name_b, ns_b, driver_b)):
+            await kube.create(gpudra_config(name, namespace, driver))
+            await report(kube, name)
+        async with TokenClient(a_cfg, "gpudra-agent") as agent_a, TokenClient(b_cfg, "gpudra-agent") as agent_b, \
+                TokenClient(installed_cfg, "gpudra-agent") as agent_unnamed:
+            # Once the policy sees both configs: A's agent is held to A's driver, B's driver to B's agent.
+            await verdict_becomes(lambda: agent_a.create(slice_for(node, unowned, f"w-{suffix}"), dry_run=True),
+                                  only_its_driver(name_a, ns_a, driver_a, unowned), "A's agent held to driver A")
+            await verdict_becomes(lambda: agent_unnamed.create(slice_for(node, driver_b, f"w-{suffix}"), dry_run=True),
+                                  only_its_agent(name_b, ns_b, driver_b, AGENT_NS), "driver B held to B's agent")
+
+            # Each agent: its own driver on its own node, created and updated.
+            mine = await agent_a.create(slice_for(node, driver_a, f"{node}-a"))
+            await agent_a.patch(SLICE, mine["metadata"]["name"], {"spec": {"pool": {"generation": 2}}})
+            theirs = await agent_b.create(slice_for(node, driver_b, f"{node}-b"))
+            # The API server reads the GpuDraConfigs itself: the agents may not.
+            assert (await denied(agent_a.get(CONFIG, name_a))).status == 403
+
+            # The other config's driver: creating, updating, deleting its slice are all refused.
+            for attempt in (agent_a.create(slice_for(node, driver_b, f"x-{suffix}")),
+                            agent_a.patch(SLICE, theirs["metadata"]["name"], {"spec": {"pool": {"generation": 5}}}),
+                            agent_a.delete(SLICE, theirs["metadata"]["name"])):
+                error = await denied(attempt)
+                assert error.status == 403, error_message(error)
+                assert DRIVER_POLICY in error_message(error), error_message(error)
+                assert any(m in error_message(error) for m in a_writes_b), error_message(error)
+            error = await denied(agent_b.create(slice_for(node, driver_a, f"x-{suffix}")))
+            assert error.status == 403 and any(m in error_message(error) for m in b_writes_a), error_message(error)
+            # Nor may it turn its own slice into the other driver's (spec.driver is immutable besides).
+            error = await denied(agent_a.patch(SLICE, mine["metadata"]["name"], {"spec": {"driver": driver_b}}))
+            assert error.status in (403, 422), error_message(error)
+
+            # The installed ServiceAccount, in a namespace neither config names: no config's driver;
+            # a driver no config names stays a matter of the node check.
+            error = await denied(agent_unnamed.create(slice_for(node, driver_a, f"i-{suffix}")))
+            assert error.status == 403, error_message(error)
+            assert only_its_agent(name_a, ns_a, driver_a, AGENT_NS) in error_message(error), error_message(error)
+            await agent_unnamed.create(slice_for(node, unowned, f"i-{suffix}"), dry_run=True)
+
+            # A later config naming A's namespace would hold A's agent to its own driver, but the
+            # operator reports it in Conflict (it runs nothing), and then it binds no one.
+            def a_writes_a() -> Awaitable[Obj]:
+                return agent_a.create(slice_for(node, driver_a, f"c-{suffix}"), dry_run=True)
+
+            await kube.create(gpudra_config(name_c, ns_a, driver_c))
+            await report(kube, name_c)
+            await verdict_becomes(a_writes_a, only_its_driver(name_c, ns_a, driver_c, driver_a),
+                                  "a reconciled config to bind its namespace's agent")
+            await report(kube, name_c, conflict=True)
+            await verdict_becomes(a_writes_a, ALLOWED, "a config in Conflict to bind no one")
+
+        # The operator is outside the policy: its cleanup deletes any driver's slices.
+        async with TokenClient(operator_cfg, "gpudra-operator") as operator:
+            assert await operator.delete(SLICE, mine["metadata"]["name"]) is True
+            assert await operator.delete(SLICE, theirs["metadata"]["name"]) is True
+    finally:
+        for name in (name_a, name_b, name_c):
+            await kube.delete(CONFIG, name)
+        await kube.delete(POD, installed_pod["metadata"]["name"], AGENT_NS, grace_period_seconds=0)
+        for namespace in (ns_a, ns_b):
+            await remove_agent_elsewhere(kube, namespace)
+        for driver in (driver_a, driver_b, driver_c, unowned):
+            async for leftover in kube.list(SLICE, field_selector=f"spec.driver={driver}"):
+                await kube.delete(SLICE, leftover["metadata"]["name"])
+
+
+async def type_checked(kube: Kube, name: str) -> Obj | None:
+    """A policy's status once kube-controller-manager has type-checked its current generation."""
+    live = await kube.get(POLICY, name)
+    status: Obj = (live or {}).get("status") or {}
+    done = live is not None and status.get("observedGeneration") == live["metadata"]["generation"]
+    return status if done and "typeChecking" in status else None
+
+
+async def type_check_warnings(kube: Kube, name: str, spec: Obj) -> list[Obj]:
+    """The type checker's warnings on a policy of ``spec`` (created as ``name``, unbound: it decides
+    nothing). The checker checks a generation once, and learns of a new CRD through discovery
+    (refreshed every 30 s): a check that did not know the GpuDraConfig schema yet is asked again."""
+    await kube.create({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+                       "metadata": {"name": name}, "spec": spec})
+
+    async def checked() -> list[list[Obj]] | None:
+        status = await type_checked(kube, name)
+        if status is None:
+            return None
+        warnings: list[Obj] = status["typeChecking"].get("expressionWarnings") or []
+        if any("undeclared reference to 'params'" in w["warning"] for w in warnings):
+            live = await kube.get(POLICY, name)
+            assert live is not None
+            flipped = "Ignore" if live["spec"]["failurePolicy"] == "Fail" else "Fail"  # a new generation
+            await kube.patch(POLICY, name, {"spec": {"failurePolicy": flipped}})
+            return None
+        return [warnings]
+
+    try:
+        (warnings,) = await wait_for(checked, timeout=90, interval=1, what=f"{name} to be type-checked")
+        return warnings
+    finally:
+        await kube.delete(POLICY, name)
+
+
+async def test_the_admission_policies_type_check_clean(kube: Kube, installed: list[Obj], suffix: str) -> None:
+    """kube-controller-manager type-checks each policy's CEL against ResourceSlice v1 and the
+    GpuDraConfig schema (status.typeChecking): no warnings. A copy with a misspelt field gets one,
+    so the checker really looks at them (it skips policies that match apiVersions "*")."""
+    policies = {o["metadata"]["name"]: o for o in installed if o["kind"] == "ValidatingAdmissionPolicy"}
+    assert sorted(policies) == sorted((NODE_POLICY, DRIVER_POLICY))
+    status = await wait_for(lambda: type_checked(kube, NODE_POLICY), timeout=30, what=f"{NODE_POLICY} type-checked")
+    assert not status["typeChecking"].get("expressionWarnings"), status["typeChecking"]
+    # The driver policy as installed may have been checked before the CRD was known: check a copy.
+    spec = policies[DRIVER_POLICY]["spec"]
+    assert await type_check_warnings(kube, f"check-{suffix}", spec) == []
+    typo = json.loads(json.dumps(spec).replace("params.spec.driverName", "params.spec.driver"))
+    warnings = await type_check_warnings(kube, f"typo-{suffix}", typo)
+    assert warnings and all("undefined field 'driver'" in w["warning"] for w in warnings), warnings
 
 
 async def test_operator_role_is_confined_to_the_agent_namespace(

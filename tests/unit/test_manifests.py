@@ -71,6 +71,27 @@ def test_names_agree_across_the_base_and_the_code() -> None:
     assert AGENT_METRICS_PORT == 8082  # the PodMonitor and docs/metrics.md name it
 
 
+def test_the_driver_policy_takes_the_gpudraconfigs_as_parameters() -> None:
+    """The driver check's parameters are the GpuDraConfigs the CRD serves; it fails open (the node
+    check, which fails closed, stays); both match ResourceSlice v1 only (the type checker skips "*")."""
+    crd = yaml.safe_load((REPO / "crds" / "gpudraconfig.yaml").read_text())["spec"]
+    (served,) = [v["name"] for v in crd["versions"] if v["served"]]
+    node, drivers = (find("ValidatingAdmissionPolicy", name)["spec"]
+                     for name in ("gpudra-agent-resourceslices", "gpudra-agent-resourceslice-drivers"))
+    assert drivers["paramKind"] == {"apiVersion": f"{crd['group']}/{served}", "kind": crd["names"]["kind"]}
+    assert (node["failurePolicy"], drivers["failurePolicy"]) == ("Fail", "Ignore")
+    for spec in (node, drivers):
+        assert spec["matchConstraints"]["matchPolicy"] == "Equivalent"
+        assert [r["apiVersions"] for r in spec["matchConstraints"]["resourceRules"]] == [["v1"]]
+        assert spec["matchConditions"][0] == node["matchConditions"][0]  # every namespace's agent account
+    agent = next(v["expression"] for v in drivers["variables"] if v["name"] == "agent")
+    assert f'":{AGENT_SERVICE_ACCOUNT}"' in agent and "params.spec.agent.namespace" in agent
+    assert find("ValidatingAdmissionPolicyBinding", "gpudra-agent-resourceslice-drivers")["spec"] == {
+        "policyName": "gpudra-agent-resourceslice-drivers", "validationActions": ["Deny"],
+        # every GpuDraConfig; none at all must not refuse every slice write in the cluster
+        "paramRef": {"selector": {}, "parameterNotFoundAction": "Allow"}}
+
+
 def test_operator_pod_is_restricted_and_singleton() -> None:
     deployment = find("Deployment", "gpudra-operator")
     spec = deployment["spec"]

@@ -22,7 +22,8 @@ from .scratch import ScratchDir, in_memory_or
 
 HOST = "127.0.0.1"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
-# What the tests and the demo need: claims from templates, DaemonSet/Job pods, GC through owners.
+# What the tests and the demo need: claims from templates, DaemonSet/Job pods, GC through owners,
+# the type checking of ValidatingAdmissionPolicies (status.typeChecking, asserted by test_install).
 CONTROLLERS = (
     "namespace-controller",
     "garbage-collector-controller",
@@ -33,6 +34,7 @@ CONTROLLERS = (
     "resourceclaim-controller",
     "serviceaccount-controller",
     "root-ca-certificate-publisher-controller",
+    "validatingadmissionpolicy-status-controller",
 )
 FIX_HINT = "run `make kube-bin` and export GPUDRA_KUBE_BIN=<the directory it prints last> (`make test` does both)"
 
