@@ -278,8 +278,8 @@ class Reconciler:
         self._reconciled.pop(config.name, None)  # until this one has succeeded: refreshes reconcile
         outcome = Outcome()
         outcome.conflicts = find_conflicts(config, body, configs)
-        # In a thread: inline templates render in a bounded worker process (templateworker.py), and
-        # the loop keeps serving other configs and the liveness probe meanwhile.
+        # In a thread: inline templates render in a bounded worker process (deviceclasses/worker.py),
+        # and the loop keeps serving other configs and the liveness probe meanwhile.
         rendered = await asyncio.to_thread(render, body, agent_image=self.agent_image)
         outcome.render_errors = list(rendered.errors)
         daemonset = None

@@ -11,8 +11,13 @@ from typing import Any
 import pytest
 import yaml
 
-from gpudra_operator import deviceclasses as dc
-from gpudra_operator.deviceclasses import RenderError, render_device_class, render_device_classes
+from gpudra_driver import devicemodel
+from gpudra_operator.deviceclasses import (BUILTINS, RenderError, TemplateValueError, render_device_class,
+                                           render_device_classes)
+from gpudra_operator.deviceclasses.celhelpers import (attribute_ref, capacity_ref, normalize_semver,
+                                                      quantity_literal, semver_literal)
+from gpudra_operator.deviceclasses.celrefs import cel_tokens, model_references
+from gpudra_operator.deviceclasses.escape import cel_string, yaml_string
 from gpudra_operator.spec import DeviceClassSpec
 
 DRIVER = "gpu.gpudra.io"
@@ -101,9 +106,9 @@ def _literal_ok(literal: str, value: str) -> None:
 
 @pytest.mark.parametrize("value", HOSTILE)
 def test_cel_string_round_trips_and_is_one_token(value: str) -> None:
-    literal = dc.cel_string(value)
+    literal = cel_string(value)
     _literal_ok(literal, value)
-    (token,) = dc.cel_tokens(literal)
+    (token,) = cel_tokens(literal)
     assert token.kind == "string" and token.value == value
 
 
@@ -113,34 +118,34 @@ def test_cel_string_round_trips_and_is_one_token(value: str) -> None:
 def test_hostile_parameter_cannot_change_the_expression(value: str, template: str, param: str) -> None:
     benign = expr(builtin(template, **{param: "x"}))
     hostile = expr(builtin(template, **{param: value}))
-    literal = dc.cel_string(value)
+    literal = cel_string(value)
     # The value is inside exactly one literal; take it out and the expression is the benign one.
     assert hostile.count(literal) == 1
     assert hostile.replace(literal, '"x"') == benign
     # Same token structure: only the string literal's value differs.
-    kinds = [(t.kind, t.text if t.kind != "string" else None) for t in dc.cel_tokens(hostile)]
-    assert kinds == [(t.kind, t.text if t.kind != "string" else None) for t in dc.cel_tokens(benign)]
-    assert [t.value for t in dc.cel_tokens(hostile) if t.kind == "string"][-1] == value
+    kinds = [(t.kind, t.text if t.kind != "string" else None) for t in cel_tokens(hostile)]
+    assert kinds == [(t.kind, t.text if t.kind != "string" else None) for t in cel_tokens(benign)]
+    assert [t.value for t in cel_tokens(hostile) if t.kind == "string"][-1] == value
 
 
 @pytest.mark.parametrize("value", HOSTILE)
 def test_hostile_value_in_an_inline_template_stays_a_string(value: str) -> None:
     source = HEAD + '{{ (driver_match ~ " && " ~ attr("productName") ~ " == " ~ cel_string(params.p)) | yaml_string }}\n'
     obj = inline(source, p=value)
-    assert expr(obj) == f'{GUARD} && {D}.productName == {dc.cel_string(value)}'
+    assert expr(obj) == f'{GUARD} && {D}.productName == {cel_string(value)}'
     assert len(obj["spec"]["selectors"]) == 1
 
 
 @pytest.mark.parametrize("value", ["\n", '"', "\\", "a: b", "# x", "é", "\U0001f389", "\x85"])
 def test_yaml_string_round_trips_through_a_yaml_parser(value: str) -> None:
-    text = f"key: {dc.yaml_string(value)}\nother: 1\n"
+    text = f"key: {yaml_string(value)}\nother: 1\n"
     assert yaml.safe_load(text) == {"key": value, "other": 1}
 
 
 def test_hostile_driver_name_is_escaped_too() -> None:
     driver = 'evil") || true || ("'
     obj = render_device_class("c.gpudra.io", driver, template="all")
-    assert expr(obj) == f"device.driver == {dc.cel_string(driver)}"
+    assert expr(obj) == f"device.driver == {cel_string(driver)}"
     assert ast.literal_eval(expr(obj).split("== ", 1)[1]) == driver
 
 
@@ -156,14 +161,14 @@ def test_quantity_rejects_non_quantities(bad: str) -> None:
                                           ("1.5Ti", 'quantity("1.5Ti")'), ("68719476736", 'quantity("68719476736")'),
                                           ("1e9", 'quantity("1e9")')])
 def test_quantity_accepts_kubernetes_quantities(good: str, literal: str) -> None:
-    assert dc.quantity_literal(good) == literal
+    assert quantity_literal(good) == literal
 
 
 @pytest.mark.parametrize("raw, normalised", [("8", "8.0.0"), ("8.0", "8.0.0"), ("v9.0", "9.0.0"),
                                              ("8.06", "8.6.0"), ("9.0.0", "9.0.0"), ("10.0.0-rc.1", "10.0.0-rc.1")])
 def test_semver_normalises(raw: str, normalised: str) -> None:
-    assert dc.normalize_semver(raw) == normalised
-    assert dc.semver_literal(raw) == f'semver("{normalised}")'
+    assert normalize_semver(raw) == normalised
+    assert semver_literal(raw) == f'semver("{normalised}")'
 
 
 @pytest.mark.parametrize("bad", ['8.0") || true || ("', "eight", "8.0.0.0", "", "8..0"])
@@ -175,16 +180,16 @@ def test_semver_rejects_non_versions(bad: str) -> None:
 # -- the device model decides which names exist ---------------------------------------------
 
 def test_attr_and_capacity_helpers_follow_the_model() -> None:
-    assert dc.attribute_ref("productName", DRIVER) == f"{D}.productName"
-    assert dc.attribute_ref(f"{DRIVER}/productName", DRIVER) == f"{D}.productName"
-    assert (dc.attribute_ref("resource.kubernetes.io/pciBusID", DRIVER)
+    assert attribute_ref("productName", DRIVER) == f"{D}.productName"
+    assert attribute_ref(f"{DRIVER}/productName", DRIVER) == f"{D}.productName"
+    assert (attribute_ref("resource.kubernetes.io/pciBusID", DRIVER)
             == 'device.attributes["resource.kubernetes.io"].pciBusID')
-    assert dc.capacity_ref("memory", DRIVER) == f'device.capacity["{DRIVER}"].memory'
+    assert capacity_ref("memory", DRIVER) == f'device.capacity["{DRIVER}"].memory'
     for bad in ("productname", "memory", "gpuModel", "resource.kubernetes.io/productName"):
-        with pytest.raises(dc.TemplateValueError, match="not published"):
-            dc.attribute_ref(bad, DRIVER)
-    with pytest.raises(dc.TemplateValueError, match="not published"):
-        dc.capacity_ref("vram", DRIVER)
+        with pytest.raises(TemplateValueError, match="not published"):
+            attribute_ref(bad, DRIVER)
+    with pytest.raises(TemplateValueError, match="not published"):
+        capacity_ref("vram", DRIVER)
 
 
 @pytest.mark.parametrize("jinja_expr, needle", [
@@ -318,12 +323,12 @@ def test_every_builtin_only_names_published_attributes() -> None:
     params = {"min-memory": {"memory": "1Gi"}, "product": {"productName": "x"},
               "min-compute-capability": {"version": "8.0"}, "architecture": {"architecture": "x"},
               "mig": {"profile": "1g.10gb"}}
-    for template in dc.BUILTINS:
+    for template in BUILTINS:
         e = expr(builtin(template, **params.get(template, {})))
-        refs = dc.model_references(e, DRIVER)
+        refs = model_references(e, DRIVER)
         assert e.startswith(GUARD)
         for where, name in refs:
-            assert name in (dc.devicemodel.ATTRIBUTES if where == "attributes" else dc.devicemodel.CAPACITIES)
+            assert name in (devicemodel.ATTRIBUTES if where == "attributes" else devicemodel.CAPACITIES)
 
 
 def test_mig_sample_inline_template_renders() -> None:
@@ -384,7 +389,7 @@ def test_a_template_bomb_fails_its_class_and_the_operator_keeps_its_memory(bomb:
 def test_the_worker_serves_many_renders_whatever_cpu_it_has_used_in_all() -> None:
     """The CPU bound is per render: a worker that has spent several seconds on cheap renders still
     renders (a limit on its lifetime's CPU, or a raised hard limit, would fail them by turns)."""
-    from gpudra_operator.templateworker import WORKER
+    from gpudra_operator.deviceclasses.worker import WORKER
 
     busy = ("{% for a in range(1000) %}{% for b in range(1000) %}{% endfor %}{% endfor %}"
             "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nspec:\n  selectors:\n  - cel:\n"

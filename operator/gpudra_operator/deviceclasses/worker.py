@@ -78,7 +78,7 @@ class TemplateWorker:
     def _running(self) -> subprocess.Popen[bytes]:
         if self._child is None or self._child.poll() is not None:
             self._child = subprocess.Popen(
-                [sys.executable, "-m", "gpudra_operator.templateworker"], stdin=subprocess.PIPE,
+                [sys.executable, "-m", "gpudra_operator.deviceclasses.worker"], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
         return self._child
 
@@ -129,7 +129,7 @@ WORKER = TemplateWorker()
 
 
 def _serve() -> None:
-    from gpudra_operator.deviceclasses import render_text_here, template_context
+    from gpudra_operator.deviceclasses.sandbox import describe_error, render_text_here, template_context
 
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGXCPU dumps core by default: no dumps on the node
@@ -149,8 +149,6 @@ def _serve() -> None:
         except MemoryError:
             answer = {"error": f"template allocated more than the {MEMORY_LIMIT // 2**20} MiB it may use"}
         except Exception as error:  # noqa: BLE001 - the template's own failure, described for the class
-            from gpudra_operator.deviceclasses import describe_error
-
             answer = {"error": describe_error(error)}
         out.write(json.dumps(answer).encode() + b"\n")
         out.flush()
