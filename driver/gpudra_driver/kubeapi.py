@@ -11,14 +11,10 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpudra_driver import lazyk8s
-
-lazyk8s.install()  # before the first kubernetes_asyncio import: skip ~35 MiB of generated classes
-
-from aiohttp.helpers import get_env_proxy_for_url  # noqa: E402
-from kubernetes_asyncio import client, config  # noqa: E402
-from kubernetes_asyncio.client.exceptions import ApiException  # noqa: E402
-from yarl import URL  # noqa: E402
+from aiohttp.helpers import get_env_proxy_for_url
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+from yarl import URL
 
 Obj = dict[str, Any]
 _JSON_RESPONSES = {200: "object", 201: "object", 202: "object"}

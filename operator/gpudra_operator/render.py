@@ -43,8 +43,8 @@ The agent pod (a DRA kubelet plugin) needs:
   a later ``--metrics-port`` in ``spec.agent.extraArgs`` wins.
 * ``NODE_NAME``/``POD_UID``/``POD_NAMESPACE`` from the downward API: the node whose slices the
   agent publishes, and the pod identity for its own bookkeeping.
-* ``MALLOC_ARENA_MAX=2`` and ``SSL_CERT_FILE`` (the ServiceAccount CA): see ``AGENT_PROCESS_ENV``;
-  ``spec.agent.extraEnv`` overrides either.
+* ``SSL_CERT_FILE`` (the ServiceAccount CA): see ``AGENT_PROCESS_ENV``; ``spec.agent.extraEnv``
+  overrides it.
 * RollingUpdate with ``maxSurge: 1, maxUnavailable: 0`` by default: the new agent starts next to the
   old one, so the kubelet never sees the driver deregister and never wipes the node's slices.
 """
@@ -85,16 +85,11 @@ AGENT_METRICS_PORT = 8082  # the port named "metrics" (PodMonitor: manifests/mon
 AGENT_HEALTH_PORT = 8083  # the port named "health": grpc.health.v1 for the kubelet's probes
 AGENT_HEALTH_SERVICE = "liveness"
 SERVICE_ACCOUNT_CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
-# Process settings of the agent, which the local harness applies as well (docs/agent.md, "Footprint"):
-# * two malloc arenas: glibc makes one per thread, and grpc's event engine adds six threads to a
-#   mostly idle daemon (~0.8 MiB of RSS for concurrency it never needs). Two, not one: the event
-#   loop keeps an arena of its own; sharing one with grpc's and the stager thread's mallocs made
-#   NodePrepareResources ~5-10 % slower;
-# * the cluster CA as the default CA file: aiohttp builds a default TLS context from the system CA
-#   bundle when it is imported (~1.8 MiB under OpenSSL 3). The agent talks to nothing but the API
-#   server, whose client verifies against the cluster CA explicitly, so the bundle is never used
-#   (OpenSSL's lazily read CA directory, /etc/ssl/certs, stays the fallback for anything else).
-AGENT_PROCESS_ENV = {"MALLOC_ARENA_MAX": "2", "SSL_CERT_FILE": SERVICE_ACCOUNT_CA}
+# Process settings of the agent, which the local harness applies as well. The cluster CA as the
+# default CA file: aiohttp loads the default CA file into a TLS context at import, and the agent
+# verifies only the API server, against the cluster CA. What it saves, and why no other setting is
+# here: docs/agent.md, "Footprint" (bench/agent_footprint.py measures both ways).
+AGENT_PROCESS_ENV = {"SSL_CERT_FILE": SERVICE_ACCOUNT_CA}
 # In the container only: an NVIDIA runtime in legacy mode would otherwise give the agent every GPU
 # and the driver's libraries; the agent opens NVML from the driver root itself.
 AGENT_CONTAINER_ENV = {"NVIDIA_VISIBLE_DEVICES": "void", **AGENT_PROCESS_ENV}

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,10 +43,12 @@ MOCK_PREFIX = "mock:"
 def start_agent(*, kubeconfig: Path, node_name: str, nvml: str, driver: str, workdir: Path,
                 extra_args: tuple[str, ...] = (), rescan_interval: float = 60.0,
                 cdi_dir: Path | None = None, kubelet_dir: Path | None = None,
-                driver_root: Path | None = None, sysfs: Path | None = None) -> AgentProcess:
+                driver_root: Path | None = None, sysfs: Path | None = None,
+                env: Mapping[str, str | None] | None = None) -> AgentProcess:
     """Start ``gpudra agent`` for ``node_name``; its kubelet and CDI directories and its driver
     root live in ``workdir`` (elsewhere when given: a real kubelet's root directory, a CDI
-    directory shared by agents, a driver root made by the caller)."""
+    directory shared by agents, a driver root made by the caller). ``env`` changes the process
+    environment last (None removes a variable), e.g. to weigh one of the DaemonSet's settings."""
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "agent.log"
     profile = nvml.split(":", 1)[1] if nvml.startswith((MOCK_PREFIX, "fake:")) else None
@@ -61,14 +64,19 @@ def start_agent(*, kubeconfig: Path, node_name: str, nvml: str, driver: str, wor
             "--rescan-interval", str(rescan_interval),
             "--kubelet-dir", str(kubelet_dir or workdir / "kubelet"), "--cdi-dir", str(cdi_dir or workdir / "cdi"), *extra_args]
     # The DaemonSet's process settings, with the local cluster's CA in place of the ServiceAccount's
-    env = {**os.environ, **{k: v for k, v in AGENT_PROCESS_ENV.items() if k != "SSL_CERT_FILE"},
-           "PYTHONUNBUFFERED": "1"}
+    process_env = {**os.environ, **{k: v for k, v in AGENT_PROCESS_ENV.items() if k != "SSL_CERT_FILE"},
+                   "PYTHONUNBUFFERED": "1"}
     ca_file = kubeconfig_ca_file(kubeconfig)
-    if ca_file is not None:
-        env["SSL_CERT_FILE"] = ca_file
+    if ca_file is not None and "SSL_CERT_FILE" in AGENT_PROCESS_ENV:
+        process_env["SSL_CERT_FILE"] = ca_file
+    for name, value in (env or {}).items():
+        if value is None:
+            process_env.pop(name, None)
+        else:
+            process_env[name] = value
     with log_path.open("ab") as log:
         process = subprocess.Popen(dying_with_parent(argv), stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, env=env)
+                                   stdin=subprocess.DEVNULL, env=process_env)
     return AgentProcess(node_name, log_path, process)
 
 
