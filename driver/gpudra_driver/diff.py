@@ -3,31 +3,9 @@
 from __future__ import annotations
 
 import json
-import re
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$")
-_SUFFIX: dict[str, int | Decimal] = {
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": 1,
-    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
-
-
-def quantity_value(value: Any) -> Decimal | None:
-    """The number a Kubernetes quantity stands for (``"1Gi"``, ``"500m"``, ``2``); None otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        return None
-    match = _QUANTITY.fullmatch(str(value))
-    if not match:
-        return None
-    number, suffix = match.group(1), match.group(2) or ""
-    try:
-        if suffix[:1] in ("e", "E"):
-            return Decimal(number + suffix)
-        return Decimal(number) * Decimal(_SUFFIX[suffix])
-    except (InvalidOperation, KeyError):
-        return None
+from gpudra_driver.quantity import quantity_value
 
 
 def contains(live: Any, desired: Any) -> bool:

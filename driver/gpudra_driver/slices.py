@@ -18,15 +18,13 @@ from typing import Any
 
 from gpudra_driver import limits
 from gpudra_driver.devicemodel import CAPACITIES, AttrValue, Device
+from gpudra_driver.quantity import format_quantity
 
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceSlice"
 MANAGED_BY = "gpudra-agent"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_NODE = "gpudra.io/node"
-
-_BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
-_DECIMAL_SUFFIXES = ("", "k", "M", "G", "T", "P", "E")
 
 
 def build_slices(
@@ -136,30 +134,11 @@ def device_to_api(device: Device) -> dict[str, Any]:
     for key, amount in sorted(device.capacity.items()):
         limits.check_qualified_name(f"{subject} capacity {key}", key)
         spec = CAPACITIES.get(key)
-        capacity[key] = {"value": quantity(amount, binary=spec is not None and spec.unit == "bytes")}
+        capacity[key] = {"value": format_quantity(amount, binary=spec is not None and spec.unit == "bytes")}
     entry: dict[str, Any] = {"name": device.name, "attributes": attributes}
     if capacity:
         entry["capacity"] = capacity
     return entry
-
-
-def quantity(amount: int, *, binary: bool) -> str:
-    """An exact integer as the canonical Kubernetes quantity string, the form the API server
-    returns, so desired and observed slices compare equal: bytes in BinarySI
-    (85520809984 -> "81559Mi", 42949672960 -> "40Gi", below 1024 or not a multiple -> decimal),
-    counts in DecimalSI (14 -> "14", 2000 -> "2k")."""
-    if amount < 0:
-        raise ValueError("quantities here are non-negative")
-    if binary and amount >= 1024:
-        for power in range(len(_BINARY_SUFFIXES) - 1, 0, -1):
-            if amount % 1024**power == 0:
-                return f"{amount // 1024**power}{_BINARY_SUFFIXES[power]}"
-    if amount == 0:
-        return "0"
-    power = 0
-    while power < len(_DECIMAL_SUFFIXES) - 1 and amount % 1000 ** (power + 1) == 0:
-        power += 1
-    return f"{amount // 1000**power}{_DECIMAL_SUFFIXES[power]}"
 
 
 def slice_name(node_name: str, driver: str, index: int) -> str:

@@ -1,6 +1,6 @@
 """contains(): the compare-before-write check that keeps converged objects free of writes."""
 
-from gpudra_driver.diff import contains, quantity_value
+from gpudra_driver.diff import contains
 
 
 def test_extra_live_fields_are_ignored_and_lists_compare_whole() -> None:
@@ -19,12 +19,6 @@ def test_canonicalised_quantities_equal_what_was_asked_for() -> None:
     assert not contains({"cpu": "501m"}, {"cpu": "0.5"})
     assert not contains({"image": "nginx:1"}, {"image": "nginx:1.0"})
     assert not contains({"flag": "True"}, {"flag": True})
-
-
-def test_quantity_value() -> None:
-    assert quantity_value("81559Mi") == 81559 * 2**20
-    assert quantity_value("2") == 2 and quantity_value(3) == 3
-    assert quantity_value("gpu") is None and quantity_value(None) is None and quantity_value(True) is None
 
 
 def test_fields_this_manager_applied_and_no_longer_sends_are_found() -> None:

@@ -11,7 +11,7 @@ from gpudra_driver import limits
 from gpudra_driver.devicemodel import AttrValue, Device
 from gpudra_driver.discovery import scan
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
-from gpudra_driver.slices import build_slices, device_to_api, node_label_value, quantity, slice_name
+from gpudra_driver.slices import build_slices, device_to_api, node_label_value, slice_name
 
 DRIVER = "gpu.gpudra.io"
 NODE = "node-a"
@@ -109,25 +109,6 @@ def test_device_serialisation_in_v1_shape(fake: Callable[[str], FakeNvml]) -> No
 
 def test_bool_attribute_serialisation() -> None:
     assert AttrValue.of_bool(False).to_api() == {"bool": False}
-
-
-@pytest.mark.parametrize(
-    ("amount", "binary", "expected"),
-    [
-        (81559 * 2**20, True, "81559Mi"),  # H100: 85520809984 bytes
-        (40 * 2**30, True, "40Gi"),
-        (143771 * 2**20, True, "143771Mi"),
-        (1536, True, "1536"),  # not a multiple of 1024: decimal, like the API server
-        (1000, True, "1k"),
-        (512, True, "512"),
-        (0, True, "0"),
-        (14, False, "14"),
-        (2000, False, "2k"),
-        (1024, False, "1024"),
-    ],
-)
-def test_quantity_is_canonical(amount: int, binary: bool, expected: str) -> None:
-    assert quantity(amount, binary=binary) == expected
 
 
 def test_long_node_names_stay_within_limits() -> None:

@@ -1,6 +1,6 @@
 """The helpers templates build CEL with: each checks its value before it becomes CEL.
 
-:func:`quantity_literal` (a Kubernetes quantity, checked with the apimachinery grammar),
+:func:`quantity_literal` (a Kubernetes quantity, checked by :mod:`gpudra_driver.quantity`),
 :func:`semver_literal` (a semantic version, ``8.0`` normalised to ``8.0.0``), :func:`attribute_ref`
 and :func:`capacity_ref` (names the agent publishes, from :mod:`gpudra_driver.devicemodel`) and
 :func:`driver_match` (the guard every built-in starts with)."""
@@ -10,23 +10,15 @@ from __future__ import annotations
 import re
 
 from gpudra_driver import devicemodel, limits
+from gpudra_driver.quantity import is_quantity
 from gpudra_operator.deviceclasses.errors import TemplateValueError
 from gpudra_operator.deviceclasses.escape import cel_string
 
-# The apimachinery quantity grammar (the pattern the apiserver publishes for resource.Quantity).
-QUANTITY_PATTERN = re.compile(
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
-)
 _NUMERIC_VERSION = re.compile(r"^v?[0-9]+(\.[0-9]+){0,2}$")
 
 
-def is_quantity(value: str) -> bool:
-    return bool(QUANTITY_PATTERN.fullmatch(value))
-
-
 def quantity_literal(value: object) -> str:
-    """``quantity("<value>")`` after checking ``value`` against the apimachinery grammar."""
+    """``quantity("<value>")`` after checking that ``value`` is one, as the API server parses it."""
     text = value if isinstance(value, str) else str(value) if type(value) is int else None
     if text is None or not is_quantity(text):
         raise TemplateValueError(f"{value!r} is not a Kubernetes quantity (e.g. 64Gi, 80G, 1.5Ti)")
