@@ -55,6 +55,9 @@ class LocalPKI:
             .add_extension(
                 x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
             )
+            # Key identifiers: Python 3.13's default verification (VERIFY_X509_STRICT) refuses a
+            # chain without them ("Missing Authority Key Identifier").
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(self._ca_key.public_key()), critical=False)
             .sign(self._ca_key, hashes.SHA256())
         )
         self.ca = CertPair(
@@ -83,6 +86,8 @@ class LocalPKI:
                 ),
                 critical=False,
             )
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self._ca_key.public_key()),
+                           critical=False)
         )
         sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
         sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
