@@ -3,9 +3,9 @@
 The standard loop by default; uvloop (libuv) on request (``--event-loop uvloop``, or
 ``$GPUDRA_EVENT_LOOP=uvloop`` through ``spec.agent.extraEnv``). The agent's hot path, a kubelet gRPC
 call that GETs its claims through aiohttp, spends most of its CPU in the event loop and socket I/O,
-and uvloop took 0.4-2.4 ms (median 1.5) off a one-claim NodePrepareResources on the development VM.
-It also costs ~2 MiB of resident memory (its library and libuv's worker threads), which takes the
-agent over its 60 MiB budget: hence opt-in (docs/kubelet-plugin.md, "uvloop").
+which uvloop does in C. It costs resident memory (its library and libuv's worker threads) on every
+node for a shorter pod start: a trade for the platform team, hence opt-in (bench/README.md has the
+measurements).
 """
 
 from __future__ import annotations
