@@ -146,7 +146,7 @@ async def cleanup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
             return
         deleted = 0
         async for slice_ in kube.list(SLICE, field_selector=f"spec.driver={config.spec.driver_name}"):
-            await memo.slice_gc.bucket.take()  # the same delete rate limit as the GC's passes
-            deleted += await kube.delete(SLICE, slice_["metadata"]["name"], uid=slice_["metadata"]["uid"])
+            async with memo.slice_gc.limiter:  # the same delete rate limit as the GC's passes
+                deleted += await kube.delete(SLICE, slice_["metadata"]["name"], uid=slice_["metadata"]["uid"])
         log.info("GpuDraConfig %s removed: its DeviceClasses, agents and %d ResourceSlice(s) are gone",
                  config.name, deleted)

@@ -4,7 +4,7 @@ One pass lists the driver's slices (field selector ``spec.driver``, paginated), 
 (metadata only, paginated), then the agent's pods (label selector, in the agent namespace) — in that
 order, so a slice published after the Node list began cannot be judged against an older Node list.
 Deletes carry preconditions {uid, resourceVersion}: a slice changed since the list is a 409 and
-stays. Deletes are rate limited (token bucket) and bounded in concurrency. The outcome lands in
+stays. Deletes are rate limited (:mod:`aiolimiter`) and bounded in concurrency. The outcome lands in
 ``status.gc`` (merge patch on the status subresource, only the ``gc`` key), an Event when
 something was deleted or failed, and one log line per condemned slice. docs/gc.md has the rules."""
 
@@ -14,12 +14,14 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 import aiohttp
+from aiolimiter import AsyncLimiter
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpudra_driver.kubeapi import Kube, error_message, is_status, resource_type
@@ -39,32 +41,13 @@ DEFAULT_DELETE_CONCURRENCY = 8
 log = logging.getLogger("gpudra.operator.gc")
 
 
-class TokenBucket:
-    """``rate`` tokens per second, at most ``burst`` saved up; ``rate <= 0`` never waits."""
-
-    def __init__(self, rate: float, burst: int = DEFAULT_DELETE_BURST, *,
-                 clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> None:
-        self.rate, self.burst = rate, max(1, burst)
-        self.clock, self.sleep = clock, sleep
-        self.tokens = float(self.burst)
-        self.updated = clock()
-        self._lock = asyncio.Lock()
-
-    async def take(self) -> None:
-        if self.rate <= 0:
-            return
-        async with self._lock:  # first come, first served
-            self._refill()
-            if self.tokens < 1:
-                await self.sleep((1 - self.tokens) / self.rate)
-                self._refill()
-            self.tokens -= 1  # after the wait the token is due; float dust may leave a tiny debt
-
-    def _refill(self) -> None:
-        now = self.clock()
-        self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
-        self.updated = now
+def delete_limiter(rate: float, burst: int = DEFAULT_DELETE_BURST) -> AbstractAsyncContextManager[Any]:
+    """``async with`` it before each delete: ``rate`` per second once a burst of ``burst`` is spent
+    (a leaky bucket of ``burst`` that drains at ``rate``); ``rate <= 0`` never waits."""
+    if rate <= 0:
+        return nullcontext()
+    burst = max(1, burst)
+    return AsyncLimiter(burst, burst / rate)
 
 
 @dataclass
@@ -124,7 +107,7 @@ class SliceCollector:
                  delete_burst: int = DEFAULT_DELETE_BURST, concurrency: int = DEFAULT_DELETE_CONCURRENCY,
                  clock: Callable[[], float] = time.monotonic, page_size: int = 500) -> None:
         self.kube, self.events = kube, events
-        self.bucket = TokenBucket(delete_rate, delete_burst)
+        self.limiter = delete_limiter(delete_rate, delete_burst)  # one for all configs
         self.concurrency = max(1, concurrency)
         self.clock = clock  # grace periods only (tests pass a fake one)
         self.page_size = page_size
@@ -208,8 +191,7 @@ class SliceCollector:
         semaphore = asyncio.Semaphore(self.concurrency)
 
         async def delete(verdict: Verdict) -> None:
-            async with semaphore:
-                await self.bucket.take()
+            async with semaphore, self.limiter:
                 s = verdict.slice
                 try:
                     gone = await self.kube.delete(SLICE, s.name, uid=s.uid, resource_version=s.resource_version)

@@ -4,10 +4,13 @@ selection, and the delete rate limiter."""
 from __future__ import annotations
 
 import asyncio
+from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import pytest
+import virtualtime
 
-from gpudra_operator.slicegc import GcResult, TokenBucket, gc_ready
+from gpudra_operator.slicegc import GcResult, delete_limiter, gc_ready
 from gpudra_operator.staleslices import (NODE_GONE, NODE_UNSELECTED, OWNER_UID_MISMATCH, SUPERSEDED_GENERATION,
                                          AgentPlacement, NodeInfo, SliceInfo, stale_slices)
 
@@ -183,26 +186,34 @@ def test_result_status_has_every_count() -> None:
     assert result.by_rule(decision.condemned) == f"{NODE_GONE} 1"
 
 
-def test_token_bucket_spaces_takes_at_the_rate_after_the_burst() -> None:
-    now = [0.0]
-    sleeps: list[float] = []
+def test_delete_limiter_spaces_deletes_at_the_rate_after_the_burst() -> None:
+    async def take(n: int, limiter: AbstractAsyncContextManager[Any], tasks: int = 1) -> float:
+        """Seconds (of the virtual clock) ``tasks`` concurrent deleters need for ``n`` deletes."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
 
-    async def sleep(seconds: float) -> None:
-        sleeps.append(seconds)
-        now[0] += seconds
+        async def deleter(count: int) -> None:
+            for _ in range(count):
+                async with limiter:
+                    pass
 
-    async def take(n: int, bucket: TokenBucket) -> None:
-        for _ in range(n):
-            await bucket.take()
+        await asyncio.gather(*(deleter(n // tasks) for _ in range(tasks)))
+        return loop.time() - started
 
-    bucket = TokenBucket(50.0, 10, clock=lambda: now[0], sleep=sleep)
-    asyncio.run(take(10, bucket))
-    assert now[0] == 0.0 and sleeps == []  # the burst is free
-    asyncio.run(take(50, bucket))
-    assert now[0] == pytest.approx(1.0)  # then 50 per second
-    unlimited = TokenBucket(0, 1, clock=lambda: now[0], sleep=sleep)
-    asyncio.run(take(1000, unlimited))
-    assert now[0] == pytest.approx(1.0)
+    no_wait = pytest.approx(0.0, abs=1e-6)  # a wait for one delete would be 0.02 s
+
+    async def scenario() -> None:
+        limiter = delete_limiter(50.0, 10)
+        assert await take(10, limiter) == no_wait  # the burst is free
+        assert await take(50, limiter) == pytest.approx(1.0)  # then 50 per second
+        assert await take(48, limiter, tasks=8) == pytest.approx(0.96)  # whoever asks
+        await asyncio.sleep(60)
+        assert await take(10, limiter) == no_wait  # an idle while refills the burst, not more
+        assert await take(1, limiter) == pytest.approx(0.02)
+        unlimited = delete_limiter(0, 1)
+        assert await take(1000, unlimited, tasks=8) == no_wait
+
+    virtualtime.run(scenario())
 
 
 def test_a_failed_list_decides_nothing_and_reports_one_error() -> None:
