@@ -3,15 +3,20 @@
 A watch on our own slices (field selector: our driver on our node) feeds a local cache; any event,
 a rescan that changed the devices, or a failed write wakes the sync loop, which plans against the
 cache (:func:`gpudra_driver.publishing.plan_publish`) and writes only the difference. A deleted or
-foreign-edited slice is therefore restored as soon as its watch event arrives, not on a timer."""
+foreign-edited slice is therefore restored as soon as its watch event arrives, not on a timer.
+
+An unreachable or failing API server is retried with exponential backoff (:mod:`tenacity`): a
+fresh retry sequence per list and per sync, so a success resets the wait."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
+from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 
 from gpudra_driver import metrics
 from gpudra_driver.devicemodel import Device
@@ -20,21 +25,16 @@ from gpudra_driver.publishing import plan_publish
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 NODE = resource_type("v1", "Node")
+RETRY_INITIAL = 0.2  # seconds before the first retry, doubling with each failure in a row
+RETRY_MAX = 30.0
 log = logging.getLogger(__name__)
 
 
-class Backoff:
-    """Exponential retry delay for an unreachable or failing API server."""
-
-    def __init__(self, initial: float = 0.2, maximum: float = 30.0) -> None:
-        self.initial, self.maximum, self.delay = initial, maximum, initial
-
-    def next(self) -> float:
-        delay, self.delay = self.delay, min(self.delay * 2, self.maximum)
-        return delay
-
-    def reset(self) -> None:
-        self.delay = self.initial
+def retrying(before_sleep: Callable[[RetryCallState], None]) -> AsyncRetrying:
+    """Retry on any error until it succeeds (cancellation still ends it), ``before_sleep`` saying
+    why and for how long. One object per sequence: tenacity keeps a sequence's state in it."""
+    return AsyncRetrying(wait=wait_exponential(multiplier=RETRY_INITIAL, max=RETRY_MAX),
+                         before_sleep=before_sleep)
 
 
 class SlicePublisher:
@@ -67,36 +67,40 @@ class SlicePublisher:
 
     # --- the cache ------------------------------------------------------------------------
     async def _watch_loop(self) -> None:
-        backoff = Backoff()
         while True:
+            version: str = await retrying(partial(_log_retry, "listing ResourceSlices"))(self._relist)
             try:
-                page = await self.kube.request("GET", SLICE.path(), query={"fieldSelector": self._selector})
-                self.observed = {s["metadata"]["name"]: s for s in page.get("items") or []}
-                self.synced.set()
-                self._wake.set()
-                version = page["metadata"]["resourceVersion"]
-                backoff.reset()
-                async for kind, obj in self.kube.watch(SLICE, field_selector=self._selector,
-                                                       resource_version=version, timeout_seconds=300):
-                    if kind == "ERROR":  # e.g. 410 Gone: our resourceVersion expired; relist
-                        break
-                    if kind == "BOOKMARK":
-                        continue
-                    name = obj["metadata"]["name"]
-                    if kind == "DELETED":
-                        self.observed.pop(name, None)
-                        # The garbage collector deletes slices whose Node owner is gone: a Node
-                        # recreated under the same name has a new UID, so read it again.
-                        self._node_uid = None
-                    else:
-                        self.observed[name] = obj
-                    self._wake.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:  # API server unreachable or restarting: retry, then relist
-                delay = backoff.next()
-                log.warning("watching ResourceSlices failed (%s); retrying in %.1fs", _describe(error), delay)
-                await asyncio.sleep(delay)
+                await self._follow(version)
+            except Exception as error:  # cut or refused: relist, after a first delay so it cannot spin
+                log.warning("watching ResourceSlices failed (%s); retrying in %.1fs", _describe(error),
+                            RETRY_INITIAL)
+                await asyncio.sleep(RETRY_INITIAL)
+
+    async def _relist(self) -> str:
+        """Fill the cache from a list; the resourceVersion to watch from."""
+        page = await self.kube.request("GET", SLICE.path(), query={"fieldSelector": self._selector})
+        self.observed = {s["metadata"]["name"]: s for s in page.get("items") or []}
+        self.synced.set()
+        self._wake.set()
+        return str(page["metadata"]["resourceVersion"])
+
+    async def _follow(self, version: str) -> None:
+        """Keep the cache current from a watch until it ends (then relist)."""
+        async for kind, obj in self.kube.watch(SLICE, field_selector=self._selector,
+                                               resource_version=version, timeout_seconds=300):
+            if kind == "ERROR":  # e.g. 410 Gone: our resourceVersion expired; relist
+                return
+            if kind == "BOOKMARK":
+                continue
+            name = obj["metadata"]["name"]
+            if kind == "DELETED":
+                self.observed.pop(name, None)
+                # The garbage collector deletes slices whose Node owner is gone: a Node
+                # recreated under the same name has a new UID, so read it again.
+                self._node_uid = None
+            else:
+                self.observed[name] = obj
+            self._wake.set()
 
     # --- the writes -----------------------------------------------------------------------
     async def _node_owner_uid(self) -> str:
@@ -108,30 +112,13 @@ class SlicePublisher:
         return self._node_uid
 
     async def _sync_loop(self) -> None:
-        backoff = Backoff()
         while True:
             await self._wake.wait()
             self._wake.clear()
             if self.devices is None or not self.synced.is_set():
                 continue
-            try:
-                await self.sync_once()
-                metrics.published(len(self.devices), len(self.observed))
-                backoff.reset()
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                if is_status(error, 409):  # a precondition or conflict: our cache is stale
-                    delay = backoff.next()  # let the watch deliver the newer object before replanning
-                    log.info("ResourceSlice write conflicted (%s); replanning in %.1fs", _describe(error), delay)
-                    await asyncio.sleep(delay)
-                    self._wake.set()
-                    continue
-                metrics.publish_failed()
-                delay = backoff.next()
-                log.warning("publishing ResourceSlices failed (%s); retrying in %.1fs", _describe(error), delay)
-                await asyncio.sleep(delay)
-                self._wake.set()
+            await retrying(_sync_failed)(self.sync_once)  # each attempt plans afresh
+            metrics.published(len(self.devices), len(self.observed))
 
     async def sync_once(self) -> None:
         assert self.devices is not None
@@ -157,6 +144,28 @@ class SlicePublisher:
         count = sum(len(s["spec"].get("devices") or []) for s in plan.apply)
         log.info("published %d device(s) in %d ResourceSlice(s), pool %s generation %d",
                  count, len(plan.apply), self.node_name, plan.generation)
+
+
+def _failure(state: RetryCallState) -> tuple[BaseException, float]:
+    """What failed in the attempt ``state`` describes, and the seconds until the next one."""
+    error = state.outcome.exception() if state.outcome is not None else None
+    assert error is not None and state.next_action is not None  # tenacity sleeps only after a failure
+    return error, state.next_action.sleep
+
+
+def _log_retry(what: str, state: RetryCallState) -> None:
+    error, delay = _failure(state)
+    log.warning("%s failed (%s); retrying in %.1fs", what, _describe(error), delay)
+
+
+def _sync_failed(state: RetryCallState) -> None:
+    error, delay = _failure(state)
+    if is_status(error, 409):  # a precondition or conflict: our cache is stale
+        # Not an error: the wait lets the watch deliver the newer object before the replan.
+        log.info("ResourceSlice write conflicted (%s); replanning in %.1fs", _describe(error), delay)
+        return
+    metrics.publish_failed()
+    log.warning("publishing ResourceSlices failed (%s); retrying in %.1fs", _describe(error), delay)
 
 
 def _describe(error: BaseException) -> str:
