@@ -2,8 +2,9 @@
 cluster, so GitOps repositories can review and diff them in CI.
 
 The file goes through what the API server would do first: the CRD's structural schema (types,
-enums, patterns, bounds, unknown fields) and its ``default:`` values (:func:`gpudra_operator.crd.default_object`),
-then :func:`gpudra_operator.render.render`, the same pure function the operator runs. What only a
+enums, patterns, bounds, unknown fields: :mod:`gpudra_operator.structuralschema`) and its
+``default:`` values (:func:`gpudra_operator.crd.default_object`), then
+:func:`gpudra_operator.render.render`, the same pure function the operator runs. What only a
 live API server can judge is not checked here: the CRD's CEL rules (``x-kubernetes-validations``)
 and the rendered DeviceClasses' CEL (the operator validates it with a server-side dry run; use
 ``gpudra render -f cfg.yaml | kubectl apply --dry-run=server -f -`` for that). The output has no
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
@@ -42,82 +42,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-# --- the CRD's structural schema, checked the way the API server checks it -------------------
-_TYPES: dict[str, tuple[type, ...]] = {"object": (dict,), "array": (list,), "string": (str,),
-                                       "integer": (int,), "number": (int, float), "boolean": (bool,)}
-
-
-_MATCHES_RULE = re.compile(r"self\.matches\('([^'\\]*)'\)")
-
-
-def schema_errors(schema: Mapping[str, Any], value: Any, path: str = "") -> list[str]:
-    """Problems of ``value`` against an OpenAPI v3 structural schema, each as ``path: message``.
-    Covers what the API server enforces before CEL: type, int-or-string, nullable, enum,
-    required, string/list/map bounds, pattern, numeric bounds and unknown fields (which kubectl's
-    default strict field validation rejects). Of the CEL rules only ``self.matches('<re>')`` runs
-    here (names and namespaces); the rest are the API server's."""
-    here = path or "<root>"
-    if value is None:
-        return [] if schema.get("nullable") else [f"{here}: must not be null"]
-    if schema.get("x-kubernetes-int-or-string"):
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            return [f"{here}: must be an integer or a string, got {type(value).__name__}"]
-    elif "type" in schema:
-        allowed = _TYPES.get(schema["type"], (object,))
-        if not isinstance(value, allowed) or (schema["type"] in ("integer", "number") and isinstance(value, bool)):
-            return [f"{here}: must be {schema['type']}, got {type(value).__name__} {json.dumps(value)[:60]}"]
-    errors: list[str] = []
-    if "enum" in schema and value not in schema["enum"]:
-        errors.append(f"{here}: must be one of {', '.join(map(json.dumps, schema['enum']))}, got {json.dumps(value)}")
-    if isinstance(value, str):
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            errors.append(f"{here}: at most {schema['maxLength']} characters, got {len(value)}")
-        if "minLength" in schema and len(value) < schema["minLength"]:
-            errors.append(f"{here}: at least {schema['minLength']} characters, got {len(value)}")
-        if "pattern" in schema and not re.search(schema["pattern"], value):
-            errors.append(f"{here}: must match {schema['pattern']}, got {json.dumps(value)}")
-        for rule in schema.get("x-kubernetes-validations") or []:  # the one CEL form Python can run exactly
-            match = _MATCHES_RULE.fullmatch(rule.get("rule", ""))
-            if match and not re.search(match.group(1), value):
-                errors.append(f"{here}: {rule.get('message') or 'must match ' + match.group(1)}, got {json.dumps(value)}")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
-            errors.append(f"{here}: must be >= {schema['minimum']}, got {value}")
-        if "maximum" in schema and value > schema["maximum"]:
-            errors.append(f"{here}: must be <= {schema['maximum']}, got {value}")
-    if isinstance(value, list):
-        if "maxItems" in schema and len(value) > schema["maxItems"]:
-            errors.append(f"{here}: at most {schema['maxItems']} items, got {len(value)}")
-        if "minItems" in schema and len(value) < schema["minItems"]:
-            errors.append(f"{here}: at least {schema['minItems']} items, got {len(value)}")
-        if isinstance(schema.get("items"), Mapping):
-            for i, item in enumerate(value):
-                errors += schema_errors(schema["items"], item, f"{path}[{i}]")
-    if isinstance(value, dict):
-        if "maxProperties" in schema and len(value) > schema["maxProperties"]:
-            errors.append(f"{here}: at most {schema['maxProperties']} entries, got {len(value)}")
-        for key in schema.get("required") or []:
-            if key not in value:
-                errors.append(f"{_join(path, key)}: required")
-        props: Mapping[str, Any] = schema.get("properties") or {}
-        extra = schema.get("additionalProperties")
-        for key, item in value.items():
-            sub_path = _join(path, key)
-            if key in props:
-                errors += schema_errors(props[key], item, sub_path)
-            elif isinstance(extra, Mapping):
-                errors += schema_errors(extra, item, sub_path)
-            elif props and not schema.get("x-kubernetes-preserve-unknown-fields") and path != "metadata":
-                errors.append(f"{sub_path}: unknown field")
-    return errors
-
-
-def _join(path: str, key: str) -> str:
-    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-        return f"{path}.{key}" if path else key
-    return f"{path}[{json.dumps(key)}]"
-
-
 # --- rendering ------------------------------------------------------------------------------
 def _class_label(spec: Mapping[str, Any], class_name: str) -> str:
     for i, entry in enumerate(spec.get("deviceClasses") or []):
@@ -132,6 +56,7 @@ def render_documents(documents: Sequence[Any], agent_image: str | None = None) -
     prefixed with the document's position and name). Pure; ``agent_image`` None is this release's."""
     from .crd import default_object, openapi_schema
     from .render import DEFAULT_AGENT_IMAGE, render
+    from .structuralschema import schema_errors
 
     agent_image = agent_image or DEFAULT_AGENT_IMAGE
     from .spec import SpecError
