@@ -10,9 +10,11 @@ notes on these machines (container-runtime.md) found to work:
   kubelet's own directories; containerd's root ``/var/lib/containerd``) and over ``/run``
   (containerd's state ``/run/containerd``, where its shims put their sockets whatever the
   configured state directory, and runc's state); the kubelet's sysctls shown through files
-  bind-mounted over /proc/sys; ``/`` made rshared inside it (its own peer groups: nothing
-  propagates to the host), as the kubelet expects and HostToContainer volumes need. So the host
-  sees none of the node's mounts, and they all go when the namespace's last process exits;
+  bind-mounted over /proc/sys; optionally (``binds``) directories of the work directory shown at
+  a node's well-known paths, such as the kubelet's root at ``/var/lib/kubelet``; ``/`` made rshared
+  inside it (its own peer groups: nothing propagates to the host), as the kubelet expects and
+  HostToContainer volumes need. So the host sees none of the node's mounts, and they all go when
+  the namespace's last process exits;
 * containerd's own socket (in the work directory), ``restrict_oom_score_adj`` (no
   CAP_SYS_RESOURCE here: runc cannot lower oom_score_adj to the sandbox's -998), CDI with the
   agent's CDI directory as its only spec directory (never the host's /etc/cdi or /var/run/cdi), the
@@ -41,6 +43,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import ociimage
@@ -123,8 +126,15 @@ class RealRuntimeNode:
     docstring), working in ``workdir`` (short: containerd's socket lives there)."""
 
     def __init__(self, workdir: Path, *, kubelet_binary: Path, kubeconfig: Path, node_name: str, cdi_dir: Path,
-                 taint: str) -> None:
+                 taint: str, binds: Mapping[str, Path] | None = None) -> None:
         self.workdir, self.node_name, self.cdi_dir = workdir, node_name, cdi_dir
+        # Directories shown at a node's well-known paths inside its namespace (path -> directory),
+        # e.g. the kubelet's root at /var/lib/kubelet: what a config's default paths expect. Only
+        # under the namespace's own tmpfs mounts, so making the mount points never touches the host.
+        self.binds = dict(binds or {})
+        for path in self.binds:
+            real = os.path.realpath(path)
+            assert real.startswith(("/var/lib/", "/run/")), f"bind target {path} is not under /var/lib or /run"
         self.bin_dir = containerd_dir()
         self.runc = runc_binary()
         self.socket = workdir / "containerd.sock"
@@ -163,7 +173,10 @@ class RealRuntimeNode:
         # rshared inside the namespace (new peer groups of its own; the host's mounts were made
         # private to it): the kubelet expects it, and containerd refuses HostToContainer volumes
         # (the agent DaemonSet's driver root and /dev) from a private mount.
-        setup = (self.kubelet._masked_sysctls() + "mount -t tmpfs gpudra-node /run\nmount --make-rshared /\n"
+        binds = "".join(f"mkdir -p {shlex.quote(os.path.realpath(path))}\n"
+                        f"mount --bind {shlex.quote(str(source))} {shlex.quote(os.path.realpath(path))}\n"
+                        for path, source in self.binds.items())
+        setup = (self.kubelet._masked_sysctls() + "mount -t tmpfs gpudra-node /run\n" + binds + "mount --make-rshared /\n"
                  f"touch {shlex.quote(str(ready))}\nexec sleep 2147483647\n")
         argv = dying_with_parent(["unshare", "--mount", "--propagation", "private", "--", "sh", "-ec", setup])
         with (self.workdir / "namespace.log").open("ab") as log:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -44,5 +45,8 @@ def run(args: argparse.Namespace) -> int:
     metrics.serve(args.metrics_port)
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
     scope: dict[str, object] = {"namespaces": [args.namespace]} if args.namespace else {"clusterwide": True}
-    kopf.run(standalone=True, liveness_endpoint=liveness, **scope)  # type: ignore[arg-type]
+    # kopf would name itself after the OS user (getpass), which fails for a UID without a passwd
+    # entry, such as the Deployment's 65532: the host name (the pod's) instead, or kopf's POD_ID.
+    identity = os.environ.get("POD_ID") or f"{socket.gethostname()}/{os.getpid()}"
+    kopf.run(standalone=True, liveness_endpoint=liveness, identity=identity, **scope)  # type: ignore[arg-type]
     return 0

@@ -1,0 +1,597 @@
+"""README's "Getting started on a cluster", every command as written, on a node with a real
+container runtime: the release's kubelet on containerd (tests/realruntime.py), an image registry on
+this machine (tests/localregistry.py), and the shared control plane.
+
+The commands are read from the README: each line of its ``sh`` blocks and each inline code span
+that starts with a command (``kubectl``, ``podman``, ``ctr``, ``make``, ``gpudra``, ...). The test
+runs every one of them and ends by checking that the set it ran is the set the README holds, so a
+command added to the README without a test fails here. It runs them with only these substitutions:
+
+* ``registry.example.com`` -> the local registry (``localhost:<port>``, HTTPS with a test CA that
+  podman trusts through ``SSL_CERT_FILE`` and containerd through its ``hosts.toml``);
+* ``my-overlay`` -> a directory with the README's ``kustomization.yaml`` (its ``../manifests/base``
+  the path to this repository's) plus the test-only patch below;
+* placeholders filled from the cluster: ``<node>`` (the test node), ``<name>`` (one of its
+  ResourceSlices), ``<claim>`` (the seed pod's claim);
+* the node is a GPU Operator node (its driver under ``/run/nvidia/driver``), so, as the README says
+  for one, the sample GpuDraConfig gets ``driverRoot: /run/nvidia/driver`` (a copy that differs in
+  that field only) and ``gpudra discover`` gets ``--driver-root /run/nvidia/driver`` (and
+  ``-o json``, to compare); it runs "on the node": in the node's mount namespace;
+* ``ctr`` reaches the node's containerd through ``CONTAINERD_ADDRESS`` (its own socket); the
+  operator image gets the agent image's ``podman save`` and ``ctr`` commands with its own name
+  ("the same for the operator image"), and the test checks that the node then has every image
+  ``manifests/base`` names.
+
+What stands in for a real cluster's parts:
+
+* **The pod network** (the one deviation in what gets installed): the node runs no CNI plugin, so
+  a mutating webhook puts every pod of the README's namespaces on the host network, with the API
+  server at 127.0.0.1 and free host ports (tests/hostnetwork.py), and the overlay's test-only
+  patch labels the operator's namespace ``privileged`` so Pod Security admits that.
+* **The node**: its driver root is a fake one with the mock NVML and real device nodes
+  (``make_driver_root``), bind-mounted at ``/run/nvidia/driver`` in the node's namespace, as are
+  its kubelet directory at ``/var/lib/kubelet`` and its CDI directory at ``/var/run/cdi``: the
+  config's defaults. The test lifts the node's not-ready taint once it is Ready (no node-lifecycle
+  controller runs in the shared control plane).
+* **The workload's image** ``nvcr.io/nvidia/cuda:12.8.1-base-ubuntu24.04`` is preloaded (nothing
+  is pulled from outside this machine; every other registry leads to a closed local port): static
+  busybox whose ``nvidia-smi`` runs the driver's, which CDI mounts from the driver root, then holds
+  the GPU until the test has looked at the claim, as a real job holds it while it runs.
+
+docs/deploy.md's Helm chart is held to the same objects as manifests/base by
+tests/integration/test_chart.py (``helm template``); no test runs ``helm install`` on a cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import yaml
+from hostnetwork import HostNetworkWebhook
+from localregistry import LocalRegistry
+from ociimage import Entry, busybox_entries, write_image
+from realkubelet import kubelet_binary
+from realruntime import RealRuntimeNode, runtime_problem
+
+from gpudra_driver.kubeapi import Kube, Obj, ResourceType, resource_type
+from gpudra_operator.localcluster.controlplane import ControlPlane
+from gpudra_operator.localcluster.driverroot import make_driver_root
+from gpudra_operator.localcluster.objects import delete_node
+from gpudra_operator.localcluster.pki import LocalPKI
+from gpudra_operator.localcluster.waiting import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+SECTION = "## Getting started on a cluster"
+SAMPLE = REPO / "manifests" / "samples" / "gpudraconfig.yaml"
+SEED = REPO / "manifests" / "samples" / "seed-workload.yaml"
+PODMAN_CONF = REPO / "hack" / "podman" / "containers.conf"
+PROGRAMS = ("kubectl", "podman", "docker", "ctr", "make", "gpudra", "helm", "kind", "crictl", "nerdctl")
+EXAMPLE_REGISTRY = "registry.example.com"
+DRIVER_ROOT = "/run/nvidia/driver"  # the GPU Operator's driver container's, as the README names it
+NAMESPACES = ["gpudra-operator", "gpudra-system", "default"]
+RELEASE = "/tmp/gpudra-release"  # in the workload's container: the test has looked, the job may end
+
+CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
+NODE = resource_type("v1", "Node")
+POD = resource_type("v1", "Pod")
+NAMESPACE = resource_type("v1", "Namespace")
+SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
+CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
+TEMPLATE = resource_type("resource.k8s.io/v1", "ResourceClaimTemplate")
+JOB = resource_type("batch/v1", "Job")
+DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
+DAEMONSET = resource_type("apps/v1", "DaemonSet")
+WEBHOOKS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+
+pytestmark = pytest.mark.timeout(1500)  # make images may have to build both images first
+
+
+# -- the README ---------------------------------------------------------------------------------------
+
+@dataclass
+class Guide:
+    commands: list[str]  # shlex-joined, in the README's order
+    yaml_blocks: list[str]
+
+
+def read_guide(text: str) -> Guide:
+    """The commands and YAML blocks of the README's getting-started section. A command is a line of
+    an ``sh`` block (its ``#`` comment dropped) or an inline code span starting with a program."""
+    start = text.index(SECTION)
+    end = text.find("\n## ", start + len(SECTION))
+    section = text[start:end if end >= 0 else None]
+    commands: list[str] = []
+    yaml_blocks: list[str] = []
+    prose: list[str] = []
+    for i, part in enumerate(re.split(r"^```", section, flags=re.M)):
+        if i % 2 == 0:
+            prose.append(part)
+            continue
+        lang, _, body = part.partition("\n")
+        if lang.strip() == "sh":
+            commands += [shlex.join(argv) for line in body.splitlines() if (argv := shlex.split(line, comments=True))]
+        elif lang.strip() == "yaml":
+            yaml_blocks.append(body)
+    for span in re.findall(r"`([^`\n]+)`", "".join(prose)):
+        argv = shlex.split(span)
+        if argv and argv[0] in PROGRAMS:
+            commands.append(shlex.join(argv))
+    return Guide(commands, yaml_blocks)
+
+
+def guide() -> Guide:
+    return read_guide(README.read_text())
+
+
+@dataclass
+class Runner:
+    """Runs README commands (given as the README writes them) with substitutions; remembers which."""
+
+    commands: list[str]
+    env: dict[str, str]
+    substitutions: dict[str, str]
+    ran: set[str] = field(default_factory=set)
+    log: list[str] = field(default_factory=list)
+
+    def run(self, command: str, *, extra: Mapping[str, str] = {}, append: tuple[str, ...] = (),
+            prefix: tuple[str, ...] = (), env: Mapping[str, str] = {}, cwd: Path = REPO,
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """Run ``command`` (it must be in the README) with the global substitutions and ``extra``;
+        ``append`` adds documented options, ``prefix`` runs it elsewhere (on the node)."""
+        key = shlex.join(shlex.split(command))
+        assert key in self.commands, f"not a command of the README's getting-started section: {key}"
+        replace = {**self.substitutions, **extra}
+        argv = []
+        for token in shlex.split(command):
+            for old, new in replace.items():
+                token = token.replace(old, new)
+            argv.append(token)
+        argv = [*prefix, *argv, *append]
+        started = time.monotonic()
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                                env={**self.env, **env})
+        took = time.monotonic() - started
+        self.ran.add(key)
+        self.log.append(f"{took:6.1f}s  {shlex.join(argv)}")
+        print(f"[getting-started] $ {shlex.join(argv)}  ({took:.1f}s)\n{result.stdout[-3000:]}")
+        assert result.returncode == 0, (f"{shlex.join(argv)} exited {result.returncode}:\n"
+                                        f"{result.stdout[-5000:]}\n{result.stderr[-5000:]}")
+        return result
+
+
+# -- the node, the registry, the pod network ------------------------------------------------------------
+
+@dataclass
+class Setup:
+    workdir: Path
+    node: RealRuntimeNode
+    driver_root: Path
+    registry: LocalRegistry
+    webhook: HostNetworkWebhook
+
+    def failure(self) -> str:
+        return (f"{self.node.describe()}\nkubelet log:\n{self.node.kubelet.log_tail(40)}\n"
+                f"webhook admitted {self.webhook.admitted}, errors {self.webhook.errors}\n"
+                f"registry log:\n{self.registry.log_tail(10)}")
+
+
+def pod_log(node: RealRuntimeNode, pod: Obj, container: str) -> str:
+    """A container's output (its latest run), from the log the runtime writes under the kubelet's pod
+    log directory (CRI format ``<time> <stream> <P|F> <text>``; P lines are partial)."""
+    meta = pod["metadata"]
+    logs = sorted((node.kubelet.pod_logs_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / container).glob("*.log"),
+                  key=lambda p: int(p.stem) if p.stem.isdigit() else -1)
+    if not logs:
+        return ""
+    path = logs[-1]  # <restart count>.log: the latest run's
+    out, partial = [], ""
+    for line in path.read_text(errors="replace").splitlines():
+        parts = line.split(" ", 3)
+        if len(parts) < 3:
+            continue
+        text = parts[3] if len(parts) == 4 else ""
+        if parts[2] == "P":
+            partial += text
+        else:
+            out.append(partial + text)
+            partial = ""
+    return "\n".join(out)
+
+
+async def pods_report(kube: Kube, setup: Setup) -> str:
+    """Every pod of the README's namespaces: phase, container states and the last log lines."""
+    lines = []
+    for namespace in NAMESPACES:
+        async for pod in kube.list(POD, namespace):
+            statuses = [(s["name"], s.get("state"), s.get("restartCount"))
+                        for s in pod.get("status", {}).get("containerStatuses") or []]
+            lines.append(f"pod {namespace}/{pod['metadata']['name']}: {pod.get('status', {}).get('phase')} "
+                         f"{pod.get('status', {}).get('conditions')} {statuses}")
+            for container in pod["spec"]["containers"]:
+                lines.append(f"  {container['name']} log:\n{pod_log(setup.node, pod, container['name'])[-3000:]}")
+    return "\n".join(lines)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def setup(cluster: ControlPlane, kube: Kube) -> AsyncIterator[Setup]:
+    """The node (Ready, untainted), the registry, the webhook; then, on the way out, everything the
+    README's commands made, except the CRD (the session's other tests share it)."""
+    if problem := runtime_problem():
+        pytest.fail(problem, pytrace=False)
+    # Short: the kubelet dials the agent's registration socket, <this>/kubelet/plugins_registry/
+    # gpu.gpudra.io-<pod UID>-reg.sock, by a path that must fit in 107 bytes.
+    workdir = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
+    name = f"gs-{secrets.token_hex(3)}"
+    parts: dict[str, object] = {}
+    try:
+        pki = LocalPKI(workdir / "pki")
+        parts["registry"] = registry = LocalRegistry(workdir / "registry", pki)
+        parts["webhook"] = webhook = HostNetworkWebhook(
+            f"gpudra-test-host-network-{secrets.token_hex(3)}",
+            pki.issue("webhook", "127.0.0.1", ips=("127.0.0.1",), server=True), pki.ca.cert.read_bytes(),
+            cluster.apiserver_port, NAMESPACES)
+        driver_root = make_driver_root(workdir / "driver-root", "dgx-h100")
+        parts["node"] = node = RealRuntimeNode(
+            workdir, kubelet_binary=kubelet_binary(cluster.bin_dir), kubeconfig=cluster.kubeconfig, node_name=name,
+            cdi_dir=workdir / "cdi", taint="gpudra.io/getting-started=:PreferNoSchedule",
+            binds={"/var/lib/kubelet": workdir / "kubelet", "/var/run/cdi": workdir / "cdi", DRIVER_ROOT: driver_root})
+        setup = Setup(workdir, node, driver_root, registry, webhook)
+        registry.start()
+        write_registry_hosts(workdir / "registry-hosts", registry)
+        webhook.start()
+        await kube.request("POST", WEBHOOKS, body=webhook.configuration())
+        parts["webhook configuration"] = webhook.name
+        await wait_for_webhook(kube)
+        started = time.monotonic()
+        node.start()
+        await node.kubelet.wait_ready(kube)
+        # The node lifecycle controller would lift this once the node is Ready.
+        live = await kube.get(NODE, name)
+        assert live is not None
+        taints = [t for t in live["spec"].get("taints") or [] if t["key"] != "node.kubernetes.io/not-ready"]
+        await kube.patch(NODE, name, {"spec": {"taints": taints}})
+        print(f"\n[getting-started] node {name} ready in {time.monotonic() - started:.1f}s")
+        parts["ready"] = setup
+        yield setup
+    finally:
+        problems = await tear_down(cluster, kube, name, parts)
+        if problems:
+            pytest.fail(f"the getting-started test left things behind (kept {workdir}): {problems}", pytrace=False)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def tear_down(cluster: ControlPlane, kube: Kube, node_name: str, parts: dict[str, object]) -> list[str]:
+    """Every step tried, whatever failed before; returns what went wrong or was left."""
+    problems: list[str] = []
+
+    async def step(what: str, action: object) -> None:
+        try:
+            result = action()  # type: ignore[operator]
+            if hasattr(result, "__await__"):
+                await result
+        except Exception as error:  # noqa: BLE001 - teardown goes on
+            problems.append(f"{what}: {type(error).__name__}: {error}")
+
+    node, registry, webhook = parts.get("node"), parts.get("registry"), parts.get("webhook")
+    if isinstance(parts.get("ready"), Setup):
+        await step("removing what the README installed", lambda: remove_installed(cluster, kube, parts["ready"]))
+    if "webhook configuration" in parts:
+        await step("deleting the webhook", lambda: kube.request("DELETE", f"{WEBHOOKS}/{parts['webhook configuration']}"))
+    if isinstance(webhook, HostNetworkWebhook):
+        await step("stopping the webhook", webhook.stop)
+    if isinstance(node, RealRuntimeNode):
+        await step("stopping the node", lambda: problems.extend(node.stop()))
+        await step("deleting the Node", lambda: delete_node(kube, node_name))
+    if isinstance(registry, LocalRegistry):
+        await step("stopping the registry", registry.stop)
+        await step("removing the registry's image names", lambda: forget_images(
+            f"{registry.host}/gpudra/{image}:{version()}" for image in ("gpudra-operator", "gpudra")))
+    if isinstance(node, RealRuntimeNode):
+        problems += node.leftovers()
+    return problems
+
+
+def forget_images(references: Iterable[str]) -> None:
+    """Remove the names make images gave the images for the local registry; an image left without
+    a name (its default names moved on to a newer build meanwhile) goes too."""
+    env = {**os.environ, "CONTAINERS_CONF": str(PODMAN_CONF)}
+
+    def podman(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["podman", *args], capture_output=True, text=True, env=env, timeout=120)
+
+    for reference in references:
+        found = podman("image", "inspect", "--format", "{{.Id}}", reference)
+        if found.returncode != 0:
+            continue
+        podman("untag", reference, reference)  # this name only: a bare `untag IMAGE` drops every name
+        image = found.stdout.strip()
+        if podman("image", "inspect", "--format", "{{len .RepoTags}}", image).stdout.strip() == "0":
+            podman("rmi", image)
+
+
+def write_registry_hosts(hosts_dir: Path, registry: LocalRegistry) -> None:
+    """containerd's registry config: the local registry with its CA; every other registry at a
+    closed local port, so nothing is ever pulled from outside this machine."""
+    for directory, content in {**registry.containerd_hosts(), "_default": 'server = "https://127.0.0.1:1"\n'}.items():
+        (hosts_dir / directory).mkdir(parents=True, exist_ok=True)
+        (hosts_dir / directory / "hosts.toml").write_text(content)
+
+
+async def wait_for_webhook(kube: Kube) -> None:
+    """Until the API server calls the webhook (it picks new configurations up asynchronously)."""
+    probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "host-network-probe", "namespace": "default"},
+             "spec": {"containers": [{"name": "c", "image": "x", "ports": [{"containerPort": 80}]}]}}
+
+    async def admitted() -> bool:
+        pod = await kube.create(probe, dry_run=True)
+        return pod["spec"].get("hostNetwork") is True
+
+    await wait_for(admitted, timeout=30, what="the API server to call the host-network webhook")
+
+
+async def remove_installed(cluster: ControlPlane, kube: Kube, setup: Setup) -> None:
+    """Delete what the README's commands created, while the kubelet still runs to confirm its pods
+    gone; the GpuDraConfig first, whose finalizer the operator removes. The CRD stays."""
+    await kube.delete(JOB, "train", "default", propagation="Background")
+    await kube.delete(TEMPLATE, "gpu-64gi", "default")
+    if await kube.get(CONFIG, "default") is not None:
+        await kube.delete(CONFIG, "default")
+        try:
+            await wait_for(lambda: absent(kube, CONFIG, "default"), timeout=60, what="GpuDraConfig default to go")
+        except AssertionError:  # no operator to remove its finalizer: do what it would have done
+            await kube.patch(CONFIG, "default", {"metadata": {"finalizers": None}})
+            await kube.delete(DAEMONSET, "gpudra-agent", "gpudra-system")
+            async for dc in kube.list(DEVICE_CLASS, label_selector="gpudra.io/config=default"):
+                await kube.delete(DEVICE_CLASS, dc["metadata"]["name"])
+    base = [d for d in yaml.safe_load_all(cluster.kubectl("kustomize", str(REPO / "manifests" / "base")).stdout) if d]
+    rest = [o for o in base if o["kind"] not in ("CustomResourceDefinition", "Namespace")]
+    cluster.kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=false", input=yaml.safe_dump_all(rest))
+    for namespace in ("gpudra-operator", "gpudra-system"):
+        await kube.delete(NAMESPACE, namespace)
+
+    async def gone() -> bool:
+        pods = [p async for p in kube.list(POD, "default", label_selector="job-name=train")]
+        return (not pods and await absent(kube, NAMESPACE, "gpudra-operator")
+                and await absent(kube, NAMESPACE, "gpudra-system"))
+
+    try:
+        await wait_for(gone, timeout=120, what="the README's namespaces and pods to be deleted")
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{await pods_report(kube, setup)}") from None
+
+
+async def assert_no_crash_loop(kube: Kube) -> None:
+    """Fail now, not at the deadline, when a container of the README's pods keeps exiting."""
+    for namespace in ("gpudra-operator", "gpudra-system"):
+        async for pod in kube.list(POD, namespace):
+            for status in pod.get("status", {}).get("containerStatuses") or []:
+                assert status.get("restartCount", 0) < 2, f"{namespace}/{pod['metadata']['name']} keeps restarting"
+
+
+async def absent(kube: Kube, rtype: ResourceType, name: str, namespace: str | None = None) -> bool:
+    return await kube.get(rtype, name, namespace) is None
+
+
+def version() -> str:
+    found = re.search(r'^version = "(.*)"', (REPO / "pyproject.toml").read_text(), re.M)
+    assert found
+    return found.group(1)
+
+
+def command_env(setup: Setup, cluster: ControlPlane) -> dict[str, str]:
+    """PATH with this repository's gpudra, the cluster's kubectl and the node's ctr; KUBECONFIG (the
+    session cluster's); podman as hack/podman/containers.conf runs it on these machines."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), str(cluster.bin_dir), str(setup.node.bin_dir),
+                            os.environ.get("PATH", "")])
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # make test's own
+    return {**env, "PATH": path, "KUBECONFIG": str(cluster.kubeconfig), "CONTAINERS_CONF": str(PODMAN_CONF)}
+
+
+# -- the test -----------------------------------------------------------------------------------------
+
+def overlay(directory: Path, guide: Guide, registry: str) -> tuple[Path, Obj]:
+    """``my-overlay``: the README's kustomization (its base path and registry substituted) plus the
+    test-only patch that lets the operator's namespace run pods on the host network."""
+    (block,) = [b for b in guide.yaml_blocks if b.lstrip().startswith("resources:")]
+    kustomization = yaml.safe_load(block.replace(EXAMPLE_REGISTRY, registry))
+    assert kustomization["resources"] == ["../manifests/base"], kustomization
+    kustomization["resources"] = [os.path.relpath(REPO / "manifests" / "base", directory)]
+    kustomization["patches"] = [{"patch": yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "gpudra-operator", "labels": {
+            f"pod-security.kubernetes.io/{mode}": "privileged" for mode in ("enforce", "audit", "warn")}}})}]
+    directory.mkdir(parents=True)
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return directory, kustomization
+
+
+def gpu_operator_config(out: Path) -> Path:
+    """The sample with ``spec.agent.driverRoot: /run/nvidia/driver`` (the README's GPU Operator note)."""
+    config = yaml.safe_load(SAMPLE.read_text())
+    assert "driverRoot" not in config["spec"]["agent"]
+    config["spec"]["agent"]["driverRoot"] = DRIVER_ROOT
+    out.write_text(yaml.safe_dump(config))
+    return out
+
+
+def workload_image(out: Path) -> tuple[Path, str]:
+    """The stand-in for the seed Job's image (see the module docstring), under the Job's image name."""
+    _, job = yaml.safe_load_all(SEED.read_text())
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    hold = (f'#!/bin/sh\n/usr/bin/nvidia-smi "$@" || exit\n'
+            f"while [ ! -e {RELEASE} ]; do sleep 0.1; done\n")
+    entries = [*busybox_entries(), Entry("usr/local"), Entry("usr/local/bin"),
+               Entry("usr/local/bin/nvidia-smi", hold.encode())]
+    return write_image(out, container["image"], entries), container["image"]
+
+
+async def test_getting_started_on_a_cluster_works_as_written(cluster: ControlPlane, kube: Kube, setup: Setup) -> None:
+    readme = guide()
+    node = setup.node
+    registry = setup.registry.host
+    work = setup.workdir / "user"
+    work.mkdir()
+    runner = Runner(readme.commands, command_env(setup, cluster), {f"{EXAMPLE_REGISTRY}/gpudra": f"{registry}/gpudra"})
+    tag = version()
+    assert f"gpudra:{tag}" in README.read_text(), f"the README's image tags are not the version {tag}"
+
+    # -- 1. install: build, push, apply the overlay ------------------------------------------------
+    runner.run("make images IMAGE_REGISTRY=registry.example.com/gpudra", timeout=1200)
+    push_env = setup.registry.client_env()
+    runner.run(f"podman push registry.example.com/gpudra/gpudra-operator:{tag}", env=push_env)
+    runner.run(f"podman push registry.example.com/gpudra/gpudra:{tag}", env=push_env)
+    my_overlay, kustomization = overlay(setup.workdir / "my-overlay", readme, registry)
+    runner.run("kubectl apply --server-side -k my-overlay", extra={"my-overlay": str(my_overlay)})
+    assert {i["newName"] for i in kustomization["images"]} == {f"{registry}/gpudra/gpudra-operator",
+                                                                f"{registry}/gpudra/gpudra"}
+
+    # No registry: the images under their default names, saved and imported into the node's containerd.
+    runner.run("make images", timeout=1200)
+    ctr_env = {"CONTAINERD_ADDRESS": str(node.socket)}
+    for image, tar in ((f"ghcr.io/gpudra/gpudra:{tag}", "gpudra.tar"),
+                       (f"ghcr.io/gpudra/gpudra-operator:{tag}", "gpudra-operator.tar")):
+        # The README spells out the agent image's commands; "the same for the operator image".
+        same = {"gpudra.tar": tar, f"ghcr.io/gpudra/gpudra:{tag}": image}
+        runner.run(f"podman save --format oci-archive -o gpudra.tar ghcr.io/gpudra/gpudra:{tag}", extra=same, cwd=work)
+        runner.run("ctr -n k8s.io images import gpudra.tar", extra=same, env=ctr_env, cwd=work)
+        (work / tar).unlink()
+    imported = set(node.ctr("images", "ls", "-q").stdout.split())
+    base = cluster.kubectl("kustomize", str(REPO / "manifests" / "base")).stdout
+    base_images = set(re.findall(r"ghcr\.io/gpudra/[\w-]+:[\w.]+", base))
+    assert base_images == {f"ghcr.io/gpudra/gpudra:{tag}", f"ghcr.io/gpudra/gpudra-operator:{tag}"}, base_images
+    assert base_images <= imported, f"manifests/base names {base_images}; the node has {imported}"
+
+    runner.run("kubectl label node <node> gpudra.io/gpu-node=true", extra={"<node>": node.node_name})
+
+    # -- 2. configure ----------------------------------------------------------------------------
+    config = gpu_operator_config(setup.workdir / "gpudraconfig.yaml")
+    runner.run("kubectl apply --server-side -f manifests/samples/gpudraconfig.yaml",
+               extra={"manifests/samples/gpudraconfig.yaml": str(config)})
+    started = time.monotonic()
+
+    async def ready() -> Obj | None:
+        node.kubelet.assert_running()
+        await assert_no_crash_loop(kube)
+        live = await kube.get(CONFIG, "default")
+        conditions = ((live or {}).get("status") or {}).get("conditions") or []
+        return live if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions) else None
+
+    try:
+        await wait_for(ready, timeout=240, what="GpuDraConfig default to be Ready")
+    except AssertionError as error:
+        live = await kube.get(CONFIG, "default")
+        raise AssertionError(f"{error}\nstatus: {live and live.get('status')}\n{await pods_report(kube, setup)}\n"
+                             f"{setup.failure()}") from None
+    print(f"[getting-started] GpuDraConfig Ready {time.monotonic() - started:.1f}s after it was applied")
+    runner.run("kubectl wait --for=condition=Ready gdc/default --timeout=5m")
+    got = runner.run("kubectl get gdc").stdout
+    assert re.search(r"^default\s+gpu\.gpudra\.io\s+True\s+1/1\s", got, re.M), got
+    described = runner.run("kubectl describe gdc default").stdout
+    for condition in ("Ready", "AgentsReady", "DeviceClassesReady", "Degraded"):
+        assert condition in described, described
+    # The pods run the images the overlay named, pulled from the registry.
+    for namespace, image in (("gpudra-operator", "gpudra-operator"), ("gpudra-system", "gpudra")):
+        images = {c["image"] async for p in kube.list(POD, namespace) for c in p["spec"]["containers"]}
+        assert images == {f"{registry}/gpudra/{image}:{tag}"}, images
+    rendered = list(yaml.safe_load_all(runner.run("gpudra render -f manifests/samples/gpudraconfig.yaml").stdout))
+    assert {(o["kind"], o["metadata"]["name"]) for o in rendered if o} >= {
+        ("DaemonSet", "gpudra-agent"), ("DeviceClass", "gpu.gpudra.io"), ("DeviceClass", "gpu-64gi.gpudra.io")}
+
+    # -- 3. what the scheduler sees ---------------------------------------------------------------
+    classes = runner.run("kubectl get deviceclasses").stdout
+    for name in ("gpu.gpudra.io", "gpu-full.gpudra.io", "mig.gpudra.io", "gpu-64gi.gpudra.io"):
+        assert name in classes, classes
+    assert node.node_name in runner.run("kubectl get resourceslices -o wide").stdout
+    slices = [s async for s in kube.list(SLICE, field_selector=f"spec.driver=gpu.gpudra.io,spec.nodeName={node.node_name}")]
+    published = {d["name"]: d for s in slices for d in s["spec"].get("devices") or []}
+    assert len(published) == 8, sorted(published)
+    one = yaml.safe_load(runner.run("kubectl get resourceslice <name> -o yaml",
+                                    extra={"<name>": slices[0]["metadata"]["name"]}).stdout)
+    assert one["spec"]["nodeName"] == node.node_name
+    assert node.holder is not None
+    discovered = json.loads(runner.run("gpudra discover", prefix=("nsenter", "-t", str(node.holder.pid), "-m", "--"),
+                                       append=("--driver-root", DRIVER_ROOT, "-o", "json"),
+                                       env={"NODE_NAME": node.node_name}).stdout)
+    assert sorted(d["name"] for d in discovered["devices"]) == sorted(published), discovered["devices"]
+    simulated = runner.run("gpudra discover --nvml fake:dgx-h100").stdout
+    assert "H100" in simulated, simulated
+
+    # -- 4. claim a GPU --------------------------------------------------------------------------
+    template, _ = yaml.safe_load_all(SEED.read_text())
+    (shown,) = [yaml.safe_load(b) for b in readme.yaml_blocks if "ResourceClaimTemplate" in b]
+    del template["metadata"]["namespace"]
+    assert shown == template, "the README's ResourceClaimTemplate is not the one in manifests/samples/seed-workload.yaml"
+    tar, image = workload_image(setup.workdir / "images" / "cuda.tar")
+    refused = node.crictl("pull", f"{image}-not-here", check=False)  # the guard of write_registry_hosts
+    assert refused.returncode != 0 and "127.0.0.1:1" in refused.stderr, refused
+    node.import_image(tar)
+    runner.run("kubectl apply -f manifests/samples/seed-workload.yaml")
+    started = time.monotonic()
+
+    async def holding() -> tuple[Obj, str] | None:
+        node.kubelet.assert_running()
+        pods = [p async for p in kube.list(POD, "default", label_selector="job-name=train")]
+        assert all(p["status"].get("phase") != "Failed" for p in pods), [p["status"] for p in pods]
+        running = [p for p in pods if p["status"].get("phase") == "Running"]
+        if not running:
+            return None
+        output = pod_log(node, running[0], "train")
+        return (running[0], output) if "GPU 0:" in output else None
+
+    try:
+        pod, output = await wait_for(holding, timeout=120, what="the seed Job's pod to run nvidia-smi with its GPU")
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{await pods_report(kube, setup)}\n{setup.failure()}") from None
+    print(f"[getting-started] the seed pod ran nvidia-smi {time.monotonic() - started:.1f}s after the apply:\n{output}")
+    assert pod["spec"]["nodeName"] == node.node_name
+    assert pod["metadata"]["name"] in runner.run("kubectl get pods -o wide").stdout
+    (status,) = pod["status"]["resourceClaimStatuses"]
+    claim_name = status["resourceClaimName"]
+    claims = runner.run("kubectl get resourceclaims -A").stdout
+    assert re.search(rf"^default\s+{re.escape(claim_name)}\s+allocated,reserved\s", claims, re.M), claims
+    allocation = json.loads(runner.run("kubectl get resourceclaim <claim> -o jsonpath='{.status.allocation}'",
+                                       extra={"<claim>": claim_name}).stdout)
+    (result,) = allocation["devices"]["results"]
+    assert (result["driver"], result["pool"]) == ("gpu.gpudra.io", node.node_name), result
+    uuid = published[result["device"]]["attributes"]["uuid"]["string"]
+    assert re.search(rf"^GPU 0: .* \(UUID: {re.escape(uuid)}\) ", output, re.M), f"not the claim's GPU {uuid}:\n{output}"
+
+    release(node, pod)
+    runner.run("kubectl wait --for=condition=complete job/train --timeout=5m")
+    await wait_for(lambda: absent(kube, CLAIM, claim_name, "default"), timeout=60,
+                   what=f"claim {claim_name} to be deleted once its pod is done")
+
+    print("[getting-started] commands run:\n" + "\n".join(runner.log))
+    assert runner.ran == set(readme.commands), (
+        f"README commands no test ran: {sorted(set(readme.commands) - runner.ran)}")
+
+
+def release(node: RealRuntimeNode, pod: Obj) -> None:
+    """Let the workload's container end: create RELEASE in its root filesystem (through /proc)."""
+    (cid,) = node.crictl("ps", "-q", "--no-trunc", "--label", f"io.kubernetes.pod.uid={pod['metadata']['uid']}").stdout.split()
+    pid = json.loads(node.crictl("inspect", cid).stdout)["info"]["pid"]
+    Path(f"/proc/{pid}/root{RELEASE}").touch()
+
+
+def test_the_guide_is_read_whole() -> None:
+    """The parser finds every kind of command the section has (a README reshaped so that it finds
+    none would make the e2e test vacuous)."""
+    commands = guide().commands
+    for expected in ("kubectl apply --server-side -k my-overlay", "ctr -n k8s.io images import gpudra.tar",
+                     "gpudra discover", "kubectl wait --for=condition=complete job/train --timeout=5m",
+                     "kubectl get resourceclaim '<claim>' -o 'jsonpath={.status.allocation}'"):
+        assert expected in commands, commands
