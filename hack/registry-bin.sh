@@ -4,7 +4,7 @@
 # images to it and the test node's containerd pulls them from it (tests/e2e/test_getting_started.py).
 #
 # Order: $GPUDRA_REGISTRY_DIR (if it has the binary) -> the version-keyed cache -> a build of
-# github.com/distribution/distribution/v3 at REGISTRY_VERSION from the Go module proxy (about two
+# github.com/distribution/distribution/v3 at REGISTRY_VERSION from the Go module proxy (about three
 # minutes on 2 cores the first time, then cached). Progress goes to stderr; only the directory goes
 # to stdout.
 set -euo pipefail
@@ -22,7 +22,7 @@ require_go "$MODULE $REGISTRY_VERSION" GPUDRA_REGISTRY_DIR
 new_stage "$BIN_DIR"
 
 start=$SECONDS
-log "building registry $REGISTRY_VERSION from the Go module proxy (first time only: ~2 min on 2 cores)"
+log "building registry $REGISTRY_VERSION from the Go module proxy (first time only: ~3 min on 2 cores)"
 # Outside any module, so the pinned version's own go.mod decides every dependency. The version
 # stamp is what `registry --version` prints.
 (cd "$STAGE" && CGO_ENABLED=0 GOFLAGS=-mod=mod GOBIN="$STAGE" go install -trimpath \
