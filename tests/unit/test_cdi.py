@@ -87,6 +87,20 @@ def test_devices_of_different_requests_name_only_their_own_request_gpus(files: D
         assert named and named <= {gpus[name].uuid for name in given}
 
 
+@pytest.mark.parametrize("hooked", [False, True], ids=["no-hook", "nvidia-cdi-hook"])
+def test_the_spec_file_is_exactly_the_compact_json_of_the_spec(files: DriverFiles, hooked: bool) -> None:
+    """encode_spec splices the spec-wide edits' JSON, encoded once per view, into the claim's."""
+    from gpudra_driver.plugin.cdi import encode_spec
+
+    if hooked:
+        files = dataclasses.replace(files, hook="/usr/bin/nvidia-cdi-hook")
+    for claim in (prepared(result("gpu-3")),
+                  prepared(result("gpu-1", request="train"), result("gpu-6", request="serve")),
+                  prepared(result("gpu-4"), uid="0c1d2e3f-0000-4000-8000-0000000000ff")):
+        expected = json.dumps(cdi_spec(claim, DRIVER, files), separators=(",", ":")).encode() + b"\n"
+        assert encode_spec(claim, DRIVER, files) == expected
+
+
 def test_spec_version_is_the_minimum_never_newer(files: DriverFiles) -> None:
     letter_uid = "a" + UID[1:]
     on_host_dev = dataclasses.replace(files, device_root="")  # nodes in the host's /dev: no hostPath

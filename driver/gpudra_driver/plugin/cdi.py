@@ -87,6 +87,16 @@ def cdi_spec(claim: PreparedClaim, driver: str, files: DriverFiles) -> dict[str,
     return spec
 
 
+def encode_spec(claim: PreparedClaim, driver: str, files: DriverFiles) -> bytes:
+    """``json.dumps(cdi_spec(...))``, compact, with a newline: the file's bytes. The spec-wide
+    edits, most of a spec and the same for every claim, are encoded once per driver-files view."""
+    spec = cdi_spec(claim, driver, files)
+    common = spec.pop("containerEdits")  # the last member, "env" its first (common_edits' order)
+    head = json.dumps(spec, separators=(",", ":"))[:-1]
+    env = json.dumps(common["env"], separators=(",", ":"))
+    return f'{head},"containerEdits":{{"env":{env}{files.edits_json_after_env}}}}}\n'.encode()
+
+
 def _visible(uuids: list[str]) -> str:
     return f"{VISIBLE_DEVICES_ENV}={','.join(uuids)}"
 
@@ -126,7 +136,7 @@ class CdiDir:
     def content(self, claim: PreparedClaim) -> bytes:
         # Compact: with an indent, json.dumps falls back to its pure-Python encoder, on the
         # kubelet's critical path (`jq . <spec>` pretty-prints it).
-        return json.dumps(cdi_spec(claim, self.driver, self.files.current()), separators=(",", ":")).encode() + b"\n"
+        return encode_spec(claim, self.driver, self.files.current())
 
     def write(self, claim: PreparedClaim) -> Path:
         """Write the claim's spec atomically (an existing one is replaced whole), after checking

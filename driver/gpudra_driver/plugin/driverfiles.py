@@ -34,6 +34,7 @@ agent changes (a driver container upgrade), checked on every use by resolving on
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import re
 import stat
@@ -110,6 +111,13 @@ class DriverFiles:
         """:func:`common_edits` of this snapshot, built once: every claim's spec repeats them.
         Shared by every spec: read it, never change it."""
         return common_edits(self)
+
+    @cached_property
+    def edits_json_after_env(self) -> str:
+        """The compact JSON of :attr:`edits` after their ``env`` member, as ``,"key":value...``:
+        what every spec's ``containerEdits`` ends with (:func:`cdi.encode_spec`)."""
+        body = json.dumps({k: v for k, v in self.edits.items() if k != "env"}, separators=(",", ":"))
+        return "," + body[1:-1] if body != "{}" else ""
 
 
 def common_edits(files: DriverFiles) -> dict[str, Any]:
