@@ -584,9 +584,9 @@ async def test_a_kept_spec_prepared_again_gets_an_entry(tmp_path: Path) -> None:
 def test_a_checkpoint_from_a_newer_agent_stops_the_plugin(tmp_path: Path) -> None:
     state = make(tmp_path)
     doc = json.loads(ckpt.encode(ckpt.Checkpoint("boot-1")))
-    doc["version"] = 3
+    doc["version"] = 4
     state.checkpoint_path.write_text(json.dumps(doc))
-    with pytest.raises(RuntimeError, match="version 3"):
+    with pytest.raises(RuntimeError, match="version 4"):
         make(tmp_path)
 
 

@@ -185,6 +185,29 @@ async def test_a_kubelet_dir_too_deep_for_socket_addresses_still_works(root: Pat
     assert not plugin.dra_socket.exists()
 
 
+async def test_a_shared_device_is_answered_with_its_share_id_over_v1_only(root: Path) -> None:
+    """Consumable capacity: the kubelet's v1 Device.share_id (field 5) carries the allocation's
+    shareID; v1beta1 has no such field, and its answer is otherwise the same."""
+    claims = {("ns", name): claim(uid, name=name, results=[result("gpu-2", shareID=f"share-{name}",
+                                                                  consumedCapacity={"memory": "8Gi"})])
+              for uid, name in ((A, "a"), (B, "b"))}
+    plugin = make_plugin(root, claims)
+    await plugin.start()
+    try:
+        plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
+        for version, uid, name in (("v1", A, "a"), ("v1beta1", B, "b")):
+            async with DraClient(plugin.dra_socket, version) as client:
+                (dev,) = (await client.prepare([("ns", name, uid)])).claims[uid].devices
+                assert dev.device_name == "gpu-2"
+                if version == "v1":
+                    assert dev.share_id == "share-a"
+                else:
+                    assert "share_id" not in type(dev).DESCRIPTOR.fields_by_name
+        assert plugin.state.checkpoint.load().completed_count() == 2  # both shares of gpu-2 held
+    finally:
+        await plugin.stop()
+
+
 async def test_kubelet_refuses_a_plugin_without_common_versions(root: Path) -> None:
     plugin = make_plugin(root, {}, api_versions=("v1",))
     await plugin.start()

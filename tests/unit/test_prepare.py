@@ -138,3 +138,51 @@ def test_mig_devices_get_the_parent_node_and_both_capability_nodes() -> None:
 def test_prepared_claim_round_trips_through_json() -> None:
     prepared = plan(claim(results=[result("gpu-1"), result("gpu-2", request="b")])).claim
     assert PreparedClaim.from_json(UID, prepared.to_json()) == prepared
+
+
+def shared(uid: str, name: str, device: str = "gpu-3", memory: str = "10Gi", share: str | None = None):  # type: ignore[no-untyped-def]
+    """A claim allocated a share of ``device`` (consumable capacity, KEP-5075)."""
+    return claim(uid=uid, name=name, results=[result(device, shareID=share or f"{uid[:8]}-share",
+                                                     consumedCapacity={"memory": memory})])
+
+
+def holding(*claims: tuple[str, str, dict]) -> Checkpoint:  # type: ignore[type-arg]
+    checkpoint = EMPTY
+    for uid, name, obj in claims:
+        checkpoint = checkpoint.started(plan(obj, ref=ClaimRef("ns", name, uid)).claim).completed(uid)
+    return checkpoint
+
+
+def test_shares_of_one_device_are_prepared_side_by_side_with_their_share_ids() -> None:
+    third = "7e7e7e7e-0000-4000-8000-000000000003"
+    checkpoint = holding((OTHER, "c2", shared(OTHER, "c2", memory="40Gi")))
+    p = plan(shared(UID, "c1", memory="20Gi", share="share-1"), checkpoint=checkpoint)
+    (device,) = p.claim.devices
+    assert (device.device, device.share_id, device.consumed_memory) == ("gpu-3", "share-1", 20 * 2**30)
+    assert PreparedDevice.from_json(device.to_json()) == device
+    both = checkpoint.started(p.claim).completed(UID)
+    assert sorted(uid for uid, _ in both.device_holders(NODE, "gpu-3")) == sorted([UID, OTHER])
+    # the checkpoint that holds shares is version 3: an older agent would drop them
+    import json
+
+    from gpudra_driver.plugin.checkpoint import decode, encode
+    assert json.loads(encode(both))["version"] == 3 and decode(encode(both)) == both
+    # an H100 of 81559Mi: 40 + 20 Gi held, 30 more would over-commit it, 19 fit
+    with pytest.raises(ClaimError, match=r"gpu-3 would be over-committed: 30Gi of memory asked, 60Gi of 81559Mi"):
+        plan(shared(third, "c3", memory="30Gi"), ref=ClaimRef("ns", "c3", third), checkpoint=both)
+    assert plan(shared(third, "c3", memory="19Gi"), ref=ClaimRef("ns", "c3", third), checkpoint=both).claim
+
+
+def test_a_share_of_a_device_held_whole_and_a_whole_device_held_in_shares_are_refused() -> None:
+    whole = holding((OTHER, "c2", claim(uid=OTHER, name="c2")))
+    with pytest.raises(ClaimError, match=f"already prepared for claim {OTHER} without a share"):
+        plan(shared(UID, "c1"), checkpoint=whole)
+    in_shares = holding((OTHER, "c2", shared(OTHER, "c2")))
+    with pytest.raises(ClaimError, match=f"already prepared for claim {OTHER}; a device is shared between "
+                                         "claims only as consumable capacity"):
+        plan(claim(), checkpoint=in_shares)
+
+
+def test_a_malformed_consumed_capacity_is_the_claims_error() -> None:
+    with pytest.raises(ClaimError, match="consumedCapacity memory"):
+        plan(claim(results=[result("gpu-3", shareID="s", consumedCapacity={"memory": "lots"})]))

@@ -32,16 +32,17 @@ from types import MappingProxyType
 from typing import Any
 
 from gpudra_driver.plugin import fsutil
-from gpudra_driver.plugin.model import PreparedClaim
+from gpudra_driver.plugin.model import PreparedClaim, PreparedDevice
 
 log = logging.getLogger(__name__)
 
 # The file's version is the lowest whose readers keep all of its content, as a CDI spec's is:
 # 2 when it holds adoptions or admin-access devices, which an agent reading only version 1 would
 # drop on its next write (it would then hand a monitored GPU, or a kept spec's GPU, to a second
-# claim). Such an agent refuses the file instead: a downgrade with them needs them unprepared.
-VERSION = 2
-READS = (1, 2)
+# claim); 3 when it holds shared devices (consumable capacity: share IDs and consumed capacity).
+# Such an agent refuses the file instead: a downgrade with them needs them unprepared.
+VERSION = 3
+READS = (1, 2, 3)
 STARTED = "PrepareStarted"
 COMPLETED = "PrepareCompleted"
 STATES = (STARTED, COMPLETED)
@@ -72,6 +73,13 @@ class Entry:
     @cached_property
     def admin_access(self) -> bool:
         return any(device.admin_access for device in self.claim.devices)
+
+    @cached_property
+    def version(self) -> int:
+        """The lowest checkpoint version whose readers keep this entry whole."""
+        if any(device.needs_version_3 for device in self.claim.devices):
+            return 3
+        return 2 if self.admin_access else 1
 
 
 @dataclass(frozen=True)
@@ -112,7 +120,9 @@ class Checkpoint:
         adopted = self._adopted_without((uid,)) if entry.state == COMPLETED else self.adopted
         after = Checkpoint(self.boot_id, MappingProxyType({**self.claims, uid: entry}), adopted)
         if "_owners" in self.__dict__ and uid not in self.claims and uid not in self.adopted:
-            after.__dict__["_owners"] = {**self._owners, **_owned_by(uid, entry)}  # keep the index, not rebuild it
+            owners = dict(self._owners)  # keep the index, not rebuild it
+            _add_holders(owners, uid, entry)
+            after.__dict__["_owners"] = owners
         return after
 
     def possible_devices(self, uid: str) -> tuple[tuple[str, str], ...]:
@@ -138,18 +148,25 @@ class Checkpoint:
         return tuple(sorted(uid for uid, entry in self.claims.items() if entry.state == STARTED))
 
     def device_owner(self, pool: str, device: str) -> str | None:
-        """The claim UID holding ``device`` (in either state), if any; admin access holds nothing."""
-        return self._owners.get((pool, device))
+        """A claim UID holding ``device`` (in either state), if any; admin access holds nothing."""
+        holders = self._owners.get((pool, device))
+        return holders[0][0] if holders else None
+
+    def device_holders(self, pool: str, device: str) -> tuple[Holder, ...]:
+        """Every claim holding ``device`` (in either state), with what it holds (None: an adopted
+        claim's kept spec, which holds the whole device); admin access holds nothing."""
+        return self._owners.get((pool, device), ())
 
     @cached_property
-    def _owners(self) -> dict[tuple[str, str], str]:
-        """(pool, device) -> claim UID, built once per checkpoint (planning asks for every device
+    def _owners(self) -> dict[tuple[str, str], tuple[Holder, ...]]:
+        """(pool, device) -> its holders, built once per checkpoint (planning asks for every device
         of every claim of a batch) and carried over by :meth:`started`."""
-        owners: dict[tuple[str, str], str] = {}
+        owners: dict[tuple[str, str], tuple[Holder, ...]] = {}
         for uid, pairs in self.adopted.items():  # a kept spec's devices stay held until unprepared
-            owners.update(dict.fromkeys(pairs, uid))
+            for pair in pairs:
+                owners[pair] = (*owners.get(pair, ()), (uid, None))
         for uid, entry in self.claims.items():
-            owners.update(_owned_by(uid, entry))
+            _add_holders(owners, uid, entry)
         return owners
 
     def __eq__(self, other: object) -> bool:
@@ -157,8 +174,15 @@ class Checkpoint:
                 and dict(self.claims) == dict(other.claims) and dict(self.adopted) == dict(other.adopted))
 
 
-def _owned_by(uid: str, entry: Entry) -> dict[tuple[str, str], str]:
-    return {(d.pool, d.device): uid for d in entry.claim.devices if not d.admin_access}
+# A device's holder: the claim UID and its device entry (None for an adopted claim's kept spec).
+Holder = tuple[str, "PreparedDevice | None"]
+
+
+def _add_holders(owners: dict[tuple[str, str], tuple[Holder, ...]], uid: str, entry: Entry) -> None:
+    for device in entry.claim.devices:
+        if not device.admin_access:
+            key = (device.pool, device.device)
+            owners[key] = (*owners.get(key, ()), (uid, device))
 
 
 # -- encoding ----------------------------------------------------------------------------------
@@ -177,7 +201,7 @@ def encode(checkpoint: Checkpoint) -> bytes:
     adopted = ""
     if checkpoint.adopted:
         adopted = '"adopted":' + _canonical({u: [list(p) for p in pairs] for u, pairs in checkpoint.adopted.items()}).decode() + ","
-    version = 2 if checkpoint.adopted or any(entry.admin_access for entry in entries.values()) else 1
+    version = max([2 if checkpoint.adopted else 1, *(entry.version for entry in entries.values())])
     canonical = (f'{{{adopted}"bootID":{json.dumps(checkpoint.boot_id)},"claims":{{{claims}}},'
                  f'"version":{version}}}').encode()
     checksum = "sha256:" + hashlib.sha256(canonical).hexdigest()

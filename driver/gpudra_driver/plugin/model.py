@@ -60,19 +60,43 @@ class PreparedDevice:
     cdi_device_id: str
     # Allocated with adminAccess only (monitoring): it does not hold the device for this claim.
     admin_access: bool = False
+    # Consumable capacity (KEP-5075): the allocation's share of a device that several claims may
+    # hold at once, and what it consumes of the device's capacity (name -> base units).
+    share_id: str | None = None
+    consumed: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def consumed_memory(self) -> int:
+        return dict(self.consumed).get("memory", 0)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"requests": list(self.requests), "pool": self.pool, "device": self.device,
                                 "uuid": self.uuid, "deviceNodes": list(self.device_nodes),
                                 "cdiDeviceID": self.cdi_device_id}
-        if self.admin_access:  # absent otherwise: entries written before it stay byte-identical
+        # Newer fields only when set: entries without them stay byte-identical to older agents'.
+        if self.admin_access:
             data["adminAccess"] = True
+        if self.share_id is not None:
+            data["shareID"] = self.share_id
+        if self.consumed:
+            data["consumed"] = dict(self.consumed)
         return data
+
+    @property
+    def needs_version_3(self) -> bool:
+        """Fields an agent reading checkpoint versions up to 2 would drop (and then hand the device
+        to a claim it would not share with)."""
+        return self.share_id is not None or bool(self.consumed)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PreparedDevice:
+        consumed = data.get("consumed") or {}
+        if not isinstance(consumed, dict) or not all(type(v) is int for v in consumed.values()):
+            raise ValueError(f"consumed: {consumed!r} is not a map of capacity name to integer")
+        share_id = data.get("shareID")
         return cls(tuple(data["requests"]), data["pool"], data["device"], data["uuid"],
-                   tuple(data["deviceNodes"]), data["cdiDeviceID"], bool(data.get("adminAccess", False)))
+                   tuple(data["deviceNodes"]), data["cdiDeviceID"], bool(data.get("adminAccess", False)),
+                   None if share_id is None else str(share_id), tuple(sorted(consumed.items())))
 
 
 @dataclass(frozen=True)

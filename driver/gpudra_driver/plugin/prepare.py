@@ -6,11 +6,13 @@ message that names the claim and the reason. Nothing here does I/O."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gpudra_driver.plugin.cdi import cdi_device_id
+from gpudra_driver.quantity import format_quantity, parse_quantity
 from gpudra_driver.plugin.checkpoint import COMPLETED, Checkpoint
 from gpudra_driver.plugin.devicenodes import NodeDevice
 from gpudra_driver.plugin.model import ClaimError, ClaimRef, PreparedClaim, PreparedDevice
@@ -50,6 +52,7 @@ def plan_prepare(ref: ClaimRef, claim: Mapping[str, Any] | ClaimError | None, de
         raise ClaimError(f"{ref}: this node's devices are not discovered yet; retry")
     by_device: dict[str, list[str]] = {}
     exclusive: set[str] = set()  # devices with at least one result without adminAccess
+    shares: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {}  # device -> (shareID, consumed)
     for result in results:
         pool, name = result.get("pool"), result.get("device")
         if pool != node:
@@ -64,17 +67,59 @@ def plan_prepare(ref: ClaimRef, claim: Mapping[str, Any] | ClaimError | None, de
             requests.append(request)
         if not result.get("adminAccess"):
             exclusive.add(name)
-    for name in exclusive:
-        owner = checkpoint.device_owner(node, name)
-        if owner is not None and owner != ref.uid:
-            raise ClaimError(f"{ref}: device {name} is already prepared for claim {owner}; "
-                             f"sharing a device between claims is not supported")
+        if result.get("shareID") is not None:
+            shares[name] = (str(result["shareID"]), _consumed(ref, name, result.get("consumedCapacity")))
     assert devices is not None or not by_device
+    for name in exclusive:
+        _check_holders(ref, devices[name], node, checkpoint, shares.get(name))  # type: ignore[index]
     prepared = tuple(
         PreparedDevice(tuple(requests), node, name, devices[name].uuid, devices[name].device_nodes,  # type: ignore[index]
-                       cdi_device_id(driver, ref.uid, name), admin_access=name not in exclusive)
+                       cdi_device_id(driver, ref.uid, name), admin_access=name not in exclusive,
+                       share_id=shares[name][0] if name in shares else None,
+                       consumed=shares[name][1] if name in shares else ())
         for name, requests in by_device.items())
     return Plan(PreparedClaim(ref, prepared), done=False)
+
+
+def _consumed(ref: ClaimRef, device: str, raw: Any) -> tuple[tuple[str, int], ...]:
+    """``consumedCapacity`` of a shared allocation result: capacity name -> base units."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, Mapping):
+        raise ClaimError(f"{ref}: device {device}: consumedCapacity {raw!r} is not a map")
+    consumed = []
+    for name, value in raw.items():
+        try:
+            consumed.append((str(name), math.ceil(parse_quantity(str(value)))))
+        except (ValueError, ArithmeticError) as error:
+            raise ClaimError(f"{ref}: device {device}: consumedCapacity {name}: {error}") from None
+    return tuple(sorted(consumed))
+
+
+def _check_holders(ref: ClaimRef, device: NodeDevice, node: str, checkpoint: Checkpoint,
+                   share: tuple[str, tuple[tuple[str, int], ...]] | None) -> None:
+    """Refuse a device other claims hold, unless every allocation of it is a share (consumable
+    capacity, KEP-5075) and the shares together fit the device: the scheduler never allocates more,
+    so more means state it never saw (a claim whose unprepare was lost, a re-allocation behind
+    the agent's back), and handing it out would over-commit the GPU."""
+    others = [(uid, held) for uid, held in checkpoint.device_holders(node, device.name) if uid != ref.uid]
+    if not others:
+        return
+    if share is None:
+        raise ClaimError(f"{ref}: device {device.name} is already prepared for claim {others[0][0]}; "
+                         "a device is shared between claims only as consumable capacity (a shareID)")
+    exclusive = [uid for uid, held in others if held is None or held.share_id is None]
+    if exclusive:
+        raise ClaimError(f"{ref}: device {device.name} is already prepared for claim {exclusive[0]} "
+                         "without a share; it cannot be shared")
+    if device.memory:
+        held = sum(h.consumed_memory for _, h in others if h is not None)
+        wanted = dict(share[1]).get("memory", 0)
+        if held + wanted > device.memory:
+            raise ClaimError(
+                f"{ref}: device {device.name} would be over-committed: {format_quantity(wanted, binary=True)} of memory "
+                f"asked, {format_quantity(held, binary=True)} of {format_quantity(device.memory, binary=True)} already held by "
+                f"claim(s) {', '.join(sorted(uid for uid, _ in others))}")
 
 
 def _reallocated(prepared: PreparedClaim, claim: Mapping[str, Any] | ClaimError | None, driver: str) -> bool:

@@ -31,6 +31,8 @@ def _refs(request: Any) -> list[ClaimRef]:
 
 
 def _servicer(pb: ModuleType, base: type) -> type:
+    has_share_id = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
+
     class Servicer(base):  # type: ignore[misc, valid-type]
         def __init__(self, core: Core) -> None:
             self.core = core
@@ -47,8 +49,10 @@ def _servicer(pb: ModuleType, base: type) -> type:
                     continue
                 assert result.claim is not None
                 for device in result.claim.devices:
-                    out.devices.add(request_names=device.requests, pool_name=device.pool,
-                                    device_name=device.device, cdi_device_ids=[device.cdi_device_id])
+                    added = out.devices.add(request_names=device.requests, pool_name=device.pool,
+                                            device_name=device.device, cdi_device_ids=[device.cdi_device_id])
+                    if device.share_id is not None and has_share_id:  # v1 only (KEP-5075, 1.35+)
+                        added.share_id = device.share_id
             return response
 
         async def NodeUnprepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
