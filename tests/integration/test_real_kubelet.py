@@ -403,6 +403,54 @@ async def test_each_container_gets_only_the_gpu_of_the_claim_it_references(
     await delete_and_wait_unprepared(kube, kubelet_node, pod, *(c["metadata"]["uid"] for c in claims.values()))
 
 
+async def test_a_claim_shared_by_two_pods_and_two_containers_is_prepared_once_and_kept_for_the_last(
+        kube: Kube, namespace: str, kubelet_node: KubeletNode) -> None:
+    """One ResourceClaim referenced by two pods, the first with two containers using it: all three
+    containers get the same GPU; the kubelet prepares the claim once and unprepares it only when
+    the last pod using it is gone (its claim cache counts the pods; the agent answers again
+    whatever it is asked again)."""
+    agent = await kubelet_node.serving_agent()
+    devices = await published_devices(kube, kubelet_node.driver, kubelet_node.name, 8)
+    template, first = seed_pod_for(kubelet_node, namespace, "shares-a")
+    claim_obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                 "metadata": {"name": "shared-gpu", "namespace": namespace}, "spec": template["spec"]["spec"]}
+    shared = await kube.create(claim_obj)
+    uid = shared["metadata"]["uid"]
+    (container,) = first["spec"]["containers"]
+    first["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "shared-gpu"}]
+    first["spec"]["containers"] = [{**container, "name": name} for name in ("trainer", "sidecar")]
+    _, second = seed_pod_for(kubelet_node, namespace, "shares-b")
+    second["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "shared-gpu"}]
+    for pod in (first, second):
+        await kube.create(pod)
+        await running(kube, kubelet_node, namespace, pod["metadata"]["name"])
+    claim = await kube.get(CLAIM, "shared-gpu", namespace)
+    assert claim is not None and len(claim["status"]["reservedFor"]) == 2
+    (allocated,) = claim["status"]["allocation"]["devices"]["results"]
+    gpu_uuid = devices[allocated["device"]]["attributes"]["uuid"]["string"]
+    cdi_id = f"k8s.{kubelet_node.driver}/claim={uid}-{allocated['device']}"
+    containers = [c for pod in ("shares-a", "shares-b") for c in kubelet_node.runtime.runtime.containers_of(pod)]
+    assert len(containers) == 3
+    for got in containers:
+        assert [device.name for device in got.config.CDI_devices] == [cdi_id]
+        assert got.cdi.env["NVIDIA_VISIBLE_DEVICES"] == gpu_uuid
+    assert agent.prepared_claims() == 1  # prepared once for all three containers
+
+    first_obj = await kube.get(POD, "shares-a", namespace)
+    assert first_obj is not None
+    await kube.delete(POD, "shares-a", namespace)
+
+    async def first_gone() -> bool:
+        return await kube.get(POD, "shares-a", namespace) is None
+
+    await wait_for(first_gone, timeout=60, what="the first pod to be deleted by its kubelet")
+    # still in use by the second pod: not unprepared
+    assert kubelet_node.spec_path(uid).is_file() and kubelet_node.checkpoint().get(uid) == "PrepareCompleted"
+    second_obj = await kube.get(POD, "shares-b", namespace)
+    assert second_obj is not None
+    await delete_and_wait_unprepared(kube, kubelet_node, second_obj, uid)
+
+
 async def test_the_kubelet_restarts_an_agent_whose_liveness_probe_fails(
         kube: Kube, namespace: str, kubelet_node: KubeletNode) -> None:
     """The DaemonSet's startup and liveness probes, as the operator renders them, run by the real
