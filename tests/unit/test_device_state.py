@@ -794,3 +794,104 @@ async def test_a_corrupt_checkpoint_with_an_unreadable_spec_stops_the_start_and_
         with pytest.raises(RuntimeError, match="cannot tell which devices"):
             make(tmp_path)  # the agent exits; its pod restarts
     assert adopted(make(tmp_path)) == {A: ((NODE, "gpu-3"),)}
+
+
+# -- GPU sharing settings (TimeSlicing): applied with the prepare, undone with the last claim ------
+
+class RecordingControl:
+    """Stands in for gpucontrol.GpuControl (the NVML and nvidia-smi calls are tested against the
+    mock library and binaries in the integration tests): records what would be applied."""
+
+    def __init__(self, fail_for: set[str] | None = None) -> None:
+        self.applied: list[tuple[str, int, int]] = []
+        self.fail_for = fail_for or set()
+
+    def apply(self, uuid: str, settings) -> None:  # type: ignore[no-untyped-def]
+        from gpudra_driver.plugin.gpucontrol import GpuControlError
+
+        if uuid in self.fail_for:
+            raise GpuControlError(f"GPU {uuid}: nvidia-smi compute-policy exited 3: Insufficient Permissions")
+        self.applied.append((uuid, settings.compute_mode, settings.timeslice))
+
+
+def sliced(uid: str, name: str, device: str, interval: str = "Long", **extra):  # type: ignore[no-untyped-def]
+    obj = claim(uid, name=name, results=[result(device, **extra)])
+    obj["status"]["allocation"]["devices"]["config"] = [{
+        "source": "FromClaim", "requests": ["gpu"],
+        "opaque": {"driver": DRIVER, "parameters": {"apiVersion": "gpudra.io/v1alpha1", "kind": "GpuConfig",
+                                                    "sharing": {"strategy": "TimeSlicing",
+                                                                "timeSlicing": {"interval": interval}}}}}]
+    return obj
+
+
+def gpu_uuid(name: str) -> str:
+    return devices()[name].uuid
+
+
+async def test_time_slicing_is_set_with_the_prepare_and_reset_with_the_last_claim(tmp_path: Path) -> None:
+    control = RecordingControl()
+    state = make(tmp_path)
+    state.gpu_control = control  # type: ignore[assignment]
+    out = await state.prepare(items((REF_A, sliced(A, "a", "gpu-2", shareID="s-a", consumedCapacity={"memory": "10Gi"}))))
+    assert out[A].error is None and out[A].claim.devices[0].sharing.timeslice == 3
+    assert control.applied == [(gpu_uuid("gpu-2"), 0, 3)]
+    saved = ckpt.load(state.checkpoint_path, "boot-1")[0]
+    assert saved.claims[A].claim.devices[0].sharing.strategy == "TimeSlicing"  # survives a restart
+    # a second share of the same GPU with the same interval: nothing more to set
+    out = await state.prepare(items((REF_B, sliced(B, "b", "gpu-2", shareID="s-b", consumedCapacity={"memory": "10Gi"}))))
+    assert out[B].error is None and len(control.applied) == 1
+    # one with another interval would change the GPU under the first: refused
+    C = "0c1d2e3f-0000-4000-8000-00000000000c"
+    out = await state.prepare(items((ClaimRef("ns", "c", C), sliced(C, "c", "gpu-2", "Short", shareID="s-c",
+                                                                    consumedCapacity={"memory": "10Gi"}))))
+    assert "already runs GPU gpu-2 with time slice 3; this claim asks for 1" in (out[C].error or "")
+    await state.unprepare([REF_A])
+    assert len(control.applied) == 1  # B still time-slices the GPU
+    await state.unprepare([REF_B])
+    assert control.applied[-1] == (gpu_uuid("gpu-2"), 0, 0)  # the last one gone: defaults back
+
+
+async def test_a_gpu_that_cannot_be_set_fails_only_its_claim_and_nothing_stays(tmp_path: Path) -> None:
+    control = RecordingControl(fail_for={gpu_uuid("gpu-1")})
+    state = make(tmp_path)
+    state.gpu_control = control  # type: ignore[assignment]
+    out = await state.prepare(items((REF_A, sliced(A, "a", "gpu-1")), (REF_B, sliced(B, "b", "gpu-4"))))
+    assert "Insufficient Permissions" in (out[A].error or "") and out[B].error is None
+    assert set(ckpt.load(state.checkpoint_path, "boot-1")[0].claims) == {B} and state.cdi.claim_uids() == {B}
+    assert control.applied == [(gpu_uuid("gpu-4"), 0, 3)]
+
+
+async def test_time_slicing_a_mig_device_or_mps_is_refused_with_a_reason(tmp_path: Path) -> None:
+    from gpudra_driver.plugin.devicenodes import NodeDevice
+
+    state = make(tmp_path)
+    state.gpu_control = RecordingControl()  # type: ignore[assignment]
+    mig = dict(state.devices or {})
+    mig["gpu-3"] = NodeDevice("gpu-3", "MIG-0000", ("/dev/nvidia3",), kind="mig")
+    state.set_devices(mig)
+    out = await state.prepare(items((REF_A, sliced(A, "a", "gpu-3"))))
+    assert "is a MIG device: time-slicing applies to full GPUs" in (out[A].error or "")
+    bad = sliced(B, "b", "gpu-4")
+    bad["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]["sharing"]["timeSlicing"] = {"interval": 7}
+    out = await state.prepare(items((REF_B, bad)))
+    assert "sharing.timeSlicing.interval" in (out[B].error or "")  # names the field
+
+
+@pytest.mark.parametrize("point", ["after-checkpoint-started", "after-cdi-write"])
+async def test_a_crash_after_setting_a_gpu_is_undone_at_the_next_start(tmp_path: Path, point: str) -> None:
+    control = RecordingControl()
+    state = make(tmp_path, fault=CrashAt(point))
+    state.gpu_control = control  # type: ignore[assignment]
+    if point == "after-checkpoint-started":
+        # the settings come after this point: the crash leaves nothing set, and nothing to undo
+        with pytest.raises(Crash):
+            await state.prepare(items((REF_A, sliced(A, "a", "gpu-5"))))
+        assert control.applied == []
+        return
+    with pytest.raises(Crash):
+        await state.prepare(items((REF_A, sliced(A, "a", "gpu-5"))))
+    assert control.applied == [(gpu_uuid("gpu-5"), 0, 3)]
+    restarted = DeviceState(tmp_path / "plugin", state.cdi, driver=DRIVER, node=NODE, boot_id="boot-1",
+                            gpu_control=control)  # type: ignore[arg-type]
+    recover(restarted)
+    assert control.applied[-1] == (gpu_uuid("gpu-5"), 0, 0) and restarted.cdi.claim_uids() == set()

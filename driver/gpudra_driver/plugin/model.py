@@ -50,6 +50,40 @@ class ClaimRef:
             raise ClaimError(f"malformed claim {self.uid}: name {self.name!r} is not a DNS subdomain")
 
 
+EXCLUSIVE, TIME_SLICING, MPS = "Exclusive", "TimeSlicing", "MPS"
+
+
+@dataclass(frozen=True)
+class DeviceSharing:
+    """How the containers of a claim share one of its devices (the claim's GpuConfig, resolved
+    for the device's request). Exclusive changes nothing on the GPU."""
+
+    strategy: str = EXCLUSIVE
+    timeslice: int | None = None  # TimeSlicing: nvidia-smi's --set-timeslice level, 0..3
+    active_thread_percentage: int | None = None  # MPS
+    pinned_memory_limit: int | None = None  # MPS, bytes
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"strategy": self.strategy}
+        for key, value in (("timeslice", self.timeslice), ("activeThreadPercentage", self.active_thread_percentage),
+                           ("pinnedMemoryLimit", self.pinned_memory_limit)):
+            if value is not None:
+                data[key] = value
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any) -> DeviceSharing:
+        if not isinstance(data, dict) or data.get("strategy") not in (EXCLUSIVE, TIME_SLICING, MPS):
+            raise ValueError(f"sharing: {data!r} is not a device sharing setting")
+        values = [data.get(k) for k in ("timeslice", "activeThreadPercentage", "pinnedMemoryLimit")]
+        if not all(v is None or type(v) is int for v in values):
+            raise ValueError(f"sharing: {data!r} has a non-integer setting")
+        return cls(data["strategy"], *values)
+
+
+NOT_SHARED = DeviceSharing()
+
+
 @dataclass(frozen=True)
 class PreparedDevice:
     requests: tuple[str, ...]  # request names (subrequests stripped), as the kubelet wants them
@@ -64,6 +98,7 @@ class PreparedDevice:
     # hold at once, and what it consumes of the device's capacity (name -> base units).
     share_id: str | None = None
     consumed: tuple[tuple[str, int], ...] = ()
+    sharing: DeviceSharing = NOT_SHARED
 
     @property
     def consumed_memory(self) -> int:
@@ -80,13 +115,15 @@ class PreparedDevice:
             data["shareID"] = self.share_id
         if self.consumed:
             data["consumed"] = dict(self.consumed)
+        if self.sharing != NOT_SHARED:
+            data["sharing"] = self.sharing.to_json()
         return data
 
     @property
     def needs_version_3(self) -> bool:
         """Fields an agent reading checkpoint versions up to 2 would drop (and then hand the device
         to a claim it would not share with)."""
-        return self.share_id is not None or bool(self.consumed)
+        return self.share_id is not None or bool(self.consumed) or self.sharing != NOT_SHARED
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PreparedDevice:
@@ -96,7 +133,8 @@ class PreparedDevice:
         share_id = data.get("shareID")
         return cls(tuple(data["requests"]), data["pool"], data["device"], data["uuid"],
                    tuple(data["deviceNodes"]), data["cdiDeviceID"], bool(data.get("adminAccess", False)),
-                   None if share_id is None else str(share_id), tuple(sorted(consumed.items())))
+                   None if share_id is None else str(share_id), tuple(sorted(consumed.items())),
+                   DeviceSharing.from_json(data["sharing"]) if "sharing" in data else NOT_SHARED)
 
 
 @dataclass(frozen=True)

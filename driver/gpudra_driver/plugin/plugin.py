@@ -32,12 +32,14 @@ import grpc
 from gpudra_driver import metrics
 from gpudra_driver.devicemodel import Device
 from gpudra_driver.driverroot import DriverRoot
+from gpudra_driver.nvml import load_nvml
 from gpudra_driver.plugin import service
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.checkpoint import read_boot_id
 from gpudra_driver.plugin.driverfiles import DriverFilesCache
 from gpudra_driver.plugin.devicenodes import CapMinor, node_devices, read_mig_cap_minor
 from gpudra_driver.plugin.faults import FaultHook
+from gpudra_driver.plugin.gpucontrol import GpuControl
 from gpudra_driver.plugin.gen import pluginregistration_pb2_grpc
 from gpudra_driver.plugin.model import ClaimError, ClaimRef
 from gpudra_driver.plugin.registration import SUPPORTED_VERSIONS, RegistrationServicer
@@ -95,7 +97,10 @@ class KubeletPlugin:
                  driver_root: DriverRoot | None = None, cdi_hook: str | None = None, host_dev: Path = Path("/dev"),
                  instance: str | None = None, boot_id: str | None = None,
                  proc_root: Path = Path("/proc"), api_versions: Sequence[str] = ("v1", "v1beta1"),
-                 fault: FaultHook | None = None, claim_get_timeout: float = CLAIM_GET_TIMEOUT) -> None:
+                 fault: FaultHook | None = None, claim_get_timeout: float = CLAIM_GET_TIMEOUT,
+                 nvml: str | None = None) -> None:
+        """``nvml``: the NVML the agent discovers with (see :func:`gpudra_driver.nvml.load_nvml`),
+        also used to change a GPU's compute mode for sharing."""
         self.driver, self.node = driver, node
         self.instance = instance or str(uuid.uuid4())
         self.plugin_dir = kubelet_dir / "plugins" / driver
@@ -106,8 +111,10 @@ class KubeletPlugin:
         self.cap_minor: CapMinor = read_mig_cap_minor(proc_root)
         self.driver_files = DriverFilesCache(driver_root or DriverRoot.at("/"), hook=cdi_hook, host_dev=host_dev,
                                              proc=proc_root)
+        root = driver_root or DriverRoot.at("/")
+        control = GpuControl(lambda: load_nvml(nvml, root), root.local / "usr/bin/nvidia-smi")
         self.state = DeviceState(self.plugin_dir, CdiDir(cdi_dir, driver, self.driver_files), driver=driver, node=node,
-                                 boot_id=boot_id or read_boot_id(), fault=fault or FaultHook())
+                                 boot_id=boot_id or read_boot_id(), fault=fault or FaultHook(), gpu_control=control)
         self.api_versions = tuple(api_versions)
         self.registration = RegistrationServicer(
             driver, os.fspath(self.dra_socket),

@@ -15,7 +15,10 @@ from gpudra_driver.plugin.cdi import cdi_device_id
 from gpudra_driver.quantity import format_quantity, parse_quantity
 from gpudra_driver.plugin.checkpoint import COMPLETED, Checkpoint
 from gpudra_driver.plugin.devicenodes import NodeDevice
-from gpudra_driver.plugin.model import ClaimError, ClaimRef, PreparedClaim, PreparedDevice
+from gpudra_driver.gpuconfig import GpuConfigError, Strategy, config_for_request
+from gpudra_driver.plugin import gpusettings
+from gpudra_driver.plugin.model import (NOT_SHARED, TIME_SLICING, ClaimError, ClaimRef, DeviceSharing, PreparedClaim,
+                                        PreparedDevice)
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ def plan_prepare(ref: ClaimRef, claim: Mapping[str, Any] | ClaimError | None, de
     if results and devices is None:
         raise ClaimError(f"{ref}: this node's devices are not discovered yet; retry")
     by_device: dict[str, list[str]] = {}
+    full_requests: dict[str, list[str]] = {}  # device -> the results' request names as allocated
     exclusive: set[str] = set()  # devices with at least one result without adminAccess
     shares: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {}  # device -> (shareID, consumed)
     for result in results:
@@ -61,7 +65,9 @@ def plan_prepare(ref: ClaimRef, claim: Mapping[str, Any] | ClaimError | None, de
         assert devices is not None
         if name not in devices:
             raise ClaimError(f"{ref}: device {name!r} is not a device of node {node}")
-        request = str(result.get("request") or "").split("/", 1)[0]  # "req/sub" -> "req"
+        full_request = str(result.get("request") or "")
+        request = full_request.split("/", 1)[0]  # "req/sub" -> "req"
+        full_requests.setdefault(name, []).append(full_request)
         requests = by_device.setdefault(name, [])
         if request and request not in requests:
             requests.append(request)
@@ -72,13 +78,42 @@ def plan_prepare(ref: ClaimRef, claim: Mapping[str, Any] | ClaimError | None, de
     assert devices is not None or not by_device
     for name in exclusive:
         _check_holders(ref, devices[name], node, checkpoint, shares.get(name))  # type: ignore[index]
+    configs = list((allocation.get("devices") or {}).get("config") or [])
     prepared = tuple(
         PreparedDevice(tuple(requests), node, name, devices[name].uuid, devices[name].device_nodes,  # type: ignore[index]
                        cdi_device_id(driver, ref.uid, name), admin_access=name not in exclusive,
                        share_id=shares[name][0] if name in shares else None,
-                       consumed=shares[name][1] if name in shares else ())
+                       consumed=shares[name][1] if name in shares else (),
+                       sharing=_sharing(ref, configs, driver, full_requests[name], devices[name]))  # type: ignore[index]
         for name, requests in by_device.items())
+    for device in prepared:
+        others = {uid: held for uid, held in checkpoint.device_holders(node, device.device)
+                  if uid != ref.uid and held is not None}
+        if (problem := gpusettings.conflict(device, others)) is not None:
+            raise ClaimError(f"{ref}: {problem}")
     return Plan(PreparedClaim(ref, prepared), done=False)
+
+
+def _sharing(ref: ClaimRef, configs: list[Any], driver: str, requests: list[str], device: NodeDevice) -> DeviceSharing:
+    """How the claim's containers share ``device``: its GpuConfig (class config, then claim
+    config) for the request(s) the device serves."""
+    try:
+        chosen = {config_for_request(configs, driver, request) for request in requests}
+    except GpuConfigError as error:
+        raise ClaimError(f"{ref}: {error}") from None
+    if len(chosen) > 1:
+        raise ClaimError(f"{ref}: device {device.name} serves requests {', '.join(requests)}, whose GpuConfigs "
+                         "ask for different sharing")
+    sharing = chosen.pop().sharing
+    if sharing.strategy is Strategy.EXCLUSIVE:
+        return NOT_SHARED
+    if sharing.strategy is Strategy.TIME_SLICING:
+        if device.kind != "gpu":
+            raise ClaimError(f"{ref}: device {device.name} is a MIG device: time-slicing applies to full GPUs "
+                             "(a MIG device's compute is already partitioned by the hardware)")
+        assert sharing.time_slicing is not None
+        return DeviceSharing(TIME_SLICING, timeslice=sharing.time_slicing.interval.nvidia_smi_value)
+    raise ClaimError(f"{ref}: sharing strategy {sharing.strategy.value} is not supported by this agent yet")
 
 
 def _consumed(ref: ClaimRef, device: str, raw: Any) -> tuple[tuple[str, int], ...]:

@@ -8,7 +8,9 @@ update). What a crash at any point can leave, and what happens to it, is decided
 * completed claims whose spec is missing, or differs from what the checkpoint says, are rewritten;
 * specs of ours with no completed entry (a crash in unprepare, between its checkpoint write and the
   spec removal) are orphans and removed;
-* temp files of interrupted writes are removed.
+* temp files of interrupted writes are removed;
+* GPUs whose sharing settings (:mod:`.gpusettings`) a rolled-back claim asked for get the settings
+  the remaining claims ask for, or their defaults.
 
 A corrupt checkpoint (a failed checksum: a disk fault or a hand edit) is copied aside, and every
 spec of ours is adopted with the devices it names, so running containers keep their devices and
@@ -63,6 +65,8 @@ def recover(state: DeviceState) -> ckpt.Reconciliation:
                 log.warning("%s: its CDI spec %s; it cannot be brought up to date now: %s", claim.ref, kept, error)
         if on_disk or cdi.path.is_dir():
             cdi.remove_temp_files()
+        if read is not None:  # GPUs set for claims rolled back or forgotten get their defaults back
+            state._settle(read, result.checkpoint)
         if result.checkpoint != read or not store.is_cached:
             # no file, or not one this boot can use (another boot's is replaced too: read once,
             # warned once): write the reconciled one

@@ -36,10 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from gpudra_driver.plugin import checkpoint as ckpt
+from gpudra_driver.plugin import gpusettings
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.devicenodes import NodeDevice
 from gpudra_driver.plugin.driverfiles import DriverFilesError
 from gpudra_driver.plugin.faults import FaultHook
+from gpudra_driver.plugin.gpucontrol import GpuControl, GpuControlError
 from gpudra_driver.plugin.locking import LOCK_FILE, LOCK_TIMEOUT, LockTimeout, node_lock_async
 from gpudra_driver.plugin.model import ClaimError, ClaimRef, PreparedClaim
 from gpudra_driver.plugin.prepare import plan_prepare
@@ -60,8 +62,10 @@ Fetched = Mapping[str, Any] | None | ClaimError
 
 class DeviceState:
     def __init__(self, plugin_dir: Path, cdi: CdiDir, *, driver: str, node: str, boot_id: str,
-                 fault: FaultHook | None = None, lock_timeout: float = LOCK_TIMEOUT) -> None:
+                 fault: FaultHook | None = None, lock_timeout: float = LOCK_TIMEOUT,
+                 gpu_control: GpuControl | None = None) -> None:
         self.plugin_dir = plugin_dir
+        self.gpu_control = gpu_control
         self.cdi = cdi
         self.driver = driver
         self.node = node
@@ -195,10 +199,12 @@ class DeviceState:
         # Whatever fails, their old entries and specs must not come back.
         replaced = {claim.uid for claim in planned if claim.uid in original.claims}
         written: list[PreparedClaim] = []
+        settled = original  # the checkpoint whose GPU settings are in effect
         try:
             self.checkpoint.save(checkpoint)
             self.fault("after-checkpoint-started")
-            written = self._write_specs(planned, results)
+            settled, ready = self._apply_settings(original, planned, results)
+            written = self._write_specs(ready, results)
             failed = [claim for claim in planned if claim not in written]
             for claim in planned:
                 checkpoint = checkpoint.completed(claim.uid) if claim in written else checkpoint.without(claim.uid)
@@ -209,12 +215,50 @@ class DeviceState:
             for claim in planned:
                 results.setdefault(claim.uid, PrepareResult(error=f"{claim.ref}: recording the prepared "
                                                                   f"claim failed: {error}"))
-            self._save_quietly(original.without(*replaced).adopting(self._readopted(original, planned)))
+            rolled_back = original.without(*replaced).adopting(self._readopted(original, planned))
+            self._settle(settled, rolled_back)
+            self._save_quietly(rolled_back)
             return
         self._remove_specs(c.uid for c in failed if c.uid in replaced and c.uid not in original.adopted)
+        self._settle(settled, checkpoint)  # what failed after its GPU settings: back to the others'
         self.fault("after-checkpoint-completed")
         for claim in written:
             results[claim.uid] = PrepareResult(claim)
+
+    def _apply_settings(self, before: ckpt.Checkpoint, planned: Sequence[PreparedClaim],
+                        results: dict[str, PrepareResult]) -> tuple[ckpt.Checkpoint, list[PreparedClaim]]:
+        """The GPU settings each planned claim's sharing asks for (:mod:`.gpusettings`), claim by
+        claim: one that cannot be applied is that claim's error, its changes undone. Returns the
+        checkpoint whose settings are now in effect and the claims to go on with."""
+        current, ready = before, []
+        for claim in planned:
+            after = current.started(claim)
+            wanted = gpusettings.changes(current, after)
+            try:
+                for uuid, settings in wanted.items():
+                    self._gpu_control().apply(uuid, settings)
+            except GpuControlError as error:
+                results[claim.uid] = PrepareResult(error=f"{claim.ref}: {error}")
+                self._settle(after, current)
+                continue
+            current = after
+            ready.append(claim)
+        return current, ready
+
+    def _settle(self, before: ckpt.Checkpoint, after: ckpt.Checkpoint) -> None:
+        """Best effort: the GPU settings of ``after`` where they differ from ``before``'s (a reset
+        that fails is logged; start-up computes it again from the checkpoint)."""
+        for uuid, settings in gpusettings.changes(before, after).items():
+            try:
+                self._gpu_control().apply(uuid, settings)
+            except GpuControlError as error:
+                log.warning("%s", error)
+
+    def _gpu_control(self) -> GpuControl:
+        if self.gpu_control is None:
+            raise GpuControlError("this agent was started without GPU control (no NVML): it cannot change "
+                                  "a GPU's sharing settings")
+        return self.gpu_control
 
     def _roll_back_half_done(self, checkpoint: ckpt.Checkpoint) -> ckpt.Checkpoint:
         """Roll back, as start-up would, the half-done prepares found under the node lock: a crashed
@@ -236,7 +280,9 @@ class DeviceState:
         if gone or kept:
             log.info("rolled back the half-done prepare of claim(s) %s, left by an agent instance that "
                      "crashed", gone + list(kept))
-        return checkpoint.rolled_back(*gone, *kept).adopting(kept)
+        rolled = checkpoint.rolled_back(*gone, *kept).adopting(kept)
+        self._settle(checkpoint, rolled)
+        return rolled
 
     def _readopted(self, original: ckpt.Checkpoint,
                    failed: Iterable[PreparedClaim]) -> dict[str, list[tuple[str, str]]]:
@@ -322,6 +368,7 @@ class DeviceState:
         if remaining != checkpoint:
             self.checkpoint.save(remaining)
             self.fault("unprepare-after-checkpoint")
+            self._settle(checkpoint, remaining)  # the last claim sharing a GPU gone: its defaults back
         for uid in uids:
             try:
                 self.cdi.remove(uid)

@@ -1,0 +1,76 @@
+"""What the GPUs' sharing settings must be, given the checkpoint (pure).
+
+A GPU's compute mode and time slice are node-wide state outside the CDI directory: the agent sets
+them for the claims that ask (TimeSlicing) and puts them back when the last such claim is gone.
+Rather than remember what it did, the agent derives the settings every GPU should have from the
+checkpoint, the one record of which claims hold which GPUs, and applies the difference between two
+checkpoints: before and after a prepare, an unprepare, or start-up reconciliation. PrepareStarted
+entries count as holders, so a crash between setting a GPU and the commit leaves an entry whose
+rollback (by start-up, or by a live peer) computes the reset.
+
+Time-slicing is for whole GPUs: a MIG device is isolated by the hardware and has no time slice of
+its own (``nvidia-smi compute-policy`` refuses MIG devices).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gpudra_driver.plugin.checkpoint import Checkpoint
+from gpudra_driver.plugin.model import TIME_SLICING, PreparedDevice
+
+COMPUTE_MODE_DEFAULT = 0  # NVML_COMPUTEMODE_DEFAULT
+TIMESLICE_DEFAULT = 0  # nvidia-smi compute-policy --set-timeslice 0: the driver's default
+
+
+@dataclass(frozen=True)
+class GpuSettings:
+    compute_mode: int = COMPUTE_MODE_DEFAULT
+    timeslice: int = TIMESLICE_DEFAULT
+
+
+DEFAULTS = GpuSettings()
+
+
+class SettingsConflict(ValueError):
+    """Claims sharing one GPU ask for settings that cannot hold together."""
+
+
+def wanted(checkpoint: Checkpoint) -> dict[str, GpuSettings]:
+    """GPU UUID -> the settings its holders ask for; GPUs nobody asks anything of are absent."""
+    asked: dict[str, GpuSettings] = {}
+    for entry in checkpoint.claims.values():
+        for device in entry.claim.devices:
+            settings = device_settings(device)
+            if settings is not None:
+                asked[device.uuid] = settings  # conflicts are refused when planning (see conflict())
+    return asked
+
+
+def device_settings(device: PreparedDevice) -> GpuSettings | None:
+    """The settings ``device``'s sharing asks of its GPU; None when it asks nothing."""
+    if device.admin_access or device.sharing.strategy != TIME_SLICING:
+        return None
+    return GpuSettings(COMPUTE_MODE_DEFAULT, device.sharing.timeslice or TIMESLICE_DEFAULT)
+
+
+def changes(before: Checkpoint, after: Checkpoint) -> dict[str, GpuSettings]:
+    """GPU UUID -> the settings to apply to go from ``before`` to ``after``: new or changed wishes,
+    and the defaults back where nobody asks any more."""
+    old, new = wanted(before), wanted(after)
+    result = {uuid: settings for uuid, settings in new.items() if old.get(uuid) != settings}
+    result.update((uuid, DEFAULTS) for uuid in old if uuid not in new)
+    return result
+
+
+def conflict(device: PreparedDevice, others: Mapping[str, PreparedDevice]) -> str | None:
+    """Why ``device``'s settings cannot join those of the other claims (claim UID -> their entry
+    for the same GPU) holding it; None when they can."""
+    mine = device_settings(device)
+    for uid, other in others.items():
+        theirs = device_settings(other)
+        if mine is not None and theirs is not None and mine != theirs:
+            return (f"claim {uid} already runs GPU {device.device} with time slice {theirs.timeslice}; "
+                    f"this claim asks for {mine.timeslice}")
+    return None
