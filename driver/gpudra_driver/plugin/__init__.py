@@ -8,7 +8,9 @@ One concern per module, the shape of dra-example-driver's kubelet plugin:
 * :mod:`.plugin`: the I/O shell: sockets, the claim GET.
 * :mod:`.state`: prepare and unprepare under the node lock (checkpoint, CDI specs).
 * :mod:`.recovery`: start-up reconciliation of the checkpoint and the CDI directory.
-* :mod:`.prepare` (pure): claim checks and the prepare plan.
+* :mod:`.prepare` (pure): claim checks and the prepare plan (shares, sharing settings).
+* :mod:`.gpusettings` (pure): the compute mode and time slice each GPU needs, from the checkpoint.
+* :mod:`.gpucontrol`: applies them (NVML, the driver root's nvidia-smi).
 * :mod:`.devicenodes` (pure): which /dev nodes make a device usable.
 * :mod:`.cdi`: CDI spec content (pure) and the spec directory (atomic files).
 * :mod:`.checkpoint`: the crash-safe checkpoint: transitions and reconciliation (pure), file I/O.
