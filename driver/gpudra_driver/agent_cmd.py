@@ -15,13 +15,19 @@ import os
 import signal
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpudra_driver import eventloop
+
+if TYPE_CHECKING:
+    from gpudra_driver.consumable import ConsumableCapacity
 
 log = logging.getLogger("gpudra.agent")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from gpudra_driver import consumable
+
     parser = subparsers.add_parser("agent", help="run the node agent (discovery, ResourceSlice publishing)")
     parser.add_argument("--driver", default=os.environ.get("GPUDRA_DRIVER", "gpu.gpudra.io"),
                         help="DRA driver name (default: %(default)s)")
@@ -55,6 +61,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--allow-device-plugin", action="store_true",
                         help="publish GPUs even where NVIDIA's device plugin advertises nvidia.com/gpu on the "
                              "node (by default nothing is published there: a GPU must not be handed out twice)")
+    consumable.add_arguments(parser)
     parser.add_argument("--nvidia-cdi-hook", default=None, metavar="PATH",
                         help="host path of NVIDIA's nvidia-cdi-hook for the CDI specs' hooks (default: "
                              "looked up in the driver root; none found: libraries are also mounted at "
@@ -88,9 +95,15 @@ def _pod_uid(value: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpudra_driver import consumable
     from gpudra_driver.logsetup import configure_logging
 
     configure_logging(args.log_format)
+    try:
+        args.sharing = consumable.from_args(args)
+    except ValueError as error:
+        log.error("%s", error)
+        return 2
     from gpudra_driver import metrics
 
     metrics.serve(args.metrics_port)
@@ -115,7 +128,34 @@ async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: obje
     await Rescanner(args.nvml, publish, interval=args.rescan_interval,
                     numa_node_of=functools.partial(numa_node_from_sysfs, sysfs=sysfs), sysfs=sysfs,
                     driver_root=root,  # type: ignore[arg-type]
-                    report=events.post, gate=guard.check).run()  # type: ignore[attr-defined]
+                    report=events.post, gate=guard.check,  # type: ignore[attr-defined]
+                    sharing=await _sharing(args, kube, events)).run()
+
+
+async def _sharing(args: argparse.Namespace, kube: object, events: object) -> ConsumableCapacity | None:
+    """The sharing policy the flags ask for, if the API server keeps what it publishes (one dry
+    run, retried until the server answers); else None, said once in the log and a Node event."""
+    from gpudra_driver.consumable import api_server_keeps_sharing
+    from gpudra_driver.publisher import retrying
+
+    sharing: ConsumableCapacity | None = args.sharing
+    if sharing is None:
+        return None
+
+    def retry(state):  # type: ignore[no-untyped-def]
+        log.warning("checking consumable capacity failed (%r); retrying", state.outcome.exception())
+
+    answer: tuple[bool, str] = await retrying(retry)(api_server_keeps_sharing, kube, args.driver, args.node_name)
+    kept, why = answer
+    if kept:
+        log.info("publishing full GPUs for sharing: memory in steps of %d bytes%s", sharing.memory_step,
+                 f", {sharing.shares} shares each" if sharing.shares else "")
+        return sharing
+    message = (f"--consumable-memory-step is ignored: {why}. GPUs are published unshared, one claim each; "
+               "upgrade to Kubernetes 1.36 or enable the gate on the API server, scheduler and kubelets")
+    log.error("%s", message)
+    await events.post("Warning", "ConsumableCapacityUnsupported", message)  # type: ignore[attr-defined]
+    return None
 
 
 
@@ -174,12 +214,11 @@ async def _main(args: argparse.Namespace) -> int:
              type(loop).__module__.split(".")[0])
     plugin = KubeletPlugin(driver=args.driver, node=args.node_name, kubelet_dir=Path(args.kubelet_dir),
                            cdi_dir=Path(args.cdi_dir), driver_root=root, cdi_hook=args.nvidia_cdi_hook,
-                           host_dev=Path(args.host_dev),
-                           instance=args.pod_uid,
+                           host_dev=Path(args.host_dev), instance=args.pod_uid, nvml=args.nvml,
                            get_claim=claim_getter(kube))
     try:
         await plugin.start()
-    except RuntimeError as error:  # the node's checkpoint cannot be used as it is (DeviceState.startup)
+    except RuntimeError as error:  # the node's checkpoint cannot be used as it is (plugin.recovery)
         log.error("the kubelet plugin cannot start: %s", error)
         await api.close()
         return 1

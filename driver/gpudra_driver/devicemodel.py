@@ -13,6 +13,10 @@ Device types and names (stable across agent restarts and rescans, DNS labels):
   pair (giId, ciId) is unique on a parent, so the name is unique; it changes only when the MIG
   layout is changed, which is exactly when the device it names changes.
 
+Sharing (KEP-5075, consumable capacity): a device may carry ``allow_multiple_allocations`` and a
+:class:`RequestPolicy` per capacity, which lets the scheduler put several claims on it, each
+consuming part of a capacity (:mod:`gpudra_driver.consumable` decides which devices and how).
+
 MIG rule: a GPU whose *current* MIG mode is enabled is not published as a full GPU, only its MIG
 devices are. Its memory and SMs belong to the MIG devices; advertising both would let the scheduler
 hand out the same silicon twice. A MIG-enabled GPU with no MIG devices publishes nothing (it is
@@ -104,6 +108,8 @@ ATTRIBUTES: Mapping[str, AttributeSpec] = _by_name(
 
 CAPACITIES: Mapping[str, CapacitySpec] = _by_name(
     CapacitySpec("memory", "bytes", "Framebuffer memory in bytes (exact, as NVML reports it).", _BOTH),
+    CapacitySpec("shares", "count", "Claims the GPU may be shared by; only with consumable capacity and a "
+                 "shares count (spec.sharing.consumableCapacity.shares).", _GPU),
     CapacitySpec("multiprocessors", "count", "Streaming multiprocessors.", _MIG),
     CapacitySpec("copyEngines", "count", "Copy engines.", _MIG),
     CapacitySpec("decoders", "count", "Video decoders (NVDEC).", _MIG),
@@ -179,16 +185,59 @@ class AttrValue:
 
 
 @dataclass(frozen=True)
+class RequestPolicy:
+    """How much of a capacity one allocation consumes (resource.k8s.io/v1 CapacityRequestPolicy, in
+    its validRange form; KEP-5075). ``default`` is what a request that names no amount consumes; a
+    request below ``min`` is rounded up to it, one between steps up to ``min + n * step``; one above
+    ``max`` cannot be allocated. Values in the capacity's unit (bytes or a count)."""
+
+    default: int
+    min: int
+    max: int | None = None
+    step: int | None = None
+
+    def problems(self, value: int) -> list[str]:
+        """Why the API server would refuse this policy on a capacity of ``value`` (validation.go,
+        validateRequestPolicyRange): empty when it takes it."""
+        found = []
+        if self.min > value:
+            found.append(f"min {self.min} is larger than the capacity {value}")
+        if self.default < self.min:
+            found.append(f"default {self.default} is less than min {self.min}")
+        if self.max is not None:
+            if self.min > self.max:
+                found.append(f"min {self.min} is larger than max {self.max}")
+            if self.max > value:
+                found.append(f"max {self.max} is larger than the capacity {value}")
+            if self.default > self.max:
+                found.append(f"default {self.default} is more than max {self.max}")
+        if self.step is not None:
+            if self.step <= 0:
+                found.append(f"step {self.step} is not positive")
+                return found
+            if self.min + self.step > value:
+                found.append(f"one step (min {self.min} + step {self.step}) is larger than the capacity {value}")
+            for name, amount in (("default", self.default), ("max", self.max)):
+                if amount is not None and (amount - self.min) % self.step:
+                    found.append(f"{name} {amount} is not min {self.min} plus a multiple of step {self.step}")
+        return found
+
+
+@dataclass(frozen=True)
 class Device:
     """One allocatable device. ``capacity`` values are bytes (unit ``bytes``) or counts.
 
     Construction checks the model: every attribute and capacity must be declared above, with the
-    declared type and for this device's ``type``; a typo fails here, not in the scheduler.
+    declared type and for this device's ``type``; a typo fails here, not in the scheduler. So are
+    the sharing fields: a request policy only on a device that allows multiple allocations, for a
+    capacity it has, valid for that capacity's value.
     """
 
     name: str
     attributes: dict[str, AttrValue] = field(default_factory=dict)
     capacity: dict[str, int] = field(default_factory=dict)
+    allow_multiple_allocations: bool = False
+    request_policies: dict[str, RequestPolicy] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         limits.check_dns_label(f"device {self.name!r} name", self.name)
@@ -207,6 +256,14 @@ class Device:
                 raise ValueError(f"device {self.name}: capacity {key!r} is not in the {dtype.value} model")
             if type(amount) is not int or amount < 0:
                 raise ValueError(f"device {self.name}: capacity {key!r} must be a non-negative int")
+        if self.request_policies and not self.allow_multiple_allocations:
+            raise ValueError(f"device {self.name}: a request policy needs allow_multiple_allocations")
+        for key, policy in self.request_policies.items():
+            if key not in self.capacity:
+                raise ValueError(f"device {self.name}: request policy for capacity {key!r}, which it does not have")
+            problems = policy.problems(self.capacity[key])
+            if problems:
+                raise ValueError(f"device {self.name}: request policy of capacity {key!r}: {'; '.join(problems)}")
 
     @property
     def type(self) -> str:

@@ -40,11 +40,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--node-uid", default=None, help="Node UID for ownerReferences (default: none)")
     parser.add_argument("--driver", default=DEFAULT_DRIVER, help="DRA driver name (default: %(default)s)")
     parser.add_argument("--generation", type=int, default=1, help="pool generation (default: %(default)s)")
+    from gpudra_driver import consumable
+
+    consumable.add_arguments(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from gpudra_driver import limits
+    from gpudra_driver.consumable import from_args, share_devices
+    from gpudra_driver.quantity import format_quantity
     from gpudra_driver.discovery import numa_node_from_sysfs, nvidia_gpus_on_pci, scan
     from gpudra_driver.driverroot import DriverRoot, DriverRootError
     from gpudra_driver.nvml import NvmlUnavailable, load_nvml, resolve_spec
@@ -56,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
         nvml = load_nvml(spec, DriverRoot.at(args.driver_root))
         # sysfs knows NUMA nodes NVML may not; only consult it for the real hardware.
         result = scan(nvml, numa_node_of=numa_node_from_sysfs if spec == "real" else None)
-        slices = build_slices(args.driver, node, args.node_uid, args.generation, result.devices)
+        sharing = from_args(args)
+        devices, unshared = share_devices(result.devices, sharing)
+        slices = build_slices(args.driver, node, args.node_uid, args.generation, devices)
     except (NvmlUnavailable, DriverRootError) as exc:
         from gpudra_driver.rescan import NO_GPU_ON_PCI
 
@@ -66,23 +73,29 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, limits.LimitError) as exc:
         print(f"gpudra discover: {exc}", file=sys.stderr)
         return 2
-    for warning in result.warnings:
+    warnings = [*result.warnings, *unshared]
+    for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
 
-    if not result.devices:
+    if not devices:
         print("gpudra discover: NVML works but finds no GPU on this node; the agent would publish no devices",
               file=sys.stderr)
     if args.output == "table":
-        print(_table(result.devices))
-        print(f"\n{len(result.devices)} device(s) in {len(slices)} ResourceSlice(s) for node {node}, "
+        print(_table(devices))
+        print(f"\n{len(devices)} device(s) in {len(slices)} ResourceSlice(s) for node {node}, "
               f"driver {args.driver}")
+        if sharing is not None:
+            shared = [d.name for d in devices if d.allow_multiple_allocations]
+            print(f"consumable capacity: {len(shared)} GPU(s) published for sharing ({', '.join(shared) or 'none'}), "
+                  f"memory in steps of {format_quantity(sharing.memory_step, binary=True)}"
+                  + (f", {sharing.shares} shares each" if sharing.shares else ""))
         return 0
     doc = {
         "node": node,
         "driver": args.driver,
-        "devices": [device_to_api(d) for d in result.devices],
+        "devices": [device_to_api(d) for d in devices],
         "resourceSlices": slices,
-        "warnings": list(result.warnings),
+        "warnings": warnings,
     }
     if args.output == "json":
         import json

@@ -9,6 +9,9 @@ Failure behaviour (documented in docs/agent.md):
   worked, the last published devices otherwise) and retries every interval.
 * Per-GPU problems (one GPU erroring mid-scan, a MIG mode change pending): a WARNING when the
   problem appears, not again on every rescan while it persists.
+
+With a sharing policy (:mod:`gpudra_driver.consumable`) the discovered GPUs are handed on as
+published for sharing, to the publisher and the kubelet plugin alike.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+from gpudra_driver.consumable import ConsumableCapacity, share_devices
 from gpudra_driver.devicemodel import Device
 from gpudra_driver.discovery import Discovery, NvmlUnavailable, nvidia_gpus_on_pci, scan
 from gpudra_driver.driverroot import DriverRoot
@@ -41,7 +45,9 @@ class Rescanner:
     def __init__(self, spec: str | None, publish: Publish, *, interval: float = 60.0,
                  numa_node_of: Callable[[str], int | None] | None = None,
                  driver_root: DriverRoot | None = None, report: Report | None = None,
-                 sysfs: Path = Path("/sys"), gate: Callable[[], Awaitable[str | None]] | None = None) -> None:
+                 sysfs: Path = Path("/sys"), gate: Callable[[], Awaitable[str | None]] | None = None,
+                 sharing: ConsumableCapacity | None = None) -> None:
+        self.sharing = sharing
         self.gate = gate  # checked before each publish (the device plugin guard); the publish reads it
         self.spec = resolve_spec(spec)
         self.sysfs = sysfs
@@ -106,13 +112,15 @@ class Rescanner:
 
     def _scan(self) -> Discovery:
         try:
-            return scan(load_nvml(self.spec, self.driver_root), numa_node_of=self.numa_node_of)
+            found = scan(load_nvml(self.spec, self.driver_root), numa_node_of=self.numa_node_of)
         except NvmlUnavailable as error:
             if self.spec != "real" or nvidia_gpus_on_pci(self.sysfs) != []:  # GPUs, or unreadable
                 raise
             # No NVIDIA GPU on the PCI bus: a CPU-only node, not a broken one. It publishes nothing
             # and turns ready, so a DaemonSet that reaches such a node never holds the config's Ready.
             return Discovery([], [f"{NO_GPU_ON_PCI}; NVML: {error}"])
+        devices, warnings = share_devices(found.devices, self.sharing)
+        return Discovery(devices, found.warnings + warnings)
 
     def _failed(self, error: Exception) -> str | None:
         """Log the failure; returns its message when it is new (not the same as the last scan's)."""

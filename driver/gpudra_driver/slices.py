@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpudra_driver import limits
+from gpudra_driver.consumable import policy_to_api
 from gpudra_driver.devicemodel import CAPACITIES, AttrValue, Device
 from gpudra_driver.quantity import format_quantity
 
@@ -120,7 +121,8 @@ def fit_devices(devices: list[Device]) -> tuple[list[Device], list[str]]:
 
 
 def device_to_api(device: Device) -> dict[str, Any]:
-    """One v1 Device entry: ``{name, attributes: {k: {type: v}}, capacity: {k: {value: qty}}}``."""
+    """One v1 Device entry: ``{name, attributes: {k: {type: v}}, capacity: {k: {value: qty}}}``, and
+    for a shared device ``allowMultipleAllocations: true`` and each capacity's ``requestPolicy``."""
     subject = f"device {device.name}"
     limits.check_dns_label(f"{subject} name", device.name)
     limits.check_device_entries(subject, device.attributes, device.capacity)
@@ -134,10 +136,15 @@ def device_to_api(device: Device) -> dict[str, Any]:
     for key, amount in sorted(device.capacity.items()):
         limits.check_qualified_name(f"{subject} capacity {key}", key)
         spec = CAPACITIES.get(key)
-        capacity[key] = {"value": format_quantity(amount, binary=spec is not None and spec.unit == "bytes")}
+        binary = spec is not None and spec.unit == "bytes"
+        capacity[key] = {"value": format_quantity(amount, binary=binary)}
+        if key in device.request_policies:
+            capacity[key]["requestPolicy"] = policy_to_api(device.request_policies[key], binary=binary)
     entry: dict[str, Any] = {"name": device.name, "attributes": attributes}
     if capacity:
         entry["capacity"] = capacity
+    if device.allow_multiple_allocations:
+        entry["allowMultipleAllocations"] = True
     return entry
 
 

@@ -17,7 +17,9 @@ The four conditions, always all present (from the first reconcile on):
 ``Degraded``
     True when a person has to act: a conflict, a render error, an apply error (same reasons as
     above), or NVIDIA's device plugin on nodes whose agents therefore publish nothing
-    (``DevicePluginConflict``); the first one wins, the message lists them all. A rollout in progress is not degraded.
+    (``DevicePluginConflict``), or a spec option the API server cannot honour (its reason, e.g.
+    ``ConsumableCapacityUnsupported``); the first one wins, the message lists them all. A rollout in
+    progress is not degraded.
     False with ``AsExpected`` otherwise.
 ``Ready``
     True (``Ready``) exactly when AgentsReady and DeviceClassesReady are True and Degraded is
@@ -50,6 +52,18 @@ class ConditionValue:
     status: str
     reason: str
     message: str
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A spec option this cluster's API server cannot honour, so the operator leaves it out:
+    ``reason`` (CamelCase, e.g. ConsumableCapacityUnsupported) and what to do, in ``message``."""
+
+    reason: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
 
 
 @dataclass(frozen=True)
@@ -183,20 +197,23 @@ def device_plugin_problem(nodes: Sequence[str]) -> str:
 
 
 def _degraded(render_errors: Sequence[Any], apply_errors: Sequence[ApplyError],
-              conflicts: Sequence[str], device_plugin_nodes: Sequence[str] = ()) -> ConditionValue:
+              conflicts: Sequence[str], device_plugin_nodes: Sequence[str] = (),
+              unsupported: Sequence[Unsupported] = ()) -> ConditionValue:
     problems = [*conflicts, *map(str, render_errors), *map(str, apply_errors)]
     if device_plugin_nodes:
         problems.append(device_plugin_problem(device_plugin_nodes))
+    problems += map(str, unsupported)
     if not problems:
         return ConditionValue(DEGRADED, FALSE, "AsExpected", "")
     reason = ("Conflict" if conflicts else "RenderFailed" if render_errors else "ApplyFailed" if apply_errors
-              else "DevicePluginConflict")
+              else "DevicePluginConflict" if device_plugin_nodes else unsupported[0].reason)
     return ConditionValue(DEGRADED, TRUE, reason, "; ".join(problems))
 
 
 def summarize(*, daemonset: Mapping[str, Any] | None, device_classes: Sequence[str] = (),
               render_errors: Sequence[Any] = (), apply_errors: Sequence[ApplyError] = (),
-              conflicts: Sequence[str] = (), device_plugin_nodes: Sequence[str] = ()) -> list[ConditionValue]:
+              conflicts: Sequence[str] = (), device_plugin_nodes: Sequence[str] = (),
+              unsupported: Sequence[Unsupported] = ()) -> list[ConditionValue]:
     """The four conditions, in the order Ready, AgentsReady, DeviceClassesReady, Degraded.
 
     ``daemonset``: the live agent DaemonSet (whole object: its generation is compared with
@@ -205,10 +222,11 @@ def summarize(*, daemonset: Mapping[str, Any] | None, device_classes: Sequence[s
     ``apply_errors``: :class:`ApplyError`. ``conflicts``: one sentence per conflict with another
     GpuDraConfig (e.g. ``driver name gpu.gpudra.io is already claimed by GpuDraConfig 'a'``).
     ``device_plugin_nodes``: nodes whose agent publishes nothing because NVIDIA's device plugin
-    advertises ``nvidia.com/gpu`` there."""
+    advertises ``nvidia.com/gpu`` there. ``unsupported``: spec options the API server cannot honour
+    (:class:`Unsupported`), left out of what was applied."""
     agents = _agents(daemonset, apply_errors, conflicts)
     classes = _classes(device_classes, render_errors, apply_errors, conflicts)
-    degraded = _degraded(render_errors, apply_errors, conflicts, device_plugin_nodes)
+    degraded = _degraded(render_errors, apply_errors, conflicts, device_plugin_nodes, unsupported)
     if degraded.status == TRUE:
         ready = ConditionValue(READY, FALSE, degraded.reason, degraded.message)
     elif classes.status != TRUE:

@@ -23,9 +23,10 @@ from gpudra_driver.diff import contains, dropped_fields
 from gpudra_driver.nodeevents import event_source
 from gpudra_driver.kubeapi import Kube, Obj, error_message, is_status, resource_type
 
-from .conditions import ApplyError, agents_status, apply_conditions, summarize
+from .conditions import ApplyError, Unsupported, agents_status, apply_conditions, summarize
 from . import metrics
 from .events import EVENT_NAMESPACE, EventRecorder
+from .features import CONSUMABLE_CAPACITY_UNSUPPORTED, FeatureProbe
 from .render import (DEFAULT_AGENT_IMAGE, LABEL_CONFIG, LABEL_MANAGED_BY, MANAGED_BY, Rendered, child_selector,
                      render)
 from .spec import GpuDraConfig, SpecError
@@ -51,6 +52,7 @@ class Outcome:
     apply_errors: list[ApplyError] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
     render_errors: list[Any] = field(default_factory=list)
+    unsupported: list[Unsupported] = field(default_factory=list)
 
 
 def _age_key(body: Mapping[str, Any]) -> tuple[str, int, str]:
@@ -210,6 +212,7 @@ class Reconciler:
         self._device_counts: dict[str, tuple[float, int]] = {}  # driver -> (monotonic time, count)
         self._device_plugin_cache: dict[str, tuple[float, list[str]]] = {}  # driver -> (time, nodes)
         self._dropped: dict[str, tuple[float, str]] = {}  # class -> (when, extendedResourceName dropped)
+        self.features = FeatureProbe(kube)
 
     def lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -278,9 +281,16 @@ class Reconciler:
         self._reconciled.pop(config.name, None)  # until this one has succeeded: refreshes reconcile
         outcome = Outcome()
         outcome.conflicts = find_conflicts(config, body, configs)
+        consumable = True  # unless this API server would drop what the agents publish for it
+        if config.spec.sharing.consumable_capacity is not None and not outcome.conflicts:
+            support = await self.features.consumable_capacity()
+            consumable = support.supported
+            if not consumable:
+                outcome.unsupported.append(Unsupported(CONSUMABLE_CAPACITY_UNSUPPORTED, support.message))
         # In a thread: inline templates render in a bounded worker process (deviceclasses/worker.py),
         # and the loop keeps serving other configs and the liveness probe meanwhile.
-        rendered = await asyncio.to_thread(render, body, agent_image=self.agent_image)
+        rendered = await asyncio.to_thread(render, body, agent_image=self.agent_image,
+                                           consumable_capacity=consumable)
         outcome.render_errors = list(rendered.errors)
         daemonset = None
         if not outcome.conflicts:
@@ -413,7 +423,7 @@ class Reconciler:
         values = summarize(daemonset=daemonset, device_classes=applied_classes, render_errors=rendered.errors,
                            # in a stable order: the children are written concurrently
                            apply_errors=sorted(outcome.apply_errors, key=lambda e: (e.kind, e.name)),
-                           conflicts=outcome.conflicts,
+                           conflicts=outcome.conflicts, unsupported=outcome.unsupported,
                            device_plugin_nodes=[] if outcome.conflicts or config.spec.agent.allow_device_plugin
                            else await self._device_plugin_nodes(config.spec.driver_name))
         old_status = body.get("status") or {}

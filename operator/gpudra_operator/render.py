@@ -45,6 +45,9 @@ The agent pod (a DRA kubelet plugin) needs:
   agent publishes, and the pod identity for its own bookkeeping.
 * ``SSL_CERT_FILE`` (the ServiceAccount CA): see ``AGENT_PROCESS_ENV``; ``spec.agent.extraEnv``
   overrides it.
+* ``--consumable-memory-step``/``--consumable-shares`` from ``spec.sharing.consumableCapacity``
+  (docs/sharing.md), unless the caller says the API server would drop what they publish
+  (``consumable_capacity=False``: the operator's probe, :mod:`gpudra_operator.features`).
 * RollingUpdate with ``maxSurge: 1, maxUnavailable: 0`` by default: the new agent starts next to the
   old one, so the kubelet never sees the driver deregister and never wipes the node's slices.
 """
@@ -60,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpudra_operator.deviceclasses import RenderError, render_device_classes
-from gpudra_operator.spec import AgentSpec, GpuDraConfig, thaw
+from gpudra_operator.spec import AgentSpec, ConsumableCapacitySpec, GpuDraConfig, thaw
 
 
 def _release() -> str:
@@ -183,11 +186,20 @@ def agent_labels(config_name: str) -> dict[str, str]:
     return {LABEL_NAME: AGENT_NAME, **child_labels(config_name)}
 
 
-def agent_args(driver_name: str, agent: AgentSpec) -> list[str]:
+def sharing_args(consumable: ConsumableCapacitySpec | None) -> list[str]:
+    """The agent's flags for consumable capacity (none without it)."""
+    if consumable is None:
+        return []
+    return ["--consumable-memory-step", consumable.memory_step,
+            *(["--consumable-shares", str(consumable.shares)] if consumable.shares else [])]
+
+
+def agent_args(driver_name: str, agent: AgentSpec, consumable: ConsumableCapacitySpec | None = None) -> list[str]:
     return ["agent", "--driver", driver_name, "--kubelet-dir", agent.kubelet_dir,
             "--cdi-dir", agent.cdi_dir, "--driver-root", agent.driver_root,
             "--container-driver-root", DRIVER_ROOT_MOUNT, "--host-dev", HOST_DEV_MOUNT,
             *(["--allow-device-plugin"] if agent.allow_device_plugin else []),
+            *sharing_args(consumable),
             "--metrics-port", str(AGENT_METRICS_PORT), *agent.extra_args,
             # last, so that it wins over extraArgs: the probes dial this port
             "--health-port", str(AGENT_HEALTH_PORT)]
@@ -197,7 +209,10 @@ def _host_volume(name: str, path: str, kind: str) -> Obj:
     return {"name": name, "hostPath": {"path": path, "type": kind}}
 
 
-def render_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_IMAGE) -> Obj:
+def render_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_IMAGE, *,
+                     consumable_capacity: bool = True) -> Obj:
+    """``consumable_capacity``: whether the API server keeps consumable capacity's fields (False
+    leaves spec.sharing.consumableCapacity out of the agent's flags)."""
     spec = config.spec
     agent = spec.agent
     labels = agent_labels(config.name)
@@ -212,7 +227,8 @@ def render_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_IMAG
         "image": agent.image or agent_image,
         "imagePullPolicy": agent.image_pull_policy,
         "command": ["gpudra"],
-        "args": agent_args(spec.driver_name, agent),
+        "args": agent_args(spec.driver_name, agent,
+                           spec.sharing.consumable_capacity if consumable_capacity else None),
         "env": [
             field_env("NODE_NAME", "spec.nodeName"),
             field_env("POD_UID", "metadata.uid"),
@@ -304,14 +320,17 @@ def _finish_device_class(config: GpuDraConfig, doc: Obj) -> Obj:
     }
 
 
-def render(config_body: Mapping[str, Any], *, agent_image: str = DEFAULT_AGENT_IMAGE) -> Rendered:
+def render(config_body: Mapping[str, Any], *, agent_image: str = DEFAULT_AGENT_IMAGE,
+           consumable_capacity: bool = True) -> Rendered:
     """The desired objects of the GpuDraConfig ``config_body`` (a kopf body or a plain dict);
-    ``agent_image`` is the agent's image unless ``spec.agent.image`` names one.
+    ``agent_image`` is the agent's image unless ``spec.agent.image`` names one;
+    ``consumable_capacity`` False when the API server would drop consumable capacity's fields
+    (the agents are then not asked to publish them).
 
     Raises :class:`gpudra_operator.spec.SpecError` only for a body of the wrong shape (which the
     CRD's schema prevents); a DeviceClass that fails to render lands in ``errors`` instead and never
     stops the others."""
     config = GpuDraConfig.from_body(config_body)
     classes, errors = render_device_classes(config.spec.device_classes, config.spec.driver_name)
-    objects = [render_daemonset(config, agent_image), *(_finish_device_class(config, doc) for doc in classes)]
+    objects = [render_daemonset(config, agent_image, consumable_capacity=consumable_capacity), *(_finish_device_class(config, doc) for doc in classes)]
     return Rendered(objects=objects, errors=errors)

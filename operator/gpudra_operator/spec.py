@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from gpudra_driver.consumable import MAX_SHARES, parse_memory_step
+
 DEFAULT_DRIVER_NAME = "gpu.gpudra.io"
 DEFAULT_NAMESPACE = "gpudra-system"
 
@@ -252,12 +254,62 @@ class GcSpec:
         )
 
 
+def _int(value: Any, path: str, default: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(path, f"must be an integer, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ConsumableCapacitySpec:
+    """spec.sharing.consumableCapacity (KEP-5075): full GPUs published for several claims each.
+    ``memory_step`` as written (a quantity), ``memory_step_bytes`` its value."""
+
+    memory_step: str = "1Gi"
+    shares: int = 0
+
+    @property
+    def memory_step_bytes(self) -> int:
+        return parse_memory_step(self.memory_step)
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str) -> ConsumableCapacitySpec:
+        d = _map(data, path)
+        spec = cls(memory_step=_str(d.get("memoryStep"), f"{path}.memoryStep", cls.memory_step),
+                   shares=_int(d.get("shares"), f"{path}.shares", cls.shares))
+        try:  # the CRD's CEL refuses these too; a file given to `gpudra render` has not been through it
+            spec.memory_step_bytes
+        except ValueError as error:
+            raise SpecError(f"{path}.memoryStep", str(error)) from None
+        if not 0 <= spec.shares <= MAX_SHARES:
+            raise SpecError(f"{path}.shares", f"must be 0..{MAX_SHARES}, got {spec.shares}")
+        return spec
+
+
+@dataclass(frozen=True)
+class SharingSpec:
+    """spec.sharing: how GPUs may be shared between ResourceClaims. ``consumable_capacity`` None:
+    not at all (one claim per device)."""
+
+    consumable_capacity: ConsumableCapacitySpec | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str = "spec.sharing") -> SharingSpec:
+        d = _map(data, path)
+        consumable = d.get("consumableCapacity")
+        return cls(consumable_capacity=None if consumable is None else
+                   ConsumableCapacitySpec.from_dict(consumable, f"{path}.consumableCapacity"))
+
+
 @dataclass(frozen=True)
 class GpuDraConfigSpec:
     driver_name: str = DEFAULT_DRIVER_NAME
     agent: AgentSpec = field(default_factory=AgentSpec)
     device_classes: tuple[DeviceClassSpec, ...] = ()
     resource_slice_gc: GcSpec = field(default_factory=GcSpec)
+    sharing: SharingSpec = field(default_factory=SharingSpec)
 
     @classmethod
     def from_dict(cls, data: Any, path: str = "spec") -> GpuDraConfigSpec:
@@ -269,6 +321,7 @@ class GpuDraConfigSpec:
             device_classes=tuple(DeviceClassSpec.from_dict(c, f"{path}.deviceClasses[{i}]")
                                  for i, c in enumerate(classes)),
             resource_slice_gc=GcSpec.from_dict(d.get("resourceSliceGC"), f"{path}.resourceSliceGC"),
+            sharing=SharingSpec.from_dict(d.get("sharing"), f"{path}.sharing"),
         )
 
     @classmethod

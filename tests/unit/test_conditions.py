@@ -178,3 +178,17 @@ def test_nodes_with_nvidias_device_plugin_make_the_config_degraded_and_name_them
     # an error of the config's own comes first
     first = by_type(summarize(daemonset=daemonset(1, 1, 1), conflicts=["driver taken"], device_plugin_nodes=["x"]))
     assert first["Degraded"].reason == "Conflict"
+
+
+def test_an_option_the_api_server_cannot_honour_makes_the_config_degraded_with_its_reason() -> None:
+    from gpudra_operator.conditions import Unsupported
+
+    gone = Unsupported("ConsumableCapacityUnsupported", "spec.sharing.consumableCapacity is not in effect: ...")
+    c = by_type(summarize(daemonset=daemonset(2, 2, 2), device_classes=["a"], unsupported=[gone]))
+    assert (c["Degraded"].status, c["Degraded"].reason) == ("True", "ConsumableCapacityUnsupported")
+    assert c["Degraded"].message == gone.message
+    assert (c["Ready"].status, c["Ready"].reason) == ("False", "ConsumableCapacityUnsupported")
+    assert c["AgentsReady"].status == "True" and c["DeviceClassesReady"].status == "True"
+    # the config's own errors and the device plugin come first; every problem is in the message
+    both = by_type(summarize(daemonset=daemonset(1, 1, 1), device_plugin_nodes=["x"], unsupported=[gone]))
+    assert both["Degraded"].reason == "DevicePluginConflict" and gone.message in both["Degraded"].message

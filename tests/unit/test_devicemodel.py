@@ -55,7 +55,7 @@ def test_attribute_type_restricted_to_the_driver_domain() -> None:
 
 
 def test_capacities_by_device_type() -> None:
-    assert capacity_names("gpu") == ["memory"]
+    assert capacity_names("gpu") == ["memory", "shares"]  # shares: only with consumable capacity
     assert capacity_names("mig") == [
         "memory", "multiprocessors", "copyEngines", "decoders", "encoders", "jpegEngines", "ofaEngines",
     ]

@@ -160,3 +160,25 @@ def test_a_library_of_another_architecture_exits_1_before_loading(tmp_path: Path
     library.write_bytes(bytes(data))
     done = discover_real("--driver-root", str(root), "--node-name", "n")
     assert done.returncode == 1 and "64-bit aarch64 library" in done.stderr and str(library) in done.stderr
+
+
+def test_consumable_capacity_flags_show_what_the_agent_would_publish(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gpudra("--nvml", "fake:a100-80gb-mig", "--consumable-memory-step", "1Gi", "--consumable-shares", "4",
+                  "-o", "yaml") == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    # the MIG-enabled A100 publishes MIG devices only: partitions are never shared
+    assert not any(d.get("allowMultipleAllocations") for d in doc["devices"])
+    assert gpudra("--nvml", "fake:dgx-h100", "--consumable-memory-step", "1Gi", "--consumable-shares", "4",
+                  "-o", "yaml") == 0
+    [slice_] = yaml.safe_load(capsys.readouterr().out)["resourceSlices"]
+    device = slice_["spec"]["devices"][0]
+    assert device["allowMultipleAllocations"] is True
+    assert device["capacity"]["memory"] == {"value": "81559Mi", "requestPolicy": {
+        "default": "79Gi", "validRange": {"min": "1Gi", "max": "79Gi", "step": "1Gi"}}}
+    assert device["capacity"]["shares"]["value"] == "4"
+    assert gpudra("--nvml", "fake:l4x2", "--consumable-memory-step", "16Gi") == 0
+    out, err = capsys.readouterr()
+    assert "consumable capacity: 0 GPU(s) published for sharing (none), memory in steps of 16Gi" in out
+    assert err.count("published unshared, one claim at a time") == 2
+    assert gpudra("--nvml", "fake:l4x2", "--consumable-shares", "2") == 2
+    assert "--consumable-shares needs --consumable-memory-step" in capsys.readouterr().err

@@ -296,3 +296,34 @@ def test_an_extended_resource_name_goes_into_its_device_class() -> None:
     classes = {c["metadata"]["name"]: c["spec"] for c in rendered.device_classes}
     assert classes["gpu.gpudra.io"]["extendedResourceName"] == "nvidia.com/gpu"
     assert "extendedResourceName" not in classes["mig.gpudra.io"]
+
+
+def test_consumable_capacity_reaches_the_agents_as_flags_unless_the_api_server_drops_it() -> None:
+    from gpudra_driver import agent_cmd, consumable
+    import argparse
+
+    plain = container(render(config()).daemonset)["args"]
+    assert not any(a.startswith("--consumable") for a in plain)
+    shared = config({"sharing": {"consumableCapacity": {"memoryStep": "512Mi", "shares": 4}}})
+    args = container(render(shared).daemonset)["args"]
+    assert args[args.index("--consumable-memory-step"):][:4] == [
+        "--consumable-memory-step", "512Mi", "--consumable-shares", "4"]
+    assert container(render(shared, consumable_capacity=False).daemonset)["args"] == plain
+    no_shares = container(render(config({"sharing": {"consumableCapacity": {"memoryStep": "1Gi"}}})).daemonset)["args"]
+    assert "--consumable-memory-step" in no_shares and "--consumable-shares" not in no_shares
+    # what the agent makes of them
+    parser = argparse.ArgumentParser(prog="gpudra")
+    agent_cmd.add_parser(parser.add_subparsers())
+    parsed = parser.parse_args(args)
+    assert consumable.from_args(parsed) == consumable.ConsumableCapacity(512 * 2**20, 4)
+
+
+def test_a_class_may_select_shared_gpus_with_cel() -> None:
+    inline = ('apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: {{ name }}\nspec:\n'
+              '  selectors:\n  - cel:\n      expression: {{ (driver_match ~ " && device.allowMultipleAllocations")'
+              ' | yaml_string }}\n')
+    rendered = render(config({"deviceClasses": [{"name": "shared.gpudra.io", "inline": inline}]}))
+    assert rendered.errors == []
+    (cls,) = rendered.device_classes
+    assert cls["spec"]["selectors"][0]["cel"]["expression"] == \
+        'device.driver == "gpu.gpudra.io" && device.allowMultipleAllocations'

@@ -24,7 +24,8 @@ def gpudra_render(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, 
     return code, out, err
 
 
-@pytest.mark.parametrize("sample", ["gpudraconfig.yaml", "gpudraconfig-minimal.yaml", "gpudraconfig-mig.yaml"])
+@pytest.mark.parametrize("sample", ["gpudraconfig.yaml", "gpudraconfig-minimal.yaml", "gpudraconfig-mig.yaml",
+                                    "gpudraconfig-sharing.yaml"])
 def test_every_sample_renders_to_what_the_operator_would_apply(capsys, sample: str) -> None:
     code, out, err = gpudra_render(capsys, "-f", str(SAMPLES / sample))
     assert (code, err) == (0, "")
@@ -107,3 +108,23 @@ def test_console_script_reads_stdin() -> None:
                             input=text, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     assert [o["kind"] for o in json.loads(result.stdout)["items"]] == ["DaemonSet", "DeviceClass"]
+
+
+def test_consumable_capacity_is_checked_and_reaches_the_agent_flags(capsys, tmp_path: Path) -> None:
+    path = write(tmp_path, CONFIG + "  sharing:\n    consumableCapacity: {memoryStep: 1 Gi, shares: 2000}\n")
+    code, out, err = gpudra_render(capsys, "-f", path)
+    assert code == 1 and out == ""
+    step, shares = err.splitlines()
+    assert step.endswith('spec.sharing.consumableCapacity.memoryStep: must match ' +
+                         r'^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|'
+                         r'(\.[0-9]+))))?$, got "1 Gi"')
+    assert shares.endswith("spec.sharing.consumableCapacity.shares: must be <= 1000, got 2000")
+    # the pattern takes 0; the parser (as the API server's CEL rule) does not
+    path = write(tmp_path, CONFIG + "  sharing:\n    consumableCapacity: {memoryStep: '0'}\n")
+    code, out, err = gpudra_render(capsys, "-f", path)
+    assert code == 1 and "spec.sharing.consumableCapacity.memoryStep: '0' is not a positive whole number" in err
+    path = write(tmp_path, CONFIG + "  sharing:\n    consumableCapacity: {}\n")
+    code, out, err = gpudra_render(capsys, "-f", path)
+    (container,) = next(yaml.safe_load_all(out))["spec"]["template"]["spec"]["containers"]
+    assert code == 0 and "--consumable-memory-step" in container["args"]
+    assert container["args"][container["args"].index("--consumable-memory-step") + 1] == "1Gi"  # the CRD default

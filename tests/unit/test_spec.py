@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from gpudra_operator import crd
-from gpudra_operator.spec import (AgentSpec, DeviceClassSpec, EnvVar, GcSpec, GpuDraConfig,
-                                  GpuDraConfigSpec, SpecError, UpdateStrategy, parse_duration)
+from gpudra_operator.spec import (AgentSpec, ConsumableCapacitySpec, DeviceClassSpec, EnvVar, GcSpec,
+                                  GpuDraConfig, GpuDraConfigSpec, SharingSpec, SpecError, UpdateStrategy,
+                                  parse_duration)
 
 
 def body(spec: Any = None, **meta: Any) -> dict[str, Any]:
@@ -25,9 +26,11 @@ def body(spec: Any = None, **meta: Any) -> dict[str, Any]:
 # One entry in each list, so item-level defaults (extraEnv[].value) are exercised too.
 LISTS = {"agent": {"extraEnv": [{"name": "X"}]},
          "deviceClasses": [{"name": "a.gpudra.io", "template": "all"}]}
+# An empty consumableCapacity: present turns it on, with the defaults of its fields.
+SHARING = {"sharing": {"consumableCapacity": {}}}
 
 
-@pytest.mark.parametrize("spec", [None, {}, LISTS], ids=["no-spec", "empty", "with-lists"])
+@pytest.mark.parametrize("spec", [None, {}, LISTS, SHARING], ids=["no-spec", "empty", "with-lists", "sharing"])
 def test_dataclass_defaults_equal_the_crd_defaults(spec: Any) -> None:
     undefaulted = GpuDraConfigSpec.from_body(body(spec))
     by_apiserver = GpuDraConfigSpec.from_body(crd.default_object(body(spec)))
@@ -44,7 +47,24 @@ def test_crd_defaults_are_the_documented_ones() -> None:
                                    update_strategy=UpdateStrategy(max_unavailable=0, max_surge=1),
                                    kubelet_dir="/var/lib/kubelet", cdi_dir="/var/run/cdi", driver_root="/")
     assert spec.resource_slice_gc == GcSpec(enabled=True, interval=60.0, grace_period=300.0, dry_run=False)
+    assert spec.sharing == SharingSpec(consumable_capacity=None)  # off unless asked for
     assert spec == GpuDraConfigSpec()
+    shared = GpuDraConfigSpec.from_body(crd.default_object(body(SHARING)))
+    assert shared.sharing.consumable_capacity == ConsumableCapacitySpec(memory_step="1Gi", shares=0)
+    assert shared.sharing.consumable_capacity.memory_step_bytes == 2**30
+
+
+@pytest.mark.parametrize("value, message", [
+    ({"memoryStep": "0"}, "spec.sharing.consumableCapacity.memoryStep: '0' is not a positive whole number"),
+    ({"memoryStep": "0.5"}, "is not a positive whole number of bytes"),
+    ({"memoryStep": "lots"}, "is not a Kubernetes quantity"),
+    ({"memoryStep": 1024}, "spec.sharing.consumableCapacity.memoryStep: must be a string"),
+    ({"shares": 1001}, "spec.sharing.consumableCapacity.shares: must be 0..1000"),
+    ({"shares": "4"}, "spec.sharing.consumableCapacity.shares: must be an integer"),
+])
+def test_consumable_capacity_values_the_agent_would_refuse_name_the_field(value: Any, message: str) -> None:
+    with pytest.raises(SpecError, match=re.escape(message)):
+        GpuDraConfigSpec.from_body(body({"sharing": {"consumableCapacity": value}}))
 
 
 def _camel_to_snake(name: str) -> str:
@@ -58,6 +78,8 @@ def _camel_to_snake(name: str) -> str:
     (("spec", "deviceClasses", "items"), DeviceClassSpec),
     (("spec", "resourceSliceGC"), GcSpec),
     (("spec", "agent", "extraEnv", "items"), EnvVar),
+    (("spec", "sharing"), SharingSpec),
+    (("spec", "sharing", "consumableCapacity"), ConsumableCapacitySpec),
 ])
 def test_every_crd_field_has_a_dataclass_field(schema_path: tuple[str, ...], cls: type) -> None:
     node = crd.openapi_schema()
