@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv kube-bin helm-bin cdi-schema cdi-tools nvidia-ctk mock-nvml mock-nvidia-smi containerd registry test unit typecheck demo demo-down bench protos images image-operator image-agent base-image clean
+.PHONY: help venv kube-bin helm-bin cdi-schema cdi-tools nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry test unit typecheck demo demo-down bench protos images image-operator image-agent base-image clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
@@ -20,6 +20,7 @@ help:
 	@echo "make cdi-tools  build cdi-validate (hack/cdi-tools): the official CDI Go library the tests check every CDI spec with"
 	@echo "make nvidia-ctk build NVIDIA's nvidia-ctk and nvidia-cdi-hook (pinned, from the Go module proxy) the tests compare specs with"
 	@echo "make mock-nvml  build the mock libnvidia-ml.so.1 (tests/mocknvml) the tests run pynvml and nvidia-ctk against"
+	@echo "make mock-nvidia-smi mock-mps-control  the fake driver roots' nvidia-smi and nvidia-cuda-mps-control (tests/mocknvml)"
 	@echo "make registry   build CNCF Distribution's registry (pinned, from the Go module proxy) the getting-started test pushes to"
 	@echo "make bench      benchmarks (not part of make test)"
 	@echo "make protos     regenerate the kubelet plugin's gRPC stubs"
@@ -56,7 +57,7 @@ nvidia-ctk:
 # The mock NVML (a C libnvidia-ml.so.1 answering from an inventory written from a profile) that the
 # tests load into the real pynvml and nvidia-ctk; built here, never committed (build/ is ignored).
 MOCK_NVML := build/mock-nvml/libnvidia-ml.so
-MOCK_NVML_SRC := tests/mocknvml/mock_nvml.c tests/mocknvml/mock_nvml.h
+MOCK_NVML_SRC := tests/mocknvml/mock_nvml.c tests/mocknvml/mock_nvml.h tests/mocknvml/mock_state.h
 mock-nvml: $(MOCK_NVML)
 $(MOCK_NVML): $(MOCK_NVML_SRC)
 	@command -v $(CC) >/dev/null || { echo "make mock-nvml: no C compiler ($(CC)) found: apt-get install gcc" >&2; exit 1; }
@@ -67,8 +68,18 @@ $(MOCK_NVML): $(MOCK_NVML_SRC)
 # no NVML; make_driver_root installs it with the root's inventory appended.
 MOCK_NVIDIA_SMI := build/mock-nvml/nvidia-smi
 mock-nvidia-smi: $(MOCK_NVIDIA_SMI)
-$(MOCK_NVIDIA_SMI): tests/mocknvml/nvidia_smi.c
+MOCK_TOOL_HEADERS := tests/mocknvml/mock_state.h tests/mocknvml/mock_inventory.h
+$(MOCK_NVIDIA_SMI): tests/mocknvml/nvidia_smi.c $(MOCK_TOOL_HEADERS)
 	@command -v $(CC) >/dev/null || { echo "make mock-nvidia-smi: no C compiler ($(CC)) found: apt-get install gcc libc6-dev" >&2; exit 1; }
+	@mkdir -p $(@D)
+	$(CC) -Wall -Wextra -Werror -O2 -static -o $@ $<
+
+# The fake driver roots' nvidia-cuda-mps-control (MPS control daemon and client, no CUDA): static
+# for the same reason; make_driver_root installs it with the root's inventory appended.
+MOCK_MPS_CONTROL := build/mock-nvml/nvidia-cuda-mps-control
+mock-mps-control: $(MOCK_MPS_CONTROL)
+$(MOCK_MPS_CONTROL): tests/mocknvml/mps_control.c $(MOCK_TOOL_HEADERS)
+	@command -v $(CC) >/dev/null || { echo "make mock-mps-control: no C compiler ($(CC)) found: apt-get install gcc libc6-dev" >&2; exit 1; }
 	@mkdir -p $(@D)
 	$(CC) -Wall -Wextra -Werror -O2 -static -o $@ $<
 
@@ -82,7 +93,7 @@ containerd:
 registry:
 	@hack/registry-bin.sh
 
-test: venv cdi-schema mock-nvml mock-nvidia-smi
+test: venv cdi-schema mock-nvml mock-nvidia-smi mock-mps-control
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
 	  helm="$$(hack/helm-bin.sh | tail -n 1)" && test -n "$$helm" && \
 	  nvctk="$$(hack/nvidia-ctk-bin.sh | tail -n 1)" && test -n "$$nvctk" && \
@@ -94,7 +105,7 @@ test: venv cdi-schema mock-nvml mock-nvidia-smi
 	  GPUDRA_CDI_TOOLS_DIR="$$cdi_tools" GPUDRA_CONTAINERD_DIR="$$containerd_dir" GPUDRA_REGISTRY_DIR="$$registry_dir" \
 	  GPUDRA_TEST_OPERATOR_IMAGE="$${images%% *}" GPUDRA_TEST_AGENT_IMAGE="$${images##* }" $(BIN)/pytest $(PYTEST_ARGS)
 
-unit: venv cdi-schema cdi-tools mock-nvml
+unit: venv cdi-schema cdi-tools mock-nvml mock-nvidia-smi mock-mps-control
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 typecheck: venv

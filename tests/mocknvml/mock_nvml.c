@@ -19,7 +19,16 @@
  *  - GPU/compute instance calls (GetGpuInstanceById, GpuInstanceGetInfo, ComputeInstanceGetInfo,
  *    Get{Gpu,Compute}InstanceProfileInfo v1) answer from the MIG devices, enough for go-nvlib's
  *    MigDevice.GetProfile, which nvidia-ctk calls for every MIG device;
+ *  - nvmlDevice{Get,Set}ComputeMode: per GPU, shared with other processes through a file under the
+ *    driver root (mock_state.h), default DEFAULT (0); Set takes DEFAULT, PROHIBITED (2) or
+ *    EXCLUSIVE_PROCESS (3), anything else (EXCLUSIVE_THREAD, 1, whose support NVML removed,
+ *    included) is INVALID_ARGUMENT; MIG handles get NOT_SUPPORTED for both (the mode is the parent
+ *    GPU's); a state directory it cannot write is NO_PERMISSION (the real call needs root); each
+ *    successful Set appends `nvml SetComputeMode <uuid> <mode>` to the root's calls.log;
  *  - exported calls the mock does not model return NOT_SUPPORTED.
+ *
+ * Driver root (for the shared state): this library's directory minus usr/lib/x86_64-linux-gnu, found
+ * with dladdr like the inventory; $GPUDRA_MOCK_STATE_DIR overrides the state directory.
  *
  * Inventory: $GPUDRA_MOCK_NVML_INVENTORY, else gpudra-mock-nvml.inventory next to this library file.
  * Missing or unreadable: nvmlInit returns DRIVER_NOT_LOADED and says on stderr which file it wanted.
@@ -52,6 +61,7 @@
 #include <strings.h>
 
 #include "mock_nvml.h"
+#include "mock_state.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -120,21 +130,35 @@ typedef struct instance *nvmlComputeInstance_t;
 
 /* -- inventory -------------------------------------------------------------------------------- */
 
+/* This library's own path, as the dynamic loader opened it. */
+static const char *library_file(void) {
+    Dl_info info;
+    if (dladdr((void *)&library_file, &info) && info.dli_fname && strchr(info.dli_fname, '/')) return info.dli_fname;
+    return NULL;
+}
+
 static void inventory_path(char *out, size_t size) {
     const char *env = getenv(INVENTORY_ENV);
     if (env && *env) {
         snprintf(out, size, "%s", env);
         return;
     }
-    Dl_info info;
-    if (dladdr((void *)&inventory_path, &info) && info.dli_fname) {
-        const char *slash = strrchr(info.dli_fname, '/');
-        if (slash) {
-            snprintf(out, size, "%.*s/%s", (int)(slash - info.dli_fname), info.dli_fname, INVENTORY_FILE);
-            return;
-        }
+    const char *lib = library_file();
+    if (lib) {
+        const char *slash = strrchr(lib, '/');
+        snprintf(out, size, "%.*s/%s", (int)(slash - lib), lib, INVENTORY_FILE);
+        return;
     }
     snprintf(out, size, "%s", INVENTORY_FILE);
+}
+
+/* The directory the mocks share their state in (mock_state.h): <root>/run/gpudra-mock; 0, or -1
+ * when the path does not fit. */
+static int state_path(char *out, size_t size) {
+    char root[MOCK_PATH_LEN - 32];
+    const char *lib = library_file();
+    if (mock_root_of(lib ? lib : "./" INVENTORY_FILE, "/usr/lib/x86_64-linux-gnu", root, sizeof root) != 0) return -1;
+    return mock_state_dir(root, out, size);
 }
 
 static void copy_text(char *dst, size_t size, const char *src) { snprintf(dst, size, "%s", src); }
@@ -628,6 +652,33 @@ EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, mock_device_
 
 EXPORT nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t device, mock_device_attrs_t *attributes) {
     return nvmlDeviceGetAttributes_v2(device, attributes);
+}
+
+/* -- compute mode (shared state: mock_state.h) ------------------------------------------------ */
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, int *mode) {
+    GPU(device, "nvmlDeviceGetComputeMode", g);
+    OUT(mode);
+    char state[MOCK_PATH_LEN];
+    int value;
+    if (state_path(state, sizeof state) != 0) return NVML_ERROR_UNKNOWN;
+    if (mock_get_value(state, g->dev.uuid, "compute_mode", NVML_COMPUTEMODE_DEFAULT, &value) < 0)
+        return NVML_ERROR_UNKNOWN;
+    *mode = value;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t device, int mode) {
+    GPU(device, "nvmlDeviceSetComputeMode", g);
+    if (mode != NVML_COMPUTEMODE_DEFAULT && mode != NVML_COMPUTEMODE_PROHIBITED &&
+        mode != NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    char state[MOCK_PATH_LEN];
+    if (state_path(state, sizeof state) != 0) return NVML_ERROR_UNKNOWN;
+    if (mock_set_value(state, g->dev.uuid, "compute_mode", mode) != 0)
+        return errno == EACCES || errno == EPERM || errno == EROFS ? NVML_ERROR_NO_PERMISSION : NVML_ERROR_UNKNOWN;
+    mock_log_call(state, "nvml SetComputeMode %s %d", g->dev.uuid, mode);
+    return NVML_SUCCESS;
 }
 
 /* -- exported but not modelled: NOT_SUPPORTED (after the usual init and handle checks) --------- */

@@ -6,12 +6,9 @@
  * busybox image), so it must need nothing but the kernel. It does not load NVML either.
  *
  * make_driver_root (gpudra_operator/localcluster/driverroot.py) installs it as
- * <root>/usr/bin/nvidia-smi with the root's mock-NVML inventory appended (the ELF loader ignores
- * trailing bytes): the inventory text, its length as 8 little-endian bytes, then the 8 bytes
- * TRAILER_MAGIC. So the single bind-mounted file knows the driver version and each GPU's minor,
- * name and UUID. Without a trailer it reads $GPUDRA_MOCK_NVML_INVENTORY, else
- * <dir of this binary>/../lib/x86_64-linux-gnu/gpudra-mock-nvml.inventory (format: the header of
- * mock_nvml.c; only driverVersion, gpu, name, uuid, minor and mig are read).
+ * <root>/usr/bin/nvidia-smi with the root's mock-NVML inventory appended (mock_inventory.h: the
+ * trailer, and where it looks without one). So the single bind-mounted file knows the driver
+ * version and each GPU's index, minor, name, UUID and PCI bus ID, and the MIG devices' UUIDs.
  *
  * The GPUs it reports are those whose /dev/nvidia<minor> node exists (in the container: the ones
  * CDI injected), in minor order, like `nvidia-smi -L`:
@@ -21,122 +18,213 @@
  *
  * Exit status 0 with at least one GPU; 9 (the real tool's "couldn't communicate with the NVIDIA
  * driver") with none or without an inventory. `--version` prints the driver version only.
+ *
+ * The settings gpudra's GPU sharing makes, on the host's view of the machine (every GPU of the
+ * inventory, by NVML index, UUID or PCI bus ID; `-i a,b` for several; no -i: all GPUs):
+ *
+ *   nvidia-smi [-i <id>] -c <DEFAULT|PROHIBITED|EXCLUSIVE_PROCESS|0|2|3>      compute mode
+ *   nvidia-smi compute-policy [-i <id>] --set-timeslice <0|1|2|3>               DEFAULT/SHORT/MEDIUM/LONG
+ *   nvidia-smi compute-policy [-i <id>] --get-timeslice                         the mock's read-back:
+ *                                                                               `<uuid> <0-3>` per GPU
+ *
+ * The values live in the driver root's shared state, the same files the mock NVML's
+ * nvmlDevice{Get,Set}ComputeMode use, and each GPU set is one line of its calls.log (both:
+ * mock_state.h). Exit status as the real tool's documents it: 0 success, 2 an invalid argument,
+ * 3 not supported on the device (a MIG device: these are per-GPU settings), 4 no permission (a
+ * state directory it cannot write), 6 no such GPU ("No devices were found"), 9 no inventory.
+ * It stops at the first GPU that fails, like the real tool ("Terminating early due to previous errors.").
  */
 #define _GNU_SOURCE
-#include <ctype.h>
 #include <dirent.h>
-#include <stdint.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define TRAILER_MAGIC "GPUDRAIN"
-#define MAX_GPUS 64
-#define MAX_INVENTORY (1 << 20)
+#include "mock_inventory.h"
+#include "mock_state.h"
 
-struct gpu {
-    int minor;
-    char name[128];
-    char uuid[96];
+/* nvidia-smi's documented return values */
+#define RC_OK 0
+#define RC_INVALID_ARGUMENT 2
+#define RC_NOT_SUPPORTED 3
+#define RC_NO_PERMISSION 4
+#define RC_NOT_FOUND 6
+#define RC_DRIVER_NOT_LOADED 9
+#define RC_OTHER 255
+
+static struct mock_inventory inv;
+
+static const char *const compute_modes[] = {"DEFAULT", "EXCLUSIVE_THREAD", "PROHIBITED", "EXCLUSIVE_PROCESS"};
+static const char *const timeslices[] = {"DEFAULT", "SHORT", "MEDIUM", "LONG"};
+
+static int usage_error(void) {
+    fprintf(stderr, "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n");
+    return RC_INVALID_ARGUMENT;
+}
+
+/* `-x V`, `--long V` or `--long=V` at argv[*i]: the value (advancing *i), else NULL. */
+static const char *option(int argc, char **argv, int *i, const char *short_name, const char *long_name,
+                          int *missing) {
+    const char *arg = argv[*i];
+    size_t len = strlen(long_name);
+    if (strcmp(arg, short_name) == 0 || strcmp(arg, long_name) == 0) {
+        if (*i + 1 >= argc) {
+            *missing = 1;
+            return NULL;
+        }
+        return argv[++*i];
+    }
+    if (strncmp(arg, long_name, len) == 0 && arg[len] == '=') return arg + len + 1;
+    return NULL;
+}
+
+/* A small non-negative decimal, or -1. */
+static int small_number(const char *text) {
+    if (!*text || strlen(text) > 3 || strspn(text, "0123456789") != strlen(text)) return -1;
+    return atoi(text);
+}
+
+/* One -i entry: a GPU, or a MIG device (set *mig), by index, UUID or PCI bus ID. */
+static const struct mock_gpu *find_target(const char *id, const struct mock_mig **mig) {
+    *mig = NULL;
+    const struct mock_gpu *g = mock_find_gpu(&inv, id);
+    if (g) return g;
+    for (int i = 0; i < inv.ngpus; i++)
+        if (*inv.gpus[i].bus_id && strcasecmp(inv.gpus[i].bus_id, id) == 0) return &inv.gpus[i];
+    *mig = mock_find_mig(&inv, id);
+    return NULL;
+}
+
+struct target {
+    const struct mock_gpu *gpu; /* NULL: the MIG device `mig` */
+    const char *mig;
 };
 
-static struct gpu gpus[MAX_GPUS];
-static int ngpus;
-static char driver_version[64];
+/* The devices `ids` names (NULL: every GPU) into `out`; the exit status on failure, else 0. */
+static int select_targets(const char *ids, struct target *out, int *n) {
+    *n = 0;
+    if (!ids) {
+        for (int i = 0; i < inv.ngpus; i++) out[(*n)++] = (struct target){&inv.gpus[i], NULL};
+        return RC_OK;
+    }
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", ids) >= (int)sizeof buf) return usage_error();
+    char *save = NULL;
+    for (char *id = strtok_r(buf, ",", &save); id; id = strtok_r(NULL, ",", &save)) {
+        const struct mock_mig *mig;
+        const struct mock_gpu *g = find_target(id, &mig);
+        if (!g && !mig) {
+            fprintf(stderr, "No devices were found\n");
+            return RC_NOT_FOUND;
+        }
+        if (*n >= MOCK_MAX_GPUS) return usage_error();
+        out[(*n)++] = (struct target){g, g ? NULL : mig->uuid};
+    }
+    if (*n == 0) return usage_error();
+    return RC_OK;
+}
 
-static char *read_trailer(void) {
-    FILE *f = fopen("/proc/self/exe", "rb");
-    if (!f)
-        return NULL;
-    char tail[16];
-    char *text = NULL;
-    if (fseek(f, -16, SEEK_END) == 0 && fread(tail, 1, 16, f) == 16 && memcmp(tail + 8, TRAILER_MAGIC, 8) == 0) {
-        uint64_t len = 0;
-        for (int i = 7; i >= 0; i--)
-            len = (len << 8) | (unsigned char)tail[i];
-        if (len > 0 && len < MAX_INVENTORY && fseek(f, -16 - (long)len, SEEK_END) == 0) {
-            text = calloc(1, len + 1);
-            if (text && fread(text, 1, len, f) != len) {
-                free(text);
-                text = NULL;
+/* errno of a failed state write -> the tool's message and status. */
+static int state_error(const char *what, const char *bus_id) {
+    int denied = errno == EACCES || errno == EPERM || errno == EROFS;
+    fprintf(stderr, "Unable to set the %s for GPU %s: %s\nTerminating early due to previous errors.\n", what, bus_id,
+            denied ? "Insufficient Permissions" : strerror(errno));
+    return denied ? RC_NO_PERMISSION : RC_OTHER;
+}
+
+static int not_supported(const char *what, const char *mig) {
+    fprintf(stderr, "Unable to set the %s for MIG device %s: Not Supported\n"
+                    "Terminating early due to previous errors.\n", what, mig);
+    return RC_NOT_SUPPORTED;
+}
+
+static int set_compute_mode(const char *ids, const char *value) {
+    int mode = small_number(value);
+    for (int m = 0; mode < 0 && m < 4; m++)
+        if (strcasecmp(value, compute_modes[m]) == 0) mode = m;
+    if (mode != 0 && mode != 2 && mode != 3) return usage_error(); /* EXCLUSIVE_THREAD: support removed */
+    struct target targets[MOCK_MAX_GPUS];
+    int n, rc = select_targets(ids, targets, &n);
+    if (rc != RC_OK) return rc;
+    char state[MOCK_PATH_LEN];
+    if (mock_tool_state_dir(state, sizeof state) != 0) {
+        fprintf(stderr, "gpudra mock nvidia-smi: the driver root's path is too long\n");
+        return RC_OTHER;
+    }
+    for (int i = 0; i < n; i++) {
+        const struct mock_gpu *g = targets[i].gpu;
+        if (!g) return not_supported("compute mode", targets[i].mig);
+        if (mock_set_value(state, g->uuid, "compute_mode", mode) != 0) return state_error("compute mode", g->bus_id);
+        mock_log_call(state, "nvidia-smi -c %s %d", g->uuid, mode);
+        printf("Set compute mode to %s for GPU %s.\n", compute_modes[mode], g->bus_id);
+    }
+    printf("All done.\n");
+    return RC_OK;
+}
+
+static int compute_policy(int argc, char **argv) {
+    const char *ids = NULL, *set = NULL;
+    int get = 0;
+    for (int i = 2; i < argc; i++) {
+        int missing = 0;
+        const char *v;
+        if ((v = option(argc, argv, &i, "-i", "--id", &missing))) ids = v;
+        else if ((v = option(argc, argv, &i, "--set-timeslice", "--set-timeslice", &missing))) set = v;
+        else if (!missing && strcmp(argv[i], "--get-timeslice") == 0) get = 1;
+        else return usage_error();
+    }
+    if (!set == !get) return usage_error(); /* exactly one of them */
+    int slice = set ? small_number(set) : 0;
+    if (slice < 0 || slice > 3) return usage_error();
+    struct target targets[MOCK_MAX_GPUS];
+    int n, rc = select_targets(ids, targets, &n);
+    if (rc != RC_OK) return rc;
+    char state[MOCK_PATH_LEN];
+    if (mock_tool_state_dir(state, sizeof state) != 0) {
+        fprintf(stderr, "gpudra mock nvidia-smi: the driver root's path is too long\n");
+        return RC_OTHER;
+    }
+    for (int i = 0; i < n; i++) {
+        const struct mock_gpu *g = targets[i].gpu;
+        if (!g) return not_supported("timeslice", targets[i].mig);
+        if (get) {
+            int value;
+            if (mock_get_value(state, g->uuid, "timeslice", 0, &value) < 0) {
+                fprintf(stderr, "Unable to read the timeslice for GPU %s\n", g->bus_id);
+                return RC_OTHER;
             }
-        }
-    }
-    fclose(f);
-    return text;
-}
-
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    char *text = calloc(1, MAX_INVENTORY + 1);
-    if (text) {
-        size_t n = fread(text, 1, MAX_INVENTORY, f);
-        text[n] = '\0';
-    }
-    fclose(f);
-    return text;
-}
-
-static char *inventory(void) {
-    char *text = read_trailer();
-    if (text)
-        return text;
-    const char *env = getenv("GPUDRA_MOCK_NVML_INVENTORY");
-    if (env && *env)
-        return read_file(env);
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 64);
-    if (n <= 0)
-        return NULL;
-    exe[n] = '\0';
-    char *slash = strrchr(exe, '/');
-    if (!slash)
-        return NULL;
-    strcpy(slash, "/../lib/x86_64-linux-gnu/gpudra-mock-nvml.inventory");
-    return read_file(exe);
-}
-
-static void copy_value(char *dst, size_t size, const char *value) {
-    snprintf(dst, size, "%s", value);
-    size_t len = strlen(dst);
-    while (len > 0 && isspace((unsigned char)dst[len - 1]))
-        dst[--len] = '\0';
-}
-
-static void parse(char *text) {
-    struct gpu *current = NULL;
-    int in_mig = 0;
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        while (isspace((unsigned char)*line))
-            line++;
-        if (*line == '#' || *line == '\0')
+            printf("%s %d\n", g->uuid, value);
             continue;
-        char *value = line + strcspn(line, " \t");
-        if (*value)
-            *value++ = '\0';
-        while (isspace((unsigned char)*value))
-            value++;
-        if (strcmp(line, "driverVersion") == 0) {
-            copy_value(driver_version, sizeof driver_version, value);
-        } else if (strcmp(line, "gpu") == 0) {
-            current = ngpus < MAX_GPUS ? &gpus[ngpus++] : NULL;
-            if (current)
-                current->minor = -1;
-            in_mig = 0;
-        } else if (strcmp(line, "mig") == 0) {
-            in_mig = 1;  /* the keys that follow describe a MIG device, not the GPU */
-        } else if (current && !in_mig && strcmp(line, "name") == 0) {
-            copy_value(current->name, sizeof current->name, value);
-        } else if (current && !in_mig && strcmp(line, "uuid") == 0) {
-            copy_value(current->uuid, sizeof current->uuid, value);
-        } else if (current && !in_mig && strcmp(line, "minor") == 0) {
-            current->minor = atoi(value);
         }
+        if (mock_set_value(state, g->uuid, "timeslice", slice) != 0) return state_error("timeslice", g->bus_id);
+        mock_log_call(state, "nvidia-smi compute-policy %s --set-timeslice %d", g->uuid, slice);
+        printf("Set timeslice to %s for GPU %s.\n", timeslices[slice], g->bus_id);
     }
+    if (set) printf("All done.\n");
+    return RC_OK;
+}
+
+/* `-c` anywhere (with an optional -i): the compute mode; 1 if this is such a call (*rc set). */
+static int compute_mode_call(int argc, char **argv, int *rc) {
+    const char *ids = NULL, *mode = NULL;
+    int other = 0;
+    for (int i = 1; i < argc; i++) {
+        int missing = 0;
+        const char *v;
+        if ((v = option(argc, argv, &i, "-i", "--id", &missing))) ids = v;
+        else if ((v = option(argc, argv, &i, "-c", "--compute-mode", &missing))) mode = v;
+        else if (missing && (!strcmp(argv[i], "-c") || !strcmp(argv[i], "--compute-mode"))) {
+            *rc = usage_error();
+            return 1;
+        } else other = 1;
+    }
+    if (!mode) return 0;
+    *rc = other ? usage_error() : set_compute_mode(ids, mode);
+    return 1;
 }
 
 static int present_minors(int *minors, int max) {
@@ -166,35 +254,34 @@ static int present_minors(int *minors, int max) {
 }
 
 int main(int argc, char **argv) {
-    char *text = inventory();
-    if (!text) {
+    if (mock_load_inventory(&inv) != 0) {
         fprintf(stderr, "gpudra mock nvidia-smi: no inventory (no trailer, no $GPUDRA_MOCK_NVML_INVENTORY, "
                         "no ../lib/x86_64-linux-gnu/gpudra-mock-nvml.inventory)\n");
-        return 9;
+        return RC_DRIVER_NOT_LOADED;
     }
-    parse(text);
     if (argc > 1 && strcmp(argv[1], "--version") == 0) {
-        printf("gpudra mock nvidia-smi\nDRIVER version : %s\n", driver_version);
-        return 0;
+        printf("gpudra mock nvidia-smi\nDRIVER version : %s\n", inv.driver_version);
+        return RC_OK;
     }
-    int minors[MAX_GPUS];
-    int n = present_minors(minors, MAX_GPUS);
-    const struct gpu *shown[MAX_GPUS];
+    if (argc > 1 && strcmp(argv[1], "compute-policy") == 0) return compute_policy(argc, argv);
+    int rc;
+    if (compute_mode_call(argc, argv, &rc)) return rc;
+    int minors[MOCK_MAX_GPUS];
+    int n = present_minors(minors, MOCK_MAX_GPUS);
+    const struct mock_gpu *shown[MOCK_MAX_GPUS];
     int nshown = 0;
     for (int i = 0; i < n; i++)
-        for (int g = 0; g < ngpus; g++)
-            if (gpus[g].minor == minors[i])
-                shown[nshown++] = &gpus[g];
-    printf("gpudra mock nvidia-smi: driver %s, GPUs:", driver_version);
+        for (int g = 0; g < inv.ngpus; g++)
+            if (inv.gpus[g].minor == minors[i] && nshown < MOCK_MAX_GPUS) shown[nshown++] = &inv.gpus[g];
+    printf("gpudra mock nvidia-smi: driver %s, GPUs:", inv.driver_version);
     for (int i = 0; i < nshown; i++)
         printf(" %s", shown[i]->uuid);
     printf("\n");
     for (int i = 0; i < nshown; i++)
         printf("GPU %d: %s (UUID: %s) /dev/nvidia%d\n", i, shown[i]->name, shown[i]->uuid, shown[i]->minor);
-    free(text);
     if (nshown == 0) {
         fprintf(stderr, "NVIDIA-SMI has failed because it couldn't find a GPU device node (/dev/nvidia<minor>)\n");
-        return 9;
+        return RC_DRIVER_NOT_LOADED;
     }
-    return 0;
+    return RC_OK;
 }

@@ -26,7 +26,7 @@ from gpudra_driver.nvml import load_nvml, profile_names
 from gpudra_driver.nvml.fake import load_profile
 from gpudra_driver.plugin.devicenodes import mig_cap_minor_fallback
 from gpudra_driver.slices import device_to_api
-from gpudra_operator.localcluster import driverroot
+from gpudra_operator.localcluster import driverroot, mockstate
 from gpudra_operator.localcluster.driverroot import INVENTORY_FILE, LIB_DIR, make_driver_root, mock_nvml_library
 
 # Runs the same calls against whatever NVML `n` is (real pynvml or the simulator) and records each
@@ -73,9 +73,17 @@ def probe(n):
         h = rec(f"{i}.handle", n.nvmlDeviceGetHandleByIndex, i)
         for call in ("Name", "UUID", "Brand", "Architecture", "CudaComputeCapability", "MinorNumber",
                      "MemoryInfo", "PciInfo", "NumaNodeId", "MigMode", "MaxMigDeviceCount", "Index",
-                     "Attributes", "GpuInstanceId", "ComputeInstanceId", "DeviceHandleFromMigDeviceHandle"):
+                     "Attributes", "GpuInstanceId", "ComputeInstanceId", "DeviceHandleFromMigDeviceHandle",
+                     "ComputeMode"):
             rec(f"{i}.{call}", getattr(n, "nvmlDeviceGet" + call), h)
         rec(f"{i}.IsMig", n.nvmlDeviceIsMigDeviceHandle, h)
+        # the compute mode round trip: settable modes, then refused ones, back to DEFAULT
+        for mode in (3, 2, 1, 4, 0):
+            rec(f"{i}.SetComputeMode.{mode}", n.nvmlDeviceSetComputeMode, h, mode)
+            rec(f"{i}.SetComputeMode.{mode}.get", n.nvmlDeviceGetComputeMode, h)
+        uuid = out[f"{i}.UUID"]
+        if isinstance(uuid, str) and not uuid.startswith("!"):
+            rec(f"{i}.byUUID.Index", lambda: n.nvmlDeviceGetIndex(n.nvmlDeviceGetHandleByUUID(uuid)))
         slots = out[f"{i}.MaxMigDeviceCount"]
         for slot in range((slots if isinstance(slots, int) else 0) + 2):
             m = rec(f"{i}.mig{slot}", n.nvmlDeviceGetMigDeviceHandleByIndex, h, slot)
@@ -83,13 +91,19 @@ def probe(n):
                 continue
             for call in ("Name", "UUID", "Brand", "Architecture", "CudaComputeCapability", "MinorNumber",
                          "MemoryInfo", "PciInfo", "NumaNodeId", "MigMode", "MaxMigDeviceCount", "Index",
-                         "Attributes", "GpuInstanceId", "ComputeInstanceId"):
+                         "Attributes", "GpuInstanceId", "ComputeInstanceId", "ComputeMode"):
                 rec(f"{i}.mig{slot}.{call}", getattr(n, "nvmlDeviceGet" + call), m)
             rec(f"{i}.mig{slot}.IsMig", n.nvmlDeviceIsMigDeviceHandle, m)
+            rec(f"{i}.mig{slot}.SetComputeMode", n.nvmlDeviceSetComputeMode, m, 3)
+            mig_uuid = out[f"{i}.mig{slot}.UUID"]
+            if isinstance(mig_uuid, str) and not mig_uuid.startswith("!"):
+                rec(f"{i}.mig{slot}.byUUID.IsMig",
+                    lambda: n.nvmlDeviceIsMigDeviceHandle(n.nvmlDeviceGetHandleByUUID(mig_uuid)))
             parent = rec(f"{i}.mig{slot}.parent", n.nvmlDeviceGetDeviceHandleFromMigDeviceHandle, m)
             if parent is not None:
                 rec(f"{i}.mig{slot}.parent.UUID", n.nvmlDeviceGetUUID, parent)
             rec(f"{i}.mig{slot}.migOfMig", n.nvmlDeviceGetMigDeviceHandleByIndex, m, 0)
+    rec("byUUID.unknown", n.nvmlDeviceGetHandleByUUID, "GPU-00000000-0000-0000-0000-00000000dead")
     rec("shutdown", n.nvmlShutdown)
     rec("shutdown.again", n.nvmlShutdown)
     rec("shutdown.extra", n.nvmlShutdown)
@@ -236,6 +250,13 @@ def test_edge_cases_equal_simulator(mock_lib: Path, tmp_path: Path) -> None:
     assert real["probe"]["2.mig0.MinorNumber"] == "!NVMLError_NotSupported"
     assert real["probe"]["pre.count"] == "!NVMLError_Uninitialized"
     assert real["probe"]["shutdown.extra"] == "!NVMLError_Uninitialized"
+    # the compute mode: set and read back through the root's shared state, refused values, MIG handles
+    assert [real["probe"][f"2.SetComputeMode.{m}.get"] for m in (3, 2, 1, 4, 0)] == [3, 2, 2, 2, 0]
+    assert real["probe"]["2.SetComputeMode.1"] == real["probe"]["2.SetComputeMode.4"] == "!NVMLError_InvalidArgument"
+    assert real["probe"]["2.mig0.SetComputeMode"] == real["probe"]["2.mig0.ComputeMode"] == "!NVMLError_NotSupported"
+    assert real["probe"]["2.mig0.byUUID.IsMig"] == 1 and real["probe"]["2.byUUID.Index"] == 2
+    assert mockstate.calls(root) == [f"nvml SetComputeMode {gpu['uuid']} {mode}"
+                                     for gpu in EDGE_PROFILE["gpus"] for mode in (3, 2, 0)]
 
 
 # -- nvmlInit failures ---------------------------------------------------------------------------
@@ -404,7 +425,8 @@ def test_exports(mock_lib: Path) -> None:
         "nvmlDeviceGetCudaComputeCapability", "nvmlDeviceGetNumaNodeId", "nvmlDeviceGetMigMode",
         "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceIsMigDeviceHandle",
         "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", "nvmlDeviceGetGpuInstanceId",
-        "nvmlDeviceGetComputeInstanceId", "nvmlDeviceGetAttributes_v2",
+        "nvmlDeviceGetComputeInstanceId", "nvmlDeviceGetAttributes_v2", "nvmlDeviceGetComputeMode",
+        "nvmlDeviceSetComputeMode",
     ):
         assert hasattr(lib, symbol), symbol
     soname = subprocess.run(["readelf", "-d", str(mock_lib)], capture_output=True, text=True).stdout

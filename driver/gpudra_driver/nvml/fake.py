@@ -13,7 +13,12 @@ the NVML API reference:
   disabled, ``InvalidArgument`` past the max count of a MIG-enabled GPU;
 * MIG-instance queries (GPU/compute instance ID, parent handle) on a full-GPU handle raise
   ``NVMLError_InvalidArgument``; ``nvmlDeviceGetAttributes`` on a full GPU raises ``NotSupported``;
-  per-GPU queries (minor, PCI, NUMA, MIG mode) on a MIG handle raise ``NotSupported``.
+  per-GPU queries (minor, PCI, NUMA, MIG mode) on a MIG handle raise ``NotSupported``;
+* ``nvmlDevice{Get,Set}ComputeMode``: per GPU, in memory (per simulator), ``DEFAULT`` at first; Set
+  takes ``DEFAULT``, ``PROHIBITED`` and ``EXCLUSIVE_PROCESS``, anything else (``EXCLUSIVE_THREAD``,
+  whose support NVML removed, included) raises ``InvalidArgument``; both raise ``NotSupported`` on a
+  MIG handle (the mode is the parent GPU's). The mock library (tests/mocknvml) answers the same,
+  keeping the mode in its driver root so other processes see it.
 
 The MIG-disabled and full-GPU answers were checked against NVML 580.159.04 on an H200.
 
@@ -36,6 +41,9 @@ import pynvml
 import yaml
 
 _MIB = 1024 * 1024
+_SETTABLE_COMPUTE_MODES = frozenset({
+    pynvml.NVML_COMPUTEMODE_DEFAULT, pynvml.NVML_COMPUTEMODE_PROHIBITED, pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+})
 
 
 # -- profile ----------------------------------------------------------------------------------
@@ -241,6 +249,7 @@ class FakeNvml:
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
         self._refcount = 0
+        self._compute_modes: dict[int, int] = {}  # GPU index -> mode; absent: DEFAULT
 
     def __getattr__(self, name: str) -> Any:
         # Constants and exception classes are pynvml's own; unimplemented functions are absent
@@ -288,6 +297,18 @@ class FakeNvml:
         if not 0 <= index < len(self.profile.gpus):
             raise pynvml.NVMLError_InvalidArgument()
         return _Handle(self.profile.gpus[index], index)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> _Handle:
+        """A GPU's or a MIG device's handle; ``NotFound`` for any other UUID."""
+        self._ready()
+        wanted = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for index, gpu in enumerate(self.profile.gpus):
+            if gpu.uuid == wanted:
+                return _Handle(gpu, index)
+            for slot, mig in gpu.migs.items():
+                if mig.uuid == wanted:
+                    return _Handle(gpu, index, mig, slot)
+        raise pynvml.NVMLError_NotFound()
 
     def nvmlDeviceGetIndex(self, handle: _Handle) -> int:
         return self._gpu(handle, "nvmlDeviceGetIndex").index
@@ -392,6 +413,18 @@ class FakeNvml:
 
     def nvmlDeviceGetAttributes_v2(self, handle: _Handle) -> Any:
         return self.nvmlDeviceGetAttributes(handle)
+
+    # -- compute mode -------------------------------------------------------------------------
+
+    def nvmlDeviceGetComputeMode(self, handle: _Handle) -> int:
+        index = self._gpu(handle, "nvmlDeviceGetComputeMode").index
+        return self._compute_modes.get(index, pynvml.NVML_COMPUTEMODE_DEFAULT)
+
+    def nvmlDeviceSetComputeMode(self, handle: _Handle, mode: int) -> None:
+        index = self._gpu(handle, "nvmlDeviceSetComputeMode").index
+        if mode not in _SETTABLE_COMPUTE_MODES:
+            raise pynvml.NVMLError_InvalidArgument()
+        self._compute_modes[index] = mode
 
     # -- checks shared by every call ------------------------------------------------------------
 

@@ -14,6 +14,7 @@ Layout (x86_64, Debian multiarch), relative to the root::
     usr/lib/x86_64-linux-gnu/gpudra-mock-nvml.inventory
     usr/lib/x86_64-linux-gnu/lib<X>.so.<ver> + soname links   (extras: libcuda, ptxjitcompiler, ...)
     usr/bin/nvidia-smi, nvidia-debugdump, nvidia-persistenced, nvidia-cuda-mps-control/-server
+    run/gpudra-mock/                                   the mocks' shared state and calls.log (made on first use)
     lib/firmware/nvidia/<ver>/gsp_ga10x.bin, gsp_tu10x.bin
     dev/nvidia<minor>, nvidiactl, nvidia-modeset, nvidia-uvm, nvidia-uvm-tools, nvidia-caps/nvidia-cap<N>
     proc/driver/nvidia-caps/mig-minors                 (mig_caps: the kernel driver's capability table)
@@ -69,6 +70,7 @@ _EXTRA_LIBS = {
 _BINARIES = (
     "nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server",
 )
+_MOCK_TOOLS = ("nvidia-smi", "nvidia-cuda-mps-control")  # built from tests/mocknvml when available
 _FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 
 
@@ -239,16 +241,19 @@ def make_driver_root(
 
     bindir = root / "usr" / "bin"
     bindir.mkdir(parents=True, exist_ok=True)
-    # The static mock nvidia-smi (`make mock-nvidia-smi`, next to the mock library) when built, with
-    # this root's inventory appended (text, its length as 8 little-endian bytes, b"GPUDRAIN"): it
-    # lists the GPUs whose /dev/nvidia<minor> exist where it runs (tests/mocknvml/nvidia_smi.c).
-    smi = lib.parent / "nvidia-smi"
+    # The static mock tools next to the mock library when built (`make mock-nvidia-smi
+    # mock-mps-control`), with this root's inventory appended (text, its length as 8 little-endian
+    # bytes, b"GPUDRAIN"; tests/mocknvml/mock_inventory.h): nvidia-smi lists the GPUs whose
+    # /dev/nvidia<minor> exist where it runs and sets compute modes and time slices;
+    # nvidia-cuda-mps-control is an MPS control daemon and client. Both share the root's state
+    # (gpudra_operator.localcluster.mockstate). The others are shell-script stand-ins.
     for tool in _BINARIES:
         path = bindir / tool
-        if tool == "nvidia-smi" and smi.is_file():
+        mock = lib.parent / tool
+        path.unlink(missing_ok=True)  # not rewritten in place: a running daemon keeps its file
+        if tool in _MOCK_TOOLS and mock.is_file():
             inventory = inventory_text(prof).encode()
-            path.unlink(missing_ok=True)
-            path.write_bytes(smi.read_bytes() + inventory + len(inventory).to_bytes(8, "little") + b"GPUDRAIN")
+            path.write_bytes(mock.read_bytes() + inventory + len(inventory).to_bytes(8, "little") + b"GPUDRAIN")
         else:
             path.write_text(f"#!/bin/sh\necho '{tool}: part of a gpudra fake driver root (profile {prof.name})' >&2\nexit 0\n")
         path.chmod(0o755)
