@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 import signal
+import subprocess
 import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -91,11 +92,11 @@ async def plugin_agents(cluster: ControlPlane, tmp_path: Path) -> AsyncIterator[
     started: list[PluginAgent] = []
 
     def start(node_name: str, driver: str, nvml: str = "fake:dgx-h100", workdir: Path | None = None,
-              extra_args: tuple[str, ...] = ()) -> PluginAgent:
+              extra_args: tuple[str, ...] = (), driver_root: Path | None = None) -> PluginAgent:
         pod_uid = str(uuid.uuid4())
         workdir = workdir or tmp_path / node_name
         agent = start_agent(kubeconfig=cluster.kubeconfig, node_name=node_name, nvml=nvml, driver=driver,
-                            workdir=workdir, extra_args=("--pod-uid", pod_uid, *extra_args))
+                            workdir=workdir, extra_args=("--pod-uid", pod_uid, *extra_args), driver_root=driver_root)
         started.append(PluginAgent(agent, workdir, driver, pod_uid))
         return started[-1]
 
@@ -108,15 +109,17 @@ async def plugin_agents(cluster: ControlPlane, tmp_path: Path) -> AsyncIterator[
 
 
 async def allocated_claim(kube: Kube, namespace: str, name: str, driver: str, pool: str, devices: list[str],
-                          *, result_driver: str | None = None) -> Obj:
+                          *, result_driver: str | None = None, config: list[Obj] | None = None) -> Obj:
     """A ResourceClaim with ``status.allocation`` written directly (what the scheduler would write)."""
     await kube.create({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
             "deviceClassName": driver, "allocationMode": "ExactCount", "count": len(devices)}}]}}})
-    status = {"allocation": {"devices": {"results": [
+    status: Obj = {"allocation": {"devices": {"results": [
         {"request": "gpu", "driver": result_driver or driver, "pool": pool, "device": d} for d in devices]}}}
+    if config is not None:  # as the scheduler copies it from the class and the claim
+        status["allocation"]["devices"]["config"] = config
     return await kube.patch(CLAIM, name, {"status": status}, namespace=namespace, subresource="status")
 
 
@@ -510,3 +513,57 @@ async def test_a_claim_deleted_behind_the_agents_back_is_released_by_the_sweep(
         assert again.claims[new["metadata"]["uid"]].error == ""
         assert plugin.checkpoint() == {new["metadata"]["uid"]: "PrepareCompleted"}
         assert not plugin.spec_path(old["metadata"]["uid"]).exists()
+
+
+def time_slicing(driver: str, interval: str) -> list[Obj]:
+    return [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": driver, "parameters": {
+        "apiVersion": "gpudra.io/v1alpha1", "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": interval}}}}}]
+
+
+async def test_time_slicing_is_set_on_the_gpu_undone_after_a_crash_and_reset_by_the_last_unprepare(
+        kube: Kube, namespace: str, fake_nodes, plugin_agents, driver: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real pynvml against the mock libnvidia-ml and the driver root's mock nvidia-smi, which
+    record every change they make (localcluster/mockstate.py)."""
+    from gpudra_operator.localcluster import mockstate
+    from gpudra_operator.localcluster.driverroot import make_driver_root
+
+    node = (await fake_nodes("h100"))["metadata"]["name"]
+    root = make_driver_root(tmp_path / "driver-root", "dgx-h100")
+    first = plugin_agents(node, driver, nvml="mock:dgx-h100", driver_root=root)
+    devices = await published_devices(kube, driver, node, 8)
+    uuid_of = {name: d["attributes"]["uuid"]["string"] for name, d in devices.items()}
+    smi = root / "usr/bin/nvidia-smi"
+    subprocess.run([str(smi), "-i", uuid_of["gpu-2"], "-c", "EXCLUSIVE_PROCESS"], check=True, capture_output=True)
+    registered = await first.registered()
+    sliced = await allocated_claim(kube, namespace, "sliced", driver, node, ["gpu-2"],
+                                   config=time_slicing(driver, "Long"))
+    async with DraClient(registered.endpoint) as kubelet:
+        response = await first.prepare(kubelet, [ref(sliced)])
+    assert response.claims[sliced["metadata"]["uid"]].error == ""
+    assert (mockstate.compute_mode(root, uuid_of["gpu-2"]), mockstate.timeslice(root, uuid_of["gpu-2"])) == (0, 3)
+    assert mockstate.calls(root)[-2:] == [f"nvml SetComputeMode {uuid_of['gpu-2']} 0",
+                                          f"nvidia-smi compute-policy {uuid_of['gpu-2']} --set-timeslice 3"]
+    first.agent.stop()
+
+    # Killed after setting its GPU, before the commit: the next start puts the GPU back.
+    monkeypatch.setenv("GPUDRA_FAULT", "after-cdi-write")
+    doomed = plugin_agents(node, driver, nvml="mock:dgx-h100", driver_root=root, workdir=first.workdir)
+    monkeypatch.delenv("GPUDRA_FAULT")
+    crashing = await allocated_claim(kube, namespace, "crashing", driver, node, ["gpu-5"],
+                                     config=time_slicing(driver, "Medium"))
+    async with DraClient((await doomed.registered()).endpoint) as kubelet:
+        with pytest.raises(Exception):  # the connection dies with the agent
+            await kubelet.prepare([ref(crashing)], timeout=20)
+    assert doomed.agent.process.wait(timeout=10) == -signal.SIGKILL
+    assert mockstate.timeslice(root, uuid_of["gpu-5"]) == 2  # set, then the crash
+    restarted = plugin_agents(node, driver, nvml="mock:dgx-h100", driver_root=root, workdir=first.workdir)
+    registered = await restarted.registered()
+    assert mockstate.timeslice(root, uuid_of["gpu-5"]) == 0  # rolled back at start
+    assert mockstate.timeslice(root, uuid_of["gpu-2"]) == 3  # the prepared claim's GPU kept as it is
+
+    async with DraClient(registered.endpoint) as kubelet:
+        assert (await kubelet.unprepare([ref(sliced)])).claims[sliced["metadata"]["uid"]].error == ""
+    assert mockstate.timeslice(root, uuid_of["gpu-2"]) == 0  # the last claim on it gone: default again
+
