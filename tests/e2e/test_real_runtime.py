@@ -8,8 +8,8 @@ starts the container: a static busybox image (tests/ociimage.py) with no NVIDIA 
 running ``ls -l /dev/nvidia*; nvidia-smi; env``. Everything NVIDIA it shows came from CDI: the
 claim's device node and control nodes, ``NVIDIA_VISIBLE_DEVICES`` with the GPU's UUID, and the
 driver root's mock ``nvidia-smi`` (static, tests/mocknvml/nvidia_smi.c), which lists the GPUs whose
-device nodes it finds. A second pod with another claim sees only its own GPU. Deleting the pods
-unprepares both claims (their CDI specs gone), and tearing the node down leaves nothing: no
+device nodes it finds. A second pod with another claim sees only its own GPU; two pods that share one
+claim both see its GPU. Deleting the pods unprepares the claims (their CDI specs gone), and tearing the node down leaves nothing: no
 containers, shims, mounts, processes or cgroup directories (tests/realruntime.py).
 
 Then the agent as the operator deploys it: the DaemonSet ``render`` makes for a GpuDraConfig pointing
@@ -212,11 +212,16 @@ def container_log(node: Node, pod: Obj, container: str) -> str:
     return "\n".join(out)
 
 
-async def run_gpu_pod(kube: Kube, node: Node, namespace: str, pod_name: str) -> tuple[Obj, Obj, str]:
-    """Create the pod; wait until it runs and its container has printed SCRIPT's output. Returns
+async def run_gpu_pod(kube: Kube, node: Node, namespace: str, pod_name: str,
+                      shared_claim: str | None = None) -> tuple[Obj, Obj, str]:
+    """Create the pod (its own claim from the seed's template, or the ResourceClaim
+    ``shared_claim``); wait until it runs and its container has printed SCRIPT's output. Returns
     (pod, its claim, the output)."""
     template, pod = gpu_pod(node, namespace, pod_name)
-    await kube.create(template)
+    if shared_claim is None:
+        await kube.create(template)
+    else:
+        pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": shared_claim}]
     await kube.create(pod)
     started = time.monotonic()
 
@@ -235,8 +240,10 @@ async def run_gpu_pod(kube: Kube, node: Node, namespace: str, pod_name: str) -> 
         current = await kube.get(POD, pod_name, namespace)
         raise AssertionError(f"{error}\npod status: {current and current.get('status')}\n{node.failure()}") from None
     print(f"[real-runtime] {pod_name}: created -> output in {time.monotonic() - started:.1f}s")
-    (status,) = got["status"]["resourceClaimStatuses"]
-    claim = await kube.get(CLAIM, status["resourceClaimName"], namespace)
+    if shared_claim is None:  # a template's claim: its generated name is in the pod's status
+        (status,) = got["status"]["resourceClaimStatuses"]
+        shared_claim = status["resourceClaimName"]
+    claim = await kube.get(CLAIM, shared_claim, namespace)
     assert claim is not None
     uid = claim["metadata"]["uid"]
     assert node.spec_path(uid).is_file() and node.checkpoint().get(uid) == "PrepareCompleted", node.checkpoint()
@@ -294,9 +301,24 @@ async def test_the_seed_pod_runs_on_containerd_with_only_its_claims_gpu_injected
         gpus.append(gpu["attributes"]["uuid"]["string"])
     assert gpus[0] != gpus[1], "both pods got the same GPU"
 
+    # A claim shared by two pods: prepared once, both containers get its GPU through CDI.
+    template, _ = gpu_pod(node, namespace, "shared")
+    await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                       "metadata": {"name": "shared-gpu", "namespace": namespace}, "spec": template["spec"]["spec"]})
+    sharers = [await run_gpu_pod(kube, node, namespace, name, shared_claim="shared-gpu")
+               for name in ("share-1", "share-2")]
+    shared_claim = sharers[1][1]
+    assert len(shared_claim["status"]["reservedFor"]) == 2
+    (allocated,) = shared_claim["status"]["allocation"]["devices"]["results"]
+    shared_gpu = devices[allocated["device"]]
+    for _, _, output in sharers:
+        assert_sees_only(output, shared_gpu, shared_gpu["attributes"]["driverVersion"]["version"])
+    assert shared_gpu["attributes"]["uuid"]["string"] not in gpus
+    node.runtime.remember()
+
     # The containers run in containerd, with the CDI device ID of their own claim.
     containers = node.runtime.crictl("ps", "-q", "--no-trunc").stdout.split()
-    assert len(containers) == 2, node.runtime.describe()
+    assert len(containers) == 4, node.runtime.describe()
     # runc's device cgroup lets each container open its own GPU's node (and the control nodes), no other GPU's.
     for pod, claim in ((first, first_claim), (second, second_claim)):
         (allocated,) = claim["status"]["allocation"]["devices"]["results"]
@@ -304,9 +326,9 @@ async def test_the_seed_pod_runs_on_containerd_with_only_its_claims_gpu_injected
         if allowed is not None:
             assert allowed == {devices[allocated["device"]]["attributes"]["minor"]["int"], 254, 255}, allowed
 
-    # Deleting the pods unprepares both claims: their specs and checkpoint entries go.
-    uids = [c["metadata"]["uid"] for c in (first_claim, second_claim)]
-    for pod in (first, second):
+    # Deleting the pods unprepares the claims: their specs and checkpoint entries go.
+    uids = [c["metadata"]["uid"] for c in (first_claim, second_claim, shared_claim)]
+    for pod in (first, second, *(pod for pod, _, _ in sharers)):
         await kube.delete(POD, pod["metadata"]["name"], namespace)
 
     async def unprepared() -> bool:
@@ -320,9 +342,10 @@ async def test_the_seed_pod_runs_on_containerd_with_only_its_claims_gpu_injected
         raise AssertionError(f"{error}\n{node.failure()}") from None
 
     async def gone() -> bool:
-        return all([await kube.get(POD, p["metadata"]["name"], namespace) is None for p in (first, second)])
+        pods = (first, second, *(pod for pod, _, _ in sharers))
+        return all([await kube.get(POD, p["metadata"]["name"], namespace) is None for p in pods])
 
-    await wait_for(gone, timeout=60, what="both pods to be deleted by the kubelet")
+    await wait_for(gone, timeout=60, what="the pods to be deleted by the kubelet")
     assert not list(node.cdi_dir.glob(f"k8s.{node.driver}-claim_*.json"))
     assert not node.runtime.crictl("ps", "-q").stdout.split(), "containers still running after their pods were deleted"
 
