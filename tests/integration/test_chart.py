@@ -102,13 +102,15 @@ def test_namespaces_follow_the_values_everywhere(helm: str) -> None:
     assert names["gpus"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
     assert names["ops"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     policies = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
-    for policy in policies.values():
-        assert policy["spec"]["matchConditions"][0]["expression"] == (  # any namespace's agent account
+    for name in ("gpudra-agent-resourceslices", "gpudra-agent-resourceslice-drivers"):
+        assert policies[name]["spec"]["matchConditions"][0]["expression"] == (  # any namespace's agent account
             'request.userInfo.username.startsWith("system:serviceaccount:") && '
             'request.userInfo.username.endsWith(":gpudra-agent")')
-    # The driver check takes each agent's namespace from the GpuDraConfigs, none from the values.
+    # The driver check takes each agent's namespace from the GpuDraConfigs, none from the values;
+    # the claim-config check takes their driver names.
     defaults = {o["metadata"]["name"]: o for o in template(helm) if o["kind"] == "ValidatingAdmissionPolicy"}
-    assert policies["gpudra-agent-resourceslice-drivers"] == defaults["gpudra-agent-resourceslice-drivers"]
+    for name in ("gpudra-agent-resourceslice-drivers", "gpudra-claim-config"):
+        assert policies[name] == defaults[name]
     deployment = next(o for o in objects if o["kind"] == "Deployment")
     assert "--namespace=gpus" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     for binding in (o for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):
@@ -198,9 +200,18 @@ def test_monitoring_objects(helm: str) -> None:
     assert monitors["PodMonitor"]["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "gpudra-agent"}
 
 
-def test_admission_policy_can_be_disabled(helm: str) -> None:
-    kinds = {o["kind"] for o in template(helm, "--set", "agent.admissionPolicy.enabled=false")}
-    assert "ValidatingAdmissionPolicy" not in kinds and "ValidatingAdmissionPolicyBinding" not in kinds
+def test_admission_policies_can_be_disabled(helm: str) -> None:
+    def policies(*args: str) -> set[tuple[str, str]]:
+        return {(o["kind"], o["metadata"]["name"]) for o in template(helm, *args)
+                if o["kind"].startswith("ValidatingAdmissionPolicy")}
+
+    agent = {(kind, name) for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+             for name in ("gpudra-agent-resourceslices", "gpudra-agent-resourceslice-drivers")}
+    claims = {("ValidatingAdmissionPolicy", "gpudra-claim-config"),
+              ("ValidatingAdmissionPolicyBinding", "gpudra-claim-config")}
+    assert policies() == agent | claims
+    assert policies("--set", "agent.admissionPolicy.enabled=false") == claims
+    assert policies("--set", "claimConfigPolicy.enabled=false") == agent
 
 
 def test_the_crd_defaults_the_agent_namespace_to_the_releases(helm: str) -> None:

@@ -593,7 +593,8 @@ async def test_the_admission_policies_type_check_clean(kube: Kube, installed: li
     GpuDraConfig schema (status.typeChecking): no warnings. A copy with a misspelt field gets one,
     so the checker really looks at them (it skips policies that match apiVersions "*")."""
     policies = {o["metadata"]["name"]: o for o in installed if o["kind"] == "ValidatingAdmissionPolicy"}
-    assert sorted(policies) == sorted((NODE_POLICY, DRIVER_POLICY))
+    # gpudra-claim-config's type check: tests/integration/test_claim_config_admission.py
+    assert sorted(policies) == sorted((NODE_POLICY, DRIVER_POLICY, "gpudra-claim-config"))
     status = await wait_for(lambda: type_checked(kube, NODE_POLICY), timeout=30, what=f"{NODE_POLICY} type-checked")
     assert not status["typeChecking"].get("expressionWarnings"), status["typeChecking"]
     # The driver policy as installed may have been checked before the CRD was known: check a copy.

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from gpuconfig_cases import BAD
 
 from gpudra_operator.crd import openapi_schema
 from gpudra_operator.render import AGENT_METRICS_PORT, AGENT_SERVICE_ACCOUNT
@@ -90,6 +91,25 @@ def test_the_driver_policy_takes_the_gpudraconfigs_as_parameters() -> None:
         "policyName": "gpudra-agent-resourceslice-drivers", "validationActions": ["Deny"],
         # every GpuDraConfig; none at all must not refuse every slice write in the cluster
         "paramRef": {"selector": {}, "parameterNotFoundAction": "Allow"}}
+
+
+def test_the_claim_config_policy_checks_every_gpudraconfigs_driver() -> None:
+    """GpuConfig parameters of claims, templates and classes, for each GpuDraConfig's driver; fails
+    open (a missing CRD must not refuse every claim); every user's writes (no matchConditions); the
+    reasons the agent's decoder gives (tests/integration/test_claim_config_admission.py runs it)."""
+    crd = yaml.safe_load((REPO / "crds" / "gpudraconfig.yaml").read_text())["spec"]
+    (served,) = [v["name"] for v in crd["versions"] if v["served"]]
+    spec = find("ValidatingAdmissionPolicy", "gpudra-claim-config")["spec"]
+    assert spec["paramKind"] == {"apiVersion": f"{crd['group']}/{served}", "kind": crd["names"]["kind"]}
+    assert spec["failurePolicy"] == "Ignore" and "matchConditions" not in spec
+    assert spec["matchConstraints"] == {"matchPolicy": "Equivalent", "resourceRules": [
+        {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+         "resources": ["resourceclaims", "resourceclaimtemplates", "deviceclasses"]}]}
+    assert find("ValidatingAdmissionPolicyBinding", "gpudra-claim-config")["spec"] == {
+        "policyName": "gpudra-claim-config", "validationActions": ["Deny"],
+        "paramRef": {"selector": {}, "parameterNotFoundAction": "Allow"}}
+    text = (BASE / "claim-config-admission-policy.yaml").read_text()
+    assert {case.reason for case in BAD.values() if case.reason not in text} == set()
 
 
 def test_operator_pod_is_restricted_and_singleton() -> None:
