@@ -41,6 +41,10 @@ def gc(**fields: Any) -> dict[str, Any]:
     return {"resourceSliceGC": fields}
 
 
+def sharing(**fields: Any) -> dict[str, Any]:
+    return {"sharing": {"consumableCapacity": fields}}
+
+
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
 
 BAD: list[tuple[str, dict[str, Any], str]] = [
@@ -90,6 +94,14 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
      "a toleration with operator Exists must not have a value"),
     ("extra-env-reserved", agent(extraEnv=[{"name": "NODE_NAME", "value": "x"}]), "must not set NODE_NAME"),
     ("extra-env-duplicate", agent(extraEnv=[{"name": "A"}, {"name": "A"}]), "Duplicate value"),
+    ("sharing-step-zero", sharing(memoryStep="0"),
+     "sharing.consumableCapacity.memoryStep must be a positive whole number of bytes, such as 1Gi or 512Mi"),
+    ("sharing-step-fraction", sharing(memoryStep="0.5"), "memoryStep must be a positive whole number of bytes"),
+    ("sharing-step-millis", sharing(memoryStep="1500m"), "memoryStep must be a positive whole number of bytes"),
+    ("sharing-step-not-a-quantity", sharing(memoryStep="1 Gi"), "should match"),
+    ("sharing-step-negative", sharing(memoryStep="-1Gi"), "should match"),
+    ("sharing-shares-too-many", sharing(shares=1001), "should be less than or equal to 1000"),
+    ("sharing-shares-negative", sharing(shares=-1), "should be greater than or equal to 0"),
 ]
 
 
@@ -122,6 +134,9 @@ async def test_server_defaults_equal_the_python_defaulter(crd_installed: Obj, ku
     assert created["spec"] == crd.default_object(obj)["spec"]
     empty = await kube.create({**config({}, name="empty")}, dry_run=True)
     assert empty["spec"] == crd.default_object(config({}))["spec"]
+    shared = await kube.create(config({"sharing": {"consumableCapacity": {}}}, name="shared"), dry_run=True)
+    assert shared["spec"]["sharing"] == {"consumableCapacity": {"memoryStep": "1Gi", "shares": 0}}
+    assert shared["spec"] == crd.default_object(config({"sharing": {"consumableCapacity": {}}}))["spec"]
 
 
 async def test_printer_columns_are_served(crd_installed: Obj) -> None:
