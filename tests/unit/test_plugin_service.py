@@ -235,25 +235,18 @@ async def test_concurrent_calls_each_change_the_state_alone_and_all_land(
     await plugin.start()
     plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
     inside, most_inside = 0, 0
-    real_load = plugin.state.checkpoint.load
+    real_prepare_locked = plugin.state._prepare_locked
 
-    def noting_load() -> ckpt.Checkpoint:  # the first step of every state change
+    def counting(*args):  # type: ignore[no-untyped-def]
         nonlocal inside, most_inside
         inside += 1
         most_inside = max(most_inside, inside)
-        return real_load()
-
-    real_prepare_locked = plugin.state._prepare_locked
-
-    def leaving(*args):  # type: ignore[no-untyped-def]
-        nonlocal inside
         try:
             return real_prepare_locked(*args)
         finally:
-            inside = 0
+            inside -= 1
 
-    monkeypatch.setattr(plugin.state.checkpoint, "load", noting_load)
-    monkeypatch.setattr(plugin.state, "_prepare_locked", leaving)
+    monkeypatch.setattr(plugin.state, "_prepare_locked", counting)
     try:
         async with DraClient(plugin.dra_socket) as client:
             responses = await asyncio.gather(*(client.prepare([("ns", f"c{i}", uid)]) for i, uid in enumerate(uids)))

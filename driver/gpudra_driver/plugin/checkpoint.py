@@ -142,6 +142,12 @@ class Checkpoint:
         return sum(1 for entry in self.claims.values() if entry.state == COMPLETED)
 
     @cached_property
+    def changes_gpus(self) -> bool:
+        """Some claim asks for GPU settings (TimeSlicing): changing the checkpoint may mean calls
+        into the driver."""
+        return any(d.sharing.strategy != "Exclusive" for e in self.claims.values() for d in e.claim.devices)
+
+    @cached_property
     def half_done(self) -> tuple[str, ...]:
         """The claims in PrepareStarted, sorted. Found by a reader holding the node lock, they are
         a crashed instance's: a prepare holds the lock from its PrepareStarted write to its commit."""

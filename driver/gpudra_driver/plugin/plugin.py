@@ -31,7 +31,7 @@ import grpc
 
 from gpudra_driver import metrics
 from gpudra_driver.devicemodel import Device
-from gpudra_driver.driverroot import DriverRoot
+from gpudra_driver.driverroot import DriverRoot, locate_nvml
 from gpudra_driver.nvml import load_nvml
 from gpudra_driver.plugin import service
 from gpudra_driver.plugin.cdi import CdiDir
@@ -112,7 +112,8 @@ class KubeletPlugin:
         self.driver_files = DriverFilesCache(driver_root or DriverRoot.at("/"), hook=cdi_hook, host_dev=host_dev,
                                              proc=proc_root)
         root = driver_root or DriverRoot.at("/")
-        control = GpuControl(lambda: load_nvml(nvml, root), root.local / "usr/bin/nvidia-smi")
+        control = GpuControl(lambda: load_nvml(nvml, root), root.local / "usr/bin/nvidia-smi",
+                             lambda: locate_nvml(root).path)
         self.state = DeviceState(self.plugin_dir, CdiDir(cdi_dir, driver, self.driver_files), driver=driver, node=node,
                                  boot_id=boot_id or read_boot_id(), fault=fault or FaultHook(), gpu_control=control)
         self.api_versions = tuple(api_versions)

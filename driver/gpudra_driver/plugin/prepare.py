@@ -74,6 +74,9 @@ def plan_prepare(ref: ClaimRef, claim: Mapping[str, Any] | ClaimError | None, de
         if not result.get("adminAccess"):
             exclusive.add(name)
         if result.get("shareID") is not None:
+            if name in shares:  # one Device per (device, share) would be needed to answer it
+                raise ClaimError(f"{ref}: it holds two shares of device {name}; one share per device and "
+                                 "claim is supported")
             shares[name] = (str(result["shareID"]), _consumed(ref, name, result.get("consumedCapacity")))
     assert devices is not None or not by_device
     for name in exclusive:
@@ -98,13 +101,13 @@ def _sharing(ref: ClaimRef, configs: list[Any], driver: str, requests: list[str]
     """How the claim's containers share ``device``: its GpuConfig (class config, then claim
     config) for the request(s) the device serves."""
     try:
-        chosen = {config_for_request(configs, driver, request) for request in requests}
+        chosen = [config_for_request(configs, driver, request) for request in requests]
     except GpuConfigError as error:
         raise ClaimError(f"{ref}: {error}") from None
-    if len(chosen) > 1:
+    if any(config != chosen[0] for config in chosen):
         raise ClaimError(f"{ref}: device {device.name} serves requests {', '.join(requests)}, whose GpuConfigs "
                          "ask for different sharing")
-    sharing = chosen.pop().sharing
+    sharing = chosen[0].sharing
     if sharing.strategy is Strategy.EXCLUSIVE:
         return NOT_SHARED
     if sharing.strategy is Strategy.TIME_SLICING:
@@ -165,8 +168,8 @@ def _reallocated(prepared: PreparedClaim, claim: Mapping[str, Any] | ClaimError 
     if not isinstance(claim, Mapping) or (claim.get("metadata") or {}).get("uid") != prepared.uid:
         return False
     allocation = (claim.get("status") or {}).get("allocation") or {}
-    now = {(r.get("pool"), r.get("device")) for r in _driver_results(allocation, driver)}
-    return bool(now) and now != {(d.pool, d.device) for d in prepared.devices}
+    now = {(r.get("pool"), r.get("device"), r.get("shareID")) for r in _driver_results(allocation, driver)}
+    return bool(now) and now != {(d.pool, d.device, d.share_id) for d in prepared.devices}
 
 
 def _driver_results(allocation: Mapping[str, Any], driver: str) -> list[Any]:

@@ -158,9 +158,13 @@ class DeviceState:
         if deadlines:  # the earliest caller's budget
             lock_timeout = max(0.0, min(lock_timeout or self.lock_timeout, min(deadlines) - time.monotonic()))
         results: dict[str, PrepareResult] = {}
+        claims = [item for call in batch for item in call.claims]
         try:
             async with self._node_locked(lock_timeout):
-                self._prepare_locked([item for call in batch for item in call.claims], results)
+                if self._may_change_gpus(claims):  # driver calls block: off the loop, still under the locks
+                    await asyncio.to_thread(self._prepare_locked, claims, results)
+                else:
+                    self._prepare_locked(claims, results)
         except (OSError, ckpt.CheckpointError) as error:  # LockTimeout is an OSError too
             log.error("prepare on node %s failed: %s", self.node, error)
             for call in batch:
@@ -224,6 +228,16 @@ class DeviceState:
         self.fault("after-checkpoint-completed")
         for claim in written:
             results[claim.uid] = PrepareResult(claim)
+
+    def _may_change_gpus(self, claims: Sequence[tuple[ClaimRef, Fetched]]) -> bool:
+        """Whether this call may call into the driver: a claim with a config of ours, or a
+        checkpoint with GPU settings (an unprepare or a rollback may reset them)."""
+        try:
+            if self.checkpoint.load().changes_gpus:
+                return True
+        except ckpt.CheckpointError:
+            return False  # the call fails on it anyway
+        return any(_configs_for(fetched, self.driver) for _, fetched in claims)
 
     def _apply_settings(self, before: ckpt.Checkpoint, planned: Sequence[PreparedClaim],
                         results: dict[str, PrepareResult]) -> tuple[ckpt.Checkpoint, list[PreparedClaim]]:
@@ -353,7 +367,10 @@ class DeviceState:
         if valid:
             try:
                 async with self._one_at_a_time(deadline) as lock_timeout, self._node_locked(lock_timeout):
-                    results.update(self._unprepare_locked(valid))
+                    if self._may_change_gpus([]):
+                        results.update(await asyncio.to_thread(self._unprepare_locked, valid))
+                    else:
+                        results.update(self._unprepare_locked(valid))
             except (OSError, ckpt.CheckpointError) as error:  # of the node, not of a claim
                 log.error("unprepare on node %s failed: %s", self.node, error)  # the kubelet retries
                 results.update((uid, f"claim {uid}: unpreparing on node {self.node} failed: {error}") for uid in valid)
@@ -377,7 +394,7 @@ class DeviceState:
         return results
 
 
-@dataclass
+@dataclass(eq=False)  # identity: two calls with the same claims are still two callers
 class _QueuedPrepare:
     claims: list[tuple[ClaimRef, Fetched]]
     deadline: float | None
@@ -390,3 +407,12 @@ class _QueuedPrepare:
             results.setdefault(ref.uid, (answered or {}).get(ref.uid) or PrepareResult(
                 error=f"{ref}: preparing on node {node} failed: {error}"))
         self.results = results
+
+
+def _configs_for(fetched: Fetched, driver: str) -> bool:
+    """The claim (as fetched) has an opaque config of ``driver`` in its allocation."""
+    if not isinstance(fetched, Mapping):
+        return False
+    configs = (((fetched.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("config") or []
+    return any(isinstance(c, Mapping) and (c.get("opaque") or {}).get("driver") == driver for c in configs)
+
