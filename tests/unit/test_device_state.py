@@ -875,6 +875,11 @@ async def test_time_slicing_a_mig_device_or_mps_is_refused_with_a_reason(tmp_pat
     bad["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]["sharing"]["timeSlicing"] = {"interval": 7}
     out = await state.prepare(items((REF_B, bad)))
     assert "sharing.timeSlicing.interval" in (out[B].error or "")  # names the field
+    mps = sliced(B, "b", "gpu-4")
+    mps["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]["sharing"] = {
+        "strategy": "MPS", "mps": {"activeThreadPercentage": 50, "perDevice": {"gpu-4": {"pinnedMemoryLimit": "1Gi"}}}}
+    out = await state.prepare(items((REF_B, mps)))
+    assert "sharing strategy MPS is not supported by this agent yet" in (out[B].error or "")
 
 
 @pytest.mark.parametrize("point", ["after-checkpoint-started", "after-cdi-write"])
@@ -895,3 +900,40 @@ async def test_a_crash_after_setting_a_gpu_is_undone_at_the_next_start(tmp_path:
                             gpu_control=control)  # type: ignore[arg-type]
     recover(restarted)
     assert control.applied[-1] == (gpu_uuid("gpu-5"), 0, 0) and restarted.cdi.claim_uids() == set()
+
+
+async def test_a_crash_between_unprepare_and_the_reset_is_reset_at_the_next_start(tmp_path: Path) -> None:
+    control = RecordingControl()
+    state = make(tmp_path)
+    state.gpu_control = control  # type: ignore[assignment]
+    assert (await state.prepare(items((REF_A, sliced(A, "a", "gpu-6")))))[A].error is None
+    assert ckpt.load(state.checkpoint_path, "boot-1")[0].touched == {gpu_uuid("gpu-6")}
+    state.fault = CrashAt("unprepare-after-checkpoint")
+    with pytest.raises(Crash):  # the entry is gone from the file, the GPU not reset yet
+        await state.unprepare([REF_A])
+    assert control.applied[-1] == (gpu_uuid("gpu-6"), 0, 3)
+    restarted = DeviceState(tmp_path / "plugin", state.cdi, driver=DRIVER, node=NODE, boot_id="boot-1",
+                            gpu_control=control)  # type: ignore[arg-type]
+    recover(restarted)
+    assert control.applied[-1] == (gpu_uuid("gpu-6"), 0, 0)
+    assert ckpt.load(restarted.checkpoint_path, "boot-1")[0].touched == frozenset()
+
+
+async def test_a_reset_that_fails_stays_recorded_and_the_next_start_does_it(tmp_path: Path) -> None:
+    control = RecordingControl()
+    state = make(tmp_path)
+    state.gpu_control = control  # type: ignore[assignment]
+    both = items((REF_A, sliced(A, "a", "gpu-6")), (REF_B, sliced(B, "b", "gpu-7", "Short")))
+    assert {u: r.error for u, r in (await state.prepare(both)).items()} == {A: None, B: None}
+    touched = {gpu_uuid("gpu-6"), gpu_uuid("gpu-7")}
+    saved = ckpt.load(state.checkpoint_path, "boot-1")[0]
+    assert saved.touched == touched and ckpt.decode(ckpt.encode(saved)) == saved
+    control.fail_for = {gpu_uuid("gpu-6")}  # the driver refuses the reset
+    assert await state.unprepare([REF_A, REF_B]) == {A: None, B: None}  # the pods still go away
+    assert ckpt.load(state.checkpoint_path, "boot-1")[0].touched == {gpu_uuid("gpu-6")}  # gpu-7 reset
+    control.fail_for = set()
+    restarted = DeviceState(tmp_path / "plugin", state.cdi, driver=DRIVER, node=NODE, boot_id="boot-1",
+                            gpu_control=control)  # type: ignore[arg-type]
+    recover(restarted)
+    assert control.applied[-1] == (gpu_uuid("gpu-6"), 0, 0)
+    assert ckpt.load(restarted.checkpoint_path, "boot-1")[0].touched == frozenset()

@@ -88,8 +88,20 @@ class Checkpoint:
     claims: Mapping[str, Entry] = field(default_factory=lambda: MappingProxyType({}))
     # claim UID -> the (pool, device) pairs its kept spec names (see the module docstring)
     adopted: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=lambda: MappingProxyType({}))
+    # UUIDs of GPUs whose sharing settings the agent changed and has not put back yet: recorded
+    # before a change, dropped once the defaults are back (see gpusettings), so a crash or a failed
+    # reset anywhere leaves the reset for the next start to do.
+    touched: frozenset[str] = frozenset()
 
     # -- transitions (pure: each returns a new Checkpoint) ------------------------------------
+    def touching(self, uuids: Iterable[str]) -> Checkpoint:
+        more = self.touched | set(uuids)
+        return self if more == self.touched else replace(self, touched=frozenset(more))
+
+    def untouched(self, uuids: Iterable[str]) -> Checkpoint:
+        fewer = self.touched - set(uuids)
+        return self if fewer == self.touched else replace(self, touched=frozenset(fewer))
+
     def adopting(self, specs: Mapping[str, Iterable[tuple[str, str]]]) -> Checkpoint:
         """Record kept specs (claim UID -> the (pool, device) pairs each names), replacing what
         was recorded for them; a completed claim needs none."""
@@ -118,7 +130,7 @@ class Checkpoint:
 
     def _with(self, uid: str, entry: Entry) -> Checkpoint:
         adopted = self._adopted_without((uid,)) if entry.state == COMPLETED else self.adopted
-        after = Checkpoint(self.boot_id, MappingProxyType({**self.claims, uid: entry}), adopted)
+        after = Checkpoint(self.boot_id, MappingProxyType({**self.claims, uid: entry}), adopted, self.touched)
         if "_owners" in self.__dict__ and uid not in self.claims and uid not in self.adopted:
             owners = dict(self._owners)  # keep the index, not rebuild it
             _add_holders(owners, uid, entry)
@@ -143,9 +155,10 @@ class Checkpoint:
 
     @cached_property
     def changes_gpus(self) -> bool:
-        """Some claim asks for GPU settings (TimeSlicing): changing the checkpoint may mean calls
-        into the driver."""
-        return any(d.sharing.strategy != "Exclusive" for e in self.claims.values() for d in e.claim.devices)
+        """Some claim asks for GPU settings (TimeSlicing), or some GPU still has them: changing the
+        checkpoint may mean calls into the driver."""
+        return bool(self.touched) or any(d.sharing.strategy != "Exclusive"
+                                         for e in self.claims.values() for d in e.claim.devices)
 
     @cached_property
     def half_done(self) -> tuple[str, ...]:
@@ -177,7 +190,8 @@ class Checkpoint:
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Checkpoint) and self.boot_id == other.boot_id
-                and dict(self.claims) == dict(other.claims) and dict(self.adopted) == dict(other.adopted))
+                and dict(self.claims) == dict(other.claims) and dict(self.adopted) == dict(other.adopted)
+                and self.touched == other.touched)
 
 
 # A device's holder: the claim UID and its device entry (None for an adopted claim's kept spec).
@@ -198,8 +212,9 @@ def _canonical(body: Mapping[str, Any]) -> bytes:
 
 
 def encode(checkpoint: Checkpoint) -> bytes:
-    # Exactly _canonical() of {("adopted",) "bootID", "claims", "version"}, assembled from each
-    # entry's cached canonical JSON (keys in sorted order: adopted < bootID < claims < version;
+    # Exactly _canonical() of {("adopted",) "bootID", "claims", ("touched",) "version"}, assembled
+    # from each entry's cached canonical JSON (keys in sorted order: adopted < bootID < claims <
+    # touched < version;
     # claims by UID), because the commit of every prepare encodes the whole checkpoint on the
     # kubelet's critical path. "adopted" only when there are any: other files stay as they were.
     entries = checkpoint.claims
@@ -207,9 +222,11 @@ def encode(checkpoint: Checkpoint) -> bytes:
     adopted = ""
     if checkpoint.adopted:
         adopted = '"adopted":' + _canonical({u: [list(p) for p in pairs] for u, pairs in checkpoint.adopted.items()}).decode() + ","
-    version = max([2 if checkpoint.adopted else 1, *(entry.version for entry in entries.values())])
+    version = max([3 if checkpoint.touched else 2 if checkpoint.adopted else 1,
+                   *(entry.version for entry in entries.values())])
+    touched = f'"touched":{json.dumps(sorted(checkpoint.touched), separators=(",", ":"))},' if checkpoint.touched else ""
     canonical = (f'{{{adopted}"bootID":{json.dumps(checkpoint.boot_id)},"claims":{{{claims}}},'
-                 f'"version":{version}}}').encode()
+                 f'{touched}"version":{version}}}').encode()
     checksum = "sha256:" + hashlib.sha256(canonical).hexdigest()
     # The checksum spliced in front of the canonical body. Readers re-canonicalise the body, so
     # key order in the file does not matter; `jq .` pretty-prints it.
@@ -240,7 +257,11 @@ def decode(data: bytes) -> Checkpoint:
             if raw["state"] not in STATES:
                 raise CheckpointError(f"claim {uid}: unknown state {raw['state']!r}")
             claims[uid] = Entry(raw["state"], PreparedClaim.from_json(uid, raw))
-        return Checkpoint(str(doc["bootID"]), MappingProxyType(claims), _adopted_from_json(doc.get("adopted") or {}))
+        touched = doc.get("touched") or []
+        if not isinstance(touched, list) or not all(isinstance(u, str) for u in touched):
+            raise CheckpointError(f"touched: {touched!r} is not a list of GPU UUIDs")
+        return Checkpoint(str(doc["bootID"]), MappingProxyType(claims), _adopted_from_json(doc.get("adopted") or {}),
+                          frozenset(touched))
     except (KeyError, TypeError, AttributeError, ValueError) as error:
         raise CheckpointError(f"malformed content: {error!r}") from None
 

@@ -2,11 +2,14 @@
 
 A GPU's compute mode and time slice are node-wide state outside the CDI directory: the agent sets
 them for the claims that ask (TimeSlicing) and puts them back when the last such claim is gone.
-Rather than remember what it did, the agent derives the settings every GPU should have from the
-checkpoint, the one record of which claims hold which GPUs, and applies the difference between two
-checkpoints: before and after a prepare, an unprepare, or start-up reconciliation. PrepareStarted
-entries count as holders, so a crash between setting a GPU and the commit leaves an entry whose
-rollback (by start-up, or by a live peer) computes the reset.
+The agent derives the settings every GPU should have from the checkpoint, the one record of which
+claims hold which GPUs, and applies the difference between two checkpoints: before and after a
+prepare, an unprepare, or a rollback. PrepareStarted entries count as holders. The checkpoint also
+records which GPUs were moved away from their defaults (``touched``), before they are changed,
+and forgets one only once its defaults are back: a crash at any point, or a reset that failed,
+leaves the GPU recorded, and start-up converges it (:func:`converge`). The compute mode goes back
+to DEFAULT, not to what it was before: gpudra manages the sharing settings of the GPUs it
+publishes.
 
 Time-slicing is for whole GPUs: a MIG device is isolated by the hardware and has no time slice of
 its own (``nvidia-smi compute-policy`` refuses MIG devices).
@@ -62,6 +65,19 @@ def changes(before: Checkpoint, after: Checkpoint) -> dict[str, GpuSettings]:
     result = {uuid: settings for uuid, settings in new.items() if old.get(uuid) != settings}
     result.update((uuid, DEFAULTS) for uuid in old if uuid not in new)
     return result
+
+
+def touches(before: Checkpoint, after: Checkpoint) -> set[str]:
+    """GPUs the step from ``before`` to ``after`` moves away from their defaults: to be recorded in
+    the checkpoint (``touched``) before they are changed."""
+    return {uuid for uuid, settings in changes(before, after).items() if settings != DEFAULTS}
+
+
+def converge(checkpoint: Checkpoint) -> dict[str, GpuSettings]:
+    """What every GPU the checkpoint records as touched must get: its holders' settings, or the
+    defaults (start-up, after a crash or a reset that failed)."""
+    asked = wanted(checkpoint)
+    return {uuid: asked.get(uuid, DEFAULTS) for uuid in checkpoint.touched}
 
 
 def conflict(device: PreparedDevice, others: Mapping[str, PreparedDevice]) -> str | None:

@@ -65,8 +65,12 @@ def recover(state: DeviceState) -> ckpt.Reconciliation:
                 log.warning("%s: its CDI spec %s; it cannot be brought up to date now: %s", claim.ref, kept, error)
         if on_disk or cdi.path.is_dir():
             cdi.remove_temp_files()
-        if read is not None:  # GPUs set for claims rolled back or forgotten get their defaults back
-            state._settle(read, result.checkpoint)
+        # GPUs recorded as touched get what their remaining holders ask, or their defaults back
+        # (a claim rolled back, a crash between a checkpoint write and a reset, a reset that failed)
+        settled = result.checkpoint
+        if settled.touched:
+            settled = settled.untouched(state._converge(settled))
+            result = dataclasses.replace(result, checkpoint=settled)
         if result.checkpoint != read or not store.is_cached:
             # no file, or not one this boot can use (another boot's is replaced too: read once,
             # warned once): write the reconciled one

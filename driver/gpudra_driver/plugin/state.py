@@ -204,6 +204,8 @@ class DeviceState:
         replaced = {claim.uid for claim in planned if claim.uid in original.claims}
         written: list[PreparedClaim] = []
         settled = original  # the checkpoint whose GPU settings are in effect
+        # GPUs this call may move away from their defaults: recorded before they are changed
+        checkpoint = checkpoint.touching(gpusettings.touches(original, checkpoint))
         try:
             self.checkpoint.save(checkpoint)
             self.fault("after-checkpoint-started")
@@ -213,18 +215,21 @@ class DeviceState:
             for claim in planned:
                 checkpoint = checkpoint.completed(claim.uid) if claim in written else checkpoint.without(claim.uid)
             # an adopted claim whose prepare failed stays adopted, its spec kept
-            self.checkpoint.save(checkpoint.adopting(self._readopted(original, failed)))
+            checkpoint = checkpoint.adopting(self._readopted(original, failed))
+            # what failed after its GPU settings: back to the others' settings before the commit,
+            # which then forgets the GPUs whose defaults are back
+            checkpoint = checkpoint.untouched(self._settle(settled, checkpoint))
+            self.checkpoint.save(checkpoint)
         except OSError as error:  # adopted claims stay adopted, with the devices their spec names now
             self._remove_specs(({c.uid for c in written} | replaced) - original.adopted.keys())
             for claim in planned:
                 results.setdefault(claim.uid, PrepareResult(error=f"{claim.ref}: recording the prepared "
                                                                   f"claim failed: {error}"))
             rolled_back = original.without(*replaced).adopting(self._readopted(original, planned))
-            self._settle(settled, rolled_back)
+            rolled_back = rolled_back.touching(checkpoint.touched).untouched(self._settle(settled, rolled_back))
             self._save_quietly(rolled_back)
             return
         self._remove_specs(c.uid for c in failed if c.uid in replaced and c.uid not in original.adopted)
-        self._settle(settled, checkpoint)  # what failed after its GPU settings: back to the others'
         self.fault("after-checkpoint-completed")
         for claim in written:
             results[claim.uid] = PrepareResult(claim)
@@ -259,14 +264,29 @@ class DeviceState:
             ready.append(claim)
         return current, ready
 
-    def _settle(self, before: ckpt.Checkpoint, after: ckpt.Checkpoint) -> None:
-        """Best effort: the GPU settings of ``after`` where they differ from ``before``'s (a reset
-        that fails is logged; start-up computes it again from the checkpoint)."""
-        for uuid, settings in gpusettings.changes(before, after).items():
+    def _settle(self, before: ckpt.Checkpoint, after: ckpt.Checkpoint) -> set[str]:
+        """Best effort: the GPU settings of ``after`` where they differ from ``before``'s. Returns
+        the GPUs whose defaults are back; a failure is logged, and the GPU stays recorded as
+        touched for the next start to converge (not retried per call: a GPU stuck in the driver
+        would slow every call down)."""
+        return self._apply(gpusettings.changes(before, after), "the next start")
+
+    def _apply(self, wanted: Mapping[str, gpusettings.GpuSettings], retry: str) -> set[str]:
+        reset: set[str] = set()
+        for uuid, settings in wanted.items():
             try:
                 self._gpu_control().apply(uuid, settings)
             except GpuControlError as error:
-                log.warning("%s", error)
+                log.warning("%s; it stays recorded in the checkpoint for %s", error, retry)
+                continue
+            if settings == gpusettings.DEFAULTS:
+                reset.add(uuid)
+        return reset
+
+    def _converge(self, checkpoint: ckpt.Checkpoint) -> set[str]:
+        """Every GPU ``checkpoint`` records as touched gets what its holders ask, or its defaults
+        (start-up). Returns the GPUs whose defaults are back."""
+        return self._apply(gpusettings.converge(checkpoint), "the next start")
 
     def _gpu_control(self) -> GpuControl:
         if self.gpu_control is None:
@@ -295,8 +315,7 @@ class DeviceState:
             log.info("rolled back the half-done prepare of claim(s) %s, left by an agent instance that "
                      "crashed", gone + list(kept))
         rolled = checkpoint.rolled_back(*gone, *kept).adopting(kept)
-        self._settle(checkpoint, rolled)
-        return rolled
+        return rolled.untouched(self._settle(checkpoint, rolled))
 
     def _readopted(self, original: ckpt.Checkpoint,
                    failed: Iterable[PreparedClaim]) -> dict[str, list[tuple[str, str]]]:
@@ -385,7 +404,9 @@ class DeviceState:
         if remaining != checkpoint:
             self.checkpoint.save(remaining)
             self.fault("unprepare-after-checkpoint")
-            self._settle(checkpoint, remaining)  # the last claim sharing a GPU gone: its defaults back
+            # the last claim sharing a GPU gone: its defaults back, then forgotten
+            if reset := self._settle(checkpoint, remaining):
+                self.checkpoint.save(remaining.untouched(reset))
         for uid in uids:
             try:
                 self.cdi.remove(uid)
