@@ -19,32 +19,29 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import math
 import os
 import re
 import statistics
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from bench import Context, Result, at_most
 from gpudra_driver.kubeapi import Kube, Obj, connect, resource_type
-from gpudra_operator.crd import load_crd
 from gpudra_operator.events import EventRecorder
+from gpudra_operator.localcluster.audit import AuditLog
 from gpudra_operator.localcluster.controlplane import ControlPlane, find_binaries
-from gpudra_operator.localcluster.objects import FAKE_NODE_LABEL, create_fake_node, fake_slice
+from gpudra_operator.localcluster.fleet import CREATE_CONCURRENCY, add_gpu_nodes, bounded, node_names
+from gpudra_operator.localcluster.objects import FAKE_NODE_LABEL, fake_slice, install_crd
 from gpudra_operator.localcluster.operatorproc import start_operator
 from gpudra_operator.localcluster.waiting import wait_for
-from gpudra_operator.render import agent_labels
 from gpudra_operator.slicegc import SliceCollector
 
 NODES = int(os.environ.get("BENCH_GC_NODES", "2000"))
 STALE = int(os.environ.get("BENCH_GC_STALE", "500"))
 DEVICES = 8
 PAGE = 500
-CREATE_CONCURRENCY = 32
 DELETE_CONCURRENCY = 8  # SliceCollector's default
 DRIVER = "gpu.gpudra.io"
 NAMESPACE = "gpudra-system"
@@ -54,7 +51,6 @@ GC_AGENT = "gpudra-gc-bench"
 RATIO_TARGET = 1.3
 RSS_TARGET_MIB = 200
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
-CRD = resource_type("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 SERVICE_ACCOUNT = resource_type("v1", "ServiceAccount")
 
@@ -71,59 +67,18 @@ class CountingKube(Kube):
         return await super().request(method, path, **kwargs)
 
 
-async def bounded(jobs: list[Callable[[], Awaitable[Any]]], limit: int) -> list[Any]:
-    semaphore = asyncio.Semaphore(limit)
-
-    async def one(job: Callable[[], Awaitable[Any]]) -> Any:
-        async with semaphore:
-            return await job()
-
-    return list(await asyncio.gather(*(one(j) for j in jobs)))
-
-
-class AuditLog:
-    """Counts the apiserver's audit events appended since ``mark()``, by User-Agent."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset = path, 0
-
-    def mark(self) -> None:
-        self.offset = self.path.stat().st_size
-
-    def since_mark(self, user_agent: str) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        with self.path.open("rb") as f:
-            f.seek(self.offset)
-            for line in f:
-                event = json.loads(line)
-                if event.get("stage") == "ResponseComplete" and event.get("userAgent") == user_agent:
-                    counts[event["verb"]] = counts.get(event["verb"], 0) + 1
-        return counts
-
-
 async def populate(kube: Kube) -> None:
     await kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     await wait_for(lambda: kube.get(SERVICE_ACCOUNT, "default", NAMESPACE), timeout=60, what="default SA")
-    names = [f"gpu-{i:05d}" for i in range(NODES)]
-    nodes = await bounded([functools.partial(create_fake_node, kube, n) for n in names], CREATE_CONCURRENCY)
-    labels = agent_labels(CONFIG_NAME)
-    jobs: list[Callable[[], Awaitable[Any]]] = []
-    for node in nodes:
-        name, uid = node["metadata"]["name"], node["metadata"]["uid"]
-        jobs.append(functools.partial(kube.create, fake_slice(
-            f"{name}-{DRIVER.replace('.', '-')}-0", DRIVER, name, owner_uid=uid, devices=DEVICES)))
-        jobs.append(functools.partial(kube.create, {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"gpudra-agent-{name}", "namespace": NAMESPACE, "labels": labels},
-            "spec": {"nodeName": name, "containers": [{"name": "agent", "image": "example.com/gpudra:bench"}]}}))
-    await bounded(jobs, CREATE_CONCURRENCY)
+    await add_gpu_nodes(kube, node_names(0, NODES), driver=DRIVER, devices=DEVICES, agent_namespace=NAMESPACE,
+                        config_name=CONFIG_NAME)
 
 
 async def make_stale(kube: Kube, tag: str) -> list[tuple[str, str, str]]:
     """STALE ownerless slices on Nodes that do not exist; (name, uid, resourceVersion) each."""
     created = await bounded([functools.partial(kube.create, fake_slice(f"gone-{tag}-{i:04d}", DRIVER,
                                                                        f"gone-{tag}-{i:04d}", devices=DEVICES))
-                             for i in range(STALE)], CREATE_CONCURRENCY)
+                             for i in range(STALE)])
     return [(s["metadata"]["name"], s["metadata"]["uid"], s["metadata"]["resourceVersion"]) for s in created]
 
 
@@ -190,8 +145,7 @@ async def run(ctx: Context) -> list[Result]:
     audit = AuditLog(plane.audit_log_path)
     rounds = max(1, min(ctx.repeat, 3))
     try:
-        await kube.apply(load_crd())
-        await wait_for(lambda: _established(kube), timeout=60, what="CRD Established")
+        await install_crd(kube)
         started = time.perf_counter()
         await populate(kube)
         populate_s = time.perf_counter() - started
@@ -210,7 +164,7 @@ async def run(ctx: Context) -> list[Result]:
             passes.append(time.perf_counter() - started)
             assert result is not None and len(result.deleted) == STALE and not result.errors, result
             assert result.slices == NODES + STALE and result.nodes == NODES and result.agent_pods == NODES
-            audited, adapter = audit.since_mark(GC_AGENT), counting.counts
+            audited, adapter = audit.verbs(user_agent=GC_AGENT), counting.counts
 
             stale = await make_stale(kube, f"seq{round_}")
             started = time.perf_counter()
@@ -249,9 +203,3 @@ async def run(ctx: Context) -> list[Result]:
                 f"VmHWM of `gpudra operator` after its pass (VmRSS {rss['rss_mib']:.0f} MiB): deleted "
                 f"{rss['deleted']}, pending {rss['pending']}, pass {rss['pass_s']:.2f}s"),
     ]
-
-
-async def _established(kube: Kube) -> bool:
-    crd = await kube.get(CRD, load_crd()["metadata"]["name"])
-    return any(c["type"] == "Established" and c["status"] == "True"
-               for c in ((crd or {}).get("status") or {}).get("conditions") or [])

@@ -25,9 +25,10 @@ import yaml
 
 from bench import Context, Result, at_most
 from gpudra_driver.kubeapi import Kube, Obj, connect, resource_type
-from gpudra_operator.crd import default_object, load_crd
+from gpudra_operator.crd import default_object
 from gpudra_operator.events import EventRecorder
 from gpudra_operator.localcluster.controlplane import ControlPlane, find_binaries
+from gpudra_operator.localcluster.objects import install_crd
 from gpudra_operator.localcluster.operatorproc import start_operator
 from gpudra_operator.localcluster.waiting import wait_for
 from gpudra_operator.reconcile import Reconciler
@@ -36,7 +37,6 @@ from gpudra_operator.render import render
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 DAEMONSET = resource_type("apps/v1", "DaemonSet")
-CRD = resource_type("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 NAMESPACE = "gpudra-system"
 
@@ -94,8 +94,7 @@ async def run_bench(workdir: Path) -> dict[str, Any]:
     kube = Kube(api, "bench")
     operator = None
     try:
-        await kube.apply(load_crd())
-        await wait_for(lambda: _established(kube), timeout=60, what="CRD Established")
+        await install_crd(kube)
         operator = start_operator(kubeconfig=plane.kubeconfig, log_path=workdir / "operator.log",
                                   env={"GPUDRA_DRIFT_INTERVAL": "3600"})
         create_op, create_kubectl, change_op, change_kubectl = [], [], [], []
@@ -163,12 +162,6 @@ async def run_bench(workdir: Path) -> dict[str, Any]:
 def _strip_owner(obj: Obj) -> Obj:
     obj["metadata"].pop("ownerReferences", None)  # no such uid exists: the GC would delete them
     return obj
-
-
-async def _established(kube: Kube) -> bool:
-    crd = await kube.get(CRD, load_crd()["metadata"]["name"])
-    return any(c["type"] == "Established" and c["status"] == "True"
-               for c in ((crd or {}).get("status") or {}).get("conditions") or [])
 
 
 async def run(ctx: Context) -> list[Result]:

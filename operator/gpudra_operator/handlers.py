@@ -1,11 +1,12 @@
 """kopf handlers: thin triggers for the one reconcile in :mod:`gpudra_operator.reconcile`.
 
-create, update and resume run the same idempotent reconcile; a timer repairs drift; events on
+create, update and resume run the same idempotent reconcile; a daemon repairs drift; events on
 our own DaemonSets and DeviceClasses (selected by our managed-by label) repair a hand edit or a
 deletion at once and refresh agent status; the finalizer removes children in a safe order."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any
@@ -17,7 +18,8 @@ from gpudra_driver.kubeapi import Kube, connect, error_message, resource_type
 
 from . import metrics
 from .events import EventRecorder
-from .reconcile import CONFIG, DAEMONSET, DEVICE_CLASS, SLICE, Reconciler
+from .devicecount import SLICE, DeviceCounts
+from .reconcile import CONFIG, DAEMONSET, DEVICE_CLASS, Reconciler
 from .slicegc import DEFAULT_DELETE_RATE, SliceCollector, gc_tick
 from .render import (AGENT_NAME, LABEL_CONFIG, LABEL_MANAGED_BY, MANAGED_BY, agent_selector, child_selector,
                      configured_agent_image)
@@ -48,9 +50,13 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.networking.trust_env = True
     settings.execution.max_workers = 4
     api = await connect(os.environ.get("KUBECONFIG"))
+    # Set when the operator stops (operator_cmd passes it; a plain kopf run gets one never set).
+    memo.setdefault("stopping", asyncio.Event())
     memo.api = api
     memo.kube = Kube(api, FIELD_MANAGER)
-    memo.reconciler = Reconciler(memo.kube, EventRecorder(memo.kube), agent_image=configured_agent_image())
+    memo.device_counts = DeviceCounts(memo.kube, on_synced=lambda driver: memo.reconciler.refresh_driver(driver))
+    memo.reconciler = Reconciler(memo.kube, EventRecorder(memo.kube), agent_image=configured_agent_image(),
+                                 device_counts=memo.device_counts)
     logging.getLogger(__name__).info("agent image where spec.agent.image is unset: %s",
                                      memo.reconciler.agent_image)
     memo.slice_gc = SliceCollector(memo.kube, memo.reconciler.events, delete_rate=GC_DELETE_RATE)
@@ -58,6 +64,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
+    await memo.device_counts.close()
     await memo.api.close()
 
 
@@ -75,9 +82,31 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     await _reconcile(memo, body)  # returns None: nothing leaks into status
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=DRIFT_INTERVAL, initial_delay=DRIFT_INTERVAL)
-async def repair_drift(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await _reconcile(memo, body)
+async def _idle(seconds: float, stopped: kopf.DaemonStopped, memo: kopf.Memo) -> bool:
+    """Wait ``seconds``; False (the daemon returns) once kopf stops this daemon or the operator is
+    stopping. kopf respawns a daemon on any event that arrives while the operator stops, and then
+    waits for it before exiting; one that returns at once keeps the Lease's handover quick."""
+    stopping: asyncio.Event = memo.stopping
+    if not stopping.is_set():
+        waits = {asyncio.ensure_future(stopped.wait(seconds)), asyncio.ensure_future(stopping.wait())}
+        _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+    return not stopped and not stopping.is_set()
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
+async def repair_drift(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    """Reconcile every DRIFT_INTERVAL seconds: what the child watches cannot see (a template
+    whose output changed, a dropped field to try again)."""
+    while await _idle(DRIFT_INTERVAL, stopped, memo):
+        try:
+            await memo.reconciler.reconcile(dict(body))
+        except Exception as error:  # the next tick tries again
+            log.warning("drift check of GpuDraConfig %s failed: %s", body["metadata"]["name"],
+                        error_message(error) if isinstance(error, ApiException) else repr(error))
+        else:
+            log.info("GpuDraConfig %s: drift check done", body["metadata"]["name"])
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
@@ -89,20 +118,20 @@ async def collect_stale_slices(body: kopf.Body, memo: kopf.Memo, stopped: kopf.D
     gc: SliceCollector = memo.slice_gc
     tick = gc_tick()
     try:
-        while not stopped:
+        while not stopped and not memo.stopping.is_set():
             due_in = gc.seconds_until_due(body)
             if due_in > 0:
-                await stopped.wait(min(due_in, tick))
+                await _idle(min(due_in, tick), stopped, memo)
                 continue
             try:
                 result = await gc.run_pass(dict(body))
                 if result is None:  # disabled or not ready: look again next tick
-                    await stopped.wait(tick)
+                    await _idle(tick, stopped, memo)
                 else:
                     metrics.record_gc_pass(result.found, len(result.deleted))
             except Exception as error:  # never let one bad pass end the loop; the next interval retries
                 log.exception("ResourceSlice GC pass of GpuDraConfig %s failed: %s", body["metadata"]["name"], error)
-                await stopped.wait(tick)
+                await _idle(tick, stopped, memo)
     finally:
         gc.forget(body["metadata"]["name"])
 
@@ -111,13 +140,11 @@ async def collect_stale_slices(body: kopf.Body, memo: kopf.Memo, stopped: kopf.D
 @kopf.on.event("resource.k8s.io", "v1", "deviceclasses", labels=OWNED)
 async def child_changed(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
     """A child was edited or deleted (its owner is reconciled now), or its status moved (the
-    owner's status follows)."""
+    owner's status follows); judged in the background, so that kopf's queue of events never
+    backs up behind status refreshes (Reconciler.on_child_event_soon)."""
     owner = (body.get("metadata", {}).get("labels") or {}).get(LABEL_CONFIG)
     if owner:
-        try:
-            await memo.reconciler.on_child_event(owner, type, dict(body))
-        except ApiException as error:
-            log.warning("reconcile of GpuDraConfig %s after a child event failed: %s", owner, error_message(error))
+        memo.reconciler.on_child_event_soon(owner, type, dict(body))
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
@@ -127,6 +154,7 @@ async def cleanup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     kube: Kube = memo.kube
     config = GpuDraConfig.from_body(body)
     metrics.forget_config(config.name)
+    memo.device_counts.forget(config.spec.driver_name)
     async with memo.reconciler.lock(config.name):
         async for device_class in kube.list(DEVICE_CLASS, label_selector=child_selector(config.name)):
             await kube.delete(DEVICE_CLASS, device_class["metadata"]["name"])

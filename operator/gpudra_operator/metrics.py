@@ -13,7 +13,8 @@ Callers:
   :func:`observe_agents`;
 * the ResourceSlice GC calls :func:`record_gc_pass` once per pass (``found`` stale slices, of which
   ``deleted`` were deleted by this pass);
-* the delete handler calls :func:`forget_config` so a deleted GpuDraConfig leaves no stale gauges.
+* the delete handler calls :func:`forget_config` so a deleted GpuDraConfig leaves no stale gauges;
+* the leader election calls :func:`set_leader` as this replica becomes active or stops being so.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ STALE_FOUND = Counter("gpudra_resourceslices_stale_found_total",
                       "Stale ResourceSlices the GC found (counted once per GC pass that saw them).")
 STALE_DELETED = Counter("gpudra_resourceslices_stale_deleted_total", "Stale ResourceSlices the GC deleted.")
 BUILD_INFO = Info("gpudra_build", "The gpudra version of this operator.")
+# client-go's leader election gauge, under our prefix: 1 on the replica that holds the Lease.
+LEADER = Gauge("gpudra_leader_election_master_status",
+               "1 while this replica holds the operator Lease (is the active operator), else 0.", ["name"])
 
 for _result in RESULTS:  # every series exists from the start: rate() and absent() alerts work at once
     RECONCILE_TOTAL.labels(result=_result)
@@ -137,6 +141,10 @@ def record_gc_pass(found: int, deleted: int) -> None:
         STALE_FOUND.inc(found)
     if deleted:
         STALE_DELETED.inc(deleted)
+
+
+def set_leader(lease: str, leading: bool) -> None:
+    LEADER.labels(name=lease).set(1 if leading else 0)
 
 
 def forget_config(config_name: str) -> None:

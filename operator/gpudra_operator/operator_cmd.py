@@ -1,17 +1,24 @@
-"""`gpudra operator`: run the kopf operator (one replica; see docs/design.md for why standalone)."""
+"""`gpudra operator`: run the kopf operator; with leader election (the default), only while this
+replica holds the operator Lease (docs/ha.md)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
+import signal
 import socket
+from typing import Any
+
+from .leaderelection import LEASE_NAME, Timing
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("operator", help="run the GpuDraConfig operator")
     parser.add_argument("--liveness-port", type=int, default=int(os.environ.get("GPUDRA_LIVENESS_PORT", "8080")),
-                        help="serve kopf's /healthz on this port; 0 disables it (default: %(default)s)")
+                        help="serve /healthz on this port (the active replica and standbys); 0 disables it "
+                             "(default: %(default)s)")
     parser.add_argument("--drift-interval", type=float, default=None,
                         help="seconds between drift repairs (default: $GPUDRA_DRIFT_INTERVAL or 60)")
     parser.add_argument("--gc-delete-rate", type=float, default=None,
@@ -24,6 +31,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="watch agent DaemonSets only in this namespace (the shipped RBAC grants DaemonSets "
                              "in gpudra-system only); GpuDraConfigs and DeviceClasses are cluster-scoped and "
                              "always watched cluster-wide (default: $GPUDRA_WATCH_NAMESPACE, else all namespaces)")
+    timing = Timing()
+    election = parser.add_argument_group("leader election (docs/ha.md)")
+    election.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
+                          help=f"run only while holding the Lease {LEASE_NAME}, so that several replicas "
+                               "never write at once (default: on)")
+    election.add_argument("--leader-elect-namespace", default=None,
+                          help="the Lease's namespace (default: $POD_NAMESPACE, else the pod's own namespace, "
+                               "else default)")
+    election.add_argument("--leader-elect-lease-duration", type=float, default=timing.lease_duration,
+                          help="a standby takes over this long after the Lease was last renewed (default: %(default)ss)")
+    election.add_argument("--leader-elect-renew-deadline", type=float, default=timing.renew_deadline,
+                          help="the active replica exits when it could not renew for this long (default: %(default)ss)")
+    election.add_argument("--leader-elect-retry-period", type=float, default=timing.retry_period,
+                          help="between renewals, and between a standby's tries (default: %(default)ss)")
     parser.add_argument("--verbose", action="store_true")
     parser.set_defaults(run=run)
 
@@ -33,9 +54,11 @@ def run(args: argparse.Namespace) -> int:
         os.environ["GPUDRA_DRIFT_INTERVAL"] = str(args.drift_interval)
     if args.gc_delete_rate is not None:
         os.environ["GPUDRA_GC_DELETE_RATE"] = str(args.gc_delete_rate)
+    timing = Timing(args.leader_elect_lease_duration, args.leader_elect_renew_deadline,
+                    args.leader_elect_retry_period)
     import kopf
 
-    from . import handlers  # noqa: F401 - registers the handlers
+    from . import handlers  # noqa: F401 - registers the handlers (a standby has them ready too)
 
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
     # The API client logs whole response bodies at DEBUG: too much even for --verbose.
@@ -43,10 +66,56 @@ def run(args: argparse.Namespace) -> int:
     from . import metrics
 
     metrics.serve(args.metrics_port)
-    liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
-    scope: dict[str, object] = {"namespaces": [args.namespace]} if args.namespace else {"clusterwide": True}
+    return asyncio.run(_run(args, timing))
+
+
+async def _run(args: argparse.Namespace, timing: Timing) -> int:
+    import kopf
+
+    from gpudra_driver.kubeapi import Kube, connect
+
+    from .handlers import FIELD_MANAGER
+    from .health import serve_health
+    from .leaderelection import LeaseElector, namespace_in_cluster, run_elected
+
     # kopf would name itself after the OS user (getpass), which fails for a UID without a passwd
     # entry, such as the Deployment's 65532: the host name (the pod's) instead, or kopf's POD_ID.
+    # The Lease names its holder the same way.
     identity = os.environ.get("POD_ID") or f"{socket.gethostname()}/{os.getpid()}"
-    kopf.run(standalone=True, liveness_endpoint=liveness, identity=identity, **scope)  # type: ignore[arg-type]
-    return 0
+    scope: dict[str, Any] = {"namespaces": [args.namespace]} if args.namespace else {"clusterwide": True}
+    stop, kopf_ready = asyncio.Event(), asyncio.Event()
+    role = {"role": "standby" if args.leader_elect else "active", "identity": identity}
+
+    def on_signals() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+
+    async def lead() -> None:
+        """kopf.operator(), except that SIGTERM keeps setting ``stop``: kopf's own handlers
+        would leave its waiter on ``stop`` pending, and kopf waits 5 s for such tasks."""
+        role["role"] = "active"
+        ignored = asyncio.all_tasks()
+        tasks = await kopf.spawn_tasks(standalone=True, identity=identity, stop_flag=stop,  # type: ignore[arg-type]
+                                       ready_flag=kopf_ready, memo=kopf.Memo(stopping=stop), **scope)
+        on_signals()
+        await kopf.run_tasks(tasks, ignored=ignored)
+
+    def health() -> tuple[bool, dict[str, Any]]:
+        return role["role"] == "standby" or kopf_ready.is_set(), role
+
+    runner = await serve_health(args.liveness_port, health) if args.liveness_port else None
+    try:
+        if not args.leader_elect:
+            await lead()
+            return 0
+        on_signals()
+        namespace = args.leader_elect_namespace or os.environ.get("POD_NAMESPACE") or namespace_in_cluster() or "default"
+        api = await connect(os.environ.get("KUBECONFIG"))
+        try:
+            await run_elected(LeaseElector(Kube(api, FIELD_MANAGER), namespace, identity, timing), lead, stop)
+        finally:
+            await api.close()
+        return 0
+    finally:
+        if runner is not None:
+            await runner.cleanup()

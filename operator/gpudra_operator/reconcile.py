@@ -24,6 +24,7 @@ from gpudra_driver.nodeevents import event_source
 from gpudra_driver.kubeapi import Kube, Obj, error_message, is_status, resource_type
 
 from .conditions import ApplyError, Unsupported, agents_status, apply_conditions, summarize
+from .devicecount import DeviceCounts
 from . import metrics
 from .events import EVENT_NAMESPACE, EventRecorder
 from .features import CONSUMABLE_CAPACITY_UNSUPPORTED, FeatureProbe
@@ -34,11 +35,10 @@ from .spec import GpuDraConfig, SpecError
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 DAEMONSET = resource_type("apps/v1", "DaemonSet")
-SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 EVENT = resource_type("v1", "Event")
 T = TypeVar("T")
 log = logging.getLogger("gpudra.operator")
-DEVICE_COUNT_TTL = 10.0
+REUSE_TTL = 10.0  # seconds a read that reconciles in a row would repeat is reused
 DROPPED_FIELD_RECHECK = 3600.0  # seconds before a class whose field the API server dropped is applied again
 
 
@@ -65,9 +65,9 @@ def _age_key(body: Mapping[str, Any]) -> tuple[str, int, str]:
 
 
 async def _reused(cache: dict[str, tuple[float, T]], key: str, compute: Callable[[], Awaitable[T]]) -> T:
-    """``compute()``'s answer for ``key``, reused for DEVICE_COUNT_TTL seconds."""
+    """``compute()``'s answer for ``key``, reused for REUSE_TTL seconds."""
     cached, now = cache.get(key), time.monotonic()
-    if cached and now - cached[0] < DEVICE_COUNT_TTL:
+    if cached and now - cached[0] < REUSE_TTL:
         return cached[1]
     value = await compute()
     cache[key] = (now, value)
@@ -188,6 +188,7 @@ class _Reconciled:
     generation: int | None
     rendered: Rendered
     outcome: Outcome
+    driver: str
 
     def wanted(self, child: Mapping[str, Any]) -> Obj | None:
         """What that reconcile wrote for ``child`` (None: it wants no such object)."""
@@ -201,15 +202,20 @@ def _owned_by(live: Obj, config_name: str) -> bool:
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, events: EventRecorder, *, agent_image: str = DEFAULT_AGENT_IMAGE) -> None:
+    def __init__(self, kube: Kube, events: EventRecorder, *, agent_image: str = DEFAULT_AGENT_IMAGE,
+                 device_counts: DeviceCounts | None = None) -> None:
         self.agent_image = agent_image
         self.kube = kube
         self.events = events
+        # status.devices comes from the operator's watch of the slices; without one (a reconcile
+        # run in-process), the count already in status stands.
+        self.device_counts = device_counts
         self._locks: dict[str, asyncio.Lock] = {}
         self._queued: set[str] = set()
         self._status_queued: set[str] = set()
+        self._child_events: dict[tuple[str, str, str | None, str], tuple[str | None, Obj]] = {}
+        self._child_tasks: set[asyncio.Task[None]] = set()
         self._reconciled: dict[str, _Reconciled] = {}
-        self._device_counts: dict[str, tuple[float, int]] = {}  # driver -> (monotonic time, count)
         self._device_plugin_cache: dict[str, tuple[float, list[str]]] = {}  # driver -> (time, nodes)
         self._dropped: dict[str, tuple[float, str]] = {}  # class -> (when, extendedResourceName dropped)
         self.features = FeatureProbe(kube)
@@ -228,14 +234,43 @@ class Reconciler:
 
     async def on_child_event(self, name: str, event_type: str | None, child: Obj) -> None:
         """An event on a child of config ``name`` (see :func:`child_event_action`), judged after
-        a reconcile running now has finished: the echo of its own writes is then as it wanted."""
+        a reconcile running now has finished: the echo of its own writes is then as it wanted.
+        An event that comes while an older one of the same child waits replaces it: the child is
+        judged as it is now, so the newest event is the only one that matters."""
+        key = (name, *child_key(child))
+        waiting = key in self._child_events
+        self._child_events[key] = (event_type, child)
+        if waiting:
+            return
         async with self.lock(name):
+            event_type, child = self._child_events.pop(key)
             last = self._reconciled.get(name)
             action = child_event_action(event_type, child, last.wanted(child) if last else None,
                                         reconciled=last is not None)
         if action == "reconcile":
             await self.reconcile_by_name(name)
         elif action == "status":
+            await self._refresh_status(name)
+
+    def on_child_event_soon(self, name: str, event_type: str | None, child: Obj) -> None:
+        """:meth:`on_child_event` in a task of its own, so kopf's handler returns at once. kopf
+        queues every event of an object and hands them to its handler one at a time; during a
+        rollout the DaemonSet's status events come faster than status refreshes, and queued there,
+        each keeps a whole DaemonSet in memory (thousands on a large fleet). Here only the newest
+        waits."""
+        task = asyncio.create_task(self._on_child_event_logged(name, event_type, child))
+        self._child_tasks.add(task)
+        task.add_done_callback(self._child_tasks.discard)
+
+    async def _on_child_event_logged(self, name: str, event_type: str | None, child: Obj) -> None:
+        try:
+            await self.on_child_event(name, event_type, child)
+        except ApiException as error:
+            log.warning("reconcile of GpuDraConfig %s after a child event failed: %s", name, error_message(error))
+
+    async def refresh_driver(self, driver: str) -> None:
+        """Status again for the configs of ``driver`` (its device count has just become known)."""
+        for name in [n for n, last in self._reconciled.items() if last.driver == driver]:
             await self._refresh_status(name)
 
     async def _refresh_status(self, name: str) -> None:
@@ -302,7 +337,7 @@ class Reconciler:
         await self._report(body, config, rendered, outcome, daemonset)
         if not outcome.conflicts:
             self._reconciled[config.name] = _Reconciled(body["metadata"].get("uid"), config.generation, rendered,
-                                                        outcome)
+                                                        outcome, config.spec.driver_name)
         return outcome
 
     # --- children ---------------------------------------------------------------------------
@@ -385,21 +420,11 @@ class Reconciler:
                 log.info("pruned DeviceClass %s (no longer in GpuDraConfig %s)", meta["name"], config.name)
 
     # --- status -----------------------------------------------------------------------------
-    async def _count_devices(self, driver: str) -> int:
-        """Devices the driver publishes, for status. Listing every slice is the one costly read of a
-        reconcile, and a fleet rollout triggers reconciles back to back, so a count is reused for
-        DEVICE_COUNT_TTL seconds (the printer column lags by at most that)."""
-        async def count() -> int:
-            return sum([len(s["spec"].get("devices") or [])
-                        async for s in self.kube.list(SLICE, field_selector=f"spec.driver={driver}")])
-
-        return await _reused(self._device_counts, driver, count)
-
     async def _device_plugin_nodes(self, driver: str) -> list[str]:
         """Nodes whose agent says (its latest DevicePluginConflict[Resolved] Node event) that it
         publishes nothing because NVIDIA's device plugin advertises nvidia.com/gpu there. One
         filtered LIST of the driver's agent events (few: they are posted on changes only), reused
-        for DEVICE_COUNT_TTL seconds like the device count; Events expire after an hour, and an agent
+        for REUSE_TTL seconds; Events expire after an hour, and an agent
         that still conflicts posts again when it restarts."""
         return await _reused(self._device_plugin_cache, driver, lambda: self._list_device_plugin_nodes(driver))
 
@@ -413,6 +438,12 @@ class Reconciler:
             if node and (node not in latest or when >= latest[node][0]):
                 latest[node] = (when, event["reason"])
         return sorted(n for n, (_, reason) in latest.items() if reason == DEVICE_PLUGIN_CONFLICT)
+
+    def _devices(self, driver: str, old_status: Mapping[str, Any]) -> int:
+        """Devices the driver publishes, from the watch of its slices; until that has listed them
+        once (a replica that just became active), the count status already holds."""
+        count = self.device_counts.devices(driver) if self.device_counts is not None else None
+        return int(old_status.get("devices") or 0) if count is None else count
 
     async def _report(self, body: Mapping[str, Any], config: GpuDraConfig, rendered: Rendered,
                       outcome: Outcome, daemonset: Obj | None) -> None:
@@ -436,7 +467,7 @@ class Reconciler:
             "agents": agents,
             "deviceClasses": applied_classes,
             "deviceClassCount": len(applied_classes),
-            "devices": 0 if outcome.conflicts else await self._count_devices(config.spec.driver_name),
+            "devices": 0 if outcome.conflicts else self._devices(config.spec.driver_name, old_status),
         }
         metrics.observe_agents(config.name, agents)
         if contains(old_status, status):

@@ -7,7 +7,8 @@ the API server puts the node's name in it), reconcile a sample to Ready and publ
 the RBAC is sufficient. The ValidatingAdmissionPolicies let an agent write only its own node's
 ResourceSlices of its own GpuDraConfig's driver, type-check clean and never stand in the
 operator's way; each token is denied what its role lacks.
-Both components serve their metrics; Argo CD's health check reads the live status as Healthy."""
+Both components serve their metrics; Argo CD's health check reads the live status as Healthy. Two
+operator replicas elect one active replica through their Lease with the shipped Role."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import asyncio
 import json
 import secrets
 import shutil
+import socket
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -28,6 +30,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from argocd_health import health
 from scrape import sample_value, scrape
 from gpudra_driver.kubeapi import Kube, Obj, connect, error_message, resource_type
+from gpudra_operator.leaderelection import LEASE, LEASE_NAME
 from gpudra_operator.localcluster.agents import AgentProcess, start_agent
 from gpudra_operator.localcluster.controlplane import ControlPlane, free_port
 from gpudra_operator.localcluster.kubelet_sim import KubeletSimulator
@@ -239,7 +242,7 @@ async def fake_node(kube: Kube, nodes: list[str], prefix: str, labels: dict[str,
 async def test_apply_k_creates_everything(cluster: ControlPlane, kube: Kube, installed: list[Obj]) -> None:
     kinds = {o["kind"] for o in installed}
     assert kinds == {"Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-                     "Role", "RoleBinding", "Deployment", "Service", "ValidatingAdmissionPolicy",
+                     "Role", "RoleBinding", "Deployment", "PodDisruptionBudget", "Service", "ValidatingAdmissionPolicy",
                      "ValidatingAdmissionPolicyBinding", "NetworkPolicy"}
     for obj in installed:
         kind, name, namespace = ref(obj)
@@ -282,7 +285,7 @@ async def test_operator_and_agent_run_with_their_own_service_accounts(
     operator = start_operator(kubeconfig=operator_kubeconfig, log_path=operator_log,
                               args=("--namespace", AGENT_NS, "--liveness-port", "0", "--metrics-port",
                                     str(operator_port), "--log-format", "json"),
-                              env={"GPUDRA_DRIFT_INTERVAL": "3"})
+                              env={"GPUDRA_DRIFT_INTERVAL": "3", "POD_NAMESPACE": OPERATOR_NS})
     simulator = asyncio.create_task(KubeletSimulator(kube).run())
     agent: AgentProcess | None = None
     config = yaml.safe_load(SAMPLE.read_text())
@@ -330,6 +333,7 @@ async def test_operator_and_agent_run_with_their_own_service_accounts(
         assert (sample_value(operator_metrics, "gpudra_reconcile_total", 'result="success"') or 0) >= 1
         assert sample_value(operator_metrics, "gpudra_agents_ready", f'config="{name}"') == 1
         assert sample_value(operator_metrics, "gpudra_agents_desired", f'config="{name}"') == 1
+        assert sample_value(operator_metrics, "gpudra_leader_election_master_status", 'name="gpudra-operator"') == 1
         agent_metrics = await asyncio.to_thread(scrape, agent_port)
         for metric in AGENT_METRICS:
             assert f"\n{metric}" in agent_metrics, metric
@@ -618,3 +622,45 @@ async def test_operator_role_is_confined_to_the_agent_namespace(
         await operator.apply({**daemonset, "metadata": {**daemonset["metadata"], "namespace": AGENT_NS}}, dry_run=True)
         error = await denied(operator.request("GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles"))
         assert error.status == 403
+
+
+async def test_two_operator_replicas_share_the_lease_with_the_shipped_rbac(
+        cluster: ControlPlane, kube: Kube, installed: list[Obj], tmp_path: Path) -> None:
+    """Leader election with the operator's token: one replica takes the Lease in its namespace, the
+    other watches it (by name, which resourceNames allows) and takes it over when the first stops;
+    the token may touch no other Lease."""
+    token = await request_token(kube, OPERATOR_NS, "gpudra-operator")
+    kubeconfig = token_kubeconfig(cluster, token, tmp_path / "operator.kubeconfig")
+    replicas = [start_operator(kubeconfig=kubeconfig, log_path=tmp_path / f"operator-{i}.log",
+                               args=("--namespace", AGENT_NS, "--liveness-port", "0"),
+                               env={"POD_NAMESPACE": OPERATOR_NS}) for i in range(2)]
+    identities = {f"{socket.gethostname()}/{r.process.pid}": r for r in replicas}
+    try:
+        async def holder() -> str | None:
+            lease = await kube.get(LEASE, LEASE_NAME, OPERATOR_NS)
+            held = ((lease or {}).get("spec") or {}).get("holderIdentity")
+            return held if held in identities else None
+
+        first = identities[await wait_for(holder, timeout=30, what="a replica to hold the Lease")]
+        second = next(r for r in replicas if r is not first)
+        await wait_for(lambda: asyncio.to_thread(lambda: "standby: Lease" in second.log()), timeout=30,
+                       what="the other replica to stand by")
+        assert first.stop() == 0
+        assert identities[await wait_for(holder, timeout=10, what="the standby to take the Lease")] is second
+        async with TokenClient(kubeconfig, "gpudra-operator") as operator:
+            other = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                     "metadata": {"name": "someone-else", "namespace": OPERATOR_NS}, "spec": {}}
+            await operator.request("POST", LEASE.path(OPERATOR_NS), body=other)  # create: no name to check
+            error = await denied(operator.request("PUT", LEASE.path(OPERATOR_NS, "someone-else"), body=other))
+            assert error.status == 403
+            error = await denied(operator.request("GET", LEASE.path("default", LEASE_NAME)))
+            assert error.status == 403
+    finally:
+        for replica in replicas:
+            replica.stop()
+        for replica in replicas:
+            print(f"\n--- {replica.log_path.name} tail ---\n{replica.log_tail(10)}")
+    for replica in replicas:
+        text = replica.log().lower()
+        for word in ("forbidden", "not enough permissions", "unauthorized"):
+            assert word not in text, f"{word!r} with the shipped RBAC:\n{replica.log_tail()}"

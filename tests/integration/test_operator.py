@@ -293,10 +293,10 @@ async def test_drift_ticks_write_nothing_when_nothing_changed(kube: Kube, config
     # Let any trailing status write (the DaemonSet controller's first status) settle: two equal
     # snapshots around one drift tick, then two more ticks that must change nothing.
     before = await versions()
-    ticks = operator.log_count("Timer 'repair_drift' succeeded")
+    ticks = operator.log_count("drift check done")
     await wait_for(lambda: _more(operator, ticks + 2), timeout=30, what="two drift ticks")
     settled = await versions()
-    ticks = operator.log_count("Timer 'repair_drift' succeeded")
+    ticks = operator.log_count("drift check done")
     await wait_for(lambda: _more(operator, ticks + 2), timeout=30, what="two more drift ticks")
     assert await versions() == settled, (before, settled)
 
@@ -309,4 +309,4 @@ async def test_drift_ticks_write_nothing_when_nothing_changed(kube: Kube, config
 
 
 async def _more(operator: OperatorProcess, count: int) -> bool:
-    return operator.log_count("Timer 'repair_drift' succeeded") >= count
+    return operator.log_count("drift check done") >= count

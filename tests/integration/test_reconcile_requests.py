@@ -70,7 +70,7 @@ async def test_child_events_cost_a_status_refresh_unless_a_child_was_edited(kube
     await reconciler.on_child_event(name, "MODIFIED", daemonset)
     writes = [(method, path) for method, path in counting.requests if method != "GET"]
     assert writes == [("PATCH", f"/apis/gpudra.io/v1alpha1/gpudraconfigs/{name}/status")], counting.requests
-    assert len(counting.requests) <= 4, counting.requests  # + the slice count, when its cache expired
+    assert len(counting.requests) <= 4, counting.requests  # + the device-plugin Events, when their reuse expired
     status = (await live(kube, CONFIG, name))["status"]
     assert status["agents"]["desired"] == 1 and status["agents"]["ready"] == 0
 

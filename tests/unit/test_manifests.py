@@ -112,10 +112,18 @@ def test_the_claim_config_policy_checks_every_gpudraconfigs_driver() -> None:
     assert {case.reason for case in BAD.values() if case.reason not in text} == set()
 
 
-def test_operator_pod_is_restricted_and_singleton() -> None:
+def test_operator_pod_is_restricted_and_replicated() -> None:
     deployment = find("Deployment", "gpudra-operator")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    # One active replica and a standby (docs/ha.md): a rollout adds the new pod before an old one goes.
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    labels = spec["selector"]["matchLabels"]
+    (term,) = spec["template"]["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"] == {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": labels}}
+    budget = find("PodDisruptionBudget", "gpudra-operator")
+    assert budget["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": labels}}
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -124,6 +132,8 @@ def test_operator_pod_is_restricted_and_singleton() -> None:
                                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    # The Lease lives in the pod's own namespace.
+    assert {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}} in container["env"]
     assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]  # the only writable path
 
 
@@ -154,7 +164,7 @@ def test_agent_role_is_what_the_agent_uses() -> None:
 def test_operator_cannot_write_slices_or_pods() -> None:
     granted = {(g, r): set(rule["verbs"]) for rule in rules("ClusterRole", "gpudra-operator")
                for g in rule["apiGroups"] for r in rule["resources"]}
-    assert granted[("resource.k8s.io", "resourceslices")] == {"list", "delete"}
+    assert granted[("resource.k8s.io", "resourceslices")] == {"list", "watch", "delete"}
     assert granted[("", "nodes")] == {"list"}
     assert ("apps", "daemonsets") not in granted  # namespaced Role in the agent namespace only
     namespaced = {(g, r): set(rule["verbs"]) for rule in rules("Role", "gpudra-operator")
@@ -162,6 +172,25 @@ def test_operator_cannot_write_slices_or_pods() -> None:
     assert namespaced[("", "pods")] == {"get", "list", "watch"}
     # create its own Events; list the agents' DevicePluginConflict Node events (no update, no delete)
     assert rules("Role", "gpudra-operator-events") == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "list"]}]
+
+
+def test_the_operator_may_hold_its_lease_and_no_other() -> None:
+    """Leader election: the Lease gpudra-operator in the operator's namespace, by name wherever
+    RBAC can check a name (not on create), bound to the operator's account only."""
+    namespace = find("Deployment", "gpudra-operator")["metadata"]["namespace"]
+    role = find("Role", "gpudra-operator-leader-election")
+    assert role["metadata"]["namespace"] == namespace
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["gpudra-operator"],
+         "verbs": ["get", "watch", "update"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}]
+    binding = find("RoleBinding", "gpudra-operator-leader-election")
+    assert binding["metadata"]["namespace"] == namespace
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpudra-operator", "namespace": namespace}]
+    from gpudra_operator.leaderelection import LEASE_NAME
+
+    assert LEASE_NAME == "gpudra-operator"
 
 
 def _value_paths(values: Any, prefix: str = "") -> set[str]:

@@ -4,6 +4,7 @@ processes on free loopback ports, the way envtest and kwokctl's binary runtime d
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import ssl
@@ -58,9 +59,24 @@ def find_binaries() -> Path:
 
 
 def free_port() -> int:
+    """A port free now, below the kernel's ephemeral range: a port the kernel picked would be
+    its next choice for someone's outgoing connection too, and a process started later to listen
+    on it (on every address) can then find it taken."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(100):
+        port = random.randrange(10000, max(low, 10001))
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind((HOST, 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -89,6 +105,9 @@ class ControlPlane:
     # Benchmarks count API requests exactly from the apiserver's audit log (Metadata level, one
     # line per request at ResponseComplete); off by default, tests do not pay for it.
     audit_log: bool = False
+    # A bench that writes a DaemonSet's status itself (a fleet's rollout) runs without the
+    # DaemonSet controller, which would write it back.
+    controllers: tuple[str, ...] = CONTROLLERS
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -100,12 +119,19 @@ class ControlPlane:
         self.audit_log_path = self.workdir / "logs" / "audit.log"
 
     # --- configuration -----------------------------------------------------------------------
-    def _write_kubeconfig(self, path: Path, user: str, client: CertPair) -> Path:
+    def user_kubeconfig(self, path: Path, user: str, *, groups: tuple[str, ...] = ("system:masters",),
+                        server: str | None = None) -> Path:
+        """A kubeconfig for a user of its own (a client certificate), so the audit log tells its
+        requests apart; ``server`` to reach the API server another way (a proxy on loopback)."""
+        return self._write_kubeconfig(path, user, self.pki.issue(f"user-{user}", user, organizations=groups),
+                                      server=server)
+
+    def _write_kubeconfig(self, path: Path, user: str, client: CertPair, server: str | None = None) -> Path:
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "gpudra-local", "cluster": {
-                "server": self.server, "certificate-authority": str(self.pki.ca.cert)}}],
+                "server": server or self.server, "certificate-authority": str(self.pki.ca.cert)}}],
             "users": [{"name": user, "user": {
                 "client-certificate": str(client.cert), "client-key": str(client.key)}}],
             "contexts": [{"name": "gpudra-local", "context": {"cluster": "gpudra-local", "user": user}}],
@@ -161,7 +187,7 @@ class ControlPlane:
                 str(bins / "kube-controller-manager"), f"--kubeconfig={kcm_kubeconfig}",
                 f"--authentication-kubeconfig={kcm_kubeconfig}",
                 f"--authorization-kubeconfig={kcm_kubeconfig}",
-                "--leader-elect=false", f"--controllers={','.join(CONTROLLERS)}",
+                "--leader-elect=false", f"--controllers={','.join(self.controllers)}",
                 f"--bind-address={HOST}", f"--secure-port={kcm_port}",
                 f"--cert-dir={self.workdir / 'kcm'}", f"--root-ca-file={self.pki.ca.cert}",
                 "--use-service-account-credentials=false", "--kube-api-qps=200", "--kube-api-burst=400",

@@ -18,6 +18,7 @@ NAMESPACE = resource_type("v1", "Namespace")
 POD = resource_type("v1", "Pod")
 SERVICE_ACCOUNT = resource_type("v1", "ServiceAccount")
 EVENT = resource_type("v1", "Event")
+CRD = resource_type("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 FAKE_NODE_LABEL = "gpudra.io/fake-node"
 
 
@@ -92,3 +93,17 @@ async def events_about(kube: Kube, name: str, namespace: str = "default") -> lis
     """The Events in ``namespace`` whose involved object is named ``name``."""
     return [e async for e in kube.list(EVENT, namespace, field_selector=f"involvedObject.name={name}")]
 
+
+async def install_crd(kube: Kube, timeout: float = 60) -> Obj:
+    """The GpuDraConfig CRD applied (server-side) and Established; the live CRD."""
+    from ..crd import load_crd
+
+    crd = load_crd()
+    await kube.apply(crd)
+
+    async def established() -> Obj | None:
+        live = await kube.get(CRD, crd["metadata"]["name"])
+        conditions = ((live or {}).get("status") or {}).get("conditions") or []
+        return live if any(c["type"] == "Established" and c["status"] == "True" for c in conditions) else None
+
+    return await wait_for(established, timeout=timeout, what=f"CRD {crd['metadata']['name']} to be Established")

@@ -1,0 +1,117 @@
+"""How many devices each driver publishes (``status.devices``), kept current by a watch of that
+driver's ResourceSlices rather than a LIST per reconcile.
+
+A LIST of every slice of a driver grows with the fleet (ten 500-slice pages at 5,000 nodes, each
+slice carrying all its devices); a reconcile should cost the same on any fleet. So each driver
+gets one list, paginated, then a watch, both filtered on the server (``spec.driver``), and only
+a number per slice is kept. Until that first list is in, the count is unknown (None) and the
+reconciler keeps the count it reported before: a new active replica never reports 0 devices; once
+it is in, ``on_synced(driver)`` lets status catch up (later changes wait for the next reconcile or
+status refresh, as a LIST per reconcile would)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from tenacity import AsyncRetrying, RetryCallState, wait_exponential
+
+from gpudra_driver.kubeapi import Kube, Obj, resource_type
+
+SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
+RETRY_INITIAL, RETRY_MAX = 0.5, 30.0  # seconds; doubling while the API server keeps failing
+log = logging.getLogger("gpudra.operator")
+
+
+class DriverSlices:
+    """The device count of each slice of one driver, from a list and then a watch."""
+
+    def __init__(self, kube: Kube, driver: str, page_size: int = 500,
+                 on_synced: Callable[[str], Awaitable[None]] | None = None) -> None:
+        self.kube, self.driver, self.page_size = kube, driver, page_size
+        self.on_synced = on_synced
+        self.devices: dict[str, int] = {}  # slice name -> devices in it
+        self.synced = False
+        self.version: str | None = None  # where the watch resumes; None: list again
+        self._selector = f"spec.driver={driver}"
+
+    @property
+    def total(self) -> int | None:
+        return sum(self.devices.values()) if self.synced else None
+
+    async def run(self) -> None:
+        while True:  # each list-then-watch retried with backoff; a clean end of the watch resumes it
+            await AsyncRetrying(wait=wait_exponential(multiplier=RETRY_INITIAL, max=RETRY_MAX),
+                                before_sleep=self._log_retry)(self._sync)
+
+    def _log_retry(self, state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        delay = state.next_action.sleep if state.next_action else 0.0
+        log.warning("watching the ResourceSlices of driver %s failed (%r); retrying in %.1fs", self.driver, error, delay)
+
+    async def _sync(self) -> None:
+        if self.version is None:
+            await self._relist()
+        async for kind, obj in self.kube.watch(SLICE, field_selector=self._selector,
+                                               resource_version=self.version, timeout_seconds=300):
+            if kind == "ERROR":  # 410 Gone: the version is too old to resume from
+                self.version = None
+                return
+            self.version = obj["metadata"].get("resourceVersion") or self.version
+            if kind == "DELETED":
+                self.devices.pop(obj["metadata"]["name"], None)
+            elif kind != "BOOKMARK":
+                self.devices[obj["metadata"]["name"]] = _devices_in(obj)
+
+    async def _relist(self) -> None:
+        """Every slice of the driver, page by page (one consistent snapshot: every page is at the
+        first page's resourceVersion, where the watch then resumes)."""
+        devices: dict[str, int] = {}
+        token: str | None = None
+        while True:
+            page = await self.kube.request("GET", SLICE.path(), query={
+                "fieldSelector": self._selector, "limit": self.page_size, "continue": token})
+            for obj in page.get("items") or []:
+                devices[obj["metadata"]["name"]] = _devices_in(obj)
+            token = page["metadata"].get("continue")
+            if not token:
+                break
+        first, self.devices, self.synced = not self.synced, devices, True
+        self.version = str(page["metadata"]["resourceVersion"])
+        if first and self.on_synced is not None:
+            try:
+                await self.on_synced(self.driver)
+            except Exception as error:  # status catches up on the next reconcile instead
+                log.warning("status refresh after counting the devices of driver %s failed: %r", self.driver, error)
+
+def _devices_in(slice_: Obj) -> int:
+    return len((slice_.get("spec") or {}).get("devices") or [])
+
+
+class DeviceCounts:
+    """One :class:`DriverSlices` per driver asked about, started on first use."""
+
+    def __init__(self, kube: Kube, page_size: int = 500,
+                 on_synced: Callable[[str], Awaitable[None]] | None = None) -> None:
+        self.kube, self.page_size, self.on_synced = kube, page_size, on_synced
+        self._drivers: dict[str, tuple[DriverSlices, asyncio.Task[None]]] = {}
+
+    def devices(self, driver: str) -> int | None:
+        """Devices the driver publishes now; None until its slices have been listed once."""
+        if driver not in self._drivers:
+            slices = DriverSlices(self.kube, driver, self.page_size, self.on_synced)
+            self._drivers[driver] = (slices, asyncio.create_task(slices.run(), name=f"slices of {driver}"))
+        return self._drivers[driver][0].total
+
+    def forget(self, driver: str) -> None:
+        entry = self._drivers.pop(driver, None)
+        if entry is not None:
+            entry[1].cancel()
+
+    async def close(self) -> None:
+        tasks = [task for _, task in self._drivers.values()]
+        self._drivers.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
