@@ -121,6 +121,8 @@ class KubeletPlugin:
             driver, os.fspath(self.dra_socket),
             tuple(v for v in SUPPORTED_VERSIONS if v.split(".")[0] in self.api_versions))
         self.devices_known = asyncio.Event()
+        self._fetching = 0  # prepare calls whose claim GETs are in flight
+        self.state.others_coming = lambda: self._fetching
         self._dra_server: grpc.aio.Server | None = None
         self._reg_server: grpc.aio.Server | None = None
         self.registration_served = False  # the registration socket is up (after the first discovery)
@@ -211,7 +213,11 @@ class KubeletPlugin:
         if not refs:  # nothing to do (the liveness check's call): no round, no node lock
             return {}
         started, deadline = time.perf_counter(), time.monotonic() + CALL_BUDGET
-        fetched = await asyncio.gather(*(self._fetch(ref) for ref in refs))
+        self._fetching += 1
+        try:
+            fetched = await asyncio.gather(*(self._fetch(ref) for ref in refs))
+        finally:
+            self._fetching -= 1
         results = await self.state.prepare(list(zip(refs, fetched)), deadline)
         self._record(metrics.PREPARE, started, [r.error for r in results.values()])
         return results

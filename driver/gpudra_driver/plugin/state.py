@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +78,7 @@ class DeviceState:
         self._one_call = asyncio.Lock()
         self._queued: list[_QueuedPrepare] = []  # prepare calls waiting for their turn
         self._busy_since: float | None = None  # time.monotonic() since the call holding the lock began
+        self.others_coming: Callable[[], int] = lambda: 0  # prepare calls reading their claims now
 
     @property
     def checkpoint_path(self) -> Path:
@@ -161,7 +162,10 @@ class DeviceState:
         claims = [item for call in batch for item in call.claims]
         try:
             async with self._node_locked(lock_timeout):
-                if self._may_change_gpus(claims):  # driver calls block: off the loop, still under the locks
+                # Off the loop (still under the locks) when driver calls may block, or when other
+                # calls are on their way: the loop then reads their claims while this batch is on
+                # disk, and they queue up as the next batch. A lone call stays on the loop.
+                if self._may_change_gpus(claims) or self.others_coming() > 0:
                     await asyncio.to_thread(self._prepare_locked, claims, results)
                 else:
                     self._prepare_locked(claims, results)
