@@ -6,12 +6,15 @@ cache (:func:`gpudra_driver.publishing.plan_publish`) and writes only the differ
 foreign-edited slice is therefore restored as soon as its watch event arrives, not on a timer.
 
 An unreachable or failing API server is retried with exponential backoff (:mod:`tenacity`): a
-fresh retry sequence per list and per sync, so a success resets the wait."""
+fresh retry sequence per list and per sync, so a success resets the wait. Each wait is up to a
+fifth shorter, at random: the agents of a whole fleet that lost the API server together come back
+spread out, not all in the same second."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -27,14 +30,22 @@ SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 NODE = resource_type("v1", "Node")
 RETRY_INITIAL = 0.2  # seconds before the first retry, doubling with each failure in a row
 RETRY_MAX = 30.0
+RETRY_JITTER = 0.2  # each wait is shortened by up to this fraction, at random
+jitter: Callable[[], float] = random.random  # in [0, 1); tests fix it
 log = logging.getLogger(__name__)
 
 
 def retrying(before_sleep: Callable[[RetryCallState], None]) -> AsyncRetrying:
     """Retry on any error until it succeeds (cancellation still ends it), ``before_sleep`` saying
     why and for how long. One object per sequence: tenacity keeps a sequence's state in it."""
-    return AsyncRetrying(wait=wait_exponential(multiplier=RETRY_INITIAL, max=RETRY_MAX),
-                         before_sleep=before_sleep)
+    return AsyncRetrying(wait=_jittered, before_sleep=before_sleep)
+
+
+_exponential = wait_exponential(multiplier=RETRY_INITIAL, max=RETRY_MAX)
+
+
+def _jittered(state: RetryCallState) -> float:
+    return _exponential(state) * (1 - RETRY_JITTER * jitter())
 
 
 class SlicePublisher:
@@ -155,17 +166,17 @@ def _failure(state: RetryCallState) -> tuple[BaseException, float]:
 
 def _log_retry(what: str, state: RetryCallState) -> None:
     error, delay = _failure(state)
-    log.warning("%s failed (%s); retrying in %.1fs", what, _describe(error), delay)
+    log.warning("%s failed (%s); retrying in %.2fs", what, _describe(error), delay)
 
 
 def _sync_failed(state: RetryCallState) -> None:
     error, delay = _failure(state)
     if is_status(error, 409):  # a precondition or conflict: our cache is stale
         # Not an error: the wait lets the watch deliver the newer object before the replan.
-        log.info("ResourceSlice write conflicted (%s); replanning in %.1fs", _describe(error), delay)
+        log.info("ResourceSlice write conflicted (%s); replanning in %.2fs", _describe(error), delay)
         return
     metrics.publish_failed()
-    log.warning("publishing ResourceSlices failed (%s); retrying in %.1fs", _describe(error), delay)
+    log.warning("publishing ResourceSlices failed (%s); retrying in %.2fs", _describe(error), delay)
 
 
 def _describe(error: BaseException) -> str:

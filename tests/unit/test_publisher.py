@@ -15,6 +15,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import REGISTRY
 
 from gpudra_driver.devicemodel import AttrValue, Device
+from gpudra_driver import publisher as publisher_module
 from gpudra_driver.publisher import SlicePublisher
 
 DRIVER = "gpu.gpudra.io"
@@ -51,6 +52,12 @@ class FlakyKube:
             raise self.applies.pop(0)
         self.applied.append(asyncio.get_running_loop().time())
         return {**obj, "metadata": {**obj["metadata"], "uid": "u", "resourceVersion": "2"}}
+
+
+@pytest.fixture(autouse=True)
+def no_jitter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exact waits to compare with; test_waits_are_jittered_downwards checks the jitter."""
+    monkeypatch.setattr(publisher_module, "jitter", lambda: 0.0)
 
 
 def publish_errors() -> float:
@@ -106,3 +113,16 @@ def test_failed_writes_back_off_conflicts_replan_and_a_success_resets(caplog) ->
     assert delays(caplog, "publishing ResourceSlices failed") == [0.4, 0.8, 1.6, 0.2]
     assert publish_errors() - errors_before == 4  # conflicts are not errors
     assert len(kube.applied) == 2 and publisher.published.is_set()
+
+
+def test_waits_are_jittered_downwards_so_a_fleet_comes_back_spread_out(
+        caplog, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    caplog.set_level(logging.INFO, "gpudra_driver.publisher")
+    draws = iter([0.0, 0.5, 0.999, 0.25] * 3)
+    monkeypatch.setattr(publisher_module, "jitter", lambda: next(draws))
+    kube = FlakyKube(lists=[OSError("connection refused")] * 4, watch_error=ConnectionResetError("cut"))
+    publisher = SlicePublisher(kube, DRIVER, NODE)  # type: ignore[arg-type]
+    virtualtime.run(run_for(3.0, publisher))
+    # 0.2, 0.4, 0.8, 1.6 shortened by 0 %, 10 %, ~20 %, 5 %: never longer, never below 80 %
+    assert delays(caplog, "listing ResourceSlices failed") == [0.2, 0.36, 0.64, 1.52]
+
