@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import Context, Result, at_most, median
+from bench.prepare_latency import make_claims
 from gpudra_driver.kubeapi import Kube, resource_type
 from gpudra_driver.plugin.kubelet_client import DraClient, probe_health, register
 from gpudra_driver.plugin.plugin import socket_paths
@@ -36,7 +37,6 @@ from gpudra_operator.localcluster.objects import create_fake_node, create_scratc
 from gpudra_operator.localcluster.waiting import wait_for
 from gpudra_operator.render import AGENT_PROCESS_ENV
 
-CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
 NAMESPACE = resource_type("v1", "Namespace")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 RSS_TARGET_MIB = 100
@@ -58,21 +58,6 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-async def make_claims(kube: Kube, namespace: str, driver: str, node: str) -> list[tuple[str, str, str]]:
-    refs = []
-    for i in range(GPUS):
-        name = f"{node}-{i}"
-        claim = await kube.create({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": driver}}]}}})
-        await kube.patch(CLAIM, name, {"status": {"allocation": {"devices": {"results": [
-            {"request": "gpu", "driver": driver, "pool": node, "device": f"gpu-{i}"}]}}}},
-            namespace=namespace, subresource="status")
-        refs.append((namespace, name, claim["metadata"]["uid"]))
-    return refs
-
-
 async def sample(ctx: Context, plane: Any, kube: Kube, namespace: str, driver: str,
                  env: Mapping[str, str | None]) -> tuple[float, float]:
     """(MiB after the first slice, MiB after serving prepares and a health probe) of one agent."""
@@ -80,7 +65,7 @@ async def sample(ctx: Context, plane: Any, kube: Kube, namespace: str, driver: s
     await create_fake_node(kube, node)
     agent: AgentProcess | None = None
     try:
-        claims = await make_claims(kube, namespace, driver, node)
+        claims = await make_claims(kube, namespace, driver, node, GPUS, prefix=node)
         pod_uid = str(uuid.uuid4())
         workdir = ctx.workdir(f"agent_footprint/{node}")
         health_port = free_port()

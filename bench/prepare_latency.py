@@ -63,10 +63,12 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-async def make_claims(kube: Kube, namespace: str, driver: str, node: str, count: int) -> list[tuple[str, str, str]]:
+async def make_claims(kube: Kube, namespace: str, driver: str, node: str, count: int,
+                      prefix: str = "bench") -> list[tuple[str, str, str]]:
+    """``count`` claims allocated gpu-0.. of ``node`` (status written as the scheduler would)."""
     refs = []
     for i in range(count):
-        name = f"bench-{i}"
+        name = f"{prefix}-{i}"
         claim = await kube.create({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": namespace},

@@ -66,6 +66,25 @@ REPO = Path(__file__).resolve().parent.parent
 CGROUP_PARENT = "k8s.io"
 
 
+def read_cri_log(path: Path) -> str:
+    """The text of a container log the runtime wrote in CRI format (``<time> <stream> <P|F>
+    <text>``; P lines are partial, joined to the next); "" when there is none yet."""
+    if not path.exists():
+        return ""
+    out, partial = [], ""
+    for line in path.read_text(errors="replace").splitlines():
+        parts = line.split(" ", 3)
+        if len(parts) < 3:
+            continue
+        text = parts[3] if len(parts) == 4 else ""
+        if parts[2] == "P":
+            partial += text
+        else:
+            out.append(partial + text)
+            partial = ""
+    return "\n".join(out)
+
+
 def cached_containerd_dir() -> Path:
     """Where hack/containerd-bin.sh caches its pinned version (the same cache root and version)."""
     script = (REPO / "hack" / "containerd-bin.sh").read_text()

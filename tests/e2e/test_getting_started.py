@@ -64,7 +64,7 @@ from hostnetwork import HostNetworkWebhook
 from localregistry import LocalRegistry
 from ociimage import Entry, busybox_entries, write_image
 from realkubelet import kubelet_binary
-from realruntime import RealRuntimeNode, runtime_problem
+from realruntime import RealRuntimeNode, read_cri_log, runtime_problem
 
 from gpudra_driver.kubeapi import Kube, Obj, ResourceType, resource_type
 from gpudra_operator.localcluster.controlplane import ControlPlane
@@ -195,21 +195,7 @@ def pod_log(node: RealRuntimeNode, pod: Obj, container: str) -> str:
     meta = pod["metadata"]
     logs = sorted((node.kubelet.pod_logs_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / container).glob("*.log"),
                   key=lambda p: int(p.stem) if p.stem.isdigit() else -1)
-    if not logs:
-        return ""
-    path = logs[-1]  # <restart count>.log: the latest run's
-    out, partial = [], ""
-    for line in path.read_text(errors="replace").splitlines():
-        parts = line.split(" ", 3)
-        if len(parts) < 3:
-            continue
-        text = parts[3] if len(parts) == 4 else ""
-        if parts[2] == "P":
-            partial += text
-        else:
-            out.append(partial + text)
-            partial = ""
-    return "\n".join(out)
+    return read_cri_log(logs[-1]) if logs else ""  # <restart count>.log: the latest run's
 
 
 async def pods_report(kube: Kube, setup: Setup) -> str:

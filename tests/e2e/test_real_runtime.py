@@ -41,7 +41,7 @@ import pytest_asyncio
 import yaml
 from nodestate import checkpoint_states
 from realkubelet import kubelet_binary
-from realruntime import CGROUP_ROOT, TEST_IMAGE, RealRuntimeNode, runtime_problem
+from realruntime import CGROUP_ROOT, TEST_IMAGE, RealRuntimeNode, read_cri_log, runtime_problem
 from scrape import sample_value, scrape
 
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
@@ -195,21 +195,8 @@ def container_log(node: Node, pod: Obj, container: str) -> str:
     """The container's output, from the log file the runtime writes in the kubelet's pod log
     directory (CRI format: ``<time> <stream> <P|F> <text>``; P lines are partial)."""
     meta = pod["metadata"]
-    path = node.runtime.kubelet.pod_logs_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / container / "0.log"
-    if not path.exists():
-        return ""
-    out, partial = [], ""
-    for line in path.read_text(errors="replace").splitlines():
-        parts = line.split(" ", 3)
-        if len(parts) < 3:
-            continue
-        text = parts[3] if len(parts) == 4 else ""
-        if parts[2] == "P":
-            partial += text
-        else:
-            out.append(partial + text)
-            partial = ""
-    return "\n".join(out)
+    return read_cri_log(node.runtime.kubelet.pod_logs_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+                        / container / "0.log")
 
 
 async def run_gpu_pod(kube: Kube, node: Node, namespace: str, pod_name: str,

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import yaml
+from admissionpolicy import type_check_warnings
 from gpuconfig_cases import BAD, DOC_DRIVER, GOOD, doc_objects, gpu_config, opaque_configs
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -134,35 +135,6 @@ def refusal(driver: str, *errors: str) -> str:
 
 
 # --- the policy itself ------------------------------------------------------------------------------
-async def type_check_warnings(kube: Kube, name: str, spec: Obj) -> list[Obj]:
-    """The type checker's warnings on an unbound copy of a policy. kube-controller-manager checks a
-    generation once and learns of a new CRD through discovery: a check that did not know the
-    GpuDraConfig schema yet (undeclared 'params') is asked again with a new generation."""
-    await kube.create({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-                       "metadata": {"name": name}, "spec": spec})
-
-    async def checked() -> list[list[Obj]] | None:
-        live = await kube.get(POLICY, name)
-        assert live is not None
-        status: Obj = live.get("status") or {}
-        if status.get("observedGeneration") != live["metadata"]["generation"]:
-            return None
-        # Written with observedGeneration, in one apply; a clean check after a warning leaves no
-        # typeChecking at all (the emptied field is dropped).
-        warnings: list[Obj] = (status.get("typeChecking") or {}).get("expressionWarnings") or []
-        if any("undeclared reference to 'params'" in w["warning"] for w in warnings):
-            flipped = "Fail" if live["spec"]["failurePolicy"] == "Ignore" else "Ignore"
-            await kube.patch(POLICY, name, {"spec": {"failurePolicy": flipped}})
-            return None
-        return [warnings]
-
-    try:
-        (warnings,) = await wait_for(checked, timeout=90, interval=1, what=f"{name} to be type-checked")
-        return warnings
-    finally:
-        await kube.delete(POLICY, name)
-
-
 async def test_the_policy_type_checks_clean(kube: Kube, policy: Obj, suffix: str) -> None:
     """Against ResourceClaim, ResourceClaimTemplate and DeviceClass v1 and the GpuDraConfig schema.
     A copy reading a field GpuDraConfigs lack gets a warning: the checker does look."""

@@ -353,6 +353,11 @@ class CheckpointFile:
         self.prepared_count = checkpoint.completed_count()
 
     @property
+    def last(self) -> Checkpoint | None:
+        """The checkpoint last read or written, without reading the file again; None if unknown."""
+        return self._cached[1] if self._cached is not None else None
+
+    @property
     def is_cached(self) -> bool:
         """The file holds a checkpoint this boot can use, as last read or written."""
         return self._cached is not None

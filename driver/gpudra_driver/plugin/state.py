@@ -240,12 +240,15 @@ class DeviceState:
 
     def _may_change_gpus(self, claims: Sequence[tuple[ClaimRef, Fetched]]) -> bool:
         """Whether this call may call into the driver: a claim with a config of ours, or a
-        checkpoint with GPU settings (an unprepare or a rollback may reset them)."""
+        checkpoint with GPU settings (an unprepare or a rollback may reset them). Judged on the
+        checkpoint last seen, not read again: a peer's change seen late only decides whether the
+        call runs on the loop or a thread."""
         try:
-            if self.checkpoint.load().changes_gpus:
-                return True
+            known = self.checkpoint.last or self.checkpoint.load()
         except ckpt.CheckpointError:
             return False  # the call fails on it anyway
+        if known.changes_gpus:
+            return True
         return any(_configs_for(fetched, self.driver) for _, fetched in claims)
 
     def _apply_settings(self, before: ckpt.Checkpoint, planned: Sequence[PreparedClaim],
