@@ -19,8 +19,10 @@ class AuditLog:
         self.path, self.offset = path, 0
 
     def mark(self) -> None:
-        """Later reads see only what was logged from now on."""
-        self.offset = self.path.stat().st_size
+        """Later reads see only what was logged from now on (from the end of the last whole line:
+        the API server may be halfway through writing one)."""
+        data = self.path.read_bytes()
+        self.offset = data.rfind(b"\n") + 1
 
     def entries(self, *, user: str | None = None, user_agent: str | None = None) -> Iterator[dict[str, Any]]:
         """The requests logged since the mark; those of ``user`` (the authenticated name) and
@@ -28,6 +30,8 @@ class AuditLog:
         with self.path.open("rb") as f:
             f.seek(self.offset)
             for line in f:
+                if not line.endswith(b"\n"):  # still being written: not logged yet
+                    break
                 entry = json.loads(line)
                 if entry.get("stage") != "ResponseComplete":
                     continue
