@@ -1,0 +1,146 @@
+"""The list functions the Kubernetes CEL base environment enables (k8s.io/apiserver/pkg/cel/
+environment/base.go, 1.35), for the list values a selector can build:
+
+* the Kubernetes list library, k8s.io/apiserver/pkg/cel/library/lists.go: ``isSorted``, ``sum``,
+  ``min``, ``max``, ``indexOf``, ``lastIndexOf`` (string ``indexOf``/``lastIndexOf`` are cel-go's
+  strings extension, which cel-cpp provides);
+* cel-go's sets extension (ext/sets.go): ``sets.contains``, ``sets.equivalent``, ``sets.intersects``;
+* cel-go's lists extension, version 3 (ext/lists.go): ``lists.range``, ``distinct``, ``flatten``,
+  ``reverse``, ``slice``, ``sort``. Not here: ``sortBy`` (a macro), ``first``/``last`` (optionals).
+
+cel-cpp dispatches Python functions by runtime kind, so each function has one ``list`` overload
+typed ``dyn`` and checks its elements itself, as upstream's type-checked overloads would."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cel_expr_python import cel
+
+
+def cel_equal(a: Any, b: Any) -> bool:
+    """CEL's heterogeneous equality: numbers compare by value across int/uint/double, a bool is
+    never equal to a number, lists and maps compare element by element."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(cel_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(cel_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and bool(a == b)
+
+
+def _comparable(values: list[Any]) -> list[Any]:
+    for value in values:
+        if not isinstance(value, (int, float, str, bytes)):
+            raise TypeError(f"no such overload: {type(value).__name__} is not comparable")
+    return values
+
+
+def _is_sorted(values: list[Any]) -> bool:
+    items = _comparable(values)
+    return all(items[i] <= items[i + 1] for i in range(len(items) - 1))
+
+
+def _sum(values: list[Any]) -> Any:
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"no such overload: sum over {type(value).__name__}")
+    return sum(values) if values else 0
+
+
+def _extreme(name: str, pick: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
+    def extreme(values: list[Any]) -> Any:
+        if not values:
+            raise ValueError(f"{name} called on empty list")  # lists.go cmp()
+        return pick(_comparable(values))
+    return extreme
+
+
+def _index_of(values: list[Any], item: Any) -> int:
+    return next((i for i, value in enumerate(values) if cel_equal(value, item)), -1)
+
+
+def _last_index_of(values: list[Any], item: Any) -> int:
+    return next((i for i in range(len(values) - 1, -1, -1) if cel_equal(values[i], item)), -1)
+
+
+def _contains(values: list[Any], subset: list[Any]) -> bool:
+    return all(any(cel_equal(x, y) for y in values) for x in subset)
+
+
+def _intersects(a: list[Any], b: list[Any]) -> bool:
+    return any(any(cel_equal(x, y) for y in b) for x in a)
+
+
+def _distinct(values: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for value in values:
+        if not any(cel_equal(value, seen) for seen in out):
+            out.append(value)
+    return out
+
+
+def _flatten(values: list[Any], depth: int = 1) -> list[Any]:
+    if depth < 0:
+        raise ValueError("level must be non-negative")  # ext/lists.go flatten
+    out: list[Any] = []
+    for value in values:
+        if isinstance(value, list) and depth > 0:
+            out.extend(_flatten(value, depth - 1))
+        else:
+            out.append(value)
+    return out
+
+
+def _slice(values: list[Any], start: int, end: int) -> list[Any]:
+    # ext/lists.go slice: the same errors, in the same order.
+    if start < 0 or end < 0:
+        raise ValueError(f"cannot slice({start}, {end}), negative indexes not supported")
+    if start > end:
+        raise ValueError(f"cannot slice({start}, {end}), start index must be less than or equal to end index")
+    if len(values) < end:
+        raise ValueError(f"cannot slice({start}, {end}), list is length {len(values)}")
+    return values[start:end]
+
+
+def _range(n: int) -> list[int]:
+    return list(range(n))
+
+
+def functions() -> list[tuple[str, list[cel.Overload]]]:
+    """(function name, overloads), merged with the other libraries' by :mod:`.environment`."""
+    T = cel.Type
+    LIST = T.List(T.DYN)
+
+    def member(name: str, overload: str, result: cel.Type, params: list[cel.Type],
+               impl: Callable[..., Any]) -> tuple[str, list[cel.Overload]]:
+        return name, [cel.Overload(overload, result, params, is_member=True, impl=impl)]
+
+    def glob(name: str, overload: str, result: cel.Type, params: list[cel.Type],
+             impl: Callable[..., Any]) -> tuple[str, list[cel.Overload]]:
+        return name, [cel.Overload(overload, result, params, impl=impl)]
+
+    return [
+        member("isSorted", "list_is_sorted_bool", T.BOOL, [LIST], _is_sorted),
+        member("sum", "list_sum", T.DYN, [LIST], _sum),
+        member("min", "list_min", T.DYN, [LIST], _extreme("min", min)),
+        member("max", "list_max", T.DYN, [LIST], _extreme("max", max)),
+        member("indexOf", "list_a_index_of_int", T.INT, [LIST, T.DYN], _index_of),
+        member("lastIndexOf", "list_a_last_index_of_int", T.INT, [LIST, T.DYN], _last_index_of),
+        glob("sets.contains", "list_sets_contains_list", T.BOOL, [LIST, LIST], _contains),
+        glob("sets.equivalent", "list_sets_equivalent_list", T.BOOL, [LIST, LIST],
+             lambda a, b: _contains(a, b) and _contains(b, a)),
+        glob("sets.intersects", "list_sets_intersects_list", T.BOOL, [LIST, LIST], _intersects),
+        glob("lists.range", "lists_range", LIST, [T.INT], _range),
+        member("distinct", "list_distinct", LIST, [LIST], _distinct),
+        ("flatten", [
+            cel.Overload("list_flatten", LIST, [LIST], is_member=True, impl=_flatten),
+            cel.Overload("list_flatten_int", LIST, [LIST, T.INT], is_member=True, impl=_flatten)]),
+        member("reverse", "list_reverse", LIST, [LIST], lambda values: values[::-1]),
+        member("slice", "list_slice", LIST, [LIST, T.INT, T.INT], _slice),
+        member("sort", "list_sort", LIST, [LIST], lambda values: sorted(_comparable(values))),
+    ]

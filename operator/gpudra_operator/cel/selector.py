@@ -1,0 +1,171 @@
+"""Compile a DRA selector and evaluate it on one device, as the scheduler does
+(k8s.io/dynamic-resource-allocation/cel/compile.go, 1.35: ``CompileCELExpression`` and
+``CompilationResult.DeviceMatches``).
+
+* ``device.driver``, ``device.allowMultipleAllocations``, ``device.attributes[domain][id]`` and
+  ``device.capacity[domain][id]``; a name without a domain lives in the driver's.
+* ``device.attributes[d]`` of a domain the device lacks is an empty map (upstream's
+  ``newStringInterfaceMapWithDefault``), so ``device.attributes["x"].y`` is a "no such key" error,
+  never false. The unknown domains a selector can name are its string literals, so those are the
+  ones that get an empty map.
+* A version attribute that is not semver, or a capacity that is not a quantity, makes the device
+  an error before the expression runs, as ``getAttributeValue`` does.
+* An error is "does not match, with an error" (:class:`SelectorResult`), which is how the
+  scheduler's allocator treats a selector that fails on a device.
+
+Cost: upstream also stops a run past ``CELSelectorExpressionMaxCost`` (1,000,000). cel-cpp's Python
+binding has no cost tracker, so that runtime limit is not enforced here. What it guards against
+cannot reach this evaluator from the cluster: the API server refuses a selector whose *estimated*
+worst-case cost exceeds the same limit, and the estimate bounds the runtime cost. The byte limit
+(:func:`gpudra_driver.limits.check_cel_expression`) is checked before compiling.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from cel_expr_python import cel
+
+from gpudra_driver import limits
+from gpudra_operator.cel import quantitylib, semverlib
+from gpudra_operator.cel.environment import UNSUPPORTED_FUNCTIONS, selector_environment
+from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, cel_tokens
+
+_STATUS_PREFIX = re.compile(r"^[A-Z_]+: ")
+_UNDECLARED = re.compile(r"undeclared reference to '([^']+)'")
+_STATUS_SUFFIX = re.compile(r" \[[A-Z_]+\]$")
+# cel-cpp's words for a missing key, in cel-go's (what the scheduler's events say).
+_MISSING_KEY = re.compile(r'^Key not found in map : "(.*)"$')
+
+
+class SelectorCompileError(ValueError):
+    """A selector that does not compile. ``unsupported`` is True when it uses a function of the
+    Kubernetes environment this evaluator lacks (then the cluster may well accept it)."""
+
+    def __init__(self, expression: str, message: str, *, unsupported: bool = False) -> None:
+        super().__init__(message)
+        self.expression = expression
+        self.message = message
+        self.unsupported = unsupported
+
+
+@dataclass(frozen=True)
+class SelectorResult:
+    """The answer for one device: matched, or not; ``error`` set means "not, because it failed"."""
+
+    matched: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class DeviceInput:
+    """compile.go's ``Device``: what a selector sees of one device. ``attributes`` and ``capacity``
+    are the ResourceSlice's own maps (qualified name -> DeviceAttribute / DeviceCapacity)."""
+
+    driver: str
+    attributes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    capacity: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    allow_multiple_allocations: bool = False
+
+
+def device_input(driver: str, device: Mapping[str, Any]) -> DeviceInput:
+    """The input for one entry of a ResourceSlice's ``spec.devices``."""
+    return DeviceInput(driver=driver, attributes=device.get("attributes") or {},
+                       capacity=device.get("capacity") or {},
+                       allow_multiple_allocations=bool(device.get("allowMultipleAllocations")))
+
+
+def _split(name: str, driver: str) -> tuple[str, str]:
+    domain, sep, ident = name.partition("/")  # parseQualifiedName: the first "/" splits
+    return (domain, ident) if sep else (driver, name)
+
+
+def _attribute_value(name: str, attribute: Mapping[str, Any]) -> Any:
+    """getAttributeValue: the one value of a DeviceAttribute (int, bool, string, version)."""
+    for kind in ("int", "bool", "string"):
+        if attribute.get(kind) is not None:
+            return attribute[kind]
+    if attribute.get("version") is not None:
+        try:
+            return semverlib.parse(attribute["version"])
+        except ValueError as error:
+            raise ValueError(f"attribute {name}: parse semantic version: {error}") from None
+    raise ValueError(f"attribute {name}: unsupported attribute value")
+
+
+def _device_maps(device: DeviceInput) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    attributes: dict[str, dict[str, Any]] = {}
+    for name, attribute in device.attributes.items():
+        domain, ident = _split(name, device.driver)
+        attributes.setdefault(domain, {})[ident] = _attribute_value(name, attribute)
+    capacity: dict[str, dict[str, Any]] = {}
+    for name, entry in device.capacity.items():
+        domain, ident = _split(name, device.driver)
+        try:
+            capacity.setdefault(domain, {})[ident] = quantitylib.parse(str(entry.get("value")))
+        except ValueError as error:
+            raise ValueError(f"capacity {name}: {error}") from None
+    return attributes, capacity
+
+
+def _message(error: object) -> str:
+    text = _STATUS_SUFFIX.sub("", _STATUS_PREFIX.sub("", str(error).strip().splitlines()[0]))
+    return _MISSING_KEY.sub(r"no such key: \1", text)
+
+
+@dataclass(frozen=True)
+class CompiledSelector:
+    expression: str
+    program: Any
+    literals: frozenset[str]  # the domains the selector can name: they default to an empty map
+
+    def evaluate(self, device: DeviceInput) -> SelectorResult:
+        try:
+            attributes, capacity = _device_maps(device)
+        except ValueError as error:
+            return SelectorResult(False, str(error))
+        for literal in self.literals:
+            attributes.setdefault(literal, {})
+            capacity.setdefault(literal, {})
+        variables = {"device": {"driver": device.driver, "allowMultipleAllocations": device.allow_multiple_allocations,
+                                "attributes": attributes, "capacity": capacity}}
+        try:
+            value = self.program.eval(data=variables)
+        except Exception as error:  # noqa: BLE001 - cel-cpp raises RuntimeError for what it cannot run
+            return SelectorResult(False, _message(error))
+        if value.type() == cel.Type.ERROR:
+            return SelectorResult(False, _message(value.value()))
+        result = value.value()
+        if not isinstance(result, bool):
+            return SelectorResult(False, f"CEL result of type {value.type().name()} could not be converted to bool")
+        return SelectorResult(result)
+
+
+@lru_cache(maxsize=1024)
+def compile_selector(expression: str) -> CompiledSelector:
+    """The compiled selector, or :class:`SelectorCompileError` saying why not."""
+    try:
+        limits.check_cel_expression("selector", expression)
+    except limits.LimitError as error:
+        raise SelectorCompileError(expression, str(error)) from None
+    try:
+        program = selector_environment().compile(expression)
+    except Exception as error:  # noqa: BLE001 - cel-cpp reports parse and check errors as RuntimeError
+        text = str(error)
+        missing = set(_UNDECLARED.findall(text))
+        detail = _STATUS_SUFFIX.sub("", "\n".join(line for line in text.splitlines() if line.strip()))
+        raise SelectorCompileError(
+            expression, f"compilation failed: {_STATUS_PREFIX.sub('', detail)}",
+            unsupported=bool(missing & UNSUPPORTED_FUNCTIONS)) from None
+    result_type = program.return_type()
+    if result_type != cel.Type.BOOL and result_type != cel.Type.DYN:
+        raise SelectorCompileError(expression, f"must evaluate to bool or the unknown type, not {result_type.name()}")
+    try:
+        literals = frozenset(t.value for t in cel_tokens(expression) if t.kind == "string" and t.value)
+    except CelSyntaxError:  # cel-cpp parsed it; a literal the small lexer misreads only loses defaults
+        literals = frozenset()
+    return CompiledSelector(expression, program, literals)
