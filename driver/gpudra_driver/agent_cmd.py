@@ -186,6 +186,7 @@ async def _report_ready(path: Path, plugin: object, published: asyncio.Event) ->
 async def _main(args: argparse.Namespace) -> int:
     from gpudra_driver.kubeapi import Kube, connect
     from gpudra_driver.nodeevents import NodeEvents
+    from gpudra_driver.plugin.mpsdaemons import report_restarts
     from gpudra_driver.plugin.sweep import LeakSweeper
     from gpudra_driver.plugin.plugin import KubeletPlugin, claim_getter
     from gpudra_driver.publisher import SlicePublisher
@@ -239,7 +240,9 @@ async def _main(args: argparse.Namespace) -> int:
                                              unprepare=plugin.unprepare, driver=args.driver, node=args.node_name,
                                              report=events.post, interval=args.checkpoint_sweep_interval).run(),
                                  name="checkpoint-sweep"),
-             asyncio.create_task(plugin.watch(), name="kubelet-plugin")]
+             asyncio.create_task(plugin.watch(), name="kubelet-plugin"),
+             asyncio.create_task(report_restarts(plugin.state.mps, plugin.state.prepared_claims, events.post),
+                                 name="mps-restarts")]
     if args.ready_file:
         tasks.append(asyncio.create_task(
             _report_ready(Path(args.ready_file), plugin, publisher.published),

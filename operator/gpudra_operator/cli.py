@@ -12,6 +12,7 @@ import sys
 SUBCOMMANDS: dict[str, str] = {
     "discover": "gpudra_driver.discover_cmd",
     "agent": "gpudra_driver.agent_cmd",
+    "mps-supervisor": "gpudra_driver.mpssupervisor",
     "operator": "gpudra_operator.operator_cmd",
     "render": "gpudra_operator.render_cmd",
     "demo": "gpudra_operator.demo_cmd",

@@ -844,7 +844,7 @@ async def test_time_slicing_is_set_with_the_prepare_and_reset_with_the_last_clai
     C = "0c1d2e3f-0000-4000-8000-00000000000c"
     out = await state.prepare(items((ClaimRef("ns", "c", C), sliced(C, "c", "gpu-2", "Short", shareID="s-c",
                                                                     consumedCapacity={"memory": "10Gi"}))))
-    assert "already runs GPU gpu-2 with time slice 3; this claim asks for 1" in (out[C].error or "")
+    assert "already runs GPU gpu-2 with time slice 3; this claim asks for time slice 1" in (out[C].error or "")
     await state.unprepare([REF_A])
     assert len(control.applied) == 1  # B still time-slices the GPU
     await state.unprepare([REF_B])
@@ -861,7 +861,7 @@ async def test_a_gpu_that_cannot_be_set_fails_only_its_claim_and_nothing_stays(t
     assert control.applied == [(gpu_uuid("gpu-4"), 0, 3)]
 
 
-async def test_time_slicing_a_mig_device_or_mps_is_refused_with_a_reason(tmp_path: Path) -> None:
+async def test_time_slicing_a_mig_device_or_mps_without_its_supervisor_is_refused_with_a_reason(tmp_path: Path) -> None:
     from gpudra_driver.plugin.devicenodes import NodeDevice
 
     state = make(tmp_path)
@@ -879,7 +879,10 @@ async def test_time_slicing_a_mig_device_or_mps_is_refused_with_a_reason(tmp_pat
     mps["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]["sharing"] = {
         "strategy": "MPS", "mps": {"activeThreadPercentage": 50, "perDevice": {"gpu-4": {"pinnedMemoryLimit": "1Gi"}}}}
     out = await state.prepare(items((REF_B, mps)))
-    assert "sharing strategy MPS is not supported by this agent yet" in (out[B].error or "")
+    assert "the MPS supervisor is not running on this node" in (out[B].error or "")
+    # EXCLUSIVE_PROCESS for the daemon, then DEFAULT again when the daemon could not be had
+    assert state.gpu_control.applied[-2:] == [(gpu_uuid("gpu-4"), 3, 0), (gpu_uuid("gpu-4"), 0, 0)]  # type: ignore[attr-defined]
+    assert B not in ckpt.load(state.checkpoint_path, "boot-1")[0].claims
 
 
 @pytest.mark.parametrize("point", ["after-checkpoint-started", "after-cdi-write"])

@@ -23,7 +23,8 @@ from typing import Any
 
 from gpudra_driver.plugin.driverfiles import DriverFiles, DriverFilesCache, device_node
 from gpudra_driver.plugin.fsutil import TEMP_MARK, remove, write_atomic
-from gpudra_driver.plugin.model import PreparedClaim
+from gpudra_driver.plugin import mps
+from gpudra_driver.plugin.model import MPS, PreparedClaim
 
 CDI_CLASS = "claim"
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
@@ -57,7 +58,8 @@ def claim_uid_of(driver: str, file_name: str) -> str | None:
     return None
 
 
-def cdi_spec(claim: PreparedClaim, driver: str, files: DriverFiles) -> dict[str, Any]:
+def cdi_spec(claim: PreparedClaim, driver: str, files: DriverFiles,
+             mps_edits: dict[str, Any] | None = None) -> dict[str, Any]:
     """The CDI spec for a prepared claim with at least one device, on a node with ``files``.
 
     Device edits: the device's own nodes. Spec-wide edits (applied once whenever any device of the
@@ -65,7 +67,8 @@ def cdi_spec(claim: PreparedClaim, driver: str, files: DriverFiles) -> dict[str,
     ``NVIDIA_VISIBLE_DEVICES`` listing the claim's GPU/MIG UUIDs when every device serves the same
     requests. Otherwise a container may be given only some of the claim's devices (it references
     one request of the claim), so each device carries the UUIDs of the devices serving exactly its
-    requests instead: the variable never names a GPU the container was not given."""
+    requests instead: the variable never names a GPU the container was not given. ``mps_edits``:
+    the claim's MPS daemon's pipe and shm directories (:func:`.mps.cdi_edits`), spec-wide too."""
     if not claim.devices:
         raise ValueError(f"claim {claim.uid} has no devices: no CDI spec to write")
     keys = [tuple(sorted(d.requests)) for d in claim.devices]
@@ -82,14 +85,21 @@ def cdi_spec(claim: PreparedClaim, driver: str, files: DriverFiles) -> dict[str,
     common = dict(files.edits)
     if not per_device:
         common["env"] = [_visible([d.uuid for d in claim.devices]), *common["env"]]
+    if mps_edits:
+        common["env"] = [*common["env"], *mps_edits["env"]]
+        common["mounts"] = [*common.get("mounts", []), *mps_edits["mounts"]]
     spec: dict[str, Any] = {"cdiVersion": "", "kind": cdi_kind(driver), "devices": devices, "containerEdits": common}
     spec["cdiVersion"] = minimum_version(spec)
     return spec
 
 
-def encode_spec(claim: PreparedClaim, driver: str, files: DriverFiles) -> bytes:
+def encode_spec(claim: PreparedClaim, driver: str, files: DriverFiles,
+                mps_edits: dict[str, Any] | None = None) -> bytes:
     """``json.dumps(cdi_spec(...))``, compact, with a newline: the file's bytes. The spec-wide
-    edits, most of a spec and the same for every claim, are encoded once per driver-files view."""
+    edits, most of a spec and the same for every claim, are encoded once per driver-files view
+    (a claim with MPS adds its own to them, and is encoded whole)."""
+    if mps_edits:
+        return (json.dumps(cdi_spec(claim, driver, files, mps_edits), separators=(",", ":")) + "\n").encode()
     spec = cdi_spec(claim, driver, files)
     common = spec.pop("containerEdits")  # the last member, "env" its first (common_edits' order)
     head = json.dumps(spec, separators=(",", ":"))[:-1]
@@ -125,10 +135,11 @@ def minimum_version(spec: dict[str, Any]) -> str:
 class CdiDir:
     """This driver's spec files in one CDI directory (other files there are never touched)."""
 
-    def __init__(self, path: Path, driver: str, files: DriverFilesCache) -> None:
+    def __init__(self, path: Path, driver: str, files: DriverFilesCache, mps_root: Path | None = None) -> None:
         self.path = path
         self.driver = driver
         self.files = files
+        self.mps_root = mps_root  # <plugin-dir>/mps: where MPS claims' daemons keep their directories
 
     def spec_path(self, claim_uid: str) -> Path:
         return self.path / spec_file_name(self.driver, claim_uid)
@@ -136,7 +147,10 @@ class CdiDir:
     def content(self, claim: PreparedClaim) -> bytes:
         # Compact: with an indent, json.dumps falls back to its pure-Python encoder, on the
         # kubelet's critical path (`jq . <spec>` pretty-prints it).
-        return encode_spec(claim, self.driver, self.files.current())
+        mps_edits = None
+        if self.mps_root is not None and any(d.sharing.strategy == MPS for d in claim.devices):
+            mps_edits = mps.cdi_edits(self.mps_root, claim.uid)
+        return encode_spec(claim, self.driver, self.files.current(), mps_edits)
 
     def write(self, claim: PreparedClaim) -> Path:
         """Write the claim's spec atomically (an existing one is replaced whole), after checking

@@ -42,6 +42,7 @@ class NodeDevice:
     device_nodes: tuple[str, ...]  # container paths, device-specific (not the control nodes)
     kind: str = "gpu"  # the device model's type: gpu or mig
     memory: int = 0  # bytes of framebuffer; 0 when unknown
+    compute_capability: str = ""  # "9.0.0" (the cudaComputeCapability attribute); "" when unknown
 
 
 def mig_cap_minor_fallback(gpu_minor: int, gi: int, ci: int | None) -> int:
@@ -85,7 +86,8 @@ def device_nodes(device: Device, cap_minor: CapMinor = mig_cap_minor_fallback) -
 def node_devices(devices: list[Device], cap_minor: CapMinor = mig_cap_minor_fallback) -> dict[str, NodeDevice]:
     """Discovered devices by name, in the form prepare plans with."""
     return {d.name: NodeDevice(d.name, str(d.attr("uuid")), device_nodes(d, cap_minor), d.type,
-                               d.capacity.get("memory", 0)) for d in devices}
+                               d.capacity.get("memory", 0), str(d.attr("cudaComputeCapability") or ""))
+            for d in devices}
 
 
 def _int(device: Device, name: str) -> int:

@@ -11,7 +11,8 @@ leaves the GPU recorded, and start-up converges it (:func:`converge`). The compu
 to DEFAULT, not to what it was before: gpudra manages the sharing settings of the GPUs it
 publishes.
 
-Time-slicing is for whole GPUs: a MIG device is isolated by the hardware and has no time slice of
+MPS asks for compute mode EXCLUSIVE_PROCESS (see :func:`device_settings`); its control daemons
+are :mod:`.mps`'s. Time-slicing is for whole GPUs: a MIG device is isolated by the hardware and has no time slice of
 its own (``nvidia-smi compute-policy`` refuses MIG devices).
 """
 
@@ -21,9 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpudra_driver.plugin.checkpoint import Checkpoint
-from gpudra_driver.plugin.model import TIME_SLICING, PreparedDevice
+from gpudra_driver.plugin.model import MPS, TIME_SLICING, PreparedDevice
 
 COMPUTE_MODE_DEFAULT = 0  # NVML_COMPUTEMODE_DEFAULT
+COMPUTE_MODE_EXCLUSIVE_PROCESS = 3  # NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: one context, the MPS server's
 TIMESLICE_DEFAULT = 0  # nvidia-smi compute-policy --set-timeslice 0: the driver's default
 
 
@@ -52,10 +54,20 @@ def wanted(checkpoint: Checkpoint) -> dict[str, GpuSettings]:
 
 
 def device_settings(device: PreparedDevice) -> GpuSettings | None:
-    """The settings ``device``'s sharing asks of its GPU; None when it asks nothing."""
-    if device.admin_access or device.sharing.strategy != TIME_SLICING:
+    """The settings ``device``'s sharing asks of its GPU; None when it asks nothing.
+
+    MPS on a whole GPU asks for EXCLUSIVE_PROCESS, so that the claim's MPS server is the GPU's
+    only context (NVIDIA's MPS guide recommends it; a process that bypasses MPS then fails instead
+    of sharing the GPU unlimited). Not for a share of a GPU (consumable capacity): other claims'
+    servers must run on it too, each time-sliced with the others and held to its own limits; nor
+    for a MIG device, whose compute mode is its parent's."""
+    if device.admin_access:
         return None
-    return GpuSettings(COMPUTE_MODE_DEFAULT, device.sharing.timeslice or TIMESLICE_DEFAULT)
+    if device.sharing.strategy == TIME_SLICING:
+        return GpuSettings(COMPUTE_MODE_DEFAULT, device.sharing.timeslice or TIMESLICE_DEFAULT)
+    if device.sharing.strategy == MPS and device.share_id is None and device.uuid.startswith("GPU-"):
+        return GpuSettings(COMPUTE_MODE_EXCLUSIVE_PROCESS)
+    return None
 
 
 def changes(before: Checkpoint, after: Checkpoint) -> dict[str, GpuSettings]:
@@ -87,6 +99,12 @@ def conflict(device: PreparedDevice, others: Mapping[str, PreparedDevice]) -> st
     for uid, other in others.items():
         theirs = device_settings(other)
         if mine is not None and theirs is not None and mine != theirs:
-            return (f"claim {uid} already runs GPU {device.device} with time slice {theirs.timeslice}; "
-                    f"this claim asks for {mine.timeslice}")
+            return (f"claim {uid} already runs GPU {device.device} with {_describe(theirs)}; "
+                    f"this claim asks for {_describe(mine)}")
     return None
+
+
+def _describe(settings: GpuSettings) -> str:
+    if settings.compute_mode == COMPUTE_MODE_EXCLUSIVE_PROCESS:
+        return "compute mode EXCLUSIVE_PROCESS (MPS)"
+    return f"time slice {settings.timeslice}"

@@ -34,6 +34,7 @@ from gpudra_driver.devicemodel import Device
 from gpudra_driver.driverroot import DriverRoot, locate_nvml
 from gpudra_driver.nvml import load_nvml
 from gpudra_driver.plugin import service
+from gpudra_driver.plugin import mps
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.checkpoint import read_boot_id
 from gpudra_driver.plugin.driverfiles import DriverFilesCache
@@ -114,7 +115,7 @@ class KubeletPlugin:
         root = driver_root or DriverRoot.at("/")
         control = GpuControl(lambda: load_nvml(nvml, root), root.local / "usr/bin/nvidia-smi",
                              lambda: locate_nvml(root).path)
-        self.state = DeviceState(self.plugin_dir, CdiDir(cdi_dir, driver, self.driver_files), driver=driver, node=node,
+        self.state = DeviceState(self.plugin_dir, CdiDir(cdi_dir, driver, self.driver_files, self.plugin_dir / mps.ROOT), driver=driver, node=node,
                                  boot_id=boot_id or read_boot_id(), fault=fault or FaultHook(), gpu_control=control)
         self.api_versions = tuple(api_versions)
         self.registration = RegistrationServicer(

@@ -15,10 +15,13 @@ from gpudra_driver.plugin.cdi import cdi_device_id
 from gpudra_driver.quantity import format_quantity, parse_quantity
 from gpudra_driver.plugin.checkpoint import COMPLETED, Checkpoint
 from gpudra_driver.plugin.devicenodes import NodeDevice
-from gpudra_driver.gpuconfig import GpuConfigError, Strategy, config_for_request
+from gpudra_driver.gpuconfig import GpuConfigError, Mps, Strategy, config_for_request
 from gpudra_driver.plugin import gpusettings
-from gpudra_driver.plugin.model import (NOT_SHARED, TIME_SLICING, ClaimError, ClaimRef, DeviceSharing, PreparedClaim,
-                                        PreparedDevice)
+from gpudra_driver.plugin.model import (MPS, NOT_SHARED, TIME_SLICING, ClaimError, ClaimRef, DeviceSharing,
+                                        PreparedClaim, PreparedDevice)
+from gpudra_driver.plugin.mps import share_limits
+
+MPS_MIN_COMPUTE_CAPABILITY = (7, 0)  # Volta: MPS limits (thread percentage, pinned memory) need it
 
 
 @dataclass(frozen=True)
@@ -82,13 +85,19 @@ def plan_prepare(ref: ClaimRef, claim: Mapping[str, Any] | ClaimError | None, de
     for name in exclusive:
         _check_holders(ref, devices[name], node, checkpoint, shares.get(name))  # type: ignore[index]
     configs = list((allocation.get("devices") or {}).get("config") or [])
+    by_request: dict[str, list[NodeDevice]] = {}  # full request name -> its devices
+    for name, names in full_requests.items():
+        for full_request in names:
+            by_request.setdefault(full_request, []).append(devices[name])  # type: ignore[index]
     prepared = tuple(
         PreparedDevice(tuple(requests), node, name, devices[name].uuid, devices[name].device_nodes,  # type: ignore[index]
                        cdi_device_id(driver, ref.uid, name), admin_access=name not in exclusive,
                        share_id=shares[name][0] if name in shares else None,
                        consumed=shares[name][1] if name in shares else (),
-                       sharing=_sharing(ref, configs, driver, full_requests[name], devices[name]))  # type: ignore[index]
+                       sharing=_sharing(ref, configs, driver, full_requests[name], devices[name],  # type: ignore[index]
+                                        by_request, dict(shares[name][1]) if name in shares else None))
         for name, requests in by_device.items())
+    _check_one_mps_daemon(ref, prepared)
     for device in prepared:
         others = {uid: held for uid, held in checkpoint.device_holders(node, device.device)
                   if uid != ref.uid and held is not None}
@@ -97,9 +106,11 @@ def plan_prepare(ref: ClaimRef, claim: Mapping[str, Any] | ClaimError | None, de
     return Plan(PreparedClaim(ref, prepared), done=False)
 
 
-def _sharing(ref: ClaimRef, configs: list[Any], driver: str, requests: list[str], device: NodeDevice) -> DeviceSharing:
+def _sharing(ref: ClaimRef, configs: list[Any], driver: str, requests: list[str], device: NodeDevice,
+             by_request: Mapping[str, list[NodeDevice]], consumed: Mapping[str, int] | None) -> DeviceSharing:
     """How the claim's containers share ``device``: its GpuConfig (class config, then claim
-    config) for the request(s) the device serves."""
+    config) for the request(s) the device serves. ``consumed``: what the claim's share of the
+    device consumes (consumable capacity), None when it holds the whole device."""
     try:
         chosen = [config_for_request(configs, driver, request) for request in requests]
     except GpuConfigError as error:
@@ -116,7 +127,47 @@ def _sharing(ref: ClaimRef, configs: list[Any], driver: str, requests: list[str]
                              "(a MIG device's compute is already partitioned by the hardware)")
         assert sharing.time_slicing is not None
         return DeviceSharing(TIME_SLICING, timeslice=sharing.time_slicing.interval.nvidia_smi_value)
-    raise ClaimError(f"{ref}: sharing strategy {sharing.strategy.value} is not supported by this agent yet")
+    assert sharing.mps is not None
+    return _mps_sharing(ref, sharing.mps, requests[0], device, by_request, consumed)
+
+
+def _mps_sharing(ref: ClaimRef, config: Mps, request: str, device: NodeDevice,
+                 by_request: Mapping[str, list[NodeDevice]], consumed: Mapping[str, int] | None) -> DeviceSharing:
+    if device.compute_capability and _version(device.compute_capability) < MPS_MIN_COMPUTE_CAPABILITY:
+        raise ClaimError(f"{ref}: sharing.strategy: MPS with limits needs compute capability 7.0 (Volta) or "
+                         f"newer; device {device.name} has {device.compute_capability}")
+    try:
+        settings = config.for_devices((d.name, d.uuid) for d in by_request[request])[device.name]
+    except GpuConfigError as error:
+        raise ClaimError(f"{ref}: request {request}: {error}") from None
+    key = next((k for k in (device.name, device.uuid) if k in config.per_device), None)
+    where = f"sharing.mps.perDevice.{key}." if key and config.per_device[key].pinned_memory_limit is not None \
+        else "sharing.mps."
+    limit, percentage = settings.pinned_memory_limit, settings.active_thread_percentage
+    if limit is not None and device.memory and limit > device.memory:
+        raise ClaimError(f"{ref}: {where}pinnedMemoryLimit: {format_quantity(limit, binary=True)} is more than "
+                         f"device {device.name}'s memory, {format_quantity(device.memory, binary=True)}")
+    if consumed is not None and consumed.get("memory"):  # a share: what it was granted is its limit
+        granted, part = share_limits(consumed["memory"], device.memory)
+        limit = granted if limit is None else min(limit, granted)
+        percentage = part if percentage is None else min(percentage, part)
+    return DeviceSharing(MPS, active_thread_percentage=percentage, pinned_memory_limit=limit)
+
+
+def _check_one_mps_daemon(ref: ClaimRef, prepared: tuple[PreparedDevice, ...]) -> None:
+    """A claim's MPS devices share one control daemon, whose active thread percentage is one value."""
+    percentages = {d.device: d.sharing.active_thread_percentage for d in prepared if d.sharing.strategy == MPS}
+    if len(set(percentages.values())) > 1:
+        raise ClaimError(f"{ref}: sharing.mps.perDevice: activeThreadPercentage differs between devices "
+                         f"({', '.join(f'{n}: {p}' for n, p in sorted(percentages.items()))}); the claim's devices "
+                         "share one MPS control daemon, which has one active thread percentage")
+
+
+def _version(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(".")[:2])
+    except ValueError:
+        return (99,)
 
 
 def _consumed(ref: ClaimRef, device: str, raw: Any) -> tuple[tuple[str, int], ...]:

@@ -9,6 +9,8 @@ update). What a crash at any point can leave, and what happens to it, is decided
 * specs of ours with no completed entry (a crash in unprepare, between its checkpoint write and the
   spec removal) are orphans and removed;
 * temp files of interrupted writes are removed;
+* MPS daemons (:mod:`.mps`) of claims no longer in the checkpoint are stopped, those of prepared
+  claims started if they are not running;
 * GPUs whose sharing settings (:mod:`.gpusettings`) a rolled-back claim asked for get the settings
   the remaining claims ask for, or their defaults.
 
@@ -65,6 +67,9 @@ def recover(state: DeviceState) -> ckpt.Reconciliation:
                 log.warning("%s: its CDI spec %s; it cannot be brought up to date now: %s", claim.ref, kept, error)
         if on_disk or cdi.path.is_dir():
             cdi.remove_temp_files()
+        # MPS daemons: those of claims gone or rolled back stop, those of prepared claims run
+        for uid, problem in state._converge_mps(result.checkpoint).items():
+            log.warning("claim %s: %s", uid, problem)
         # GPUs recorded as touched get what their remaining holders ask, or their defaults back
         # (a claim rolled back, a crash between a checkpoint write and a reset, a reset that failed)
         settled = result.checkpoint

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudra_driver.plugin import checkpoint as ckpt
-from gpudra_driver.plugin import gpusettings
+from gpudra_driver.plugin import gpusettings, mps
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.devicenodes import NodeDevice
 from gpudra_driver.plugin.driverfiles import DriverFilesError
@@ -44,6 +44,7 @@ from gpudra_driver.plugin.faults import FaultHook
 from gpudra_driver.plugin.gpucontrol import GpuControl, GpuControlError
 from gpudra_driver.plugin.locking import LOCK_FILE, LOCK_TIMEOUT, LockTimeout, node_lock_async
 from gpudra_driver.plugin.model import ClaimError, ClaimRef, PreparedClaim
+from gpudra_driver.plugin.mpsdaemons import MpsDaemons
 from gpudra_driver.plugin.prepare import plan_prepare
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class DeviceState:
         self.fault = fault or FaultHook()
         self.lock_timeout = lock_timeout
         self.checkpoint = ckpt.CheckpointFile(plugin_dir / CHECKPOINT_FILE, boot_id)
+        self.mps = MpsDaemons(plugin_dir / mps.ROOT)
         self.lock_path = plugin_dir / LOCK_FILE
         self.devices: Mapping[str, NodeDevice] | None = None  # swapped whole by set_devices
         self._one_call = asyncio.Lock()
@@ -222,6 +224,8 @@ class DeviceState:
             checkpoint = checkpoint.adopting(self._readopted(original, failed))
             # what failed after its GPU settings: back to the others' settings before the commit,
             # which then forgets the GPUs whose defaults are back
+            if failed:
+                self._converge_mps(checkpoint)
             checkpoint = checkpoint.untouched(self._settle(settled, checkpoint))
             self.checkpoint.save(checkpoint)
         except OSError as error:  # adopted claims stay adopted, with the devices their spec names now
@@ -230,6 +234,7 @@ class DeviceState:
                 results.setdefault(claim.uid, PrepareResult(error=f"{claim.ref}: recording the prepared "
                                                                   f"claim failed: {error}"))
             rolled_back = original.without(*replaced).adopting(self._readopted(original, planned))
+            self._converge_mps_quietly(rolled_back)
             rolled_back = rolled_back.touching(checkpoint.touched).untouched(self._settle(settled, rolled_back))
             self._save_quietly(rolled_back)
             return
@@ -267,9 +272,20 @@ class DeviceState:
                 results[claim.uid] = PrepareResult(error=f"{claim.ref}: {error}")
                 self._settle(after, current)
                 continue
+            # its MPS daemon, once its GPUs are EXCLUSIVE_PROCESS (the daemon's server starts later)
+            if mps.daemon_for(claim) is not None and (problem := self._converge_mps(after).get(claim.uid)):
+                results[claim.uid] = PrepareResult(error=f"{claim.ref}: {problem}")
+                self._converge_mps(current)
+                self._settle(after, current)
+                continue
             current = after
             ready.append(claim)
         return current, ready
+
+    def _converge_mps(self, checkpoint: ckpt.Checkpoint) -> dict[str, str]:
+        """The MPS daemons ``checkpoint``'s claims ask for, and no others (:mod:`.mps`); claim UID ->
+        why its daemon is not running."""
+        return self.mps.converge(mps.wanted({uid: entry.claim for uid, entry in checkpoint.claims.items()}))
 
     def _settle(self, before: ckpt.Checkpoint, after: ckpt.Checkpoint) -> set[str]:
         """Best effort: the GPU settings of ``after`` where they differ from ``before``'s. Returns
@@ -322,6 +338,7 @@ class DeviceState:
             log.info("rolled back the half-done prepare of claim(s) %s, left by an agent instance that "
                      "crashed", gone + list(kept))
         rolled = checkpoint.rolled_back(*gone, *kept).adopting(kept)
+        self._converge_mps_quietly(rolled)
         return rolled.untouched(self._settle(checkpoint, rolled))
 
     def _readopted(self, original: ckpt.Checkpoint,
@@ -373,6 +390,14 @@ class DeviceState:
                 return PrepareResult(error=f"{claim.ref}: rewriting its missing CDI spec failed: {error}")
         return PrepareResult(claim)
 
+    def _converge_mps_quietly(self, checkpoint: ckpt.Checkpoint) -> None:
+        """Best effort, after a failure or a rollback: a daemon left running is stopped by the next
+        start's reconciliation (recovery)."""
+        try:
+            self._converge_mps(checkpoint)
+        except OSError as error:
+            log.warning("stopping MPS daemons of rolled-back claims failed: %s", error)
+
     def _save_quietly(self, checkpoint: ckpt.Checkpoint) -> None:
         try:
             self.checkpoint.save(checkpoint)
@@ -411,6 +436,7 @@ class DeviceState:
         if remaining != checkpoint:
             self.checkpoint.save(remaining)
             self.fault("unprepare-after-checkpoint")
+            self._converge_mps_quietly(remaining)  # before the compute mode goes back to DEFAULT
             # the last claim sharing a GPU gone: its defaults back, then forgotten
             if reset := self._settle(checkpoint, remaining):
                 self.checkpoint.save(remaining.untouched(reset))

@@ -88,3 +88,18 @@ def kubeconfig_ca_file(kubeconfig: Path) -> str | None:
     cluster = clusters.get(contexts.get(config.get("current-context"), {}).get("cluster"), {})
     ca = cluster.get("certificate-authority")
     return str((kubeconfig.parent / ca).resolve()) if ca else None
+
+
+def start_mps_supervisor(*, plugin_dir: Path, driver_root: Path, workdir: Path,
+                         extra_args: tuple[str, ...] = ()) -> AgentProcess:
+    """The MPS supervisor of one node (what the gpudra-mps DaemonSet runs), for the agent whose
+    kubelet plugin directory is ``plugin_dir``. Its daemons are sessions of their own: they outlive
+    it, as they outlive the agent (stop them with mockstate.kill_mps_daemons)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    log_path = workdir / "mps-supervisor.log"
+    argv = [sys.executable, "-m", "gpudra_operator.cli", "mps-supervisor", "--plugin-dir", str(plugin_dir),
+            "--driver-root", str(driver_root), *extra_args]
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(dying_with_parent(argv), stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL)
+    return AgentProcess("mps-supervisor", log_path, process)

@@ -1,0 +1,141 @@
+"""The agent's side of the MPS daemons (I/O): the spec files the MPS supervisor converges on, and
+its answer (:mod:`gpudra_driver.mpssupervisor`). Called under the node lock, off the event loop
+(the calls block on the supervisor, which starts a daemon in well under its timeout)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpudra_driver.plugin.fsutil import remove, write_atomic
+from gpudra_driver.plugin.model import PreparedClaim, is_uid
+from gpudra_driver.plugin.mps import SPEC_FILE, DaemonSpec
+from gpudra_driver.plugin.sockets import SocketAddress
+
+log = logging.getLogger(__name__)
+
+SOCKET = "supervisor.sock"  # the supervisor's, in the MPS root
+SYNC_TIMEOUT = 30.0  # seconds: starting a daemon and setting its limits, inside the kubelet's 45 s
+
+
+class MpsUnavailable(OSError):
+    """The supervisor cannot be reached or did not answer."""
+
+
+class MpsDaemons:
+    def __init__(self, root: Path, timeout: float = SYNC_TIMEOUT) -> None:
+        self.root = root  # <plugin-dir>/mps
+        self.timeout = timeout
+
+    def present(self) -> dict[str, bytes]:
+        """Claim UID -> the spec file's bytes, for every spec on disk."""
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return {}
+        specs = {}
+        for uid in names:
+            if is_uid(uid):
+                try:
+                    specs[uid] = (self.root / uid / SPEC_FILE).read_bytes()
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+        return specs
+
+    def converge(self, wanted: Mapping[str, DaemonSpec]) -> dict[str, str]:
+        """Make the spec files exactly ``wanted`` and, when that changed anything, have the
+        supervisor converge. Returns claim UID -> why, for each wanted daemon that is not running
+        (the supervisor unreachable included). Daemons no longer wanted only have their spec
+        removed when the supervisor cannot be reached: it stops them when it is back."""
+        present = self.present()
+        added = {uid: spec for uid, spec in wanted.items() if present.get(uid) != spec.encode()}
+        removed = [uid for uid in present if uid not in wanted]
+        for uid in removed:
+            remove(self.root / uid / SPEC_FILE)
+        for uid, spec in added.items():
+            (self.root / uid).mkdir(parents=True, exist_ok=True)
+            write_atomic(self.root / uid / SPEC_FILE, spec.encode())
+        if not added and not removed:
+            return {}
+        try:
+            statuses = self.sync()
+        except MpsUnavailable as error:
+            if removed:
+                log.warning("MPS daemons of claim(s) %s: %s; it stops them when it is back", removed, error)
+            return {uid: str(error) for uid in added}
+        problems = {}
+        for uid in added:
+            status = statuses.get(uid) or {}
+            if status.get("state") != "Ready":
+                problems[uid] = f"its MPS control daemon is not running: {status.get('message') or 'no status'}"
+        return problems
+
+    def sync(self) -> dict[str, Mapping[str, Any]]:
+        """The supervisor's converge, now; claim UID -> status."""
+        path = self.root / SOCKET
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            with SocketAddress(path) as address:
+                sock.connect(address.address)
+            sock.sendall(b'{"sync": true}\n')
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        except (FileNotFoundError, ConnectionRefusedError):
+            raise MpsUnavailable(f"the MPS supervisor is not running on this node (no one listens on {path}; "
+                                 "is spec.sharing.mps set in the GpuDraConfig?)") from None
+        except OSError as error:  # a timeout included
+            raise MpsUnavailable(f"the MPS supervisor did not answer on {path}: {error}") from None
+        finally:
+            sock.close()
+        try:
+            reply = json.loads(data)
+            return dict(reply["daemons"])
+        except (ValueError, KeyError, TypeError):
+            raise MpsUnavailable(f"the MPS supervisor answered {data[:200]!r}") from None
+
+    def restarts(self) -> dict[str, int]:
+        """Claim UID -> how often its daemon was restarted, from the supervisor's status files (no call)."""
+        counts = {}
+        for uid in self.present():
+            try:
+                status = json.loads((self.root / uid / "status.json").read_bytes())
+                counts[uid] = int(status.get("restarts") or 0)
+            except (OSError, ValueError, TypeError, AttributeError):
+                continue
+        return counts
+
+
+RESTART_CHECK_INTERVAL = 5.0  # seconds between looks at the daemons' restart counts
+
+
+async def report_restarts(daemons: MpsDaemons, claims: Callable[[], Sequence[PreparedClaim]],
+                          report: Callable[[str, str, str], Awaitable[None]],
+                          interval: float = RESTART_CHECK_INTERVAL) -> None:
+    """A Warning Event (on the Node: the agent writes events nowhere else) whenever the supervisor
+    restarted a claim's daemon: the claim's processes lost their MPS server and must start again."""
+    seen: dict[str, int] | None = None
+    while True:
+        counts = await asyncio.to_thread(daemons.restarts)
+        if seen is not None:
+            names = {c.uid: c.ref for c in claims()}
+            for uid, count in counts.items():
+                if count > seen.get(uid, 0):
+                    claim = names.get(uid)
+                    what = f"ResourceClaim {claim.namespace}/{claim.name} (UID {uid})" if claim else f"claim {uid}"
+                    await report("Warning", "MPSDaemonRestarted",
+                                 f"the MPS control daemon of {what} exited and was started again (restart {count}, "
+                                 "limits set again); processes that were using it lost their MPS server and must "
+                                 "be restarted")
+        seen = counts
+        await asyncio.sleep(interval)

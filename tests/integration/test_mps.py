@@ -1,0 +1,180 @@
+"""MPS sharing at the real boundary: the agent and the MPS supervisor as processes of one node, the
+real pynvml against the mock libnvidia-ml, and the driver root's mock nvidia-cuda-mps-control, a
+real daemon that records what it is told (localcluster/mockstate.py). Claims are written into the
+real API server and prepared over the kubelet's gRPC API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from seedobjects import published_devices
+from test_kubelet_plugin import PluginAgent, allocated_claim, driver, plugin_agents, ref  # noqa: F401 (fixtures)
+
+from gpudra_driver.kubeapi import Kube, Obj
+from gpudra_driver.plugin.kubelet_client import DraClient
+from gpudra_driver.plugin.mpsdaemons import MpsDaemons, MpsUnavailable
+from gpudra_operator.localcluster import mockstate
+from gpudra_operator.localcluster.agents import AgentProcess, start_mps_supervisor
+from gpudra_operator.localcluster.driverroot import make_driver_root
+from gpudra_operator.localcluster.objects import events_about
+from gpudra_operator.localcluster.waiting import wait_for
+
+EXCLUSIVE_PROCESS = 3
+
+
+def mps_config(driver: str, **mps: Any) -> list[Obj]:
+    return [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": driver, "parameters": {
+        "apiVersion": "gpudra.io/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mps": mps}}}}]
+
+
+@pytest.fixture
+def driver_root(tmp_path: Path) -> Iterator[Path]:
+    root = make_driver_root(tmp_path / "driver-root", "dgx-h100")
+    yield root
+    mockstate.kill_mps_daemons(root)  # they outlive the supervisor by design
+
+
+def supervisor(plugin: PluginAgent, root: Path) -> AgentProcess:
+    return start_mps_supervisor(plugin_dir=plugin.workdir / "kubelet" / "plugins" / plugin.driver, driver_root=root,
+                                workdir=plugin.workdir)
+
+
+def daemons_of(root: Path, claim_uid: str) -> list[mockstate.MpsDaemon]:
+    return [d for d in mockstate.mps_daemons(root) if d.pipe_dir.parent.name == claim_uid]
+
+
+async def test_an_mps_claim_gets_its_own_daemon_that_outlives_the_agent_and_goes_with_the_claim(
+        kube: Kube, namespace: str, fake_nodes, plugin_agents, driver: str, driver_root: Path) -> None:
+    node = (await fake_nodes("h100"))["metadata"]["name"]
+    first = plugin_agents(node, driver, nvml="mock:dgx-h100", driver_root=driver_root)
+    mps_supervisor = supervisor(first, driver_root)
+    devices = await published_devices(kube, driver, node, 8)
+    uuid_of = {name: d["attributes"]["uuid"]["string"] for name, d in devices.items()}
+    claim = await allocated_claim(kube, namespace, "mps", driver, node, ["gpu-1", "gpu-3"], config=mps_config(
+        driver, activeThreadPercentage=40, pinnedMemoryLimit="8Gi", perDevice={"gpu-3": {"pinnedMemoryLimit": "16Gi"}}))
+    uid = claim["metadata"]["uid"]
+    async with DraClient((await first.registered()).endpoint) as kubelet:
+        response = await first.prepare(kubelet, [ref(claim)])  # the CDI spec validated too
+    assert response.claims[uid].error == ""
+
+    [daemon] = daemons_of(driver_root, uid)
+    assert set(daemon.serves) == {uuid_of["gpu-1"], uuid_of["gpu-3"]}  # only the claim's GPUs
+    pipe = daemon.pipe_dir
+    assert sorted(mockstate.calls(driver_root, "mps-control")[-3:]) == sorted([
+        f"mps-control {pipe} set_default_active_thread_percentage 40",
+        f"mps-control {pipe} set_default_device_pinned_mem_limit {uuid_of['gpu-1']} 8192M",
+        f"mps-control {pipe} set_default_device_pinned_mem_limit {uuid_of['gpu-3']} 16384M"])
+    assert {mockstate.compute_mode(driver_root, uuid_of[g]) for g in ("gpu-1", "gpu-3")} == {EXCLUSIVE_PROCESS}
+    spec = json.loads(first.spec_path(uid).read_text())
+    assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in spec["containerEdits"]["env"]
+    mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+    assert mounts["/tmp/nvidia-mps"] == str(pipe) and mounts["/dev/shm"] == str(pipe.parent / "shm")
+
+    # The agent goes (a restart, a rolling update): the daemon stays, and a new agent answers again.
+    first.agent.stop()
+    second = plugin_agents(node, driver, nvml="mock:dgx-h100", driver_root=driver_root, workdir=first.workdir)
+    async with DraClient((await second.registered()).endpoint) as kubelet:
+        again = await second.prepare(kubelet, [ref(claim)])
+        assert again.claims[uid].error == ""
+        assert [d.pid for d in daemons_of(driver_root, uid)] == [daemon.pid]
+
+        # The daemon dies: the supervisor starts it again with its limits; the agent reports it.
+        os.kill(daemon.pid, signal.SIGKILL)
+        assert mockstate.wait_exited(daemon.pid, 10)
+
+        async def restarted() -> bool:
+            return [d.pid for d in daemons_of(driver_root, uid)] not in ([], [daemon.pid])
+
+        await wait_for(restarted, timeout=20, what="the supervisor to start the claim's daemon again")
+        [replacement] = daemons_of(driver_root, uid)
+        await wait_for(lambda: _limits_set(driver_root, replacement.pipe_dir, 2), timeout=10,
+                       what="the limits set on the restarted daemon")
+
+        async def reported() -> list[Obj]:
+            return [e for e in await events_about(kube, node) if e["reason"] == "MPSDaemonRestarted"]
+
+        [event] = await wait_for(reported, timeout=20, what="an MPSDaemonRestarted event on the node")
+        assert f"{namespace}/mps" in event["message"] and event["type"] == "Warning"
+
+        # The supervisor itself restarts: it adopts the running daemon rather than start another.
+        mps_supervisor.stop(signal.SIGKILL)
+        supervisor(second, driver_root)
+        await wait_for(lambda: _adopted(pipe.parent.parent, uid, replacement.pid), timeout=20,
+                       what="the new supervisor to answer, with the claim's daemon adopted")
+        assert [d.pid for d in daemons_of(driver_root, uid)] == [replacement.pid]
+
+        # The last unprepare: the daemon quits, its directory goes, the GPUs are DEFAULT again.
+        assert (await kubelet.unprepare([ref(claim)])).claims[uid].error == ""
+    assert daemons_of(driver_root, uid) == [] and not pipe.parent.exists()
+    assert {mockstate.compute_mode(driver_root, uuid_of[g]) for g in ("gpu-1", "gpu-3")} == {0}
+
+
+async def _limits_set(root: Path, pipe: Path, times: int) -> bool:
+    calls = mockstate.calls(root, "mps-control")
+    return calls.count(f"mps-control {pipe} set_default_active_thread_percentage 40") >= times
+
+
+async def _adopted(mps_root: Path, uid: str, pid: int) -> bool:
+    try:
+        status = (await asyncio.to_thread(MpsDaemons(mps_root, timeout=5).sync))[uid]
+    except MpsUnavailable:  # not listening yet
+        return False
+    return status["state"] == "Ready" and status["pid"] == pid
+
+
+async def test_sigkill_mid_prepare_of_an_mps_claim_leaks_no_daemon_and_restores_the_gpu(
+        kube: Kube, namespace: str, fake_nodes, plugin_agents, driver: str, driver_root: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    node = (await fake_nodes("h100"))["metadata"]["name"]
+    monkeypatch.setenv("GPUDRA_FAULT", "after-cdi-write")  # the daemon running, the commit not written
+    doomed = plugin_agents(node, driver, nvml="mock:dgx-h100", driver_root=driver_root)
+    monkeypatch.delenv("GPUDRA_FAULT")
+    supervisor(doomed, driver_root)
+    devices = await published_devices(kube, driver, node, 8)
+    gpu = devices["gpu-4"]["attributes"]["uuid"]["string"]
+    claim = await allocated_claim(kube, namespace, "crashing", driver, node, ["gpu-4"],
+                                  config=mps_config(driver, activeThreadPercentage=25))
+    uid = claim["metadata"]["uid"]
+    async with DraClient((await doomed.registered()).endpoint) as kubelet:
+        with pytest.raises(Exception):  # the connection dies with the agent
+            await kubelet.prepare([ref(claim)], timeout=20)
+    assert doomed.agent.process.wait(timeout=10) == -signal.SIGKILL
+    assert len(daemons_of(driver_root, uid)) == 1 and mockstate.compute_mode(driver_root, gpu) == EXCLUSIVE_PROCESS
+
+    restarted = plugin_agents(node, driver, nvml="mock:dgx-h100", driver_root=driver_root, workdir=doomed.workdir)
+    registered = await restarted.registered()
+    assert daemons_of(driver_root, uid) == []  # start-up rolled the prepare back: its daemon stopped
+    assert mockstate.compute_mode(driver_root, gpu) == 0
+    async with DraClient(registered.endpoint) as kubelet:
+        assert (await restarted.prepare(kubelet, [ref(claim)])).claims[uid].error == ""
+        assert len(daemons_of(driver_root, uid)) == 1
+        assert (await kubelet.unprepare([ref(claim)])).claims[uid].error == ""
+    assert daemons_of(driver_root, uid) == [] and mockstate.compute_mode(driver_root, gpu) == 0
+
+
+async def test_mps_refusals_name_the_reason_and_change_nothing_on_the_gpu(
+        kube: Kube, namespace: str, fake_nodes, plugin_agents, driver: str, driver_root: Path) -> None:
+    node = (await fake_nodes("h100"))["metadata"]["name"]
+    plugin = plugin_agents(node, driver, nvml="mock:dgx-h100", driver_root=driver_root)
+    devices = await published_devices(kube, driver, node, 8)
+    gpu = devices["gpu-2"]["attributes"]["uuid"]["string"]
+    too_much = await allocated_claim(kube, namespace, "too-much", driver, node, ["gpu-2"],
+                                     config=mps_config(driver, pinnedMemoryLimit="1Ti"))
+    no_supervisor = await allocated_claim(kube, namespace, "no-supervisor", driver, node, ["gpu-2"],
+                                          config=mps_config(driver))
+    async with DraClient((await plugin.registered()).endpoint) as kubelet:
+        first = await plugin.prepare(kubelet, [ref(too_much)])
+        second = await plugin.prepare(kubelet, [ref(no_supervisor)])
+    error = first.claims[too_much["metadata"]["uid"]].error
+    assert "sharing.mps.pinnedMemoryLimit: 1Ti is more than device gpu-2's memory" in error
+    error = second.claims[no_supervisor["metadata"]["uid"]].error
+    assert "the MPS supervisor is not running on this node" in error
+    assert mockstate.compute_mode(driver_root, gpu) == 0  # set for the daemon, then put back
+    assert mockstate.mps_daemons(driver_root) == [] and plugin.checkpoint() == {}
