@@ -132,19 +132,17 @@ def _is(tokens: Sequence[Token], i: int, kind: str, text: str | None = None) -> 
     return i < len(tokens) and tokens[i].kind == kind and (text is None or tokens[i].text == text)
 
 
-def model_references(expression: str, driver: str) -> list[tuple[str, str]]:
-    """Every ``device.attributes["<driver>"].name`` / ``device.capacity["<driver>"]["name"]``
-    reference in ``expression`` as ``("attributes"|"capacity", name)``; other domains are not ours
-    to check. Index form, optional selection (``.?name``) and quoted identifiers count too."""
+def all_model_references(expression: str) -> list[tuple[str, str, str]]:
+    """Every ``device.attributes["<domain>"].name`` / ``device.capacity["<domain>"]["name"]``
+    reference in ``expression`` as ``("attributes"|"capacity", domain, name)``. Index form, optional
+    selection (``.?name``) and quoted identifiers count too."""
     toks = cel_tokens(expression)
-    found: list[tuple[str, str]] = []
+    found: list[tuple[str, str, str]] = []
     for i in range(len(toks)):
         if not (_is(toks, i, "ident", "device") and _is(toks, i + 1, "op", ".")
                 and _is(toks, i + 2, "ident") and toks[i + 2].value in ("attributes", "capacity")
                 and _is(toks, i + 3, "op", "[") and _is(toks, i + 4, "string")
                 and _is(toks, i + 5, "op", "]")):
-            continue
-        if toks[i + 4].value != driver:
             continue
         j = i + 6
         name: str | None = None
@@ -155,8 +153,14 @@ def model_references(expression: str, driver: str) -> list[tuple[str, str]]:
         elif _is(toks, j, "op", "[") and _is(toks, j + 1, "string") and _is(toks, j + 2, "op", "]"):
             name = toks[j + 1].value
         if name is not None:
-            found.append((str(toks[i + 2].value), name))
+            found.append((str(toks[i + 2].value), str(toks[i + 4].value), name))
     return found
+
+
+def model_references(expression: str, driver: str) -> list[tuple[str, str]]:
+    """The references to ``driver``'s own domain, as ``("attributes"|"capacity", name)``; other
+    domains are not ours to check."""
+    return [(where, name) for where, domain, name in all_model_references(expression) if domain == driver]
 
 
 def check_model_references(expression: str, driver: str) -> None:
