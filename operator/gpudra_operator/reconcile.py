@@ -28,8 +28,8 @@ from .devicecount import DeviceCounts
 from . import metrics
 from .events import EVENT_NAMESPACE, EventRecorder
 from .features import CONSUMABLE_CAPACITY_UNSUPPORTED, FeatureProbe
-from .render import (DEFAULT_AGENT_IMAGE, LABEL_CONFIG, LABEL_MANAGED_BY, MANAGED_BY, Rendered, child_selector,
-                     render)
+from .render import (DEFAULT_AGENT_IMAGE, LABEL_CONFIG, LABEL_MANAGED_BY, MANAGED_BY, MPS_NAME, Rendered,
+                     child_selector, render)
 from .spec import GpuDraConfig, SpecError
 
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
@@ -331,9 +331,10 @@ class Reconciler:
         if not outcome.conflicts:
             # Independent children, written at once: the classes (validated, then applied), the
             # DaemonSet, and the pruning of classes that left the spec.
-            _, daemonset, _ = await _all(self._apply_classes(config, rendered, outcome),
-                                         self._apply_daemonset(rendered, outcome),
-                                         self._prune_classes(config, outcome))
+            _, daemonset, _, _ = await _all(self._apply_classes(config, rendered, outcome),
+                                            self._apply_daemonset(rendered, outcome),
+                                            self._prune_classes(config, outcome),
+                                            self._apply_mps_daemonset(config, rendered, outcome))
         await self._report(body, config, rendered, outcome, daemonset)
         if not outcome.conflicts:
             self._reconciled[config.name] = _Reconciled(body["metadata"].get("uid"), config.generation, rendered,
@@ -406,6 +407,21 @@ class Reconciler:
         if needed:
             return await self._apply(rendered.daemonset, outcome) or live
         return live
+
+    async def _apply_mps_daemonset(self, config: GpuDraConfig, rendered: Rendered, outcome: Outcome) -> None:
+        """The MPS supervisor's DaemonSet written if it changed, or deleted when spec.sharing.mps
+        left the spec (only the one this config made)."""
+        wanted = rendered.mps_daemonset
+        if wanted is not None:
+            needed, _ = await self._changed(wanted, outcome)
+            if needed:
+                await self._apply(wanted, outcome)
+            return
+        live = await self.kube.get(DAEMONSET, MPS_NAME, config.spec.agent.namespace)
+        if live is not None and (live["metadata"].get("labels") or {}).get(LABEL_CONFIG) == config.name:
+            if await self.kube.delete(DAEMONSET, MPS_NAME, config.spec.agent.namespace, uid=live["metadata"]["uid"]):
+                outcome.pruned.append(f"DaemonSet/{MPS_NAME}")
+                log.info("deleted DaemonSet %s (spec.sharing.mps left GpuDraConfig %s)", MPS_NAME, config.name)
 
     async def _prune_classes(self, config: GpuDraConfig, outcome: Outcome) -> None:
         """Delete classes this config created that left its spec. A class whose template broke

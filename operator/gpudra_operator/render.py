@@ -77,6 +77,8 @@ KIND = "GpuDraConfig"
 AGENT_NAME = "gpudra-agent"
 AGENT_SERVICE_ACCOUNT = "gpudra-agent"
 AGENT_CONTAINER = "agent"
+MPS_NAME = "gpudra-mps"  # the MPS supervisor's DaemonSet (spec.sharing.mps)
+MPS_CONTAINER = "mps-supervisor"
 MANAGED_BY = "gpudra-operator"
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -120,8 +122,8 @@ DEFAULT_AGENT_AFFINITY: Obj = {"nodeAffinity": {"requiredDuringSchedulingIgnored
 
 @dataclass
 class Rendered:
-    """What one GpuDraConfig should produce: ``objects`` (the DaemonSet first, then the
-    DeviceClasses in spec order) and the ``errors`` of classes that could not be rendered (those
+    """What one GpuDraConfig should produce: ``objects`` (the agents' DaemonSet first, the MPS
+    supervisor's when spec.sharing.mps asks for it, then the DeviceClasses in spec order) and the ``errors`` of classes that could not be rendered (those
     classes are simply absent from ``objects``; the caller must leave their live objects alone)."""
 
     objects: list[Obj] = field(default_factory=list)
@@ -129,7 +131,15 @@ class Rendered:
 
     @property
     def daemonset(self) -> Obj | None:
-        return next((o for o in self.objects if o["kind"] == "DaemonSet"), None)
+        """The agents' DaemonSet."""
+        return next((o for o in self.objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == AGENT_NAME),
+                    None)
+
+    @property
+    def mps_daemonset(self) -> Obj | None:
+        """The MPS supervisor's DaemonSet; None unless spec.sharing.mps asks for it."""
+        return next((o for o in self.objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == MPS_NAME),
+                    None)
 
     @property
     def device_classes(self) -> list[Obj]:
@@ -305,6 +315,64 @@ def render_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_IMAG
     }
 
 
+def render_mps_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_IMAGE) -> Obj:
+    """The MPS supervisor (gpudra_driver.mpssupervisor) on every node that runs an agent: the same
+    image, placement and plugin directory. Never rolled with the agents: replacing its pod stops
+    the MPS daemons of that node's claims, so it is replaced only when its pod is deleted
+    (OnDelete). No API access (no token); its process namespace is shared with the pod's pause
+    container, which reaps the daemons' exited children."""
+    spec = config.spec
+    agent = spec.agent
+    labels = {LABEL_NAME: MPS_NAME, **child_labels(config.name)}
+    plugin_dir = posixpath.join(agent.kubelet_dir, "plugins", spec.driver_name)
+    container: Obj = {
+        "name": MPS_CONTAINER,
+        "image": agent.image or agent_image,
+        "imagePullPolicy": agent.image_pull_policy,
+        "command": ["gpudra"],
+        "args": ["mps-supervisor", "--plugin-dir", plugin_dir, "--driver-root", DRIVER_ROOT_MOUNT, "--isolate-shm"],
+        "env": [{"name": name, "value": value} for name, value in AGENT_CONTAINER_ENV.items()],
+        # the daemons open the GPUs' device nodes and get a mount namespace of their own (/dev/shm)
+        "securityContext": {"privileged": True},
+        "readinessProbe": {"exec": {"command": ["test", "-S", posixpath.join(plugin_dir, "mps", "supervisor.sock")]},
+                           "periodSeconds": 5},
+        "volumeMounts": [
+            # the same path as on the host: the CDI specs give containers these directories by host path
+            {"name": "plugin", "mountPath": plugin_dir},
+            {"name": "driver-root", "mountPath": DRIVER_ROOT_MOUNT, "readOnly": True,
+             "mountPropagation": "HostToContainer"},
+        ],
+    }
+    pod_spec: Obj = {
+        "automountServiceAccountToken": False,
+        "shareProcessNamespace": True,
+        "priorityClassName": agent.priority_class_name,
+        "containers": [container],
+        "volumes": [_host_volume("plugin", plugin_dir, "DirectoryOrCreate"),
+                    _host_volume("driver-root", agent.driver_root, "Directory")],
+    }
+    if not agent.priority_class_name:
+        del pod_spec["priorityClassName"]
+    if agent.node_selector:
+        pod_spec["nodeSelector"] = dict(agent.node_selector)
+    if agent.affinity:
+        pod_spec["affinity"] = thaw(agent.affinity)
+    elif agent.affinity is None and not agent.node_selector:
+        pod_spec["affinity"] = copy.deepcopy(DEFAULT_AGENT_AFFINITY)
+    if agent.tolerations:
+        pod_spec["tolerations"] = thaw(agent.tolerations)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": _metadata(config, MPS_NAME, namespace=agent.namespace, labels=labels),
+        "spec": {
+            "selector": {"matchLabels": {LABEL_NAME: MPS_NAME, LABEL_CONFIG: config.name}},
+            "updateStrategy": {"type": "OnDelete"},
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
 def _finish_device_class(config: GpuDraConfig, doc: Obj) -> Obj:
     meta = doc.get("metadata") or {}
     spec = dict(doc["spec"])
@@ -332,5 +400,7 @@ def render(config_body: Mapping[str, Any], *, agent_image: str = DEFAULT_AGENT_I
     stops the others."""
     config = GpuDraConfig.from_body(config_body)
     classes, errors = render_device_classes(config.spec.device_classes, config.spec.driver_name)
-    objects = [render_daemonset(config, agent_image, consumable_capacity=consumable_capacity), *(_finish_device_class(config, doc) for doc in classes)]
+    objects = [render_daemonset(config, agent_image, consumable_capacity=consumable_capacity),
+               *([render_mps_daemonset(config, agent_image)] if config.spec.sharing.mps else []),
+               *(_finish_device_class(config, doc) for doc in classes)]
     return Rendered(objects=objects, errors=errors)

@@ -291,16 +291,21 @@ class ConsumableCapacitySpec:
 @dataclass(frozen=True)
 class SharingSpec:
     """spec.sharing: how GPUs may be shared between ResourceClaims. ``consumable_capacity`` None:
-    not at all (one claim per device)."""
+    not at all (one claim per device). ``mps``: the MPS supervisor DaemonSet runs, so that claims
+    may ask for MPS (their GpuConfig); without it they are refused, saying so."""
 
     consumable_capacity: ConsumableCapacitySpec | None = None
+    mps: bool = False
 
     @classmethod
     def from_dict(cls, data: Any, path: str = "spec.sharing") -> SharingSpec:
         d = _map(data, path)
         consumable = d.get("consumableCapacity")
+        if d.get("mps") is not None:
+            _map(d["mps"], f"{path}.mps")  # an object: room for settings; none yet
         return cls(consumable_capacity=None if consumable is None else
-                   ConsumableCapacitySpec.from_dict(consumable, f"{path}.consumableCapacity"))
+                   ConsumableCapacitySpec.from_dict(consumable, f"{path}.consumableCapacity"),
+                   mps=d.get("mps") is not None)
 
 
 @dataclass(frozen=True)

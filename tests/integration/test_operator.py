@@ -310,3 +310,32 @@ async def test_drift_ticks_write_nothing_when_nothing_changed(kube: Kube, config
 
 async def _more(operator: OperatorProcess, count: int) -> bool:
     return operator.log_count("drift check done") >= count
+
+
+async def test_spec_sharing_mps_runs_the_mps_supervisor_until_it_leaves_the_spec(
+        kube: Kube, configs, namespace: str, suffix: str) -> None:
+    """The supervisor's DaemonSet: there while spec.sharing.mps is, never rolled with the agents,
+    no API token; removed (only that one) when the option goes."""
+    ns = await agent_namespace(kube, namespace)
+    body = make_config(f"mps-{suffix}", ns, f"mps-{suffix}.gpudra.io", [])
+    body["spec"]["sharing"] = {"mps": {}}
+    await configs(body)
+
+    async def supervisor() -> Obj | None:
+        return await kube.get(DAEMONSET, "gpudra-mps", ns)
+
+    mps = await wait_for(supervisor, timeout=30, what="the gpudra-mps DaemonSet")
+    assert mps["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    pod = mps["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False and pod["shareProcessNamespace"] is True
+    plugin_dir = f"/var/lib/kubelet/plugins/mps-{suffix}.gpudra.io"
+    assert pod["containers"][0]["args"] == ["mps-supervisor", "--plugin-dir", plugin_dir, "--driver-root",
+                                            "/driver-root", "--isolate-shm"]
+    assert {v["hostPath"]["path"] for v in pod["volumes"]} == {plugin_dir, "/"}
+    agents = await kube.get(DAEMONSET, "gpudra-agent", ns)
+    assert agents is not None and agents["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+
+    await kube.patch(CONFIG, body["metadata"]["name"], {"spec": {"sharing": None}})
+    await wait_for(lambda: _absent(kube, DAEMONSET, "gpudra-mps", ns), timeout=30,
+                   what="the gpudra-mps DaemonSet to go with spec.sharing.mps")
+    assert await kube.get(DAEMONSET, "gpudra-agent", ns) is not None

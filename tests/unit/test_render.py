@@ -327,3 +327,32 @@ def test_a_class_may_select_shared_gpus_with_cel() -> None:
     (cls,) = rendered.device_classes
     assert cls["spec"]["selectors"][0]["cel"]["expression"] == \
         'device.driver == "gpu.gpudra.io" && device.allowMultipleAllocations'
+
+
+def test_spec_sharing_mps_adds_the_mps_supervisor_placed_like_the_agents() -> None:
+    from gpudra_driver import mpssupervisor
+
+    assert render(config()).mps_daemonset is None
+    placement = {"nodeSelector": {"pool": "gpu"}, "tolerations": [{"operator": "Exists"}]}
+    rendered = render(config({"sharing": {"mps": {}}, "agent": {"image": "reg/gpudra:1", **placement}}))
+    assert [o["metadata"]["name"] for o in rendered.objects if o["kind"] == "DaemonSet"] == ["gpudra-agent",
+                                                                                             "gpudra-mps"]
+    assert rendered.daemonset is rendered.objects[0]
+    mps, agent = rendered.mps_daemonset, rendered.daemonset
+    assert mps is not None and agent is not None
+    pod = mps["spec"]["template"]["spec"]
+    assert mps["spec"]["updateStrategy"] == {"type": "OnDelete"}  # never rolled with the agents
+    assert pod["nodeSelector"] == agent["spec"]["template"]["spec"]["nodeSelector"]
+    assert pod["tolerations"] == agent["spec"]["template"]["spec"]["tolerations"]
+    assert container(mps)["image"] == container(agent)["image"] == "reg/gpudra:1"
+    assert "serviceAccountName" not in pod and pod["automountServiceAccountToken"] is False
+    # the plugin directory at the host's path, as the agent's: CDI gives it to containers by that path
+    agent_mounts = {m["name"]: m["mountPath"] for m in container(agent)["volumeMounts"]}
+    assert {m["name"]: m["mountPath"] for m in container(mps)["volumeMounts"]}["plugin"] == agent_mounts["plugin"]
+    # what the supervisor makes of its arguments
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="gpudra")
+    mpssupervisor.add_parser(parser.add_subparsers())
+    parsed = parser.parse_args(container(mps)["args"])
+    assert str(parsed.plugin_dir) == agent_mounts["plugin"] and parsed.isolate_shm
