@@ -15,6 +15,7 @@ SUBCOMMANDS: dict[str, str] = {
     "mps-supervisor": "gpudra_driver.mpssupervisor",
     "operator": "gpudra_operator.operator_cmd",
     "render": "gpudra_operator.render_cmd",
+    "explain": "gpudra_operator.explain_cmd",
     "demo": "gpudra_operator.demo_cmd",
     "local-cluster": "gpudra_operator.localcluster.cli",
 }
@@ -35,6 +36,21 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv[0] if argv else None).parse_args(argv)
+    return int(args.run(args) or 0)
+
+
+# The subcommands `kubectl gpudra ...` offers: the ones that read a cluster on a user's behalf.
+KUBECTL_SUBCOMMANDS = ("explain",)
+
+
+def kubectl_plugin(argv: list[str] | None = None) -> int:
+    """`kubectl-gpudra`, the kubectl plugin (`kubectl gpudra explain ...`)."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="kubectl gpudra", description="gpudra's kubectl plugin.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in KUBECTL_SUBCOMMANDS:
+        importlib.import_module(SUBCOMMANDS[name]).add_parser(sub)
+    args = parser.parse_args(argv)
     return int(args.run(args) or 0)
 
 

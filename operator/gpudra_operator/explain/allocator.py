@@ -1,0 +1,327 @@
+"""The scheduler's device allocation for one node, in Python: a port of ``allocateOne``,
+``isSelectable``, ``allocateDevice`` and ``matchAttributeConstraint`` from
+k8s.io/dynamic-resource-allocation/structured/internal/stable/allocator_stable.go (1.35).
+
+Same search, same order: requests in order, a ``firstAvailable`` request tries its subrequests in
+order, devices pool by pool in slice order, backtracking on a dead end; the first solution wins.
+Same errors: a selector that fails to compile or run, a missing DeviceClass, ``allocationMode: All``
+over an incomplete or invalid pool, or a constraint that an ``All`` request breaks stops the search
+with :class:`AllocationError` (the scheduler then fails the pod's whole scheduling attempt, on every
+node). Not ported (all alpha and off in 1.35): partitionable devices (counters), consumable
+capacity, binding conditions, ``distinctAttribute``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpudra_operator.cel import SelectorCompileError, compile_selector, device_input
+from gpudra_operator.explain.inventory import Device, DeviceID, Obj, Pool
+
+ALLOCATION_RESULTS_MAX_SIZE = 32  # resourceapi.AllocationResultsMaxSize
+
+
+class AllocationError(Exception):
+    """The allocator stopped with an error (not "no solution")."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request, or one subrequest of a ``firstAvailable`` request."""
+
+    name: str  # the request's name
+    subrequest: str | None
+    class_name: str
+    selectors: tuple[str, ...]
+    all_devices: bool
+    count: int
+    admin_access: bool
+    tolerations: tuple[Obj, ...]
+
+    @property
+    def result_name(self) -> str:
+        """The name an allocation result carries: ``request`` or ``request/subrequest``."""
+        return f"{self.name}/{self.subrequest}" if self.subrequest else self.name
+
+
+def _request(name: str, sub: str | None, body: Obj) -> Request:
+    return Request(
+        name=name, subrequest=sub, class_name=str(body.get("deviceClassName") or ""),
+        selectors=tuple(str((s.get("cel") or {}).get("expression", "")) for s in body.get("selectors") or []),
+        all_devices=body.get("allocationMode") == "All", count=int(body.get("count") or 1),
+        admin_access=bool(body.get("adminAccess")), tolerations=tuple(body.get("tolerations") or []))
+
+
+def claim_requests(claim: Obj) -> list[list[Request]]:
+    """Per request of ``claim``: ``[exactly]``, or its ``firstAvailable`` subrequests in order."""
+    out: list[list[Request]] = []
+    for entry in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        if entry.get("firstAvailable"):
+            out.append([_request(entry["name"], sub["name"], sub) for sub in entry["firstAvailable"]])
+        else:
+            out.append([_request(entry["name"], None, entry.get("exactly") or {})])
+    return out
+
+
+def claim_label(claim: Obj) -> str:
+    meta = claim.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+# --- selectors --------------------------------------------------------------------------------
+
+def selector_outcome(expression: str, device: Device) -> tuple[bool, str | None]:
+    """(matches, error) of one selector on one device; a compile error is an error too."""
+    try:
+        result = compile_selector(expression).evaluate(device_input(device.driver, device.spec))
+    except SelectorCompileError as error:
+        return False, f"CEL compile error: {error.message}"
+    return result.matched, (f"CEL runtime error: {result.error}" if result.error else None)
+
+
+def selectors_match(device: Device, selectors: Sequence[str], where: str) -> bool:
+    """allocator_stable.go ``selectorsMatch``: all of them, in order; an error stops allocation."""
+    for index, expression in enumerate(selectors):
+        matched, error = selector_outcome(expression, device)
+        if error is not None:
+            raise AllocationError(f"{where}: selector #{index}: {error}")
+        if not matched:
+            return False
+    return True
+
+
+# --- taints (k8s.io/dynamic-resource-allocation/resourceclaim ToleratesTaint) ------------------
+
+def tolerates(toleration: Obj, taint: Obj) -> bool:
+    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+        return False
+    if toleration.get("key") and toleration["key"] != taint.get("key"):
+        return False
+    operator = toleration.get("operator") or "Equal"
+    if operator == "Exists":
+        return True
+    return operator == "Equal" and (toleration.get("value") or "") == (taint.get("value") or "")
+
+
+def untolerated_taints(device: Device, request: Request) -> list[Obj]:
+    """The device's taints the request does not tolerate (every effect counts for allocation)."""
+    return [t for t in device.spec.get("taints") or [] if not any(tolerates(x, t) for x in request.tolerations)]
+
+
+# --- constraints ------------------------------------------------------------------------------
+
+def lookup_attribute(device: Device, qualified: str) -> Obj | None:
+    attributes = device.spec.get("attributes") or {}
+    if qualified in attributes:
+        return attributes[qualified]
+    domain, sep, ident = qualified.partition("/")
+    if not sep or domain != device.driver:
+        return None
+    return attributes.get(ident)
+
+
+def _attribute_key(attribute: Obj) -> tuple[str, Any] | None:
+    for kind in ("string", "int", "bool", "version"):
+        if attribute.get(kind) is not None:
+            return kind, attribute[kind]
+    return None
+
+
+@dataclass
+class MatchAttribute:
+    """allocator_stable.go ``matchAttributeConstraint``."""
+
+    requests: frozenset[str]
+    attribute: str
+    value: tuple[str, Any] | None = None
+    devices: int = 0
+
+    def applies(self, request: Request) -> bool:
+        if not self.requests:
+            return True
+        if request.subrequest is None:
+            return request.name in self.requests
+        return request.name in self.requests or request.result_name in self.requests
+
+    def add(self, request: Request, device: Device) -> bool:
+        if not self.applies(request):
+            return True
+        attribute = lookup_attribute(device, self.attribute)
+        key = _attribute_key(attribute) if attribute is not None else None
+        if key is None:
+            return False
+        if self.devices and key != self.value:
+            return False
+        if not self.devices:
+            self.value = key
+        self.devices += 1
+        return True
+
+    def remove(self, request: Request) -> None:
+        if self.applies(request):
+            self.devices -= 1
+
+
+def claim_constraints(claim: Obj) -> list[MatchAttribute]:
+    constraints = []
+    for entry in ((claim.get("spec") or {}).get("devices") or {}).get("constraints") or []:
+        if entry.get("matchAttribute"):
+            constraints.append(MatchAttribute(frozenset(entry.get("requests") or []), entry["matchAttribute"]))
+    return constraints
+
+
+# --- the search -------------------------------------------------------------------------------
+
+@dataclass
+class _ClaimState:
+    claim: Obj
+    requests: list[list[Request]]
+    constraints: list[MatchAttribute]
+    result: list[tuple[str, DeviceID]] = field(default_factory=list)
+
+
+class NodeAllocator:
+    """Allocate ``claims`` (one pod's, in order) from ``pools`` (one node's), with ``in_use``
+    held by other claims. :meth:`allocate` is the allocation per claim, None when there is none,
+    or :class:`AllocationError`."""
+
+    def __init__(self, claims: Sequence[Obj], classes: Mapping[str, Obj], pools: Sequence[Pool],
+                 in_use: Mapping[DeviceID, str]) -> None:
+        self.claims = [_ClaimState(c, claim_requests(c), claim_constraints(c)) for c in claims]
+        self.classes = classes
+        self.pools = pools
+        self.in_use = in_use
+        self.allocating: dict[DeviceID, set[int]] = {}
+        self._selectable: dict[tuple[DeviceID, int, int, int], bool] = {}
+        self._all: dict[tuple[int, int, int], list[Device]] = {}
+        for claim_index, state in enumerate(self.claims):
+            for request_index, alternatives in enumerate(state.requests):
+                for sub_index, request in enumerate(alternatives):
+                    self._validate(state.claim, request)
+                    if request.all_devices:
+                        self._all[(claim_index, request_index, sub_index)] = self._all_devices(
+                            claim_index, request_index, sub_index, request)
+
+    def _validate(self, claim: Obj, request: Request) -> None:
+        for index, selector in enumerate(request.selectors):
+            if not selector:
+                raise AllocationError(f"claim {claim_label(claim)}, request {request.result_name}, selector "
+                                      f"#{index}: CEL expression empty (unsupported selector type?)")
+        if request.class_name not in self.classes:
+            raise AllocationError(f"claim {claim_label(claim)}, request {request.result_name}: could not "
+                                  f"retrieve device class {request.class_name}: not found")
+
+    def _all_devices(self, ci: int, ri: int, si: int, request: Request) -> list[Device]:
+        devices = []
+        for pool in self.pools:
+            if pool.incomplete:
+                raise AllocationError(f"claim {claim_label(self.claims[ci].claim)}, request {request.result_name}: "
+                                      f"asks for all devices, but resource pool {pool.driver}/{pool.name} is "
+                                      "currently being updated")
+            if pool.invalid:
+                raise AllocationError(f"claim {claim_label(self.claims[ci].claim)}, request {request.result_name}: "
+                                      f"asks for all devices, but resource pool {pool.driver}/{pool.name} is "
+                                      "currently invalid")
+            devices += [d for d in pool.devices() if self._is_selectable(ci, ri, si, request, d)]
+        return devices
+
+    def _is_selectable(self, ci: int, ri: int, si: int, request: Request, device: Device) -> bool:
+        key = (device.id, ci, ri, si)
+        if key not in self._selectable:
+            device_class = self.classes[request.class_name]
+            class_selectors = [str((s.get("cel") or {}).get("expression", ""))
+                               for s in (device_class.get("spec") or {}).get("selectors") or []]
+            class_name = (device_class.get("metadata") or {}).get("name")
+            self._selectable[key] = (
+                selectors_match(device, class_selectors, f"class {class_name}")
+                and selectors_match(device, request.selectors, f"claim {claim_label(self.claims[ci].claim)}"))
+        return self._selectable[key]
+
+    def allocate(self) -> list[list[tuple[str, DeviceID]]] | None:
+        if not self._one(0, 0, 0, 0, False):
+            return None
+        return [state.result for state in self.claims]
+
+    def _in_use(self, device: Device) -> bool:
+        return device.id in self.in_use or device.id in self.allocating
+
+    def _place(self, ci: int, request: Request, device: Device, must: bool) -> bool:
+        """allocateDevice: availability, taints, constraints; on success the device is taken."""
+        state = self.claims[ci]
+        if request.admin_access and ci in self.allocating.get(device.id, set()):
+            return False
+        if not request.admin_access and self._in_use(device):
+            return False
+        if untolerated_taints(device, request):
+            return False
+        added: list[MatchAttribute] = []
+        for constraint in state.constraints:
+            if not constraint.add(request, device):
+                if must:
+                    raise AllocationError(
+                        f"claim {claim_label(state.claim)}, request {request.result_name}: cannot add device "
+                        f"{'/'.join(device.id)} because a claim constraint would not be satisfied")
+                for done in added:
+                    done.remove(request)
+                return False
+            added.append(constraint)
+        self.allocating.setdefault(device.id, set()).add(ci)
+        state.result.append((request.result_name, device.id))
+        return True
+
+    def _release(self, ci: int, request: Request, device: Device) -> None:
+        state = self.claims[ci]
+        for constraint in state.constraints:
+            constraint.remove(request)
+        holders = self.allocating[device.id]
+        holders.discard(ci)
+        if not holders:
+            del self.allocating[device.id]
+        state.result.pop()
+
+    def _one(self, ci: int, ri: int, si: int, di: int, in_subrequest: bool) -> bool:
+        if ci >= len(self.claims):
+            return True
+        state = self.claims[ci]
+        if ri >= len(state.requests):
+            return self._one(ci + 1, 0, 0, 0, False)
+        alternatives = state.requests[ri]
+        if not in_subrequest and alternatives[0].subrequest is not None:
+            return any(self._one(ci, ri, index, di, True) for index in range(len(alternatives)))
+        request = alternatives[si]
+        if request.all_devices:
+            devices = self._all[(ci, ri, si)]
+            if not devices:
+                return False  # "At least one device is required for 'All' allocation mode."
+            needed = len(devices)
+        else:
+            needed = request.count
+        if di >= needed:
+            return self._one(ci, ri + 1, 0, 0, False)
+        if len(state.result) + needed - di > ALLOCATION_RESULTS_MAX_SIZE:
+            return False
+        if request.all_devices:
+            device = devices[di]
+            if not self._place(ci, request, device, True):
+                return False
+            if self._one(ci, ri, si, di + 1, in_subrequest):
+                return True
+            self._release(ci, request, device)
+            return False
+        for pool in self.pools:
+            if pool.incomplete or pool.invalid:
+                continue
+            for device in pool.devices():
+                if request.admin_access and ci in self.allocating.get(device.id, set()):
+                    continue
+                if not request.admin_access and self._in_use(device):
+                    continue
+                if not self._is_selectable(ci, ri, si, request, device):
+                    continue
+                if not self._place(ci, request, device, False):
+                    continue
+                if self._one(ci, ri, si, di + 1, in_subrequest):
+                    return True
+                self._release(ci, request, device)
+        return False

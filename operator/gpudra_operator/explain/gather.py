@@ -1,0 +1,130 @@
+"""The I/O of `gpudra explain`: read what the verdict needs, through the project's one API client.
+
+Required reads (a failure is the command's error): the pod or claim, the pod's claims, the
+DeviceClasses they name, and the driver's ResourceSlices. Optional reads (a namespace user may
+not have them; the verdict then says what it could not see): Nodes (labels, for node selection),
+ResourceClaims of every namespace (the devices other namespaces hold), the claim's Namespace (the
+admin-access label)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from gpudra_driver.kubeapi import Kube, Obj, ResourceType, error_message, resource_type
+
+POD = resource_type("v1", "Pod")
+NODE = resource_type("v1", "Node")
+NAMESPACE = resource_type("v1", "Namespace")
+CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
+DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
+SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
+
+
+class ExplainInputError(Exception):
+    """Input explain cannot work from: the message says what and why."""
+
+
+@dataclass
+class Snapshot:
+    target: str
+    pod: Obj | None
+    claims: list[Obj]
+    classes: dict[str, Obj]
+    slices: list[Obj]
+    nodes: list[Obj] | None
+    other_claims: list[Obj]
+    namespace: Obj | None
+    notes: list[str] = field(default_factory=list)
+
+
+def _denied(error: ApiException, what: str) -> ExplainInputError:
+    if error.status in (401, 403):
+        return ExplainInputError(f"not allowed to read {what}: {error_message(error)}")
+    return ExplainInputError(f"reading {what} failed: {error_message(error)}")
+
+
+async def _required_get(kube: Kube, rtype: ResourceType, name: str, namespace: str | None, what: str) -> Obj | None:
+    try:
+        return await kube.get(rtype, name, namespace)
+    except ApiException as error:
+        raise _denied(error, what) from None
+
+
+def _pod_claim_names(pod: Obj) -> tuple[list[str], list[str]]:
+    """The names of the pod's ResourceClaims, and notes for those not created yet."""
+    statuses = {s.get("name"): s.get("resourceClaimName")
+                for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+    names: list[str] = []
+    notes: list[str] = []
+    for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
+        if entry.get("resourceClaimName"):
+            names.append(entry["resourceClaimName"])
+        elif statuses.get(entry.get("name")):
+            names.append(str(statuses[entry["name"]]))
+        else:
+            notes.append(f"pod claim {entry.get('name')}: the ResourceClaim from template "
+                         f"{entry.get('resourceClaimTemplateName')} does not exist yet")
+    return names, notes
+
+
+async def read_snapshot(kube: Kube, kind: str, namespace: str, name: str, driver: str) -> Snapshot:
+    notes: list[str] = []
+    pod: Obj | None = None
+    if kind == "pod":
+        pod = await _required_get(kube, POD, name, namespace, f"pod {namespace}/{name}")
+        if pod is None:
+            raise ExplainInputError(f"pod {namespace}/{name} not found")
+        claim_names, notes = _pod_claim_names(pod)
+        if not claim_names and not notes:
+            raise ExplainInputError(f"pod {namespace}/{name} has no resourceClaims: nothing to explain")
+    else:
+        claim_names = [name]
+    claims: list[Obj] = []
+    for claim_name in claim_names:
+        claim = await _required_get(kube, CLAIM, claim_name, namespace, f"ResourceClaim {namespace}/{claim_name}")
+        if claim is None:
+            if kind == "claim":
+                raise ExplainInputError(f"ResourceClaim {namespace}/{claim_name} not found")
+            notes.append(f"ResourceClaim {namespace}/{claim_name} not found")
+            continue
+        claims.append(claim)
+    if not claims:
+        raise ExplainInputError(f"pod {namespace}/{name}: none of its ResourceClaims exists yet")
+
+    classes: dict[str, Obj] = {}
+    for claim in claims:
+        for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+            for body in request.get("firstAvailable") or [request.get("exactly") or {}]:
+                class_name = body.get("deviceClassName")
+                if class_name and class_name not in classes:
+                    found = await _required_get(kube, DEVICE_CLASS, class_name, None, f"DeviceClass {class_name}")
+                    if found is not None:
+                        classes[class_name] = found
+    try:
+        slices = [s async for s in kube.list(SLICE, field_selector=f"spec.driver={driver}")]
+    except ApiException as error:
+        raise _denied(error, "ResourceSlices") from None
+
+    nodes: list[Obj] | None
+    try:
+        nodes = [n async for n in kube.list(NODE, metadata_only=True)]
+    except ApiException as error:
+        if error.status not in (401, 403):
+            raise _denied(error, "Nodes") from None
+        nodes = None
+        notes.append("Nodes are not readable: the pod's node selection is not checked, nodes come from the slices")
+    try:
+        other_claims = [c async for c in kube.list(CLAIM)]
+    except ApiException as error:
+        if error.status not in (401, 403):
+            raise _denied(error, "ResourceClaims") from None
+        other_claims = [c async for c in kube.list(CLAIM, namespace)]
+        notes.append("ResourceClaims of other namespaces are not readable: devices they hold count as free")
+    try:
+        namespace_obj = await kube.get(NAMESPACE, namespace)
+    except ApiException:
+        namespace_obj = None
+    return Snapshot(target=f"{kind} {namespace}/{name}", pod=pod, claims=claims, classes=classes, slices=slices,
+                    nodes=nodes, other_claims=other_claims, namespace=namespace_obj, notes=notes)

@@ -1,0 +1,78 @@
+"""The verdict for people (a table, then one line of conclusion) and for tools (YAML, JSON)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import yaml
+
+from gpudra_operator.explain.verdict import Verdict
+
+MAX_NODE_ROWS = 20  # per request; the nodes with the most free devices first
+_COLUMNS = ("CLAIM", "REQUEST", "CLASS", "NODE", "PUBLISHED", "CLASS-MATCH", "REQUEST-MATCH",
+            "TAINTED", "IN-USE", "FREE", "NEEDED")
+
+
+def as_data(verdict: Verdict) -> dict[str, Any]:
+    return dataclasses.asdict(verdict)
+
+
+def as_json(verdict: Verdict) -> str:
+    return json.dumps(as_data(verdict), indent=2) + "\n"
+
+
+def as_yaml(verdict: Verdict) -> str:
+    return str(yaml.safe_dump(as_data(verdict), sort_keys=False))
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+
+
+def as_text(verdict: Verdict) -> str:
+    """The table of every pending request per node, what rejected a sample device, the notes,
+    and the conclusion as the last line."""
+    lines = [f"{verdict.target}:"]
+    rows: list[tuple[str, ...]] = [_COLUMNS]
+    details: list[str] = []
+    for claim in verdict.claims:
+        if claim.allocated is not None:
+            details.append(f"  {claim.name}: allocated on {claim.allocated_node or '?'}: {', '.join(claim.allocated)}")
+            continue
+        for request in claim.requests:
+            class_name = request.class_name if request.class_exists else f"{request.class_name} (missing)"
+            nodes = sorted(request.nodes, key=lambda n: (-n.free, -n.request_match, n.node))
+            for counts in nodes[:MAX_NODE_ROWS]:
+                needed = f"all ({counts.needed})" if request.mode == "All" else str(counts.needed)
+                rows.append((claim.name, request.name, class_name, counts.node, str(counts.published),
+                             str(counts.class_match), str(counts.request_match), str(counts.untolerated),
+                             str(counts.in_use), str(counts.free), needed))
+            if len(nodes) > MAX_NODE_ROWS:
+                details.append(f"  request {request.name}: {len(nodes) - MAX_NODE_ROWS} more nodes not shown (-o yaml lists all)")
+            if not request.nodes:
+                rows.append((claim.name, request.name, class_name, "(no node)", "-", "-", "-", "-", "-", "-", "-"))
+            rejection = request.rejection
+            if rejection is not None:
+                values = ", ".join(f"{k}={v}" for k, v in rejection.values.items())
+                why = f"error: {rejection.error}" if rejection.error else (f"it has {values}" if values else "")
+                details.append(f"  request {request.name}: {rejection.selector} `{rejection.expression}` rejects "
+                               f"{rejection.device}{': ' + why if why else ''}"
+                               + (f" (largest: {request.largest})" if request.largest else ""))
+            holders: dict[str, int] = {}
+            for counts in request.nodes:
+                for holder, n in counts.holders.items():
+                    holders[holder] = holders.get(holder, 0) + n
+            if holders:
+                details.append(f"  request {request.name}: matching devices in use by "
+                               + ", ".join(f"{c} ({n})" for c, n in sorted(holders.items())))
+        for constraint in claim.constraints:
+            details.append(f"  {claim.name}: constraint {constraint}")
+    if len(rows) > 1:
+        lines += ["  " + line for line in _table(rows)]
+    lines += details
+    lines += [f"  note: {note}" for note in verdict.notes]
+    lines.append(verdict.conclusion)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,88 @@
+"""`gpudra explain pod|claim <namespace>/<name>`: why a claim or a pod's claims are Pending.
+
+Reads the live cluster (read-only) and answers as the scheduler would: per request, per node, how
+many published devices pass the DeviceClass's selectors, then the request's, which selector rejects
+a sample device and the device's actual value, how many are held by other claims or tainted, and
+whether what is left covers the request; then one line of conclusion. Also `kubectl gpudra explain`.
+
+RBAC: get on the pod and on resourceclaims in its namespace, get on the deviceclasses it names,
+list on resourceslices (cluster-scoped). Optional, for a complete answer: list nodes (node
+selection), list resourceclaims in every namespace (devices held elsewhere), get the namespace
+(the admin-access label). See docs/explain.md.
+
+Exit status: 0 with the verdict (whether or not the claim can be allocated); 1 when the pod or
+claim does not exist, its requests are another driver's, the API refuses a read, or the cluster
+cannot be reached, with one line on stderr; 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+DEFAULT_DRIVER = "gpu.gpudra.io"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "explain", help="why a pod's or a claim's devices are (not) allocated, from the live cluster",
+        description=__doc__.split("\n\n")[1] if __doc__ else None)
+    parser.add_argument("kind", choices=["pod", "claim"], help="what to explain")
+    parser.add_argument("ref", metavar="NAMESPACE/NAME",
+                        help="the pod or ResourceClaim (a bare NAME is looked up in --namespace)")
+    parser.add_argument("-n", "--namespace", default="default", help="namespace of a bare NAME (default: %(default)s)")
+    parser.add_argument("-o", "--output", choices=["text", "yaml", "json"], default="text")
+    parser.add_argument("--driver", default=DEFAULT_DRIVER, help="the DRA driver name (default: %(default)s)")
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    parser.set_defaults(run=run)
+
+
+def _split(ref: str, default_namespace: str) -> tuple[str, str]:
+    namespace, sep, name = ref.partition("/")
+    if not sep:
+        return default_namespace, ref
+    if not namespace or not name or "/" in name:
+        raise ValueError(f"{ref!r} is not NAMESPACE/NAME")
+    return namespace, name
+
+
+async def _explain(args: argparse.Namespace, namespace: str, name: str) -> str:
+    from gpudra_driver.kubeapi import Kube, connect
+    from gpudra_operator.explain import explain_snapshot
+    from gpudra_operator.explain.gather import read_snapshot
+    from gpudra_operator.explain.report import as_json, as_text, as_yaml
+
+    api = await connect(args.kubeconfig)
+    try:
+        snapshot = await read_snapshot(Kube(api, field_manager="gpudra-explain"), args.kind, namespace, name, args.driver)
+    finally:
+        await api.close()
+    verdict = explain_snapshot(snapshot, args.driver)
+    return {"text": as_text, "yaml": as_yaml, "json": as_json}[args.output](verdict)
+
+
+def run(args: argparse.Namespace) -> int:
+    import aiohttp
+    from kubernetes_asyncio.config import ConfigException
+
+    from gpudra_driver.kubeapi import error_message
+    from gpudra_operator.explain import ExplainInputError
+
+    import os
+
+    try:
+        if args.kubeconfig is not None and not os.path.isfile(args.kubeconfig):
+            raise ValueError(f"kubeconfig {args.kubeconfig}: no such file")
+        namespace, name = _split(args.ref, args.namespace)
+        sys.stdout.write(asyncio.run(_explain(args, namespace, name)))
+    except (ValueError, ExplainInputError) as error:
+        print(f"gpudra explain: {error}", file=sys.stderr)
+        return 1
+    except ConfigException as error:
+        print(f"gpudra explain: no cluster to talk to: {error}", file=sys.stderr)
+        return 1
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:
+        print(f"gpudra explain: cannot reach the API server: {error_message(error) or type(error).__name__}", file=sys.stderr)
+        return 1
+    return 0
