@@ -17,9 +17,10 @@ import pytest
 from seedobjects import published_devices
 from test_kubelet_plugin import PluginAgent, allocated_claim, driver, plugin_agents, ref  # noqa: F401 (fixtures)
 
-from gpudra_driver.kubeapi import Kube, Obj
+from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_driver.plugin.kubelet_client import DraClient
 from gpudra_driver.plugin.mpsdaemons import MpsDaemons, MpsUnavailable
+from gpudra_driver.quantity import parse_quantity
 from gpudra_operator.localcluster import mockstate
 from gpudra_operator.localcluster.agents import AgentProcess, start_mps_supervisor
 from gpudra_operator.localcluster.driverroot import make_driver_root
@@ -27,6 +28,7 @@ from gpudra_operator.localcluster.objects import events_about
 from gpudra_operator.localcluster.waiting import wait_for
 
 EXCLUSIVE_PROCESS = 3
+CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
 
 
 def mps_config(driver: str, **mps: Any) -> list[Obj]:
@@ -178,3 +180,65 @@ async def test_mps_refusals_name_the_reason_and_change_nothing_on_the_gpu(
     assert "the MPS supervisor is not running on this node" in error
     assert mockstate.compute_mode(driver_root, gpu) == 0  # set for the daemon, then put back
     assert mockstate.mps_daemons(driver_root) == [] and plugin.checkpoint() == {}
+
+
+async def test_mps_claims_sharing_a_gpu_by_consumable_capacity_get_what_the_scheduler_granted_as_limits(
+        kube: Kube, namespace: str, fake_nodes, plugin_agents, driver: str, tmp_path: Path) -> None:
+    """Beyond NVIDIA's driver (which refuses MPS with consumable capacity): the real scheduler packs
+    two MPS claims onto one GPU by memory, and each gets a daemon of its own held to its grant."""
+    from test_consumable_capacity import allocated, claim, minor_version
+
+    if await minor_version(kube) < 36:  # DRAConsumableCapacity is off: 1.36 and 1.37 run the rest
+        stored = await kube.create(claim(f"dropped-{os.urandom(3).hex()}", namespace, "any-class", "10Gi"))
+        assert "capacity" not in stored["spec"]["devices"]["requests"][0]["exactly"], stored["spec"]
+        return
+    root = make_driver_root(tmp_path / "driver-root", "dgx-h100")
+    try:
+        node = (await fake_nodes("mps-cc"))["metadata"]["name"]
+        plugin = plugin_agents(node, driver, nvml="mock:dgx-h100", driver_root=root,
+                               extra_args=("--consumable-memory-step", "1Gi"))
+        supervisor(plugin, root)
+        devices = await published_devices(kube, driver, node, 8)
+        gpu = devices["gpu-0"]["attributes"]["uuid"]["string"]
+        only_gpu_0 = f'device.driver == "{driver}" && device.attributes["{driver}"].uuid == "{gpu}"'
+        await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": driver},
+                           "spec": {"selectors": [{"cel": {"expression": only_gpu_0}}],
+                                    "config": [{"opaque": mps_config(driver)[0]["opaque"]}]}})
+        small, large = claim("small", namespace, driver, "20Gi"), claim("large", namespace, driver, "40Gi")
+        results = await allocated(kube, namespace, node, [small, large])
+        assert {r["device"] for r in results.values()} == {"gpu-0"}  # packed onto one GPU
+        memory = devices["gpu-0"]["capacity"]["memory"]["value"]
+        refs = [ref(await kube.get(CLAIM, name, namespace)) for name in ("small", "large")]
+        async with DraClient((await plugin.registered()).endpoint) as kubelet:
+            response = await plugin.prepare(kubelet, refs)
+            assert {u: r.error for u, r in response.claims.items()} == {r[2]: "" for r in refs}
+            assert all(r.devices[0].share_id for r in response.claims.values())
+            daemons = {uid: daemons_of(root, uid) for _, _, uid in refs}
+            assert all(len(d) == 1 and d[0].serves == (gpu,) for d in daemons.values()), daemons
+            total = parse_quantity(memory)
+            for (_, name, uid), granted in zip(refs, (20, 40)):
+                pipe = daemons[uid][0].pipe_dir
+                percentage = -(-granted * 2**30 * 100 // int(total))
+                assert f"mps-control {pipe} set_default_device_pinned_mem_limit {gpu} {granted * 1024}M" in \
+                    mockstate.calls(root, "mps-control"), name
+                assert f"mps-control {pipe} set_default_active_thread_percentage {percentage}" in \
+                    mockstate.calls(root, "mps-control"), name
+            assert mockstate.compute_mode(root, gpu) == 0  # the claims' servers share the GPU
+            # the GPU is full (its 79Gi in 1Gi steps, 60Gi granted, 20Gi asked): not allocated
+            third = await allocated_or_pending(kube, namespace, node, claim("third", namespace, driver, "20Gi"))
+            assert third is None
+            unprepared = await kubelet.unprepare(refs)
+            assert {u: r.error for u, r in unprepared.claims.items()} == {r[2]: "" for r in refs}
+        assert mockstate.mps_daemons(root) == []
+    finally:
+        mockstate.kill_mps_daemons(root)
+        await kube.delete(resource_type("resource.k8s.io/v1", "DeviceClass"), driver)
+
+
+async def allocated_or_pending(kube: Kube, namespace: str, node: str, claim_obj: Obj) -> Obj | None:
+    """The claim's allocation once its pod is scheduled, or None once the scheduler says it cannot be."""
+    from test_consumable_capacity import run_pod, unschedulable
+
+    name = await run_pod(kube, namespace, node, claim_obj)
+    assert "cannot allocate all claims" in await unschedulable(kube, namespace, name)
+    return (await kube.get(CLAIM, name, namespace) or {}).get("status", {}).get("allocation")
