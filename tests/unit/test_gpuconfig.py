@@ -195,3 +195,19 @@ def test_an_unknown_source_is_an_error_and_a_config_without_opaque_is_skipped() 
                            DRIVER, "gpu")
     # A configuration kind newer than this code names no driver: nobody's to claim.
     assert config_for_request([{"source": "FromClaim", "future": {}}], DRIVER, "gpu") == DEFAULT
+
+
+def test_the_mps_sample_claim_decodes_to_mps_with_its_limits() -> None:
+    import yaml
+    from pathlib import Path
+
+    from gpudra_driver.gpuconfig import Strategy, decode
+
+    sample = Path(__file__).resolve().parents[2] / "manifests" / "samples" / "claim-mps.yaml"
+    claim, *pods = list(yaml.safe_load_all(sample.read_text()))
+    (config,) = claim["spec"]["devices"]["config"]
+    decoded = decode(config["opaque"]["parameters"])
+    assert decoded.sharing.strategy is Strategy.MPS and decoded.sharing.mps is not None
+    assert decoded.sharing.mps.defaults.active_thread_percentage == 50
+    assert decoded.sharing.mps.defaults.pinned_memory_limit == 16 * 2**30
+    assert {p["spec"]["resourceClaims"][0]["resourceClaimName"] for p in pods} == {claim["metadata"]["name"]}
