@@ -17,7 +17,11 @@ it at this node's directories, from the agent image (built by hack/images.sh wit
 into containerd with ``podman save --format oci-archive`` + ``ctr images import``), as a pod of this
 kubelet: Ready, registered, and the one that prepares and unprepares the seed pod's claim. Two
 changes to the rendered DaemonSet: the host network (this node runs no CNI plugin) with the API
-server at 127.0.0.1, and free host ports for metrics and health."""
+server at 127.0.0.1, and free host ports for metrics and health.
+
+Last, MPS (spec.sharing.mps) as rendered: the agent and the MPS supervisor as pods; a pod's MPS claim
+gets its control daemon in the supervisor's pod, the pipe directory and /dev/shm through CDI, and
+keeps both through a rolling update of the agent's DaemonSet."""
 
 from __future__ import annotations
 
@@ -399,23 +403,30 @@ def agent_rbac(namespace: str, suffix: str) -> list[Obj]:
     return objects
 
 
+def rt_config(node: Node, namespace: str, apiserver_port: int, *, mps: bool = False) -> Obj:
+    """A GpuDraConfig that points the agent at this node's kubelet, CDI and driver-root directories."""
+    config: Obj = {"apiVersion": "gpudra.io/v1alpha1", "kind": "GpuDraConfig", "metadata": {"name": f"rt-{node.name}"},
+                   "spec": {"driverName": node.driver, "agent": {
+                       "namespace": namespace, "imagePullPolicy": "Never",
+                       "nodeSelector": {"kubernetes.io/hostname": node.name},
+                       "tolerations": [{"key": key, "operator": "Exists", "effect": "NoSchedule"}
+                                       for key in (TAINT, "node.kubernetes.io/not-ready")],
+                       "kubeletDir": str(node.kubelet_dir), "cdiDir": str(node.cdi_dir),
+                       "driverRoot": str(node.driver_root), "extraArgs": ["--sysfs", "/host-sys"],
+                       "extraEnv": [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+                                    {"name": "KUBERNETES_SERVICE_PORT", "value": str(apiserver_port)}]}}}
+    if mps:
+        config["spec"]["sharing"] = {"mps": {}}
+    return config
+
+
 def agent_daemonset(node: Node, namespace: str, image: str, apiserver_port: int, metrics_port: int,
-                    health_port: int, sysfs: Path) -> Obj:
-    """The DaemonSet the operator renders for a GpuDraConfig that points the agent at this node's
-    kubelet, CDI and driver-root directories, with the changes this node needs: the host network
-    (it runs no CNI plugin), with the API server at 127.0.0.1 (its certificate's SAN); ports of
-    its own for metrics and health (the host's); and ``sysfs``, a sysfs with the fake GPUs on its
-    PCI bus (the host's /sys has none), mounted at /host-sys and passed as ``--sysfs``."""
-    config = {"apiVersion": "gpudra.io/v1alpha1", "kind": "GpuDraConfig", "metadata": {"name": f"rt-{node.name}"},
-              "spec": {"driverName": node.driver, "agent": {
-                  "namespace": namespace, "imagePullPolicy": "Never",
-                  "nodeSelector": {"kubernetes.io/hostname": node.name},
-                  "tolerations": [{"key": key, "operator": "Exists", "effect": "NoSchedule"}
-                                  for key in (TAINT, "node.kubernetes.io/not-ready")],
-                  "kubeletDir": str(node.kubelet_dir), "cdiDir": str(node.cdi_dir),
-                  "driverRoot": str(node.driver_root), "extraArgs": ["--sysfs", "/host-sys"],
-                  "extraEnv": [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
-                               {"name": "KUBERNETES_SERVICE_PORT", "value": str(apiserver_port)}]}}}
+                    health_port: int, sysfs: Path, *, mps: bool = False) -> Obj:
+    """The DaemonSet the operator renders for :func:`rt_config`, with the changes this node needs:
+    the host network (it runs no CNI plugin), with the API server at 127.0.0.1 (its certificate's
+    SAN); ports of its own for metrics and health (the host's); and ``sysfs``, a sysfs with the fake
+    GPUs on its PCI bus (the host's /sys has none), mounted at /host-sys and passed as ``--sysfs``."""
+    config = rt_config(node, namespace, apiserver_port, mps=mps)
     daemonset = render(config, agent_image=image).daemonset
     assert daemonset is not None
     spec = daemonset["spec"]["template"]["spec"]
@@ -515,3 +526,181 @@ async def test_the_agent_as_the_operator_renders_it_runs_as_a_pod_and_prepares_t
     problems = node.runtime.stop()
     assert not problems, problems
     assert node.runtime.leftovers() == []
+
+
+# -- MPS through an agent rolling update: the supervisor's daemon outlives the agent pod ----------
+
+MPS_SCRIPT = (f"env; ls /tmp/nvidia-mps; echo from-the-pod > /dev/shm/written-by-pod; echo {DONE}; "
+              "exec sleep 3600")
+
+
+def host_mps_daemons(pipe_dir: Path) -> list[int]:
+    """Host PIDs of the mock MPS control daemons serving ``pipe_dir`` (the supervisor's pod has a
+    PID namespace of its own, so the mock's registry holds PIDs the host does not know)."""
+    wanted = f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            state = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if cmdline[:1] and cmdline[0].endswith(b"nvidia-cuda-mps-control") and b"-f" in cmdline \
+                and wanted in environ and state != b"Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.timeout(1500)  # hack/images.sh may have to build the agent image first
+async def test_an_mps_claims_daemon_outlives_a_rolling_update_of_the_agent_pods(
+        cluster: ControlPlane, kube: Kube, namespace: str, runtime_node: Node) -> None:
+    """spec.sharing.mps as the operator renders it, on containerd: the agent and the MPS supervisor
+    as pods. A pod's MPS claim gets its daemon in the supervisor's pod and, through CDI, its pipe
+    directory and /dev/shm; the agent's DaemonSet is rolled; the daemon and the pod stay; the pod's
+    end stops the daemon and puts the GPU back to DEFAULT."""
+    from gpudra_operator.localcluster import mockstate
+
+    node = runtime_node
+    image = agent_image()
+    tar = export_agent_image(image, node.runtime.workdir / "images" / "agent.tar")
+    node.runtime.import_image(tar)
+    tar.unlink()
+    rbac = agent_rbac(namespace, secrets.token_hex(3))
+    state = mockstate.state_dir(node.driver_root)
+    state.mkdir(parents=True, exist_ok=True)
+    mock_state = {"name": mockstate.STATE_ENV, "value": "/mock-state"}  # the driver root is mounted read-only
+    try:
+        for obj in rbac:
+            await kube.create(obj)
+        sysfs = make_pci_sysfs(node.runtime.workdir / "sys", "dgx-h100")
+        agents = agent_daemonset(node, namespace, image, cluster.apiserver_port, free_port(), free_port(), sysfs,
+                                 mps=True)
+        # host network: a second instance beside the first would find the host's ports taken
+        agents["spec"]["updateStrategy"]["rollingUpdate"] = {"maxSurge": 0, "maxUnavailable": 1}
+        supervisor = mps_daemonset(node, namespace, image, cluster.apiserver_port)
+        for daemonset in (agents, supervisor):
+            pod_spec = daemonset["spec"]["template"]["spec"]
+            pod_spec["volumes"].append({"name": "mock-state", "hostPath": {"path": str(state), "type": "Directory"}})
+            (container,) = pod_spec["containers"]
+            container["volumeMounts"].append({"name": "mock-state", "mountPath": "/mock-state"})
+            container["env"].append(mock_state)
+            await kube.create(daemonset)
+        agent_pod = await ready_pod(kube, node, namespace, agents)
+        await ready_pod(kube, node, namespace, supervisor)
+        devices = await seedobjects.published_devices(kube, node.driver, node.name, 8)
+        await wait_for(lambda: _contains(container_log(node, agent_pod, "agent"), "registered with the kubelet as"),
+                       timeout=60, what="the kubelet to register the agent pod's plugin")
+
+        claim_obj, *_ = yaml.safe_load_all(REPO_SAMPLES.joinpath("claim-mps.yaml").read_text())
+        claim_obj["metadata"]["namespace"] = namespace
+        claim_obj["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = node.driver
+        claim_obj["spec"]["devices"]["config"][0]["opaque"]["driver"] = node.driver
+        await kube.create(claim_obj)
+        _, pod = gpu_pod(node, namespace, "mps")
+        pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim_obj["metadata"]["name"]}]
+        pod["spec"]["containers"][0]["command"] = ["sh", "-c", MPS_SCRIPT]
+        await kube.create(pod)
+
+        async def printed() -> tuple[Obj, str] | None:
+            got = await kube.get(POD, "mps", namespace)
+            if not got or got["status"].get("phase") != "Running":
+                return None
+            output = container_log(node, got, "train")
+            return (got, output) if DONE in output else None
+
+        try:
+            running, output = await wait_for(printed, timeout=120, what="the MPS pod to run and print")
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{node.failure()}\nagent:\n{container_log(node, agent_pod, 'agent')[-3000:]}")
+        claim = await kube.get(CLAIM, claim_obj["metadata"]["name"], namespace)
+        assert claim is not None
+        uid = claim["metadata"]["uid"]
+        gpu = devices[claim["status"]["allocation"]["devices"]["results"][0]["device"]]["attributes"]["uuid"]["string"]
+        mps_dir = node.kubelet_dir / "plugins" / node.driver / "mps" / uid
+        assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in output.splitlines(), output
+        assert "control" in output.splitlines(), f"no control socket in the pod's /tmp/nvidia-mps:\n{output}"
+        assert (mps_dir / "shm" / "written-by-pod").read_text() == "from-the-pod\n"  # one /dev/shm
+        [daemon] = host_mps_daemons(mps_dir / "pipe")
+        # the daemon's /dev/shm is the claim's shm directory too (--isolate-shm): where MPS meets its clients
+        mounts = [line.split() for line in Path(f"/proc/{daemon}/mountinfo").read_text().splitlines()]
+        shm_root = [fields[3] for fields in mounts if fields[4] == "/dev/shm"][-1]  # the top of the stack
+        assert shm_root.endswith(f"/mps/{uid}/shm"), (shm_root, mounts)
+        assert mockstate.compute_mode(node.driver_root, gpu) == 3  # EXCLUSIVE_PROCESS
+
+        # The rolling update: a new agent pod replaces the old one. The daemon and the pod stay.
+        await kube.patch(DAEMONSET, agents["metadata"]["name"], {"spec": {"template": {"metadata": {
+            "annotations": {"kubectl.kubernetes.io/restartedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ")}}}}},
+            namespace=namespace)
+
+        async def replaced() -> Obj | None:
+            pods = [p async for p in kube.list(POD, namespace, label_selector=_selector(agents))]
+            fresh = [p for p in pods if p["metadata"]["uid"] != agent_pod["metadata"]["uid"] and _ready(p)]
+            return fresh[0] if fresh and len(pods) == 1 else None
+
+        new_agent = await wait_for(replaced, timeout=120, what="the agent pod to be replaced by the rolling update")
+        assert host_mps_daemons(mps_dir / "pipe") == [daemon]
+        still = await kube.get(POD, "mps", namespace)
+        assert still is not None and still["status"]["phase"] == "Running"
+        assert still["status"]["containerStatuses"][0]["restartCount"] == 0
+
+        await kube.delete(POD, "mps", namespace)
+
+        async def released() -> bool:
+            return not host_mps_daemons(mps_dir / "pipe") and not mps_dir.exists() and uid not in node.checkpoint()
+
+        try:
+            await wait_for(released, timeout=90, what="the new agent to unprepare the claim and its daemon to stop")
+        except AssertionError as error:
+            raise AssertionError(f"{error}\nagent:\n{container_log(node, new_agent, 'agent')[-3000:]}") from None
+        assert mockstate.compute_mode(node.driver_root, gpu) == 0
+        for daemonset in (agents, supervisor):
+            await kube.delete(DAEMONSET, daemonset["metadata"]["name"], namespace)
+    finally:
+        for obj in rbac:
+            if obj["kind"] != "ServiceAccount":
+                await kube.delete(resource_type(obj["apiVersion"], obj["kind"]), obj["metadata"]["name"],
+                                  obj["metadata"].get("namespace"))
+    problems = node.runtime.stop()
+    assert not problems, problems
+    assert node.runtime.leftovers() == []
+
+
+REPO_SAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "samples"
+
+
+async def _contains(text: str, needle: str) -> bool:
+    return needle in text
+
+
+def _selector(daemonset: Obj) -> str:
+    return ",".join(f"{k}={v}" for k, v in daemonset["spec"]["selector"]["matchLabels"].items())
+
+
+def _ready(pod: Obj) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions") or [])
+
+
+async def ready_pod(kube: Kube, node: Node, namespace: str, daemonset: Obj) -> Obj:
+    async def probe() -> Obj | None:
+        node.runtime.kubelet.assert_running()
+        pods = [p async for p in kube.list(POD, namespace, label_selector=_selector(daemonset))]
+        return next((p for p in pods if _ready(p)), None)
+
+    try:
+        return await wait_for(probe, timeout=120, what=f"DaemonSet {daemonset['metadata']['name']}'s pod to be Ready")
+    except AssertionError as error:
+        pods = [p.get("status") async for p in kube.list(POD, namespace, label_selector=_selector(daemonset))]
+        raise AssertionError(f"{error}\npods: {pods}\n{node.failure()}") from None
+
+
+def mps_daemonset(node: Node, namespace: str, image: str, apiserver_port: int) -> Obj:
+    """The MPS supervisor's DaemonSet as the operator renders it for this node's config, on the host
+    network (this node has no CNI plugin)."""
+    rendered = render(rt_config(node, namespace, apiserver_port, mps=True), agent_image=image).mps_daemonset
+    assert rendered is not None
+    rendered["spec"]["template"]["spec"]["hostNetwork"] = True
+    rendered["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 10
+    return rendered
