@@ -145,6 +145,10 @@ async def run(ctx) -> list:  # type: ignore[no-untyped-def]
         for key, label in labels.items()]
     rows.append(at_most(f"NodePrepare {CONCURRENCY} callers throughput", result["ratio"]["throughput"],
                         "x baseline", TARGET, note=f"{ours['claims_per_s']:.0f} vs {base['claims_per_s']:.0f} claims/s"))
+    # The A/A control: a second bare server against the first, the spread the machine alone gives.
+    for key, label in (*labels.items(), ("throughput", f"NodePrepare {CONCURRENCY} callers throughput")):
+        rows.append(Result(f"{label}, bare vs bare (A/A)", result["aa_ratio"][key], "x baseline",
+                           note="a second bare gRPC+GET server timed against the first: the noise floor (no target)"))
     # The agent's own cost in absolute terms, to compare machines and runs whose speed differs.
     for key, label in (("p50_1", "NodePrepare 1 claim p50"), ("p50_8", "NodePrepare 8 claims p50")):
         rows.append(Result(f"{label} over the baseline", (ours[key] - base[key]) * 1e3, "ms",
@@ -194,23 +198,26 @@ async def measure_all(plane: ControlPlane, kube: Kube, work: Path, rounds: int,
         registered = await register(reg_socket, driver=driver)
         claims = await make_claims(kube, namespace, driver, node, GPUS)
 
-        baseline_socket = work / "baseline.sock"
-        server = [sys.executable, str(Path(__file__).with_name("baseline_server.py")),
-                  "--socket", str(baseline_socket), "--kubeconfig", str(plane.kubeconfig), "--event-loop", loop]
-        baseline = subprocess.Popen(dying_with_parent(server), stdout=subprocess.PIPE, text=True)
-        processes.append(baseline)
-        assert baseline.stdout is not None and baseline.stdout.readline().strip() == "ready"
+        # Two bare servers: the second, timed like the agent against the first, is the A/A control
+        # (the spread a server with nothing to add shows on this machine: no target).
+        sockets = []
+        for name in ("baseline.sock", "baseline-again.sock"):
+            sockets.append(work / name)
+            server = [sys.executable, str(Path(__file__).with_name("baseline_server.py")),
+                      "--socket", str(sockets[-1]), "--kubeconfig", str(plane.kubeconfig), "--event-loop", loop]
+            baseline = subprocess.Popen(dying_with_parent(server), stdout=subprocess.PIPE, text=True)
+            processes.append(baseline)
+            assert baseline.stdout is not None and baseline.stdout.readline().strip() == "ready"
 
-        async with DraClient(baseline_socket) as bare, DraClient(registered.endpoint) as plugin:
-            measured = await measure({"baseline": bare, "plugin": plugin}, claims, rounds)
-        base, ours = measured["baseline"], measured["plugin"]
+        async with DraClient(sockets[0]) as bare, DraClient(sockets[1]) as again, \
+                DraClient(registered.endpoint) as plugin:
+            measured = await measure({"baseline": bare, "baseline-again": again, "plugin": plugin}, claims, rounds)
+        base, ours, again_ = measured["baseline"], measured["plugin"], measured["baseline-again"]
         await kube.delete(NODE, node)
         await kube.delete(NAMESPACE, namespace)
-        return {"rounds": rounds, "event_loop": loop, "gpus": GPUS, "concurrency": CONCURRENCY, "baseline": base, "plugin": ours,
-                "ratio": {"p50_1": ours["p50_1"] / base["p50_1"], "p99_1": ours["p99_1"] / base["p99_1"],
-                          "p50_8": ours["p50_8"] / base["p50_8"], "p99_8": ours["p99_8"] / base["p99_8"],
-                          "throughput": base["claims_per_s"] / ours["claims_per_s"]},
-                "target": TARGET}
+        return {"rounds": rounds, "event_loop": loop, "gpus": GPUS, "concurrency": CONCURRENCY, "baseline": base,
+                "plugin": ours, "baseline_again": again_, "ratio": ratios(ours, base),
+                "aa_ratio": ratios(again_, base), "target": TARGET}
     finally:
         for process in processes:
             process.terminate()
@@ -219,6 +226,12 @@ async def measure_all(plane: ControlPlane, kube: Kube, work: Path, rounds: int,
             agent.stop()
         if cdi is not None:
             cdi.remove()
+
+
+def ratios(ours: dict[str, float], base: dict[str, float]) -> dict[str, float]:
+    return {"p50_1": ours["p50_1"] / base["p50_1"], "p99_1": ours["p99_1"] / base["p99_1"],
+            "p50_8": ours["p50_8"] / base["p50_8"], "p99_8": ours["p99_8"] / base["p99_8"],
+            "throughput": base["claims_per_s"] / ours["claims_per_s"]}
 
 
 def table(result: dict) -> str:
