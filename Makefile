@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv kube-bin helm-bin cdi-schema cdi-tools nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry test unit typecheck demo demo-down bench protos images image-operator image-agent base-image clean
+.PHONY: help venv kube-bin helm-bin cdi-schema cdi-tools nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry test unit typecheck demo demo-down bench explain-diff protos images image-operator image-agent base-image clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
@@ -23,6 +23,7 @@ help:
 	@echo "make mock-nvidia-smi mock-mps-control  the fake driver roots' nvidia-smi and nvidia-cuda-mps-control (tests/mocknvml)"
 	@echo "make registry   build CNCF Distribution's registry (pinned, from the Go module proxy) the getting-started test pushes to"
 	@echo "make bench      benchmarks (not part of make test)"
+	@echo "make explain-diff  gpudra explain vs the real scheduler on 300 random cases (EXPLAIN_SEED=..., EXPLAIN_CASES=...)"
 	@echo "make protos     regenerate the kubelet plugin's gRPC stubs"
 	@echo "make images     build the operator and agent images (podman or docker; cached by content: hack/images.sh)"
 	@echo "make base-image build the stand-in Python base the images use where the official one cannot be pulled"
@@ -120,6 +121,14 @@ demo-down:
 
 bench: venv
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && GPUDRA_KUBE_BIN="$$bin_dir" $(BIN)/python -m bench
+
+# The larger run of tests/integration/test_explain_differential.py (make test runs 80 cases).
+EXPLAIN_SEED ?= 2026
+EXPLAIN_CASES ?= 300
+explain-diff: venv
+	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
+	  GPUDRA_KUBE_BIN="$$bin_dir" GPUDRA_EXPLAIN_SEED=$(EXPLAIN_SEED) GPUDRA_EXPLAIN_CASES=$(EXPLAIN_CASES) \
+	  $(BIN)/pytest tests/integration/test_explain_differential.py -s --timeout 900 $(PYTEST_ARGS)
 
 # The kubelet plugin's gRPC stubs (committed) from driver/gpudra_driver/plugin/protos/.
 protos:

@@ -181,3 +181,15 @@ def test_text_ends_with_the_conclusion_and_the_data_formats_carry_everything() -
                                 "TAINTED", "IN-USE", "FREE", "NEEDED"]
     assert lines[2].split() == ["team/c", "gpu", FULL_GPU, "a100", "8", "8", "0", "0", "0", "0", "8"]
     assert '"satisfiable": false' in as_json(verdict) and "satisfiable: false" in as_yaml(verdict)
+
+
+def test_an_all_subrequest_after_a_counted_one_keeps_the_schedulers_quirk() -> None:
+    """The 1.35 allocator recurses out of an ``All`` subrequest without its subrequest index, so on
+    a one-GPU node [8 GPUs, else All] is unschedulable (found by the differential test); explain
+    must say what the scheduler does, not what the API promises."""
+    every = {"name": "s1", "deviceClassName": FULL_GPU, "allocationMode": "All"}
+    request = {"name": "gpu", "firstAvailable": [{"name": "s0", "deviceClassName": FULL_GPU, "count": 8}, every]}
+    assert not run([claim([request])], [node("h200")], slices_of("h200", "h200")).satisfiable
+    assert run([claim([request])], [node("h100")], slices_of("dgx-h100", "h100")).satisfiable
+    alone = {"name": "gpu", "firstAvailable": [{**every, "name": "s0"}]}
+    assert run([claim([alone])], [node("h200")], slices_of("h200", "h200")).satisfiable

@@ -1,6 +1,8 @@
-"""The scheduler's device allocation for one node, in Python: a port of ``allocateOne``,
-``isSelectable``, ``allocateDevice`` and ``matchAttributeConstraint`` from
-k8s.io/dynamic-resource-allocation/structured/internal/stable/allocator_stable.go (1.35).
+"""The scheduler's device allocation for one node, in Python: a port of ``Allocate``,
+``allocateOne``, ``isSelectable``, ``allocateDevice`` and ``matchAttributeConstraint`` from
+k8s.io/dynamic-resource-allocation/structured/internal/incubating/allocator_incubating.go (1.35),
+the implementation the 1.35 scheduler picks with its default gates (DRAAdminAccess and
+DRAPrioritizedList on).
 
 Same search, same order: requests in order, a ``firstAvailable`` request tries its subrequests in
 order, devices pool by pool in slice order, backtracking on a dead end; the first solution wins.
@@ -8,7 +10,10 @@ Same errors: a selector that fails to compile or run, a missing DeviceClass, ``a
 over an incomplete or invalid pool, or a constraint that an ``All`` request breaks stops the search
 with :class:`AllocationError` (the scheduler then fails the pod's whole scheduling attempt, on every
 node). Not ported (all alpha and off in 1.35): partitionable devices (counters), consumable
-capacity, binding conditions, ``distinctAttribute``."""
+capacity, binding conditions, ``distinctAttribute``.
+
+Upstream's quirk is kept, since the verdict must be the scheduler's (marked QUIRK): the ``All``
+branch recurses without the subrequest index."""
 
 from __future__ import annotations
 
@@ -24,6 +29,10 @@ ALLOCATION_RESULTS_MAX_SIZE = 32  # resourceapi.AllocationResultsMaxSize
 
 class AllocationError(Exception):
     """The allocator stopped with an error (not "no solution")."""
+
+
+class _MaxSizeExceeded(Exception):
+    """incubating ``errAllocationResultMaxSizeExceeded``: more than 32 results for a claim."""
 
 
 @dataclass(frozen=True)
@@ -105,8 +114,11 @@ def tolerates(toleration: Obj, taint: Obj) -> bool:
 
 
 def untolerated_taints(device: Device, request: Request) -> list[Obj]:
-    """The device's taints the request does not tolerate (every effect counts for allocation)."""
-    return [t for t in device.spec.get("taints") or [] if not any(tolerates(x, t) for x in request.tolerations)]
+    """The device's NoSchedule and NoExecute taints the request does not tolerate
+    (``taintPreventsAllocation``; other effects do not prevent allocation). A slice carries taints
+    only where the DRADeviceTaints gate is on (the API server drops them otherwise)."""
+    return [t for t in device.spec.get("taints") or [] if t.get("effect") in ("NoSchedule", "NoExecute")
+            and not any(tolerates(x, t) for x in request.tolerations)]
 
 
 # --- constraints ------------------------------------------------------------------------------
@@ -196,12 +208,24 @@ class NodeAllocator:
         self._selectable: dict[tuple[DeviceID, int, int, int], bool] = {}
         self._all: dict[tuple[int, int, int], list[Device]] = {}
         for claim_index, state in enumerate(self.claims):
+            minimum = 0
             for request_index, alternatives in enumerate(state.requests):
+                fewest: int | None = None
                 for sub_index, request in enumerate(alternatives):
                     self._validate(state.claim, request)
+                    needed = request.count
                     if request.all_devices:
-                        self._all[(claim_index, request_index, sub_index)] = self._all_devices(
-                            claim_index, request_index, sub_index, request)
+                        devices = self._all_devices(claim_index, request_index, sub_index, request)
+                        self._all[(claim_index, request_index, sub_index)] = devices
+                        needed = len(devices)
+                    fewest = needed if fewest is None else min(fewest, needed)
+                minimum += fewest or 0
+            if minimum > ALLOCATION_RESULTS_MAX_SIZE:
+                raise AllocationError(f"claim {claim_label(state.claim)}: number of requested devices {minimum} "
+                                      f"exceeds the claim limit of {ALLOCATION_RESULTS_MAX_SIZE}")
+        # Allocate starts the search with a fresh match cache (allocator_incubating.go:253), so
+        # what gathering the All requests' devices evaluated is evaluated again, errors included.
+        self._selectable.clear()
 
     def _validate(self, claim: Obj, request: Request) -> None:
         for index, selector in enumerate(request.selectors):
@@ -239,9 +263,11 @@ class NodeAllocator:
         return self._selectable[key]
 
     def allocate(self) -> list[list[tuple[str, DeviceID]]] | None:
-        if not self._one(0, 0, 0, 0, False):
-            return None
-        return [state.result for state in self.claims]
+        try:
+            done = self._one(0, 0, 0, 0, False)
+        except _MaxSizeExceeded:
+            raise AllocationError("allocation max size exceeded") from None
+        return [state.result for state in self.claims] if done else None
 
     def _in_use(self, device: Device) -> bool:
         return device.id in self.in_use or device.id in self.allocating
@@ -285,10 +311,24 @@ class NodeAllocator:
             return True
         state = self.claims[ci]
         if ri >= len(state.requests):
-            return self._one(ci + 1, 0, 0, 0, False)
+            try:
+                return self._one(ci + 1, 0, 0, 0, False)
+            except _MaxSizeExceeded:  # retrying this claim differently may still work
+                return False
         alternatives = state.requests[ri]
         if not in_subrequest and alternatives[0].subrequest is not None:
-            return any(self._one(ci, ri, index, di, True) for index in range(len(alternatives)))
+            all_exceeded = True
+            for index in range(len(alternatives)):
+                try:
+                    done = self._one(ci, ri, index, di, True)
+                except _MaxSizeExceeded:
+                    continue  # a later subrequest may need fewer devices
+                all_exceeded = False
+                if done:
+                    return True
+            if all_exceeded:
+                raise _MaxSizeExceeded
+            return False
         request = alternatives[si]
         if request.all_devices:
             devices = self._all[(ci, ri, si)]
@@ -300,13 +340,20 @@ class NodeAllocator:
         if di >= needed:
             return self._one(ci, ri + 1, 0, 0, False)
         if len(state.result) + needed - di > ALLOCATION_RESULTS_MAX_SIZE:
-            return False
+            raise _MaxSizeExceeded
         if request.all_devices:
             device = devices[di]
             if not self._place(ci, request, device, True):
                 return False
-            if self._one(ci, ri, si, di + 1, in_subrequest):
-                return True
+            try:
+                # QUIRK: upstream recurses with deviceIndices{claim, request, device+1}: the
+                # subrequest index falls back to 0, so after the first device of an All subrequest
+                # the rest is what the first subrequest still needs.
+                if self._one(ci, ri, 0, di + 1, in_subrequest):
+                    return True
+            except _MaxSizeExceeded:
+                self._release(ci, request, device)
+                raise
             self._release(ci, request, device)
             return False
         for pool in self.pools:
@@ -321,7 +368,11 @@ class NodeAllocator:
                     continue
                 if not self._place(ci, request, device, False):
                     continue
-                if self._one(ci, ri, si, di + 1, in_subrequest):
-                    return True
+                try:
+                    if self._one(ci, ri, si, di + 1, in_subrequest):
+                        return True
+                except _MaxSizeExceeded:
+                    self._release(ci, request, device)
+                    raise
                 self._release(ci, request, device)
         return False
