@@ -25,6 +25,24 @@
  *    included) is INVALID_ARGUMENT; MIG handles get NOT_SUPPORTED for both (the mode is the parent
  *    GPU's); a state directory it cannot write is NO_PERMISSION (the real call needs root); each
  *    successful Set appends `nvml SetComputeMode <uuid> <mode>` to the root's calls.log;
+ *  - health, injected at run time by appending lines to <state>/events (mock_state.h; the Python
+ *    helpers are in gpudra_operator/localcluster/mockstate.py):
+ *      xid <uuid> <n>     an XID critical error (nvmlEventTypeXidCriticalError, eventData n) on a GPU,
+ *                         or on a MIG device: then on its parent GPU with the MIG device's GPU and
+ *                         compute instance IDs (0xFFFFFFFF for both when not on a MIG device)
+ *      ecc <uuid>         a double-bit ECC error (nvmlEventTypeDoubleBitEccError), attributed the same
+ *      lost <uuid>        the GPU falls off the bus: handle lookups (by index or UUID) and every call
+ *                         on it or its MIG devices return GPU_IS_LOST, and an event set it is
+ *                         registered in returns GPU_IS_LOST from one wait
+ *      action <uuid> <n>  NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (field 230) reads n from now on
+ *      recover <uuid>     the GPU is back: not lost, recovery action 0 (NONE)
+ *    lost/action/recover are state: every process folds the whole file (so a restarted agent sees a
+ *    GPU that is still lost); xid/ecc are events: an event set delivers those appended after its
+ *    nvmlEventSetCreate, in order, to sets the GPU is registered in for that event type.
+ *    nvmlDeviceGetSupportedEventTypes answers single- and double-bit ECC and XID (0xB) for a GPU
+ *    (NOT_SUPPORTED for a MIG handle, as events are registered on the parent); `fail
+ *    nvmlDeviceGetSupportedEventTypes 3` models a GPU without events. nvmlEventSetWait_v2 blocks up
+ *    to its timeout (inotify on the state directory) and returns TIMEOUT when nothing came;
  *  - exported calls the mock does not model return NOT_SUPPORTED.
  *
  * Driver root (for the shared state): this library's directory minus usr/lib/x86_64-linux-gnu, found
@@ -54,7 +72,10 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
+#include <sys/inotify.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,6 +135,8 @@ struct gpu {
     unsigned int mig_current, mig_pending;
     unsigned int max_migs;
     struct device migs[MAX_MIG_SLOTS];
+    int lost;                     /* from <state>/events: lost / recover */
+    unsigned int recovery_action; /* from <state>/events: action / recover */
 };
 
 /* Handles point into these static arrays, so they stay valid across init/shutdown. */
@@ -123,6 +146,8 @@ static char driver_version[TEXT_LEN];
 static int cuda_driver_version;
 static int refcount;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static off_t health_offset; /* how much of <state>/events the lost/action state has folded in */
+static pthread_mutex_t health_lock = PTHREAD_MUTEX_INITIALIZER;
 
 typedef struct device *nvmlDevice_t;
 typedef struct instance *nvmlGpuInstance_t;
@@ -192,6 +217,7 @@ static nvmlReturn_t load_inventory(int *init_error) {
     }
     memset(gpus, 0, sizeof gpus);
     gpu_count = 0;
+    health_offset = 0; /* fold <state>/events again: a GPU lost before this init is still lost */
     driver_version[0] = 0;
     cuda_driver_version = 0;
     *init_error = 0;
@@ -285,6 +311,78 @@ static struct device *lookup(nvmlDevice_t h) {
 
 static struct gpu *gpu_of(const struct device *d) { return &gpus[d->gpu_index]; }
 
+/* -- injected health (<state>/events) --------------------------------------------------------- */
+
+#define EVENTS_FILE "events"
+
+static int events_path(char *out, size_t size) {
+    char state[MOCK_PATH_LEN - 16];
+    if (state_path(state, sizeof state) != 0) return -1;
+    int n = snprintf(out, size, "%s/%s", state, EVENTS_FILE);
+    return n >= 0 && (size_t)n < size ? 0 : -1;
+}
+
+/* The device (GPU or MIG) with this UUID, or NULL. */
+static struct device *find_uuid(const char *uuid) {
+    for (unsigned int i = 0; i < gpu_count; i++) {
+        if (!strcmp(gpus[i].dev.uuid, uuid)) return &gpus[i].dev;
+        for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++)
+            if (gpus[i].migs[s].present && !strcmp(gpus[i].migs[s].uuid, uuid)) return &gpus[i].migs[s];
+    }
+    return NULL;
+}
+
+/* One complete line of the events file at *offset (without its newline); 1 read (offset moved
+ * past it), 0 none complete yet. */
+static int read_event_line(int fd, off_t *offset, char *line, size_t size) {
+    ssize_t n = pread(fd, line, size - 1, *offset);
+    if (n <= 0) return 0;
+    line[n] = 0;
+    char *end = memchr(line, '\n', (size_t)n);
+    if (!end) {
+        if ((size_t)n < size - 1) return 0; /* a line still being written */
+        *offset += n;                       /* an overlong line: skip what we have */
+        line[0] = 0;
+        return 1;
+    }
+    *end = 0;
+    *offset += end - line + 1;
+    return 1;
+}
+
+/* Fold the lost/action/recover lines appended since the last call into the GPUs' state. */
+static void refresh_health(void) {
+    char path[MOCK_PATH_LEN], line[LINE_LEN], verb[16], uuid[TEXT_LEN];
+    if (events_path(path, sizeof path) != 0) return;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    pthread_mutex_lock(&health_lock);
+    struct stat st;
+    if (fstat(fd, &st) == 0 && st.st_size < health_offset) { /* replaced by a shorter file: start over */
+        health_offset = 0;
+        for (unsigned int i = 0; i < gpu_count; i++) gpus[i].lost = 0, gpus[i].recovery_action = 0;
+    }
+    while (read_event_line(fd, &health_offset, line, sizeof line)) {
+        unsigned int value = 0;
+        int fields = sscanf(line, "%15s %95s %u", verb, uuid, &value);
+        if (fields < 2) continue;
+        struct device *d = find_uuid(uuid);
+        if (!d) continue;
+        struct gpu *g = gpu_of(d);
+        if (!strcmp(verb, "lost")) g->lost = 1;
+        else if (!strcmp(verb, "recover")) g->lost = 0, g->recovery_action = 0;
+        else if (!strcmp(verb, "action") && fields == 3) g->recovery_action = value;
+    }
+    pthread_mutex_unlock(&health_lock);
+    close(fd);
+}
+
+/* GPU_IS_LOST while the device's GPU is lost, else 0. */
+static int lost(const struct device *d) {
+    refresh_health();
+    return gpu_of(d)->lost ? NVML_ERROR_GPU_IS_LOST : 0;
+}
+
 static int fault(const struct device *d, const char *call) {
     for (int i = 0; i < d->nfaults; i++)
         if (!strcmp(d->faults[i].call, call)) return d->faults[i].code;
@@ -296,6 +394,7 @@ static int fault(const struct device *d, const char *call) {
     READY();                                              \
     struct device *d = lookup(h);                         \
     if (!d) return NVML_ERROR_INVALID_ARGUMENT;           \
+    { int code_ = lost(d); if (code_) return code_; }     \
     { int code_ = fault(d, call); if (code_) return code_; }
 
 /* A full-GPU handle: MIG handles get NOT_SUPPORTED. */
@@ -419,6 +518,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice
     READY();
     OUT(device);
     if (index >= gpu_count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (lost(&gpus[index].dev)) return NVML_ERROR_GPU_IS_LOST;
     *device = &gpus[index].dev;
     return NVML_SUCCESS;
 }
@@ -431,15 +531,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
     READY();
     OUT(uuid);
     OUT(device);
-    for (unsigned int i = 0; i < gpu_count; i++) {
-        if (!strcmp(gpus[i].dev.uuid, uuid)) { *device = &gpus[i].dev; return NVML_SUCCESS; }
-        for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++)
-            if (gpus[i].migs[s].present && !strcmp(gpus[i].migs[s].uuid, uuid)) {
-                *device = &gpus[i].migs[s];
-                return NVML_SUCCESS;
-            }
-    }
-    return NVML_ERROR_NOT_FOUND;
+    struct device *d = find_uuid(uuid);
+    if (!d) return NVML_ERROR_NOT_FOUND;
+    if (lost(d)) return NVML_ERROR_GPU_IS_LOST;
+    *device = d;
+    return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t *device) {
@@ -846,4 +942,179 @@ EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance
         return NVML_SUCCESS;
     }
     return NVML_ERROR_NOT_SUPPORTED;
+}
+
+/* -- health: recovery action field and events (injected through <state>/events) ---------------- */
+
+static long long now_usec(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (long long)ts.tv_sec * 1000000LL + ts.tv_nsec / 1000;
+}
+
+/* Only NVML_FI_DEV_GET_GPU_RECOVERY_ACTION is known (per GPU; a MIG handle reads its parent's);
+ * other fields get NOT_SUPPORTED in their own nvmlReturn, as the real call reports per field. */
+EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, mock_field_value_t *values) {
+    ANY(device, "nvmlDeviceGetFieldValues", d);
+    if (valuesCount < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    OUT(values);
+    for (int i = 0; i < valuesCount; i++) {
+        mock_field_value_t *v = &values[i];
+        v->timestamp = now_usec();
+        v->latencyUsec = 0;
+        memset(&v->value, 0, sizeof v->value);
+        if (v->fieldId == MOCK_FI_DEV_GET_GPU_RECOVERY_ACTION) {
+            v->valueType = MOCK_VALUE_TYPE_UNSIGNED_INT;
+            v->value.uiVal = gpu_of(d)->recovery_action;
+            v->nvmlReturn = NVML_SUCCESS;
+        } else {
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        }
+    }
+    return NVML_SUCCESS;
+}
+
+#define MAX_EVENT_SETS 16
+
+struct event_set {
+    int used;
+    unsigned long long mask[MAX_GPUS]; /* event types registered, per GPU index */
+    off_t offset;                      /* the next line of <state>/events to deliver */
+    int inotify;                       /* on the state directory; -1: wait by short naps */
+};
+
+static struct event_set event_sets[MAX_EVENT_SETS];
+typedef struct event_set *nvmlEventSet_t;
+
+static struct event_set *event_set_of(nvmlEventSet_t set) {
+    for (int i = 0; i < MAX_EVENT_SETS; i++)
+        if (set == &event_sets[i] && event_sets[i].used) return set;
+    return NULL;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    READY();
+    OUT(set);
+    char state[MOCK_PATH_LEN], path[MOCK_PATH_LEN];
+    if (state_path(state, sizeof state) != 0 || events_path(path, sizeof path) != 0) return NVML_ERROR_UNKNOWN;
+    pthread_mutex_lock(&lock);
+    struct event_set *es = NULL;
+    for (int i = 0; i < MAX_EVENT_SETS && !es; i++)
+        if (!event_sets[i].used) es = &event_sets[i];
+    if (es) {
+        memset(es, 0, sizeof *es);
+        es->used = 1;
+        /* watch before measuring the file, so no line appended in between goes unnoticed */
+        es->inotify = -1;
+        if (mock_mkdirs(state, 0755) == 0) {
+            es->inotify = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+            if (es->inotify >= 0 && inotify_add_watch(es->inotify, state, IN_MODIFY | IN_CREATE | IN_MOVED_TO) < 0) {
+                close(es->inotify);
+                es->inotify = -1;
+            }
+        }
+        struct stat st;
+        es->offset = stat(path, &st) == 0 ? st.st_size : 0; /* only events from now on, as NVML */
+    }
+    pthread_mutex_unlock(&lock);
+    if (!es) return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    *set = es;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    READY();
+    pthread_mutex_lock(&lock);
+    struct event_set *es = event_set_of(set);
+    if (es) {
+        if (es->inotify >= 0) close(es->inotify);
+        es->used = 0;
+    }
+    pthread_mutex_unlock(&lock);
+    return es ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes) {
+    GPU(device, "nvmlDeviceGetSupportedEventTypes", g);
+    (void)g;
+    OUT(eventTypes);
+    *eventTypes = MOCK_EVENT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set) {
+    GPU(device, "nvmlDeviceRegisterEvents", g);
+    if (eventTypes & ~MOCK_EVENT_SUPPORTED) return NVML_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&lock);
+    struct event_set *es = event_set_of(set);
+    if (es) es->mask[g->dev.gpu_index] |= eventTypes;
+    pthread_mutex_unlock(&lock);
+    return es ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+/* The next event for `es` from the events file: SUCCESS (data filled), GPU_IS_LOST (a registered
+ * GPU was lost; data->device is it) or TIMEOUT when no such line is there yet. */
+static nvmlReturn_t next_event(struct event_set *es, mock_event_data_t *data) {
+    char path[MOCK_PATH_LEN], line[LINE_LEN], verb[16], uuid[TEXT_LEN];
+    if (events_path(path, sizeof path) != 0) return NVML_ERROR_UNKNOWN;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NVML_ERROR_TIMEOUT;
+    nvmlReturn_t ret = NVML_ERROR_TIMEOUT;
+    while (ret == NVML_ERROR_TIMEOUT && read_event_line(fd, &es->offset, line, sizeof line)) {
+        unsigned long long value = 0;
+        int fields = sscanf(line, "%15s %95s %llu", verb, uuid, &value);
+        struct device *d = fields >= 2 ? find_uuid(uuid) : NULL;
+        if (!d) continue;
+        struct gpu *g = gpu_of(d);
+        unsigned long long registered = es->mask[g->dev.gpu_index];
+        unsigned long long type = !strcmp(verb, "xid") && fields == 3 ? MOCK_EVENT_XID
+                                  : !strcmp(verb, "ecc")                ? MOCK_EVENT_DOUBLE_BIT_ECC
+                                                                        : 0;
+        memset(data, 0, sizeof *data);
+        data->device = &g->dev;
+        data->gpuInstanceId = d->is_mig ? d->gi : MOCK_NO_INSTANCE;
+        data->computeInstanceId = d->is_mig ? d->ci : MOCK_NO_INSTANCE;
+        if (!strcmp(verb, "lost") && registered) ret = NVML_ERROR_GPU_IS_LOST;
+        else if (type && (registered & type)) {
+            data->eventType = type;
+            data->eventData = type == MOCK_EVENT_XID ? value : 0;
+            ret = NVML_SUCCESS;
+        }
+    }
+    close(fd);
+    return ret;
+}
+
+static long long now_msec(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, mock_event_data_t *data, unsigned int timeoutms) {
+    READY();
+    struct event_set *es = event_set_of(set);
+    if (!es) return NVML_ERROR_INVALID_ARGUMENT;
+    OUT(data);
+    long long deadline = now_msec() + timeoutms;
+    for (;;) {
+        nvmlReturn_t ret = next_event(es, data);
+        if (ret != NVML_ERROR_TIMEOUT) return ret;
+        long long left = deadline - now_msec();
+        if (left <= 0) return NVML_ERROR_TIMEOUT;
+        if (es->inotify >= 0) { /* until the state directory changes (queued since create) or the timeout */
+            struct pollfd pfd = {.fd = es->inotify, .events = POLLIN};
+            if (poll(&pfd, 1, (int)(left > 60000 ? 60000 : left)) > 0) {
+                char drain[4096];
+                while (read(es->inotify, drain, sizeof drain) > 0) {}
+            }
+        } else {
+            struct timespec nap = {0, 10 * 1000 * 1000}; /* no inotify: look again every 10 ms */
+            nanosleep(&nap, NULL);
+        }
+    }
+}
+
+EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, mock_event_data_t *data, unsigned int timeoutms) {
+    return nvmlEventSetWait_v2(set, data, timeoutms);
 }

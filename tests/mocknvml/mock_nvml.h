@@ -8,6 +8,8 @@
  *   mock_memory_t         <-> pynvml.c_nvmlMemory_t       (nvmlDeviceGetMemoryInfo)
  *   mock_memory_v2_t      <-> pynvml.c_nvmlMemory_v2_t    (nvmlDeviceGetMemoryInfo_v2)
  *   mock_device_attrs_t   <-> pynvml.c_nvmlDeviceAttributes (nvmlDeviceGetAttributes_v2)
+ *   mock_event_data_t     <-> pynvml.c_nvmlEventData_t     (nvmlEventSetWait_v2)
+ *   mock_field_value_t    <-> pynvml.c_nvmlFieldValue_t    (nvmlDeviceGetFieldValues)
  */
 #ifndef GPUDRA_MOCK_NVML_H
 #define GPUDRA_MOCK_NVML_H
@@ -159,5 +161,42 @@ typedef struct {
     unsigned int sharedJpegCount;
     unsigned int sharedOfaCount;
 } mock_compute_instance_profile_info_t;
+
+/* Events (nvmlEventSetWait_v2) <-> pynvml.c_nvmlEventData_t */
+#define MOCK_EVENT_SINGLE_BIT_ECC 0x1ULL /* nvmlEventTypeSingleBitEccError */
+#define MOCK_EVENT_DOUBLE_BIT_ECC 0x2ULL /* nvmlEventTypeDoubleBitEccError */
+#define MOCK_EVENT_XID 0x8ULL            /* nvmlEventTypeXidCriticalError */
+#define MOCK_EVENT_SUPPORTED (MOCK_EVENT_SINGLE_BIT_ECC | MOCK_EVENT_DOUBLE_BIT_ECC | MOCK_EVENT_XID)
+#define MOCK_NO_INSTANCE 0xFFFFFFFFu /* gpuInstanceId/computeInstanceId of an event not tied to a MIG device */
+
+typedef struct {
+    void *device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} mock_event_data_t;
+
+/* Field values (nvmlDeviceGetFieldValues) <-> pynvml.c_nvmlFieldValue_t */
+#define MOCK_FI_DEV_GET_GPU_RECOVERY_ACTION 230 /* NVML_FI_DEV_GET_GPU_RECOVERY_ACTION */
+#define MOCK_VALUE_TYPE_UNSIGNED_INT 1
+
+typedef struct {
+    unsigned int fieldId;
+    unsigned int scopeId;
+    long long timestamp;
+    long long latencyUsec;
+    unsigned int valueType;
+    unsigned int nvmlReturn;
+    union {
+        double dVal;
+        unsigned int uiVal;
+        unsigned long ulVal;
+        unsigned long long ullVal;
+        long long sllVal;
+        int siVal;
+        unsigned short usVal;
+    } value;
+} mock_field_value_t;
 
 #endif

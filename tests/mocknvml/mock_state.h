@@ -9,6 +9,8 @@
  *   <root>/run/gpudra-mock/state/<GPU uuid>/timeslice      nvidia-smi compute-policy time slice 0-3 (absent: 0)
  *   <root>/run/gpudra-mock/mps/<pid>                       one per running mock MPS control daemon
  *   <root>/run/gpudra-mock/calls.log                       one line per mutating call, appended
+ *   <root>/run/gpudra-mock/events                          health a test injects (xid, ecc, lost,
+ *                                                          action, recover lines; see mock_nvml.c)
  *
  * Each value file holds one decimal number and a newline, replaced atomically (write a temporary
  * file, rename it over). calls.log lines are appended with one write(2) on an O_APPEND descriptor,

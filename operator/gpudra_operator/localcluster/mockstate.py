@@ -11,6 +11,10 @@ in ``tests/mocknvml/mock_state.h``)::
     state/<GPU uuid>/timeslice       nvidia-smi compute-policy time slice 0-3 (absent: 0)
     mps/<pid>                        a running mock MPS control daemon: pipe, log and devices
     calls.log                        one line per successful call, e.g. ``nvml SetComputeMode GPU-… 3``
+    events                           health injected by a test while NVML runs (:func:`inject_xid`,
+                                     :func:`inject_ecc`, :func:`lose_gpu`, :func:`set_recovery_action`,
+                                     :func:`recover_gpu`), read by the mock library and the Python
+                                     simulator alike (``tests/mocknvml/mock_nvml.c`` has the format)
 
 Tests assert on :func:`calls` and the getters, and end every MPS test with
 :func:`kill_mps_daemons`, which leaves no daemon behind whatever the test did.
@@ -30,8 +34,14 @@ __all__ = [
     "STATE_DIR",
     "STATE_ENV",
     "MpsDaemon",
+    "EVENTS_FILE",
     "calls",
     "compute_mode",
+    "inject_ecc",
+    "inject_xid",
+    "lose_gpu",
+    "recover_gpu",
+    "set_recovery_action",
     "kill_mps_daemons",
     "mps_daemons",
     "state_dir",
@@ -41,6 +51,7 @@ __all__ = [
 
 STATE_DIR = Path("run/gpudra-mock")  # relative to the driver root
 STATE_ENV = "GPUDRA_MOCK_STATE_DIR"  # read by the mocks: the state directory instead of <root>/run/gpudra-mock
+EVENTS_FILE = "events"  # in the state directory: the health lines the mocks read
 MPS_CONTROL = Path("usr/bin/nvidia-cuda-mps-control")
 MPS_PID_FILE = "nvidia-cuda-mps-control.pid"  # in the pipe directory, as the real daemon writes it
 MPS_ENDPOINT_FILES = ("control", "control_lock", MPS_PID_FILE)
@@ -76,6 +87,46 @@ def compute_mode(root: Path, uuid: str) -> int:
 def timeslice(root: Path, uuid: str) -> int:
     """The GPU's time slice (0 DEFAULT, 1 SHORT, 2 MEDIUM, 3 LONG) as ``nvidia-smi compute-policy`` set it."""
     return _gpu_value(root, uuid, "timeslice")
+
+
+# -- injected health ------------------------------------------------------------------------------
+
+def _append_event(state: Path, line: str) -> None:
+    """One line, in one write(2) on an O_APPEND descriptor: a reader never sees half of it."""
+    state.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state / EVENTS_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    try:
+        data = (line + "\n").encode()
+        if os.write(fd, data) != len(data):
+            raise OSError(f"short write to {state / EVENTS_FILE}")
+    finally:
+        os.close(fd)
+
+
+def inject_xid(root: Path, uuid: str, xid: int) -> None:
+    """An XID critical error on the GPU or MIG device ``uuid`` of the driver root ``root``."""
+    _append_event(state_dir(root), f"xid {uuid} {int(xid)}")
+
+
+def inject_ecc(root: Path, uuid: str) -> None:
+    """A double-bit ECC error on the GPU or MIG device ``uuid``."""
+    _append_event(state_dir(root), f"ecc {uuid}")
+
+
+def lose_gpu(root: Path, uuid: str) -> None:
+    """The GPU ``uuid`` falls off the bus: NVML answers GPU_IS_LOST for it until :func:`recover_gpu`."""
+    _append_event(state_dir(root), f"lost {uuid}")
+
+
+def set_recovery_action(root: Path, uuid: str, action: int) -> None:
+    """What NVML_FI_DEV_GET_GPU_RECOVERY_ACTION reads for the GPU ``uuid`` from now on
+    (``pynvml.NVML_GPU_RECOVERY_ACTION_*``)."""
+    _append_event(state_dir(root), f"action {uuid} {int(action)}")
+
+
+def recover_gpu(root: Path, uuid: str) -> None:
+    """The GPU ``uuid`` is back and healthy: not lost, recovery action NONE."""
+    _append_event(state_dir(root), f"recover {uuid}")
 
 
 # -- MPS control daemons --------------------------------------------------------------------------
