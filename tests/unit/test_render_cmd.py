@@ -33,7 +33,8 @@ def test_every_sample_renders_to_what_the_operator_would_apply(capsys, sample: s
     body = yaml.safe_load((SAMPLES / sample).read_text())
     expected = render({**default_object(body), "metadata": {**body["metadata"], "generation": 1}}).objects
     assert objects == expected
-    assert [o["kind"] for o in objects] == ["DaemonSet"] + ["DeviceClass"] * len(body["spec"]["deviceClasses"])
+    daemonsets = ["DaemonSet"] * (2 if "mps" in (body["spec"].get("sharing") or {}) else 1)  # + the MPS supervisor
+    assert [o["kind"] for o in objects] == daemonsets + ["DeviceClass"] * len(body["spec"]["deviceClasses"])
     assert all("ownerReferences" not in o["metadata"] for o in objects)  # a file has no UID
 
 
