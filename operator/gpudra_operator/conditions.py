@@ -38,6 +38,7 @@ READY = "Ready"
 AGENTS_READY = "AgentsReady"
 DEVICE_CLASSES_READY = "DeviceClassesReady"
 DEGRADED = "Degraded"
+CLASS_MATCHES_NO_DEVICE = "ClassMatchesNoDevice"
 CONDITION_TYPES = (READY, AGENTS_READY, DEVICE_CLASSES_READY, DEGRADED)
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
@@ -208,6 +209,24 @@ def _degraded(render_errors: Sequence[Any], apply_errors: Sequence[ApplyError],
     reason = ("Conflict" if conflicts else "RenderFailed" if render_errors else "ApplyFailed" if apply_errors
               else "DevicePluginConflict" if device_plugin_nodes else unsupported[0].reason)
     return ConditionValue(DEGRADED, TRUE, reason, "; ".join(problems))
+
+
+def class_matches_no_device(counts: Sequence[Any], driver: str, devices: int, *,
+                            agents_ready: bool) -> ConditionValue:
+    """True (a warning) when a class matches none of the devices the ready agents publish: a typo in
+    a selector, a template or its parameters is caught the moment the config is applied, not when a
+    claim stays Pending. ``counts``: :class:`~gpudra_operator.classcounts.ClassCount` per class."""
+    empty = [c.name for c in counts if c.devices == 0]
+    if not agents_ready or devices == 0:
+        return ConditionValue(CLASS_MATCHES_NO_DEVICE, FALSE, "NoDevicesYet",
+                              "the agents are not all ready, or publish no device yet: nothing to match")
+    if empty:
+        return ConditionValue(CLASS_MATCHES_NO_DEVICE, TRUE, "ClassMatchesNoDevice",
+                              f"DeviceClass {', '.join(empty)} matches none of the {devices} devices driver "
+                              f"{driver} publishes: check its selectors (`gpudra explain` shows a device's "
+                              "values); claims for it stay Pending")
+    return ConditionValue(CLASS_MATCHES_NO_DEVICE, FALSE, "EveryClassMatches",
+                          f"every DeviceClass matches at least one of the {devices} devices")
 
 
 def summarize(*, daemonset: Mapping[str, Any] | None, device_classes: Sequence[str] = (),

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_operator.classcounts import ClassCount, ClassSelectors, SliceMatches, count, slice_matches
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 RETRY_INITIAL, RETRY_MAX = 0.5, 30.0  # seconds; doubling while the API server keeps failing
@@ -25,20 +26,28 @@ log = logging.getLogger("gpudra.operator")
 
 
 class DriverSlices:
-    """The device count of each slice of one driver, from a list and then a watch."""
+    """Each slice of one driver, from a list and then a watch: its devices and the classes each
+    matches (:mod:`.classcounts`; ``classes``, those of the driver's GpuDraConfig)."""
 
     def __init__(self, kube: Kube, driver: str, page_size: int = 500,
-                 on_synced: Callable[[str], Awaitable[None]] | None = None) -> None:
+                 on_synced: Callable[[str], Awaitable[None]] | None = None,
+                 classes: tuple[ClassSelectors, ...] = ()) -> None:
         self.kube, self.driver, self.page_size = kube, driver, page_size
         self.on_synced = on_synced
-        self.devices: dict[str, int] = {}  # slice name -> devices in it
+        self.classes = classes
+        self.slices: dict[str, SliceMatches] = {}  # slice name -> what is kept of it
         self.synced = False
         self.version: str | None = None  # where the watch resumes; None: list again
         self._selector = f"spec.driver={driver}"
 
     @property
     def total(self) -> int | None:
-        return sum(self.devices.values()) if self.synced else None
+        return sum(len(s.devices) for s in self.slices.values()) if self.synced else None
+
+    def class_counts(self, allocated: set[tuple[str, str, str]]) -> list[ClassCount] | None:
+        if not self.synced:
+            return None
+        return count([c.name for c in self.classes], self.driver, self.slices.values(), allocated)
 
     async def run(self) -> None:
         while True:  # each list-then-watch retried with backoff; a clean end of the watch resumes it
@@ -60,34 +69,32 @@ class DriverSlices:
                 return
             self.version = obj["metadata"].get("resourceVersion") or self.version
             if kind == "DELETED":
-                self.devices.pop(obj["metadata"]["name"], None)
+                self.slices.pop(obj["metadata"]["name"], None)
             elif kind != "BOOKMARK":
-                self.devices[obj["metadata"]["name"]] = _devices_in(obj)
+                self.slices[obj["metadata"]["name"]] = slice_matches(self.driver, obj, self.classes)
 
     async def _relist(self) -> None:
         """Every slice of the driver, page by page (one consistent snapshot: every page is at the
         first page's resourceVersion, where the watch then resumes)."""
-        devices: dict[str, int] = {}
+        slices: dict[str, SliceMatches] = {}
         token: str | None = None
         while True:
             page = await self.kube.request("GET", SLICE.path(), query={
                 "fieldSelector": self._selector, "limit": self.page_size, "continue": token})
-            for obj in page.get("items") or []:
-                devices[obj["metadata"]["name"]] = _devices_in(obj)
+            for i, obj in enumerate(page.get("items") or []):
+                slices[obj["metadata"]["name"]] = slice_matches(self.driver, obj, self.classes)
+                if self.classes and i % 20 == 19:
+                    await asyncio.sleep(0)  # CEL on every device: let the loop (the Lease) breathe
             token = page["metadata"].get("continue")
             if not token:
                 break
-        first, self.devices, self.synced = not self.synced, devices, True
+        first, self.slices, self.synced = not self.synced, slices, True
         self.version = str(page["metadata"]["resourceVersion"])
         if first and self.on_synced is not None:
             try:
                 await self.on_synced(self.driver)
             except Exception as error:  # status catches up on the next reconcile instead
                 log.warning("status refresh after counting the devices of driver %s failed: %r", self.driver, error)
-
-def _devices_in(slice_: Obj) -> int:
-    return len((slice_.get("spec") or {}).get("devices") or [])
-
 
 class DeviceCounts:
     """One :class:`DriverSlices` per driver asked about, started on first use."""
@@ -99,10 +106,23 @@ class DeviceCounts:
 
     def devices(self, driver: str) -> int | None:
         """Devices the driver publishes now; None until its slices have been listed once."""
+        return self._slices(driver).total
+
+    def class_counts(self, driver: str, classes: tuple[ClassSelectors, ...],
+                     allocated: set[tuple[str, str, str]]) -> list[ClassCount] | None:
+        """Each class's counts; None until the slices have been listed with these classes (a
+        change of the classes lists them again)."""
+        slices = self._slices(driver)
+        if slices.classes != classes:
+            self.forget(driver)
+            slices = self._slices(driver, classes)
+        return slices.class_counts(allocated)
+
+    def _slices(self, driver: str, classes: tuple[ClassSelectors, ...] | None = None) -> DriverSlices:
         if driver not in self._drivers:
-            slices = DriverSlices(self.kube, driver, self.page_size, self.on_synced)
+            slices = DriverSlices(self.kube, driver, self.page_size, self.on_synced, classes or ())
             self._drivers[driver] = (slices, asyncio.create_task(slices.run(), name=f"slices of {driver}"))
-        return self._drivers[driver][0].total
+        return self._drivers[driver][0]
 
     def forget(self, driver: str) -> None:
         entry = self._drivers.pop(driver, None)

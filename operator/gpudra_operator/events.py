@@ -12,7 +12,7 @@ from typing import Any
 
 from gpudra_driver.kubeapi import EVENT_NAMESPACE, Kube, core_event
 
-from .conditions import DEGRADED, READY, find_condition
+from .conditions import CLASS_MATCHES_NO_DEVICE, DEGRADED, READY, find_condition
 
 COMPONENT = "gpudra-operator"
 log = logging.getLogger("gpudra.operator")
@@ -39,6 +39,11 @@ class EventRecorder:
         if after and after["status"] == "True" and (
                 not before or before["status"] != "True" or before.get("message") != after.get("message")):
             await self.post(body, "Warning", after["reason"], after["message"])
+        empty_before = find_condition(old, CLASS_MATCHES_NO_DEVICE)
+        empty_after = find_condition(new, CLASS_MATCHES_NO_DEVICE)
+        if empty_after and empty_after["status"] == "True" and (not empty_before or empty_before["status"] != "True"
+                                                                or empty_before.get("message") != empty_after.get("message")):
+            await self.post(body, "Warning", empty_after["reason"], empty_after["message"])
         ready_before, ready_after = find_condition(old, READY), find_condition(new, READY)
         if ready_after and ready_after["status"] == "True" and (not ready_before or ready_before["status"] != "True"):
             await self.post(body, "Normal", "Ready", ready_after["message"])

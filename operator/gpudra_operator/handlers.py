@@ -18,6 +18,7 @@ from gpudra_driver.kubeapi import Kube, connect, error_message, resource_type
 
 from . import metrics
 from .events import EventRecorder
+from .classcounts import ClaimWatch
 from .devicecount import SLICE, DeviceCounts
 from .reconcile import CONFIG, DAEMONSET, DEVICE_CLASS, Reconciler
 from .slicegc import DEFAULT_DELETE_RATE, SliceCollector, gc_tick
@@ -55,8 +56,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.api = api
     memo.kube = Kube(api, FIELD_MANAGER)
     memo.device_counts = DeviceCounts(memo.kube, on_synced=lambda driver: memo.reconciler.refresh_driver(driver))
+    memo.claims = ClaimWatch(memo.kube)
     memo.reconciler = Reconciler(memo.kube, EventRecorder(memo.kube), agent_image=configured_agent_image(),
-                                 device_counts=memo.device_counts)
+                                 device_counts=memo.device_counts, claims=memo.claims)
     logging.getLogger(__name__).info("agent image where spec.agent.image is unset: %s",
                                      memo.reconciler.agent_image)
     memo.slice_gc = SliceCollector(memo.kube, memo.reconciler.events, delete_rate=GC_DELETE_RATE)
@@ -65,6 +67,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
     await memo.device_counts.close()
+    await memo.claims.close()
     await memo.api.close()
 
 

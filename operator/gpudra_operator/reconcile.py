@@ -23,7 +23,9 @@ from gpudra_driver.diff import contains, dropped_fields
 from gpudra_driver.nodeevents import event_source
 from gpudra_driver.kubeapi import Kube, Obj, error_message, is_status, resource_type
 
-from .conditions import ApplyError, Unsupported, agents_status, apply_conditions, summarize
+from .conditions import (ApplyError, Unsupported, agents_status, apply_conditions, class_matches_no_device,
+                         summarize)
+from .classcounts import ClaimWatch, ClassCount, class_selectors
 from .devicecount import DeviceCounts
 from . import metrics
 from .events import EVENT_NAMESPACE, EventRecorder
@@ -131,6 +133,16 @@ async def _gather(awaitables: Any, limit: int = 16) -> list[Any]:
     return await _all(*(one(a) for a in awaitables))
 
 
+def _class_status(applied: list[str], counts: list[ClassCount] | None,
+                  old_status: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``status.deviceClasses[]``: each applied class with its counts; while they are not known
+    yet, with the counts status held before (none for a class new to status)."""
+    if counts is not None:
+        return [c.to_status() for c in counts]
+    before = {e["name"]: e for e in old_status.get("deviceClasses") or [] if isinstance(e, Mapping) and "name" in e}
+    return [dict(before.get(name) or {"name": name}) for name in applied]
+
+
 async def _all(*awaitables: Any) -> list[Any]:
     """Their results, once every one has finished; then the first error, if any (no write is
     left running behind a failed reconcile, which kopf retries)."""
@@ -203,13 +215,14 @@ def _owned_by(live: Obj, config_name: str) -> bool:
 
 class Reconciler:
     def __init__(self, kube: Kube, events: EventRecorder, *, agent_image: str = DEFAULT_AGENT_IMAGE,
-                 device_counts: DeviceCounts | None = None) -> None:
+                 device_counts: DeviceCounts | None = None, claims: ClaimWatch | None = None) -> None:
         self.agent_image = agent_image
         self.kube = kube
         self.events = events
         # status.devices comes from the operator's watch of the slices; without one (a reconcile
         # run in-process), the count already in status stands.
         self.device_counts = device_counts
+        self.claims = claims  # the allocated devices, for status.deviceClasses[]; from one claim watch
         self._locks: dict[str, asyncio.Lock] = {}
         self._queued: set[str] = set()
         self._status_queued: set[str] = set()
@@ -455,6 +468,16 @@ class Reconciler:
                 latest[node] = (when, event["reason"])
         return sorted(n for n, (_, reason) in latest.items() if reason == DEVICE_PLUGIN_CONFLICT)
 
+    def _class_counts(self, config: GpuDraConfig, rendered: Rendered, applied: list[str]) -> list[ClassCount] | None:
+        """Each applied class's counts, from the slice and claim watches; None until both have
+        listed once (a replica that just became active keeps the counts status holds)."""
+        if self.device_counts is None or self.claims is None:
+            return None
+        allocated = self.claims.devices()
+        classes = tuple(class_selectors(c) for c in rendered.device_classes if c["metadata"]["name"] in applied)
+        counts = self.device_counts.class_counts(config.spec.driver_name, classes, allocated or set())
+        return None if allocated is None else counts
+
     def _devices(self, driver: str, old_status: Mapping[str, Any]) -> int:
         """Devices the driver publishes, from the watch of its slices; until that has listed them
         once (a replica that just became active), the count status already holds."""
@@ -474,16 +497,21 @@ class Reconciler:
                            device_plugin_nodes=[] if outcome.conflicts or config.spec.agent.allow_device_plugin
                            else await self._device_plugin_nodes(config.spec.driver_name))
         old_status = body.get("status") or {}
+        agents = agents_status(daemonset)
+        counts = None if outcome.conflicts else self._class_counts(config, rendered, applied_classes)
+        devices = 0 if outcome.conflicts else self._devices(config.spec.driver_name, old_status)
+        if counts is not None:
+            values.append(class_matches_no_device(counts, config.spec.driver_name, devices,
+                                                  agents_ready=agents["desired"] > 0 and agents["ready"] == agents["desired"]))
         conditions = apply_conditions(old_status.get("conditions"), values, config.generation,
                                       datetime.now(timezone.utc))
-        agents = agents_status(daemonset)
         status = {
             "observedGeneration": config.generation,
             "conditions": conditions,
             "agents": agents,
-            "deviceClasses": applied_classes,
+            "deviceClasses": _class_status(applied_classes, counts, old_status),
             "deviceClassCount": len(applied_classes),
-            "devices": 0 if outcome.conflicts else self._devices(config.spec.driver_name, old_status),
+            "devices": devices,
         }
         metrics.observe_agents(config.name, agents)
         if contains(old_status, status):

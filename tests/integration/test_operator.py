@@ -105,10 +105,11 @@ async def test_create_update_repair_delete(kube: Kube, configs, namespace: str, 
 
     ready = await wait_for(has_condition(kube, name, "Ready", "True"), timeout=60, what=f"{name} Ready=True")
     status = ready["status"]
-    assert {c["type"] for c in status["conditions"]} == {"Ready", "AgentsReady", "DeviceClassesReady", "Degraded"}
+    assert {c["type"] for c in status["conditions"]} == {"Ready", "AgentsReady", "DeviceClassesReady", "Degraded",
+                                                         "ClassMatchesNoDevice"}
     assert status["observedGeneration"] == ready["metadata"]["generation"]
     assert status["agents"] == {"desired": 1, "ready": 1, "updated": 1, "summary": "1/1"}
-    assert sorted(status["deviceClasses"]) == sorted(c["name"] for c in classes)
+    assert sorted(c["name"] for c in status["deviceClasses"]) == sorted(c["name"] for c in classes)
 
     uid = ready["metadata"]["uid"]
     big = await kube.get(DEVICE_CLASS, f"big-{suffix}.gpudra.io")

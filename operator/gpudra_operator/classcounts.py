@@ -1,0 +1,198 @@
+"""Per-DeviceClass device counts (``status.deviceClasses[]``): how many published devices each class
+of a GpuDraConfig matches, how many of those claims hold, how many are free, and on how many nodes.
+
+Matching is the scheduler's: every CEL selector of the class must be true for the device, and a
+selector that fails on a device (a missing attribute, say) does not match it
+(k8s.io/dynamic-resource-allocation/structured, the allocator's selector check), evaluated by
+:mod:`gpudra_operator.cel`. It is computed once per slice when the slice arrives (the watch of
+:mod:`.devicecount`), and what is kept is per device only the set of classes it matches, never the
+devices themselves; a change of the classes lists the driver's slices again. Claims come from one
+watch of all ResourceClaims (their allocation results), so a reconcile reads nothing to count.
+
+A device counts as allocated when a claim's allocation names it without adminAccess (admin access
+monitors a device, it does not hold it). A device several claims may share
+(``allowMultipleAllocations``) counts as allocated once one claim holds a share of it, though it may
+take more: "free" means nobody holds any of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tenacity import AsyncRetrying, RetryCallState, wait_exponential
+
+from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_operator.cel.selector import CompiledSelector, SelectorCompileError, compile_selector, device_input
+
+CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
+RETRY_INITIAL, RETRY_MAX = 0.5, 30.0
+log = logging.getLogger("gpudra.operator")
+
+# (driver, pool, device): one published device
+DeviceKey = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class ClassSelectors:
+    """One DeviceClass as matching needs it: its selectors compiled; ``error`` when one does not
+    compile (the class then matches nothing, as the API server would not have stored it)."""
+
+    name: str
+    selectors: tuple[CompiledSelector, ...] = ()
+    error: str | None = None
+
+    def matches(self, driver: str, device: Mapping[str, Any]) -> bool:
+        if self.error is not None:
+            return False
+        candidate = device_input(driver, device)
+        return all(s.evaluate(candidate).matched for s in self.selectors)
+
+
+def class_selectors(device_class: Mapping[str, Any]) -> ClassSelectors:
+    """The selectors of a DeviceClass object (as rendered or as stored)."""
+    name = device_class["metadata"]["name"]
+    expressions = [((s or {}).get("cel") or {}).get("expression") for s in
+                   ((device_class.get("spec") or {}).get("selectors") or [])]
+    try:
+        return ClassSelectors(name, tuple(compile_selector(e) for e in expressions if e))
+    except SelectorCompileError as error:
+        return ClassSelectors(name, error=error.message)
+
+
+@dataclass(frozen=True)
+class SliceMatches:
+    """What is kept of one ResourceSlice: its pool and node, and per device the classes it matches."""
+
+    pool: str
+    node: str
+    devices: Mapping[str, frozenset[str]]
+
+
+def slice_matches(driver: str, slice_: Obj, classes: Iterable[ClassSelectors]) -> SliceMatches:
+    spec = slice_.get("spec") or {}
+    classes = list(classes)
+    return SliceMatches(
+        pool=((spec.get("pool") or {}).get("name")) or "", node=spec.get("nodeName") or "",
+        devices={d["name"]: frozenset(c.name for c in classes if c.matches(driver, d))
+                 for d in spec.get("devices") or [] if d.get("name")})
+
+
+@dataclass(frozen=True)
+class ClassCount:
+    name: str
+    devices: int  # published devices the class matches
+    allocated: int  # of those, held by a claim
+    free: int
+    nodes_with_free: int
+
+    def to_status(self) -> dict[str, Any]:
+        return {"name": self.name, "devices": self.devices, "allocated": self.allocated, "free": self.free,
+                "nodesWithFree": self.nodes_with_free}
+
+
+def count(class_names: Iterable[str], driver: str, slices: Iterable[SliceMatches],
+          allocated: Iterable[DeviceKey]) -> list[ClassCount]:
+    """Each class's counts over ``slices`` (pure)."""
+    held = set(allocated)
+    names = list(class_names)
+    matching = dict.fromkeys(names, 0)
+    taken = dict.fromkeys(names, 0)
+    nodes: dict[str, set[str]] = {n: set() for n in names}
+    for s in slices:
+        for device, classes in s.devices.items():
+            busy = (driver, s.pool, device) in held
+            for name in classes:
+                if name in matching:
+                    matching[name] += 1
+                    if busy:
+                        taken[name] += 1
+                    else:
+                        nodes[name].add(s.node or s.pool)
+    return [ClassCount(n, matching[n], taken[n], matching[n] - taken[n], len(nodes[n])) for n in names]
+
+
+def allocated_devices(claim: Obj) -> tuple[DeviceKey, ...]:
+    """The devices a claim's allocation holds (adminAccess results hold nothing)."""
+    results = ((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")) or []
+    return tuple((r.get("driver") or "", r.get("pool") or "", r.get("device") or "")
+                 for r in results if not r.get("adminAccess"))
+
+
+@dataclass
+class AllocatedDevices:
+    """Every claim's allocated devices, from one list and then a watch of all ResourceClaims."""
+
+    kube: Kube
+    page_size: int = 500
+    claims: dict[str, tuple[DeviceKey, ...]] = field(default_factory=dict)  # claim UID -> its devices
+    synced: bool = False
+    version: str | None = None
+
+    def devices(self) -> set[DeviceKey] | None:
+        """None until the claims have been listed once."""
+        return {d for held in self.claims.values() for d in held} if self.synced else None
+
+    async def run(self) -> None:
+        while True:
+            await AsyncRetrying(wait=wait_exponential(multiplier=RETRY_INITIAL, max=RETRY_MAX),
+                                before_sleep=self._log_retry)(self._sync)
+
+    def _log_retry(self, state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        log.warning("watching ResourceClaims failed (%r); retrying", error)
+
+    async def _sync(self) -> None:
+        if self.version is None:
+            await self._relist()
+        async for kind, obj in self.kube.watch(CLAIM, resource_version=self.version, timeout_seconds=300):
+            if kind == "ERROR":
+                self.version = None
+                return
+            self.version = obj["metadata"].get("resourceVersion") or self.version
+            uid = obj["metadata"].get("uid") or ""
+            if kind == "DELETED":
+                self.claims.pop(uid, None)
+            elif kind != "BOOKMARK":
+                self._keep(uid, obj)
+
+    def _keep(self, uid: str, claim: Obj) -> None:
+        held = allocated_devices(claim)
+        if held:
+            self.claims[uid] = held
+        else:
+            self.claims.pop(uid, None)
+
+    async def _relist(self) -> None:
+        self.claims = {}
+        token: str | None = None
+        while True:
+            page = await self.kube.request("GET", CLAIM.path(), query={"limit": self.page_size, "continue": token})
+            for obj in page.get("items") or []:
+                self._keep(obj["metadata"].get("uid") or "", obj)
+            token = page["metadata"].get("continue")
+            if not token:
+                break
+        self.synced = True
+        self.version = str(page["metadata"]["resourceVersion"])
+
+
+class ClaimWatch:
+    """The one :class:`AllocatedDevices` of an operator, started on first use."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.state = AllocatedDevices(kube)
+        self._task: asyncio.Task[None] | None = None
+
+    def devices(self) -> set[DeviceKey] | None:
+        if self._task is None:
+            self._task = asyncio.create_task(self.state.run(), name="resourceclaims")
+        return self.state.devices()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
