@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import os
 from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpudra_driver.driverroot import DriverRoot
 
 ENV_VAR = "GPUDRA_NVML"
+MOCK_STATE_ENV = "GPUDRA_MOCK_STATE_DIR"  # the simulator's injected health, as the mock library reads it
+MOCK_STATE_SUBDIR = "run/gpudra-mock"  # under the driver root otherwise
 DEFAULT_SPEC = "real"
 FAKE_PREFIX = "fake:"
 
@@ -32,7 +35,10 @@ def load_nvml(spec: str | None = None, driver_root: DriverRoot | None = None) ->
     With real NVML, ``libnvidia-ml.so.1`` is found in ``driver_root`` (default: ``/``) and opened
     by its full path before pynvml's ``nvmlInit`` would look it up by soname: the agent's image has
     no NVIDIA library, and putting the root's lib dir on ``LD_LIBRARY_PATH`` would load the host's
-    glibc into the agent as well. :class:`NvmlUnavailable` names the root and every path searched."""
+    glibc into the agent as well. :class:`NvmlUnavailable` names the root and every path searched.
+
+    The simulator reads injected health (XID events, a lost GPU) from ``$GPUDRA_MOCK_STATE_DIR``,
+    else ``<driver_root>/run/gpudra-mock``, as the mock library does (none without a root)."""
     spec = resolve_spec(spec)
     if spec == "real":
         try:
@@ -52,7 +58,9 @@ def load_nvml(spec: str | None = None, driver_root: DriverRoot | None = None) ->
     if spec.startswith(FAKE_PREFIX):
         from gpudra_driver.nvml.fake import FakeNvml, load_profile
 
-        return FakeNvml(load_profile(spec[len(FAKE_PREFIX):]))
+        state = os.environ.get(MOCK_STATE_ENV)
+        state_dir = Path(state) if state else driver_root.local / MOCK_STATE_SUBDIR if driver_root else None
+        return FakeNvml(load_profile(spec[len(FAKE_PREFIX):]), state_dir)
     raise ValueError(f"unknown NVML spec {spec!r}: use 'real' or 'fake:<profile>' ({', '.join(profile_names())})")
 
 

@@ -22,6 +22,15 @@ the NVML API reference:
 
 The MIG-disabled and full-GPU answers were checked against NVML 580.159.04 on an H200.
 
+Health, injected at run time like the mock library's (the same ``<state>/events`` lines, written
+by ``gpudra_operator.localcluster.mockstate``; the format is in ``tests/mocknvml/mock_nvml.c``):
+XID critical and double-bit ECC events through ``nvmlEventSetCreate`` / ``nvmlDeviceRegisterEvents``
+/ ``nvmlEventSetWait_v2`` / ``nvmlEventSetFree``, a lost GPU (``GpuIsLost`` from lookups and from
+every call on it), and ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` through ``nvmlDeviceGetFieldValues``.
+The state directory is the one given (:func:`gpudra_driver.nvml.load_nvml` passes
+``$GPUDRA_MOCK_STATE_DIR``, else ``<driver root>/run/gpudra-mock``); without one nothing is injected.
+The wait looks at the file every 10 ms (the mock library uses inotify).
+
 Profiles (YAML) describe the machine; see ``gpudra_driver/profiles/*.yaml`` and
 :func:`load_profile`. Fault injection per GPU or MIG device: ``fail: true`` makes
 ``nvmlDeviceGetUUID`` raise ``NVMLError_Unknown``; ``fail: {nvmlDeviceGetMemoryInfo: GpuIsLost}``
@@ -32,6 +41,9 @@ makes ``nvmlInit`` fail.
 from __future__ import annotations
 
 import ctypes
+import os
+import threading
+import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -243,13 +255,59 @@ class _Handle:
         return f"<fake nvmlDevice {self.mig.uuid if self.mig else self.gpu.uuid}>"
 
 
+EVENTS_FILE = "events"  # in the state directory, as the mock library reads it
+SUPPORTED_EVENTS = (pynvml.nvmlEventTypeSingleBitEccError | pynvml.nvmlEventTypeDoubleBitEccError
+                    | pynvml.nvmlEventTypeXidCriticalError)
+NO_INSTANCE = 0xFFFFFFFF  # an event's GPU/compute instance ID when it is not on a MIG device
+_WAIT_STEP = 0.01
+
+
+@dataclass(frozen=True)
+class EventData:
+    """pynvml.c_nvmlEventData_t's fields; ``device`` is this simulator's handle, which a ctypes
+    structure cannot hold."""
+
+    device: _Handle
+    eventType: int
+    eventData: int
+    gpuInstanceId: int
+    computeInstanceId: int
+
+
+class _EventSet:
+    """Opaque like pynvml's c_nvmlEventSet_t: registered types per GPU index, and how far into the
+    events file it has delivered."""
+
+    def __init__(self, offset: int) -> None:
+        self.masks: dict[int, int] = {}
+        self.offset = offset
+        self.freed = False
+
+
+def _read_lines(path: Path, offset: int) -> tuple[list[str], int]:
+    """The complete lines of ``path`` from ``offset``, and the offset after them."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1  # a line still being written waits for its newline
+    return data[:end].decode(errors="replace").splitlines(), offset + end
+
+
 class FakeNvml:
     """Module-like: ``nvml.nvmlInit()``, ``nvml.NVMLError_NotSupported``, ``nvml.NVML_BRAND_NVIDIA``."""
 
-    def __init__(self, profile: Profile) -> None:
+    def __init__(self, profile: Profile, state_dir: Path | None = None) -> None:
         self.profile = profile
         self._refcount = 0
         self._compute_modes: dict[int, int] = {}  # GPU index -> mode; absent: DEFAULT
+        self._events = state_dir / EVENTS_FILE if state_dir is not None else None
+        self._health_lock = threading.Lock()  # the health monitor's thread and discovery's share it
+        self._health_offset = 0
+        self._lost: set[int] = set()  # GPU indexes
+        self._recovery_actions: dict[int, int] = {}
 
     def __getattr__(self, name: str) -> Any:
         # Constants and exception classes are pynvml's own; unimplemented functions are absent
@@ -269,6 +327,9 @@ class FakeNvml:
     def nvmlInitWithFlags(self, flags: int) -> None:
         if self.profile.init_error:
             raise _error_class(self.profile.init_error)()
+        if self._refcount == 0:  # a GPU lost before this init is still lost: fold the file again
+            with self._health_lock:
+                self._health_offset, self._lost, self._recovery_actions = 0, set(), {}
         self._refcount += 1
 
     def nvmlShutdown(self) -> None:
@@ -296,19 +357,26 @@ class FakeNvml:
         self._ready()
         if not 0 <= index < len(self.profile.gpus):
             raise pynvml.NVMLError_InvalidArgument()
+        self._check_lost(index)
         return _Handle(self.profile.gpus[index], index)
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> _Handle:
         """A GPU's or a MIG device's handle; ``NotFound`` for any other UUID."""
         self._ready()
-        wanted = uuid.decode() if isinstance(uuid, bytes) else uuid
+        handle = self._find(uuid.decode() if isinstance(uuid, bytes) else uuid)
+        if handle is None:
+            raise pynvml.NVMLError_NotFound()
+        self._check_lost(handle.index)
+        return handle
+
+    def _find(self, uuid: str) -> _Handle | None:
         for index, gpu in enumerate(self.profile.gpus):
-            if gpu.uuid == wanted:
+            if gpu.uuid == uuid:
                 return _Handle(gpu, index)
             for slot, mig in gpu.migs.items():
-                if mig.uuid == wanted:
+                if mig.uuid == uuid:
                     return _Handle(gpu, index, mig, slot)
-        raise pynvml.NVMLError_NotFound()
+        return None
 
     def nvmlDeviceGetIndex(self, handle: _Handle) -> int:
         return self._gpu(handle, "nvmlDeviceGetIndex").index
@@ -426,6 +494,126 @@ class FakeNvml:
             raise pynvml.NVMLError_InvalidArgument()
         self._compute_modes[index] = mode
 
+    # -- health: the recovery-action field and events ------------------------------------------
+
+    def nvmlDeviceGetFieldValues(self, handle: _Handle, field_ids: list[Any]) -> Any:
+        """Only NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (per GPU; a MIG handle reads its parent's);
+        other fields get NOT_SUPPORTED in their own ``nvmlReturn``, as the real call reports."""
+        h = self._any(handle, "nvmlDeviceGetFieldValues")
+        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        for value, field_id in zip(values, field_ids):
+            value.fieldId, value.scopeId = field_id if isinstance(field_id, tuple) else (field_id, 0)
+            value.timestamp = time.time_ns() // 1000
+            if value.fieldId == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+                value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                value.value.uiVal = self._recovery_actions.get(h.index, pynvml.NVML_GPU_RECOVERY_ACTION_NONE)
+                value.nvmlReturn = pynvml.NVML_SUCCESS
+            else:
+                value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return values
+
+    def nvmlEventSetCreate(self) -> _EventSet:
+        self._ready()
+        try:  # only events from now on, as NVML
+            offset = self._events.stat().st_size if self._events is not None else 0
+        except FileNotFoundError:
+            offset = 0
+        return _EventSet(offset)
+
+    def nvmlEventSetFree(self, event_set: _EventSet) -> None:
+        self._ready()
+        self._event_set(event_set).freed = True
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: _Handle) -> int:
+        self._gpu(handle, "nvmlDeviceGetSupportedEventTypes")
+        return SUPPORTED_EVENTS
+
+    def nvmlDeviceRegisterEvents(self, handle: _Handle, event_types: int, event_set: _EventSet) -> None:
+        index = self._gpu(handle, "nvmlDeviceRegisterEvents").index
+        if event_types & ~SUPPORTED_EVENTS:
+            _not_supported()
+        target = self._event_set(event_set)
+        target.masks[index] = target.masks.get(index, 0) | event_types
+
+    def nvmlEventSetWait_v2(self, event_set: _EventSet, timeoutms: int) -> Any:
+        """The next event registered in ``event_set``: :class:`EventData`; ``GpuIsLost`` when a
+        registered GPU was lost; ``Timeout`` after ``timeoutms`` without one."""
+        self._ready()
+        target = self._event_set(event_set)
+        deadline = time.monotonic() + timeoutms / 1000
+        while True:
+            data = self._next_event(target)
+            if data is not None:
+                return data
+            if time.monotonic() >= deadline:
+                raise pynvml.NVMLError_Timeout()
+            time.sleep(min(_WAIT_STEP, max(0.0, deadline - time.monotonic())))  # a blocking call's wait
+
+    def nvmlEventSetWait(self, event_set: _EventSet, timeoutms: int) -> Any:
+        return self.nvmlEventSetWait_v2(event_set, timeoutms)
+
+    def _next_event(self, target: _EventSet) -> Any:
+        if self._events is None:
+            return None
+        while True:
+            lines, _ = _read_lines(self._events, target.offset)
+            if not lines:
+                return None
+            line = lines[0]
+            target.offset += len(line.encode()) + 1
+            words = line.split()
+            handle = self._find(words[1]) if len(words) >= 2 else None
+            if handle is None:
+                continue
+            registered = target.masks.get(handle.index, 0)
+            verb = words[0]
+            if verb == "lost" and registered:
+                raise pynvml.NVMLError_GpuIsLost()
+            kind = (pynvml.nvmlEventTypeXidCriticalError if verb == "xid" and len(words) == 3
+                    else pynvml.nvmlEventTypeDoubleBitEccError if verb == "ecc" else 0)
+            if not kind or not registered & kind:
+                continue
+            return EventData(
+                device=_Handle(handle.gpu, handle.index), eventType=kind,
+                eventData=int(words[2]) if kind == pynvml.nvmlEventTypeXidCriticalError else 0,
+                gpuInstanceId=handle.mig.gpu_instance_id if handle.mig else NO_INSTANCE,
+                computeInstanceId=handle.mig.compute_instance_id if handle.mig else NO_INSTANCE)
+
+    def _event_set(self, event_set: Any) -> _EventSet:
+        if not isinstance(event_set, _EventSet) or event_set.freed:
+            raise pynvml.NVMLError_InvalidArgument()
+        return event_set
+
+    def _refresh_health(self) -> None:
+        """Fold the lost/action/recover lines appended since the last look into the GPUs' state."""
+        if self._events is None:
+            return
+        with self._health_lock:
+            try:
+                size = self._events.stat().st_size
+            except FileNotFoundError:
+                return
+            if size < self._health_offset:  # replaced by a shorter file: start over
+                self._health_offset, self._lost, self._recovery_actions = 0, set(), {}
+            lines, self._health_offset = _read_lines(self._events, self._health_offset)
+            for line in lines:
+                words = line.split()
+                handle = self._find(words[1]) if len(words) >= 2 else None
+                if handle is None:
+                    continue
+                if words[0] == "lost":
+                    self._lost.add(handle.index)
+                elif words[0] == "recover":
+                    self._lost.discard(handle.index)
+                    self._recovery_actions.pop(handle.index, None)
+                elif words[0] == "action" and len(words) == 3:
+                    self._recovery_actions[handle.index] = int(words[2])
+
+    def _check_lost(self, index: int) -> None:
+        self._refresh_health()
+        if index in self._lost:
+            raise pynvml.NVMLError_GpuIsLost()
+
     # -- checks shared by every call ------------------------------------------------------------
 
     def _ready(self) -> None:
@@ -436,6 +624,7 @@ class FakeNvml:
         self._ready()
         if not isinstance(handle, _Handle):
             raise pynvml.NVMLError_InvalidArgument()
+        self._check_lost(handle.index)
         faults = handle.mig.fail if handle.mig else handle.gpu.fail
         if call in faults:
             raise _error_class(faults[call])()
