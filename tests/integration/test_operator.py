@@ -340,3 +340,70 @@ async def test_spec_sharing_mps_runs_the_mps_supervisor_until_it_leaves_the_spec
     await wait_for(lambda: _absent(kube, DAEMONSET, "gpudra-mps", ns), timeout=30,
                    what="the gpudra-mps DaemonSet to go with spec.sharing.mps")
     assert await kube.get(DAEMONSET, "gpudra-agent", ns) is not None
+
+
+SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
+CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
+
+
+async def test_class_counts_follow_slices_and_claims_and_a_class_that_matches_nothing_warns(
+        kube: Kube, configs, namespace: str, fake_nodes, cluster: ControlPlane, suffix: str) -> None:
+    """status.deviceClasses[] from the operator's watches (the slices a node publishes, the claims
+    that hold devices), and ClassMatchesNoDevice the moment a parameter makes a class match nothing."""
+    await agent_namespace(kube, namespace)
+    node = (await fake_nodes("gpu", labels={"gpudra-test": suffix}))["metadata"]["name"]
+    name, driver = f"cnt-{suffix}", f"c{suffix}.gpudra.io"
+    everything, big, huge = f"all-{suffix}.gpudra.io", f"big-{suffix}.gpudra.io", f"huge-{suffix}.gpudra.io"
+    await configs(make_config(name, namespace, driver, [
+        {"name": everything, "template": "all"},
+        {"name": big, "template": "min-memory", "parameters": {"memory": "64Gi"}},
+        {"name": huge, "template": "min-memory", "parameters": {"memory": "800Gi"}}],  # meant 80Gi
+        nodeSelector={"gpudra-test": suffix}))
+    await wait_for(has_condition(kube, name, "Ready", "True"), timeout=60, what=f"{name} Ready=True")
+    # what an agent on the node publishes: two GPUs, 80Gi and 40Gi
+    await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                       "metadata": {"name": f"{node}-{suffix}"},
+                       "spec": {"driver": driver, "nodeName": node,
+                                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                                "devices": [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}},
+                                             "capacity": {"memory": {"value": memory}}}
+                                            for i, memory in enumerate(("80Gi", "40Gi"))]}})
+
+    def counts_are(expected: dict[str, tuple[int, int, int, int]]):
+        async def probe() -> Obj | None:
+            config = await kube.get(CONFIG, name)
+            got = {c["name"]: (c.get("devices"), c.get("allocated"), c.get("free"), c.get("nodesWithFree"))
+                   for c in (config.get("status") or {}).get("deviceClasses") or []}
+            return config if got == expected else None
+        return probe
+
+    config = await wait_for(counts_are({everything: (2, 0, 2, 1), big: (1, 0, 1, 1), huge: (0, 0, 0, 0)}),
+                            timeout=30, what="the per-class counts")
+    warning = condition(config, "ClassMatchesNoDevice")
+    assert warning is not None and (warning["status"], warning["reason"]) == ("True", "ClassMatchesNoDevice")
+    assert warning["message"].startswith(f"DeviceClass {huge} matches none of the 2 devices driver {driver}")
+    assert condition(config, "Ready")["status"] == "True"  # a warning: the config itself is applied
+    assert [e for e in await events_about(kube, name) if e["reason"] == "ClassMatchesNoDevice"]
+    described = cluster.kubectl("describe", "gdc", name).stdout
+    assert "ClassMatchesNoDevice" in described and huge in described
+
+    # A claim holds the 80Gi GPU: counted as allocated (the next status refresh, from the claim watch).
+    await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                       "metadata": {"name": "holder", "namespace": namespace},
+                       "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": big}}]}}})
+    await kube.patch(CLAIM, "holder", {"status": {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": driver, "pool": node, "device": "gpu-0"}]}}}},
+        namespace=namespace, subresource="status")
+    await wait_for(counts_are({everything: (2, 1, 1, 1), big: (1, 1, 0, 0), huge: (0, 0, 0, 0)}), timeout=30,
+                   what="the allocated GPU counted")
+
+    # The parameter fixed: every class matches, the warning clears.
+    await kube.patch(CONFIG, name, {"spec": {"deviceClasses": [
+        {"name": everything, "template": "all"},
+        {"name": big, "template": "min-memory", "parameters": {"memory": "64Gi"}},
+        {"name": huge, "template": "min-memory", "parameters": {"memory": "80Gi"}}]}})
+    config = await wait_for(counts_are({everything: (2, 1, 1, 1), big: (1, 1, 0, 0), huge: (1, 1, 0, 0)}),
+                            timeout=30, what="the fixed class's counts")
+    await wait_for(has_condition(kube, name, "ClassMatchesNoDevice", "False", "EveryClassMatches"), timeout=30,
+                   what="the warning to clear")
+    await kube.delete(SLICE, f"{node}-{suffix}")
