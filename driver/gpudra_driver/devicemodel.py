@@ -223,6 +223,26 @@ class RequestPolicy:
         return found
 
 
+TaintEffect: TypeAlias = Literal["None", "NoSchedule", "NoExecute"]
+TAINT_EFFECTS: tuple[TaintEffect, ...] = ("None", "NoSchedule", "NoExecute")
+
+
+@dataclass(frozen=True)
+class DeviceTaint:
+    """A device taint (KEP-5055, resource.k8s.io/v1 ``DeviceTaint``): ``key`` a qualified name in
+    the driver's domain, ``value`` a label value (may be empty), ``time_added`` an RFC 3339 time in
+    whole seconds, as the API server stores it, so a republished slice compares equal."""
+
+    key: str
+    value: str
+    effect: TaintEffect
+    time_added: str
+
+    def __post_init__(self) -> None:
+        if self.effect not in TAINT_EFFECTS:
+            raise ValueError(f"taint {self.key}: effect must be one of {TAINT_EFFECTS}, not {self.effect!r}")
+
+
 @dataclass(frozen=True)
 class Device:
     """One allocatable device. ``capacity`` values are bytes (unit ``bytes``) or counts.
@@ -238,6 +258,7 @@ class Device:
     capacity: dict[str, int] = field(default_factory=dict)
     allow_multiple_allocations: bool = False
     request_policies: dict[str, RequestPolicy] = field(default_factory=dict)
+    taints: tuple[DeviceTaint, ...] = ()  # set by device health (gpudra_driver.health), not discovery
 
     def __post_init__(self) -> None:
         limits.check_dns_label(f"device {self.name!r} name", self.name)

@@ -9,11 +9,12 @@ that says what to fix.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sized
+from collections.abc import Mapping, Sequence, Sized
 
 # ResourceSlice
 MAX_DEVICES_PER_SLICE = 128  # ResourceSliceMaxDevices
 MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS = 64  # ...WithTaintsOrConsumesCounters
+MAX_TAINTS_PER_DEVICE = 16  # DeviceTaintsMaxLength
 MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE = 32  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
 MAX_POOL_NAME_LENGTH = 253
 MAX_DRIVER_NAME_LENGTH = 63  # DriverNameMaxLength (a DNS subdomain, validated like a CSI driver)
@@ -139,6 +140,19 @@ def check_devices_per_slice(subject: str, count: int, *, taints_or_counters: boo
     limit = MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS if taints_or_counters else MAX_DEVICES_PER_SLICE
     if count > limit:
         raise LimitError(subject, f"{count} devices, the limit per ResourceSlice is {limit}")
+
+
+def check_taints(subject: str, taints: Sequence[tuple[str, str]]) -> None:
+    """Device taints as ``(key, value)``: at most 16, each key a label name (``<domain>/<name>``),
+    each value a label value."""
+    if len(taints) > MAX_TAINTS_PER_DEVICE:
+        raise LimitError(subject, f"{len(taints)} taints, the limit per device is {MAX_TAINTS_PER_DEVICE}")
+    for key, value in taints:
+        domain, _, name = key.rpartition("/")
+        if (domain and not is_dns_subdomain(domain)) or not name or not is_label_value(name):
+            raise LimitError(subject, f"taint key {key!r} is not a label name")
+        if not is_label_value(value):
+            raise LimitError(subject, f"taint {key} value {value!r} is not a label value")
 
 
 def check_labels(subject: str, labels: Mapping[str, str]) -> None:

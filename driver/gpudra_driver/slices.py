@@ -1,7 +1,8 @@
 """ResourceSlice building: the device model in, resource.k8s.io/v1 objects (plain dicts) out.
 
 One pool per node, named after the node, as NVIDIA's driver and the upstream kubeletplugin helper
-do. Devices are sorted by name (naturally: gpu-2 before gpu-10) and cut into slices of at most 128,
+do. Devices are sorted by name (naturally: gpu-2 before gpu-10) and cut into slices of at most 128
+(64 while any device of the pool carries a taint: the API's limit for a slice with taints),
 so the same devices always land in the same slice with the same name; a publisher can compare
 desired and observed objects and write nothing when nothing changed. Every limit in
 :mod:`gpudra_driver.limits` is checked before anything is returned.
@@ -18,7 +19,7 @@ from typing import Any
 
 from gpudra_driver import limits
 from gpudra_driver.consumable import policy_to_api
-from gpudra_driver.devicemodel import CAPACITIES, AttrValue, Device
+from gpudra_driver.devicemodel import CAPACITIES, AttrValue, Device, DeviceTaint
 from gpudra_driver.quantity import format_quantity
 
 API_VERSION = "resource.k8s.io/v1"
@@ -35,7 +36,7 @@ def build_slices(
     generation: int,
     devices: Iterable[Device],
     *,
-    max_devices: int = limits.MAX_DEVICES_PER_SLICE,
+    max_devices: int | None = None,
 ) -> list[dict[str, Any]]:
     """The ResourceSlices publishing ``devices`` for ``node_name``'s pool at ``generation``.
 
@@ -48,10 +49,14 @@ def build_slices(
     limits.check_dns_subdomain("pool name", node_name, limits.MAX_POOL_NAME_LENGTH)
     if not 0 <= generation <= limits.INT64_MAX:
         raise limits.LimitError("pool generation", f"{generation} must be a non-negative int64")
-    if not 0 < max_devices <= limits.MAX_DEVICES_PER_SLICE:
-        raise limits.LimitError("max_devices", f"must be 1..{limits.MAX_DEVICES_PER_SLICE}")
-
     ordered = sorted(devices, key=lambda d: _natural_key(d.name))
+    tainted = any(d.taints for d in ordered)
+    limit = limits.MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS if tainted else limits.MAX_DEVICES_PER_SLICE
+    if max_devices is None:
+        max_devices = limit
+    if not 0 < max_devices <= limit:
+        raise limits.LimitError("max_devices", f"must be 1..{limit}")
+
     names = [d.name for d in ordered]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:  # the allocator rejects a pool with duplicate device names
@@ -64,7 +69,8 @@ def build_slices(
         name = slice_name(node_name, driver, i)
         limits.check_dns_subdomain("ResourceSlice name", name)
         limits.check_labels(f"ResourceSlice {name}", labels)
-        limits.check_devices_per_slice(f"ResourceSlice {name}", len(chunk))
+        limits.check_devices_per_slice(f"ResourceSlice {name}", len(chunk),
+                                       taints_or_counters=any(d.taints for d in chunk))
         metadata: dict[str, Any] = {"name": name, "labels": dict(labels)}
         if node_uid:
             metadata["ownerReferences"] = [
@@ -145,6 +151,17 @@ def device_to_api(device: Device) -> dict[str, Any]:
         entry["capacity"] = capacity
     if device.allow_multiple_allocations:
         entry["allowMultipleAllocations"] = True
+    if device.taints:
+        limits.check_taints(subject, [(t.key, t.value) for t in device.taints])
+        entry["taints"] = [taint_to_api(t) for t in device.taints]
+    return entry
+
+
+def taint_to_api(taint: DeviceTaint) -> dict[str, str]:
+    """``{key, value?, effect, timeAdded}``; an empty value is left out, as the API server does."""
+    entry = {"key": taint.key, "effect": taint.effect, "timeAdded": taint.time_added}
+    if taint.value:
+        entry["value"] = taint.value
     return entry
 
 
