@@ -16,7 +16,10 @@ import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .localcluster.gpucluster import LocalGpuCluster
 
 SAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "samples"
 
@@ -105,6 +108,9 @@ async def _demo(bin_dir: Path, workdir: Path, pid_file: Path, exit_after: bool) 
         show(f"jq . {result.cdi_spec_path}  # summarised", describe_cdi_spec(json.loads(result.cdi_spec_path.read_text())))
         step(f"the pod runs on {result.node_name} with {result.device} "
              f"({result.memory} of memory, UUID {result.uuid}); the 40 GB A100 node was never a candidate")
+        step("a second claim asks for 8 GPUs with >= 64Gi each: the H100 node has 7 left, so the pod stays Pending")
+        show(f"gpudra explain pod default/{UNFIT} --kubeconfig {cluster.plane.kubeconfig}",
+             await explain_unfit_claim(cluster))
         step(f"walkthrough done in {time.monotonic() - started:.0f}s")
         print(f"\n  export KUBECONFIG={cluster.plane.kubeconfig}\n  kubectl get gdc,deviceclasses,resourceslices\n")
         if exit_after:
@@ -112,6 +118,41 @@ async def _demo(bin_dir: Path, workdir: Path, pid_file: Path, exit_after: bool) 
         step("the cluster stays up; Ctrl-C (or `make demo-down`) stops it")
         await stop.wait()
     return 0
+
+
+UNFIT = "train-8x64gi"
+
+
+async def explain_unfit_claim(cluster: LocalGpuCluster) -> str:
+    """A claim for 8 GPUs of >= 64Gi and a pod using it; once the scheduler has given up on the
+    pod, what `gpudra explain pod` says about it."""
+    from gpudra_driver.kubeapi import resource_type
+
+    from .explain import explain_snapshot
+    from .explain.gather import read_snapshot
+    from .explain.report import as_text
+    from .localcluster.waiting import wait_for
+
+    pods = resource_type("v1", "Pod")
+    selector = f'device.capacity["{cluster.driver}"].memory.compareTo(quantity("64Gi")) >= 0'
+    await cluster.kube.create({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": UNFIT, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+            "deviceClassName": cluster.driver, "count": 8, "selectors": [{"cel": {"expression": selector}}]}}]}}})
+    await cluster.kube.create({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": UNFIT, "namespace": "default"},
+        "spec": {"resourceClaims": [{"name": "gpus", "resourceClaimName": UNFIT}],
+                 "containers": [{"name": "train", "image": "nvcr.io/nvidia/cuda:12.8.1-base-ubuntu24.04",
+                                 "command": ["nvidia-smi", "-L"], "resources": {"claims": [{"name": "gpus"}]}}]}})
+
+    async def unschedulable() -> bool:
+        pod = await cluster.kube.get(pods, UNFIT, "default")
+        return any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+                   for c in ((pod or {}).get("status") or {}).get("conditions") or [])
+
+    await wait_for(unschedulable, timeout=60, what=f"the scheduler to give up on pod {UNFIT}")
+    snapshot = await read_snapshot(cluster.kube, "pod", "default", UNFIT, cluster.driver)
+    return as_text(explain_snapshot(snapshot, cluster.driver))
 
 
 def describe_cdi_spec(spec: dict[str, Any]) -> str:

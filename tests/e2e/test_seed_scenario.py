@@ -5,6 +5,8 @@ kubelet plugin socket into a CDI spec valid against the official CDI schema, the
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -116,7 +118,15 @@ async def test_too_big_a_request_stays_pending_and_the_troubleshooting_shows_why
     pod = await wait_for(unschedulable, timeout=60, what="the too-big pod to be reported Unschedulable")
     name = pod["metadata"]["name"]
     assert not pod["spec"].get("nodeName")
-    # The README's troubleshooting steps, in order.
+    # The README's troubleshooting steps, in order: `gpudra explain` first, which says why at once.
+    explained = subprocess.run(
+        [sys.executable, "-m", "gpudra_operator.cli", "explain", "pod", f"default/{name}",
+         "--kubeconfig", str(gpu_cluster.plane.kubeconfig)], capture_output=True, text=True, timeout=60, check=False)
+    assert explained.returncode == 0, explained.stderr
+    conclusion = explained.stdout.splitlines()[-1]
+    assert conclusion.startswith("no node can satisfy request gpu: 19 devices match the class, 0 pass request gpu #0 "
+                                 '`device.capacity["gpu.gpudra.io"].memory.compareTo(quantity("1Ti")) >= 0`'), conclusion
+    assert "(largest: 81559Mi on gpu-h100-0/gpu-" in conclusion, conclusion
     assert "Pending" in gpu_cluster.kubectl("get", "pod", name)
     described = gpu_cluster.kubectl("describe", "pod", name)
     assert "FailedScheduling" in described and "cannot allocate all claims" in described, described
