@@ -143,3 +143,13 @@ def test_compile_errors_say_why_and_flag_what_the_evaluator_lacks() -> None:
     assert lacking.value.unsupported
     with pytest.raises(SelectorCompileError, match="exceeds 10240 bytes"):
         compile_selector("true || " * 1300 + "true")
+
+
+@pytest.mark.parametrize("expression", [
+    'device.attributes["gpu.gpudra.io"].all(k, v, k != "")',  # two-variable comprehension (cel-go ext)
+    'device.attributes["gpu.gpudra.io"].index < 1.5 && 1 < 1.5',  # cross-type numeric literals
+])
+def test_what_kubernetes_accepts_and_cel_cpp_does_not_is_unsupported_not_wrong(expression: str) -> None:
+    with pytest.raises(SelectorCompileError) as info:
+        compile_selector(expression)
+    assert info.value.unsupported and not info.value.syntax

@@ -220,10 +220,18 @@ def test_hand_written_unknown_names_in_inline_templates_are_rejected(written: st
     assert "not published" in info.value.message
 
 
+def test_a_selector_that_is_not_cel_is_refused_with_the_parsers_words() -> None:
+    source = HEAD + "{{ '" + D + '.productName == "x" &&' + "' | yaml_string }}\n"
+    with pytest.raises(RenderError) as info:
+        inline(source)
+    assert info.value.message.startswith("invalid value: spec.selectors[0]: compilation failed: ERROR: <input>:1:")
+    assert "Syntax error" in info.value.message
+
+
 @pytest.mark.parametrize("written", [
     f'{D}.productName == "x" && device.capacity["{DRIVER}"]["memory"].compareTo(quantity("1Gi")) >= 0',
     'device.attributes["other.vendor.com"].gpuModel == "x"',  # not our domain: not ours to judge
-    f'"{D}.gpuModel" == device.attributes["resource.kubernetes.io"].pciBusID',  # inside a literal
+    f"'{D}.gpuModel' == device.attributes[\"resource.kubernetes.io\"].pciBusID",  # inside a literal
     f'{D}.`productName` == "x" // {D}.gpuModel in a comment',
 ])
 def test_known_names_other_domains_and_literals_pass(written: str) -> None:

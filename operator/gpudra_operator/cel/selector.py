@@ -37,14 +37,26 @@ from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, cel_tokens
 
 _STATUS_PREFIX = re.compile(r"^[A-Z_]+: ")
 _UNDECLARED = re.compile(r"undeclared reference to '([^']+)'")
+# What cel-go accepts in the Kubernetes environment and cel-cpp's checker refuses: two-variable
+# comprehensions (ext.TwoVarComprehensions) and ordering across numeric types in literals
+# (cel.CrossTypeNumericComparisons).
+_TWO_VARIABLE_MACRO = re.compile(
+    r"\.\s*(all|exists|existsOne|exists_one|transformList|transformMap|transformMapEntry)\s*\(\s*"
+    r"[A-Za-z_][A-Za-z0-9_]*\s*,\s*[A-Za-z_][A-Za-z0-9_]*\s*,")
+_CROSS_NUMERIC = re.compile(r"no matching overload for '_(<|<=|>|>=)_' applied to '\((int|uint|double), (int|uint|double)\)'")
 _STATUS_SUFFIX = re.compile(r" \[[A-Z_]+\]$")
 # cel-cpp's words for a missing key, in cel-go's (what the scheduler's events say).
 _MISSING_KEY = re.compile(r'^Key not found in map : "(.*)"$')
 
 
 class SelectorCompileError(ValueError):
-    """A selector that does not compile. ``unsupported`` is True when it uses a function of the
-    Kubernetes environment this evaluator lacks (then the cluster may well accept it)."""
+    """A selector that does not compile. ``unsupported`` is True when it uses what the Kubernetes
+    environment has and this evaluator lacks (then the cluster may well accept it)."""
+
+    @property
+    def syntax(self) -> bool:
+        """A parse error: the grammar is CEL's own, so the API server refuses it too."""
+        return "Syntax error" in self.message
 
     def __init__(self, expression: str, message: str, *, unsupported: bool = False) -> None:
         super().__init__(message)
@@ -160,7 +172,8 @@ def compile_selector(expression: str) -> CompiledSelector:
         detail = _STATUS_SUFFIX.sub("", "\n".join(line for line in text.splitlines() if line.strip()))
         raise SelectorCompileError(
             expression, f"compilation failed: {_STATUS_PREFIX.sub('', detail)}",
-            unsupported=bool(missing & UNSUPPORTED_FUNCTIONS)) from None
+            unsupported=bool(missing & UNSUPPORTED_FUNCTIONS) or bool(_TWO_VARIABLE_MACRO.search(expression))
+            or any(a != b for _, a, b in _CROSS_NUMERIC.findall(text))) from None
     result_type = program.return_type()
     if result_type != cel.Type.BOOL and result_type != cel.Type.DYN:
         raise SelectorCompileError(expression, f"must evaluate to bool or the unknown type, not {result_type.name()}")

@@ -80,6 +80,20 @@ def check_device_class(doc: Any, class_name: str, driver: str) -> dict[str, Any]
             limits.check_cel_expression(f"spec.selectors[{index}]", expression)
         except limits.LimitError as error:
             raise TemplateValueError(str(error)) from None
+        check_parses(f"spec.selectors[{index}]", expression)
         check_model_references(expression, driver)
     return {**doc, "metadata": {**meta, "name": class_name}}
+
+
+def check_parses(subject: str, expression: str) -> None:
+    """Refuse a selector that is not CEL, with the parser's message, before the dry run. Only
+    parse errors: the type checker (cel-cpp's) may refuse what the API server's (cel-go) accepts,
+    so type errors stay the dry run's to judge."""
+    from gpudra_operator.cel import SelectorCompileError, compile_selector
+
+    try:
+        compile_selector(expression)
+    except SelectorCompileError as error:
+        if error.syntax and not error.unsupported:
+            raise TemplateValueError(f"{subject}: {error.message}") from None
 
