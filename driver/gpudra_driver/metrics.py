@@ -9,6 +9,9 @@ What the kubelet plugin calls (driver/gpudra_driver/plugin/):
   ``PREPARE.record(seconds, ok=False)`` outside a block;
 * ``set_prepared_claims(n)`` whenever the checkpoint's set of prepared claims changes.
 
+What device health calls (driver/gpudra_driver/health/): ``device_health(counts)`` with the number
+of devices per health state (healthy, unhealthy, unmonitored) whenever it recomputes them.
+
 What the publisher calls: ``published(devices, slices)`` after every successful sync (a no-op sync
 counts: the published state was confirmed current) and ``publish_failed()`` when a sync raised.
 
@@ -82,6 +85,9 @@ LEAKED_CLAIMS_RELEASED = Counter("gpudra_agent_leaked_claims_released_total",
                                  "Prepared claims released by the checkpoint sweep: deleted, re-created or "
                                  "deallocated while their unprepare never came.")
 PUBLISH_ERRORS = Counter("gpudra_agent_publish_errors_total", "ResourceSlice syncs that failed (and are retried).")
+DEVICES_BY_HEALTH = Gauge("gpudra_agent_devices", "Devices this agent discovered, by health state "
+                          "(healthy, unhealthy: a NoSchedule/NoExecute taint, unmonitored: no NVML events).",
+                          ["health"])
 BUILD_INFO = Info("gpudra_agent_build", "The gpudra version of this agent.")
 
 
@@ -99,6 +105,11 @@ BUILD_INFO.info({"version": _version(), "component": "agent"})
 
 def set_prepared_claims(count: int) -> None:
     PREPARED_CLAIMS.set(count)
+
+
+def device_health(counts: dict[str, int]) -> None:
+    for state, count in counts.items():
+        DEVICES_BY_HEALTH.labels(health=state).set(count)
 
 
 def published(devices: int, slices: int) -> None:
