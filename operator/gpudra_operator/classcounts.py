@@ -131,6 +131,7 @@ class AllocatedDevices:
     claims: dict[str, tuple[DeviceKey, ...]] = field(default_factory=dict)  # claim UID -> its devices
     synced: bool = False
     version: str | None = None
+    listed: asyncio.Event = field(default_factory=asyncio.Event)  # set once synced
 
     def devices(self) -> set[DeviceKey] | None:
         """None until the claims have been listed once."""
@@ -178,6 +179,7 @@ class AllocatedDevices:
                 break
         self.synced = True
         self.version = str(page["metadata"]["resourceVersion"])
+        self.listed.set()
 
 
 class ClaimWatch:
@@ -191,6 +193,13 @@ class ClaimWatch:
         if self._task is None:
             self._task = asyncio.create_task(self.state.run(), name="resourceclaims")
         return self.state.devices()
+
+    async def wait_listed(self, timeout: float) -> None:
+        self.devices()  # started
+        try:
+            await asyncio.wait_for(self.state.listed.wait(), timeout)
+        except TimeoutError:
+            pass
 
     async def close(self) -> None:
         if self._task is not None:

@@ -37,6 +37,7 @@ class DriverSlices:
         self.classes = classes
         self.slices: dict[str, SliceMatches] = {}  # slice name -> what is kept of it
         self.synced = False
+        self.listed = asyncio.Event()  # set once synced
         self.version: str | None = None  # where the watch resumes; None: list again
         self._selector = f"spec.driver={driver}"
 
@@ -89,6 +90,7 @@ class DriverSlices:
             if not token:
                 break
         first, self.slices, self.synced = not self.synced, slices, True
+        self.listed.set()
         self.version = str(page["metadata"]["resourceVersion"])
         if first and self.on_synced is not None:
             try:
@@ -117,6 +119,14 @@ class DeviceCounts:
             self.forget(driver)
             slices = self._slices(driver, classes)
         return slices.class_counts(allocated)
+
+    async def wait_listed(self, driver: str, timeout: float) -> None:
+        """Until the driver's slices have been listed (with the classes last asked for), at most
+        ``timeout`` seconds."""
+        try:
+            await asyncio.wait_for(self._slices(driver).listed.wait(), timeout)
+        except TimeoutError:
+            pass
 
     def _slices(self, driver: str, classes: tuple[ClassSelectors, ...] | None = None) -> DriverSlices:
         if driver not in self._drivers:

@@ -39,6 +39,7 @@ DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 DAEMONSET = resource_type("apps/v1", "DaemonSet")
 EVENT = resource_type("v1", "Event")
 T = TypeVar("T")
+FIRST_LIST_WAIT = 2.0  # seconds a reconcile waits for a watch's first list before reporting without it
 log = logging.getLogger("gpudra.operator")
 REUSE_TTL = 10.0  # seconds a read that reconciles in a row would repeat is reused
 DROPPED_FIELD_RECHECK = 3600.0  # seconds before a class whose field the API server dropped is applied again
@@ -468,14 +469,22 @@ class Reconciler:
                 latest[node] = (when, event["reason"])
         return sorted(n for n, (_, reason) in latest.items() if reason == DEVICE_PLUGIN_CONFLICT)
 
-    def _class_counts(self, config: GpuDraConfig, rendered: Rendered, applied: list[str]) -> list[ClassCount] | None:
+    async def _class_counts(self, config: GpuDraConfig, rendered: Rendered,
+                            applied: list[str]) -> list[ClassCount] | None:
         """Each applied class's counts, from the slice and claim watches; None until both have
-        listed once (a replica that just became active keeps the counts status holds)."""
+        listed once. A first use waits for their first list a moment (one status write with the
+        counts rather than two); past that, status keeps the counts it holds until they are in."""
         if self.device_counts is None or self.claims is None:
             return None
-        allocated = self.claims.devices()
+        driver = config.spec.driver_name
         classes = tuple(class_selectors(c) for c in rendered.device_classes if c["metadata"]["name"] in applied)
-        counts = self.device_counts.class_counts(config.spec.driver_name, classes, allocated or set())
+        counts = self.device_counts.class_counts(driver, classes, self.claims.devices() or set())
+        allocated = self.claims.devices()
+        if counts is None or allocated is None:
+            await asyncio.gather(self.device_counts.wait_listed(driver, FIRST_LIST_WAIT),
+                                 self.claims.wait_listed(FIRST_LIST_WAIT))
+            allocated = self.claims.devices()
+            counts = self.device_counts.class_counts(driver, classes, allocated or set())
         return None if allocated is None else counts
 
     def _devices(self, driver: str, old_status: Mapping[str, Any]) -> int:
@@ -498,7 +507,7 @@ class Reconciler:
                            else await self._device_plugin_nodes(config.spec.driver_name))
         old_status = body.get("status") or {}
         agents = agents_status(daemonset)
-        counts = None if outcome.conflicts else self._class_counts(config, rendered, applied_classes)
+        counts = None if outcome.conflicts else await self._class_counts(config, rendered, applied_classes)
         devices = 0 if outcome.conflicts else self._devices(config.spec.driver_name, old_status)
         if counts is not None:
             values.append(class_matches_no_device(counts, config.spec.driver_name, devices,
