@@ -21,6 +21,7 @@ from gpudra_driver import eventloop
 
 if TYPE_CHECKING:
     from gpudra_driver.consumable import ConsumableCapacity
+    from gpudra_driver.health.monitor import HealthMonitor
 
 log = logging.getLogger("gpudra.agent")
 
@@ -72,6 +73,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ready-file", default=os.environ.get("GPUDRA_READY_FILE") or None,
                         help="create this file once the kubelet registered the plugin and the slices are "
                              "published (the DaemonSet's readiness probe tests for it)")
+    health = parser.add_argument_group("device health (docs/health.md)")
+    health.add_argument("--device-health", action=argparse.BooleanOptionalAction, default=True,
+                        help="watch NVML events and probe the GPUs; taint unhealthy devices (default: on)")
+    health.add_argument("--informational-xids", default="13,31,43,45,68,109", metavar="LIST", type=_xid_list,
+                        help="XIDs that are application errors, not device faults: an informational taint "
+                             "(effect None) only (default: %(default)s; '' makes every XID fatal)")
+    health.add_argument("--health-quiet-period", type=float, default=300.0, metavar="SECONDS",
+                        help="an event's taint goes after this long without a new one, once the GPU is not "
+                             "lost and needs no recovery action (default: %(default)s)")
+    health.add_argument("--health-probe-interval", type=float, default=5.0, metavar="SECONDS",
+                        help="seconds between probes of every GPU (lost, recovery action) (default: %(default)s)")
+    health.add_argument("--health-taint-effect", choices=["NoSchedule", "NoExecute"], default="NoSchedule",
+                        help="effect of the taints of faults: NoExecute also evicts the pods using the device "
+                             "(default: %(default)s)")
     parser.add_argument("--log-format", choices=["text", "json"], default="text")
     parser.add_argument("--event-loop", choices=eventloop.LOOPS,
                         default=os.environ.get("GPUDRA_EVENT_LOOP") or eventloop.DEFAULT,
@@ -83,6 +98,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="serve grpc.health.v1 (service 'liveness') on this port for the kubelet's gRPC "
                              "probes; 0 disables (default: $GPUDRA_HEALTH_PORT or 0)")
     parser.set_defaults(run=run)
+
+
+def _xid_list(value: str) -> frozenset[int]:
+    from gpudra_driver.health.xids import parse_list
+
+    try:
+        return parse_list(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _pod_uid(value: str) -> str:
@@ -120,16 +144,41 @@ async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: obje
     guard = DevicePluginGuard(kube, args.node_name, allow=args.allow_device_plugin,  # type: ignore[arg-type]
                               report=events.post, interval=5 * args.rescan_interval)  # type: ignore[attr-defined]
 
-    def publish(devices):  # type: ignore[no-untyped-def]
-        plugin.set_devices(devices)  # type: ignore[attr-defined]  # prepared claims keep working
+    def publish_slices(devices):  # type: ignore[no-untyped-def]
         return publisher.set_devices([] if guard.blocked else devices)  # type: ignore[attr-defined]
 
+    health = _health_monitor(args, root, publish_slices, events)
+
+    def publish(devices):  # type: ignore[no-untyped-def]
+        plugin.set_devices(devices)  # type: ignore[attr-defined]  # prepared claims keep working
+        return health.set_devices(devices) if health is not None else publish_slices(devices)
+
     sysfs = Path(args.sysfs)
-    await Rescanner(args.nvml, publish, interval=args.rescan_interval,
-                    numa_node_of=functools.partial(numa_node_from_sysfs, sysfs=sysfs), sysfs=sysfs,
-                    driver_root=root,  # type: ignore[arg-type]
-                    report=events.post, gate=guard.check,  # type: ignore[attr-defined]
-                    sharing=await _sharing(args, kube, events)).run()
+    rescanner = Rescanner(args.nvml, publish, interval=args.rescan_interval,
+                          numa_node_of=functools.partial(numa_node_from_sysfs, sysfs=sysfs), sysfs=sysfs,
+                          driver_root=root,  # type: ignore[arg-type]
+                          report=events.post, gate=guard.check,  # type: ignore[attr-defined]
+                          sharing=await _sharing(args, kube, events))
+    if health is None:
+        await rescanner.run()
+        return
+    publisher.on_taints_dropped = health.taints_dropped  # type: ignore[attr-defined]  # 1.35: leave them out
+    await asyncio.gather(rescanner.run(), health.run(), health.check_api(kube, args.node_name))
+
+
+def _health_monitor(args: argparse.Namespace, root: object, publish: object, events: object) -> HealthMonitor | None:
+    """The device health monitor the flags ask for (None: --no-device-health)."""
+    if not args.device_health:
+        log.info("device health is off (--no-device-health): GPUs are published without taints")
+        return None
+    from gpudra_driver.health.core import Policy
+    from gpudra_driver.health.monitor import HealthMonitor
+
+    policy = Policy(driver=args.driver, informational_xids=args.informational_xids,
+                    quiet_period=args.health_quiet_period, effect=args.health_taint_effect)
+    return HealthMonitor(nvml_spec=args.nvml, driver_root=root, policy=policy,  # type: ignore[arg-type]
+                         publish=publish, report=events.post,  # type: ignore[arg-type, attr-defined]
+                         probe_interval=args.health_probe_interval)
 
 
 async def _sharing(args: argparse.Namespace, kube: object, events: object) -> ConsumableCapacity | None:

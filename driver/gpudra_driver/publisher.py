@@ -23,6 +23,7 @@ from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 
 from gpudra_driver import metrics
 from gpudra_driver.devicemodel import Device
+from gpudra_driver.health.apisupport import taints_dropped
 from gpudra_driver.kubeapi import Kube, Obj, error_message, is_status, resource_type
 from gpudra_driver.publishing import plan_publish
 
@@ -62,6 +63,9 @@ class SlicePublisher:
         self._wake = asyncio.Event()
         self._node_uid: str | None = None
         self._selector = f"spec.driver={driver},spec.nodeName={node_name}"
+        # called when the API server stored a slice we wrote with device taints without them
+        # (Kubernetes 1.35, DRADeviceTaints off): device health then stops publishing taints
+        self.on_taints_dropped: Callable[[], None] | None = None
 
     def set_devices(self, devices: Sequence[Device]) -> bool:
         """Publish ``devices`` from now on; True when they differ from the previous set."""
@@ -149,6 +153,8 @@ class SlicePublisher:
         for desired in plan.apply:
             name = desired["metadata"]["name"]
             self.observed[name] = await self.kube.apply(desired)
+            if self.on_taints_dropped is not None and taints_dropped(desired, self.observed[name]):
+                self.on_taints_dropped()
         self.generation = plan.generation
         self.last_publish = time.time()
         self.published.set()
