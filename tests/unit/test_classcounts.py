@@ -63,3 +63,20 @@ def test_a_class_that_matches_nothing_is_a_warning_only_once_the_agents_publish(
     assert class_matches_no_device(counts, DRIVER, 3, agents_ready=False).status == "False"
     assert class_matches_no_device(counts, DRIVER, 0, agents_ready=True).reason == "NoDevicesYet"
     assert class_matches_no_device(counts[:1], DRIVER, 3, agents_ready=True).reason == "EveryClassMatches"
+
+
+def test_a_fleet_of_the_same_gpus_costs_one_cel_run_per_class_and_distinct_values() -> None:
+    big = class_selectors(device_class("big", f'device.capacity["{DRIVER}"].memory.compareTo(quantity("64Gi")) >= 0',
+                                       f'device.attributes["{DRIVER}"].type == "gpu"'))
+    assert big.references == (("attributes", DRIVER, "type"), ("capacity", DRIVER, "memory"))
+    fleet = [dict(device(f"gpu-{i}", "80Gi"), attributes={"type": {"string": "gpu"}, "uuid": {"string": f"GPU-{i}"}})
+             for i in range(64)] + [device("gpu-64", "40Gi")]
+    assert [big.matches(DRIVER, d) for d in fleet] == [True] * 64 + [False]
+    assert len(big._memo) == 2  # 80Gi GPUs, the 40Gi one: the uuids play no part
+    # a selector that reads a map whole, or by a variable, is run on every device
+    whole = class_selectors(device_class("whole", f'"type" in device.attributes["{DRIVER}"]'))
+    assert whole.references is None and whole.matches(DRIVER, fleet[0])
+    # a missing attribute is its own value (an error: no match), not a cache hit of another
+    sparse = class_selectors(device_class("sparse", f'device.attributes["{DRIVER}"].productName == "x"'))
+    assert not sparse.matches(DRIVER, {"name": "d", "attributes": {"type": {"string": "gpu"}}})
+    assert sparse.matches(DRIVER, {"name": "e", "attributes": {"productName": {"string": "x"}}})
