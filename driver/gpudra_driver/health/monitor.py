@@ -35,7 +35,7 @@ from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.health import apisupport
 from gpudra_driver.health.core import (
     NO_INSTANCE, Ecc, GpuHealth, Mode, Observation, Policy, Probe, Unmonitored, Xid, apply, carry_lost,
-    health_of, next_expiry, observe, taints, transitions,
+    gpu_uuid, health_of, next_expiry, observe, taints, transitions,
 )
 from gpudra_driver.nvml import load_nvml
 
@@ -100,6 +100,9 @@ class HealthMonitor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
         self._reports: list[tuple[str, str, str]] = []
+        # No device is published before its GPU was probed once: a restarted agent must not show a
+        # GPU that still needs a reset as healthy, not even for a moment.
+        self.probed: set[str] = set()
 
     # -- the loop's side --------------------------------------------------------------------------
 
@@ -148,6 +151,10 @@ class HealthMonitor:
         metrics.device_health(counts)
         if self._reports:
             self._wake.set()
+        if {u for u in (gpu_uuid(d) for d in self.discovered) if u} - self.probed:
+            self._probe_now = True
+            self._wake.set()
+            return False
         return self.publish(apply(self.discovered, self.state, self.policy, self.mode))
 
     async def run(self) -> None:
@@ -170,12 +177,15 @@ class HealthMonitor:
                         pass
                 self._wake.clear()
                 observations = self._take_pending()
+                first = False
                 if self._probe_now or time.monotonic() >= next_probe:
                     self._probe_now = False
-                    observations += await asyncio.to_thread(probe, nvml, sorted(self._known_gpus()))
+                    gpus = self._known_gpus()
+                    observations += await asyncio.to_thread(probe, nvml, sorted(gpus))
+                    first, self.probed = bool(gpus - self.probed), self.probed | gpus
                     next_probe = time.monotonic() + self.probe_interval
                 state = observe(self.state, observations, self.policy, self.clock())
-                if state != self.state:
+                if state != self.state or first:
                     self.state = state
                     self._publish()
                 await self._post_reports()
@@ -200,8 +210,6 @@ class HealthMonitor:
                 await asyncio.sleep(self.probe_interval)  # a retry period, not a synchronisation
 
     def _known_gpus(self) -> set[str]:
-        from gpudra_driver.health.core import gpu_uuid
-
         return self._gpus | {u for u in (gpu_uuid(d) for d in self.discovered) if u} | set(self.state)
 
     async def _post_reports(self) -> None:
