@@ -128,6 +128,11 @@ class GpuHealth:
     def needs_action(self) -> bool:
         return self.recovery_action not in (None, 0)
 
+    @property
+    def unhealthy(self) -> bool:
+        """Whether some device on it gets a NoSchedule/NoExecute taint."""
+        return self.lost_since is not None or self.needs_action or any(not f.informational for f in self.faults)
+
 
 State: TypeAlias = Mapping[str, GpuHealth]  # by GPU UUID; never mutated, each step returns a new one
 

@@ -188,6 +188,10 @@ class HealthMonitor:
                 if state != self.state or first:
                     self.state = state
                     self._publish()
+                if first:
+                    unhealthy = [u for u in gpus if u in self.state and self.state[u].unhealthy]
+                    log.info("device health: first probe of %d GPU(s): %d unhealthy%s", len(gpus), len(unhealthy),
+                             f" ({', '.join(sorted(unhealthy))})" if unhealthy else "")
                 await self._post_reports()
         finally:
             self._stop.set()

@@ -1,0 +1,240 @@
+"""Device health end to end: the agent as a process on the real pynvml against the mock
+libnvidia-ml.so.1, health injected at run time into the mock's driver root (mockstate), the real API
+server and the real kube-scheduler deciding where claims go.
+
+Device taints (KEP-5055) are beta and on in 1.36, GA in 1.37; in 1.35 the DRADeviceTaints gate is
+off and the API server drops them, so the agent leaves unhealthy GPUs out of its slices instead.
+The expectations follow the release under test: CI runs this file on 1.35.4 with the whole suite,
+and on 1.36.3 and 1.37.2 (`make test KUBE_VERSION=... PYTEST_ARGS=<this file>`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest_asyncio
+from seedobjects import published_devices
+
+from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_operator.localcluster import mockstate
+from gpudra_operator.localcluster.agents import AgentProcess
+from gpudra_operator.localcluster.driverroot import make_driver_root
+from gpudra_operator.localcluster.objects import events_about
+from gpudra_operator.localcluster.waiting import ConditionTimeout, wait_for
+
+SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
+CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
+CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
+POD = resource_type("v1", "Pod")
+PROFILE = "l4x2"  # two GPUs, no MIG
+GPU_RESET = 1  # NVML_GPU_RECOVERY_ACTION_GPU_RESET
+# fast enough for a test: a probe every half second, an event's taint gone one second after it
+HEALTH_FLAGS = ("--health-probe-interval", "0.5", "--health-quiet-period", "1")
+
+
+async def minor_version(kube: Kube) -> int:
+    return int("".join(ch for ch in (await kube.request("GET", "/version"))["minor"] if ch.isdigit()))
+
+
+async def devices_of(kube: Kube, driver: str, node: str) -> dict[str, Obj]:
+    slices = [s async for s in kube.list(SLICE, field_selector=f"spec.driver={driver},spec.nodeName={node}")]
+    return {d["name"]: d for s in slices for d in s["spec"].get("devices") or []}
+
+
+def taints(device: Obj | None) -> set[tuple[str, str, str]]:
+    """(key, value, effect) of each taint; timeAdded is checked where it matters."""
+    return {(t["key"], t.get("value", ""), t["effect"]) for t in (device or {}).get("taints") or []}
+
+
+async def until_devices(kube: Kube, driver: str, node: str, check: Callable[[dict[str, Obj]], bool],
+                        what: str, timeout: float = 30) -> dict[str, Obj]:
+    async def probe() -> dict[str, Obj] | None:
+        found = await devices_of(kube, driver, node)
+        return found if check(found) else None
+
+    return await wait_for(probe, timeout=timeout, what=what)
+
+
+class Node:
+    """One fake Node with an agent on the mock NVML, its driver root at hand for injection."""
+
+    def __init__(self, kube: Kube, name: str, driver: str, root: Path, agent: AgentProcess, taints_kept: bool) -> None:
+        self.kube, self.name, self.driver, self.root, self.agent = kube, name, driver, root, agent
+        self.taints_kept = taints_kept
+        self.uuid: dict[str, str] = {}
+
+    async def devices(self) -> dict[str, Obj]:
+        return await devices_of(self.kube, self.driver, self.name)
+
+    async def until(self, check: Callable[[dict[str, Obj]], bool], what: str, timeout: float = 30) -> dict[str, Obj]:
+        try:
+            return await until_devices(self.kube, self.driver, self.name, check, what, timeout)
+        except ConditionTimeout as error:
+            raise ConditionTimeout(f"{error}\nagent log:\n{self.agent.log_tail(60)}") from None
+
+    async def events(self, reason: str) -> list[Obj]:
+        return [e for e in await events_about(self.kube, self.name) if e.get("reason") == reason]
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def gpu_node(kube: Kube, fake_nodes: Any, agents: Callable[..., AgentProcess], tmp_path: Path
+                   ) -> AsyncIterator[Callable[..., Any]]:
+    made: list[str] = []
+
+    async def make(driver: str, *extra_args: str) -> Node:
+        name = (await fake_nodes("health"))["metadata"]["name"]
+        root = make_driver_root(tmp_path / f"root-{len(made)}", PROFILE)
+        agent = agents(name, f"mock:{PROFILE}", driver, driver_root=root, extra_args=(*HEALTH_FLAGS, *extra_args))
+        devices = await published_devices(kube, driver, name, 2)
+        node = Node(kube, name, driver, root, agent, await minor_version(kube) >= 36)
+        node.uuid = {n: d["attributes"]["uuid"]["string"] for n, d in devices.items()}
+        await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": driver},
+                           "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}})
+        made.append(driver)
+        return node
+
+    yield make
+    for name in made:
+        await kube.delete(CLASS, name)
+
+
+async def schedule(kube: Kube, namespace: str, node: Node) -> str:
+    """A claim for one GPU of the node's class and a pod on the node using it; the device the
+    scheduler allocated."""
+    name = f"health-{secrets.token_hex(3)}"
+    await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                       "metadata": {"name": name, "namespace": namespace},
+                       "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": node.driver}}]}}})
+    await kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+                       "spec": {"nodeSelector": {"kubernetes.io/hostname": node.name},
+                                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                                "resources": {"claims": [{"name": "gpu"}]}}]}})
+
+    async def allocated() -> str | None:
+        claim = await kube.get(CLAIM, name, namespace)
+        results = (((claim or {}).get("status") or {}).get("allocation") or {}).get("devices", {}).get("results")
+        return results[0]["device"] if results else None
+
+    return await wait_for(allocated, timeout=60, what=f"claim {name} allocated by the scheduler")
+
+
+# -- a fatal XID, and recovery --------------------------------------------------------------------
+
+async def test_a_fatal_xid_takes_the_gpu_off_the_market_until_it_recovers(
+        kube: Kube, namespace: str, gpu_node: Callable[..., Any]) -> None:
+    node: Node = await gpu_node(f"h{secrets.token_hex(4)}.gpudra.io")
+    sick = node.uuid["gpu-0"]
+    xid = (f"{node.driver}/xid", "48", "NoSchedule")
+    reset = (f"{node.driver}/recovery-action", "gpu-reset", "NoSchedule")
+
+    mockstate.set_recovery_action(node.root, sick, GPU_RESET)  # what the driver reports after XID 48
+    injected = time.monotonic()
+    mockstate.inject_xid(node.root, sick, 48)
+    if node.taints_kept:
+        devices = await node.until(lambda d: {xid, reset} <= taints(d.get("gpu-0")), "gpu-0 tainted", timeout=2)
+        assert time.monotonic() - injected < 2
+        assert taints(devices["gpu-1"]) == set()
+        for taint in devices["gpu-0"]["taints"]:  # whole seconds, when it began
+            assert taint["timeAdded"].endswith("Z") and len(taint["timeAdded"]) == len("2026-12-02T09:00:00Z")
+    else:  # 1.35: the unhealthy GPU is left out, and the agent says why
+        devices = await node.until(lambda d: set(d) == {"gpu-1"}, "gpu-0 left out of the slice", timeout=2)
+        assert time.monotonic() - injected < 2
+        assert "taints" not in devices["gpu-1"]
+        (unsupported,) = await node.events("DeviceTaintsUnsupported")
+        assert "DRADeviceTaints feature gate is off" in unsupported["message"]
+
+    # the scheduler allocates the healthy GPU
+    assert await schedule(kube, namespace, node) == "gpu-1"
+    (unhealthy,) = await wait_for(lambda: node.events("DeviceUnhealthy"), timeout=10, what="a DeviceUnhealthy event")
+    assert unhealthy["type"] == "Warning"
+    assert f"gpu-0 ({sick}) is unhealthy" in unhealthy["message"]
+    assert "XID 48: double-bit ECC error" in unhealthy["message"]
+
+    # reset: recovery action none, the handle resolves -> the taint goes without a restart
+    mockstate.recover_gpu(node.root, sick)
+    if node.taints_kept:
+        await node.until(lambda d: "gpu-0" in d and taints(d["gpu-0"]) == set(), "gpu-0 untainted")
+    else:
+        await node.until(lambda d: set(d) == {"gpu-0", "gpu-1"}, "gpu-0 published again")
+    assert await schedule(kube, namespace, node) == "gpu-0"  # allocatable again
+    (recovered,) = await wait_for(lambda: node.events("DeviceRecovered"), timeout=10, what="a DeviceRecovered event")
+    assert recovered["type"] == "Normal" and f"gpu-0 ({sick}) recovered" in recovered["message"]
+    assert node.agent.process.poll() is None  # no restart anywhere
+
+
+# -- an informational XID -------------------------------------------------------------------------
+
+async def test_an_informational_xid_never_keeps_a_gpu_from_being_scheduled(
+        kube: Kube, namespace: str, gpu_node: Callable[..., Any]) -> None:
+    node: Node = await gpu_node(f"i{secrets.token_hex(4)}.gpudra.io", "--health-quiet-period", "600")
+    mockstate.inject_xid(node.root, node.uuid["gpu-0"], 13)  # graphics engine exception: the application's
+    # a fatal one on the other GPU afterwards: once it shows, the XID 13 before it was handled too
+    mockstate.inject_xid(node.root, node.uuid["gpu-1"], 79)
+    if node.taints_kept:
+        devices = await node.until(lambda d: (f"{node.driver}/xid", "79", "NoSchedule") in taints(d.get("gpu-1")),
+                                   "gpu-1 tainted with XID 79")
+        assert taints(devices["gpu-0"]) == {(f"{node.driver}/xid", "13", "None")}
+    else:
+        devices = await node.until(lambda d: "gpu-1" not in d, "gpu-1 left out")
+        assert "gpu-0" in devices
+    assert await schedule(kube, namespace, node) == "gpu-0"
+    assert not [e for e in await node.events("DeviceUnhealthy") if "gpu-0" in e["message"]]
+
+
+# -- an agent restart while a GPU is broken -------------------------------------------------------
+
+async def test_a_restarted_agent_keeps_a_gpu_that_still_needs_a_reset_off_the_market(
+        kube: Kube, gpu_node: Callable[..., Any], agents: Callable[..., AgentProcess]) -> None:
+    node: Node = await gpu_node(f"r{secrets.token_hex(4)}.gpudra.io")
+    sick = node.uuid["gpu-0"]
+    mockstate.set_recovery_action(node.root, sick, GPU_RESET)
+    mockstate.inject_xid(node.root, sick, 79)
+    reset = (f"{node.driver}/recovery-action", "gpu-reset", "NoSchedule")
+
+    def broken(devices: dict[str, Obj]) -> bool:
+        return reset in taints(devices.get("gpu-0")) if node.taints_kept else "gpu-0" not in devices
+
+    await node.until(broken, "gpu-0 tainted (or left out)")
+    seen: list[dict[str, Obj]] = []  # every version of the slice from now on
+    watcher = asyncio.create_task(record_slices(kube, node, seen))
+    try:
+        assert node.agent.stop() == 0
+        restarted = agents(node.name, f"mock:{PROFILE}", node.driver, driver_root=node.root, extra_args=HEALTH_FLAGS)
+        # the new agent's first probe re-derived the taint from the recovery action
+        await logged(restarted, "device health: first probe of 2 GPU(s): 1 unhealthy")
+        mockstate.recover_gpu(node.root, sick)
+        await node.until(lambda d: set(d) == {"gpu-0", "gpu-1"} and not taints(d["gpu-0"]), "gpu-0 healthy again")
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    before_recovery = seen[:-1]  # the last version is the recovery itself
+    assert before_recovery, "the slice was never rewritten across the restart"
+    assert all(broken(devices) for devices in before_recovery), before_recovery
+    if node.taints_kept:  # the XID itself was an event of the old process; the taint now stands on the probe
+        assert all((f"{node.driver}/xid", "79", "NoSchedule") not in taints(v.get("gpu-0")) for v in before_recovery[-1:])
+
+
+async def logged(agent: AgentProcess, text: str) -> None:
+    async def probe() -> bool:
+        return text in agent.log_path.read_text(errors="replace")
+
+    try:
+        await wait_for(probe, timeout=30, what=f"{text!r} in the agent's log")
+    except ConditionTimeout as error:
+        raise ConditionTimeout(f"{error}\n{agent.log_tail(60)}") from None
+
+
+async def record_slices(kube: Kube, node: Node, seen: list[dict[str, Obj]]) -> None:
+    """Append the node's devices each time one of its slices changes (one slice: two GPUs)."""
+    selector = f"spec.driver={node.driver},spec.nodeName={node.name}"
+    page = await kube.request("GET", SLICE.path(), query={"fieldSelector": selector})
+    async for kind, obj in kube.watch(SLICE, field_selector=selector, resource_version=page["metadata"]["resourceVersion"]):
+        if kind in ("ADDED", "MODIFIED"):
+            seen.append({d["name"]: d for d in obj["spec"].get("devices") or []})
