@@ -214,11 +214,13 @@ async def test_a_restarted_agent_keeps_a_gpu_that_still_needs_a_reset_off_the_ma
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
-    before_recovery = seen[:-1]  # the last version is the recovery itself
-    assert before_recovery, "the slice was never rewritten across the restart"
+    healthy_at = next(i for i, devices in enumerate(seen) if not broken(devices))
+    before_recovery = seen[:healthy_at]  # the versions the restarted agent wrote while gpu-0 was broken
     assert all(broken(devices) for devices in before_recovery), before_recovery
-    if node.taints_kept:  # the XID itself was an event of the old process; the taint now stands on the probe
-        assert all((f"{node.driver}/xid", "79", "NoSchedule") not in taints(v.get("gpu-0")) for v in before_recovery[-1:])
+    if node.taints_kept:  # the XID was an event of the old process: the taint now stands on the probe
+        assert before_recovery, "the restarted agent never rewrote the slice"
+        assert (f"{node.driver}/xid", "79", "NoSchedule") not in taints(before_recovery[-1]["gpu-0"])
+    # 1.35: gpu-0 was left out, and the restarted agent left it out too (nothing to rewrite)
 
 
 async def logged(agent: AgentProcess, text: str) -> None:
