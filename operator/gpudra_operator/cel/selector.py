@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 from cel_expr_python import cel
@@ -83,6 +83,12 @@ class DeviceInput:
     capacity: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     allow_multiple_allocations: bool = False
 
+    @cached_property
+    def maps(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+        """``device.attributes`` and ``device.capacity`` by domain, built once per device (every
+        selector sees the same); ``ValueError`` for a malformed version or quantity."""
+        return _device_maps(self)
+
 
 def device_input(driver: str, device: Mapping[str, Any]) -> DeviceInput:
     """The input for one entry of a ResourceSlice's ``spec.devices``."""
@@ -137,9 +143,10 @@ class CompiledSelector:
 
     def evaluate(self, device: DeviceInput) -> SelectorResult:
         try:
-            attributes, capacity = _device_maps(device)
+            shared_attributes, shared_capacity = device.maps
         except ValueError as error:
             return SelectorResult(False, str(error))
+        attributes, capacity = dict(shared_attributes), dict(shared_capacity)
         for literal in self.literals:
             attributes.setdefault(literal, {})
             capacity.setdefault(literal, {})

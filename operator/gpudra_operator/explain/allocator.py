@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpudra_operator.cel import SelectorCompileError, compile_selector, device_input
+from gpudra_operator.cel.selector import DeviceInput
 from gpudra_operator.explain.inventory import Device, DeviceID, Obj, Pool
 
 ALLOCATION_RESULTS_MAX_SIZE = 32  # resourceapi.AllocationResultsMaxSize
@@ -80,19 +81,35 @@ def claim_label(claim: Obj) -> str:
 
 # --- selectors --------------------------------------------------------------------------------
 
-def selector_outcome(expression: str, device: Device) -> tuple[bool, str | None]:
-    """(matches, error) of one selector on one device; a compile error is an error too."""
-    try:
-        result = compile_selector(expression).evaluate(device_input(device.driver, device.spec))
-    except SelectorCompileError as error:
-        return False, f"CEL compile error: {error.message}"
-    return result.matched, (f"CEL runtime error: {result.error}" if result.error else None)
+class SelectorMemo:
+    """Each selector evaluated once per device for one explain: the allocation on every node and
+    the counting share the answers (selectors are pure functions of the device)."""
+
+    def __init__(self) -> None:
+        self._outcomes: dict[tuple[str, DeviceID], tuple[bool, str | None]] = {}
+        self._inputs: dict[DeviceID, DeviceInput] = {}
+
+    def outcome(self, expression: str, device: Device) -> tuple[bool, str | None]:
+        """(matches, error) of one selector on one device; a compile error is an error too."""
+        key = (expression, device.id)
+        if key not in self._outcomes:
+            self._outcomes[key] = self._evaluate(expression, device)
+        return self._outcomes[key]
+
+    def _evaluate(self, expression: str, device: Device) -> tuple[bool, str | None]:
+        if device.id not in self._inputs:
+            self._inputs[device.id] = device_input(device.driver, device.spec)
+        try:
+            result = compile_selector(expression).evaluate(self._inputs[device.id])
+        except SelectorCompileError as error:
+            return False, f"CEL compile error: {error.message}"
+        return result.matched, (f"CEL runtime error: {result.error}" if result.error else None)
 
 
-def selectors_match(device: Device, selectors: Sequence[str], where: str) -> bool:
-    """allocator_stable.go ``selectorsMatch``: all of them, in order; an error stops allocation."""
+def selectors_match(memo: SelectorMemo, device: Device, selectors: Sequence[str], where: str) -> bool:
+    """allocator_incubating.go ``selectorsMatch``: all of them, in order; an error stops allocation."""
     for index, expression in enumerate(selectors):
-        matched, error = selector_outcome(expression, device)
+        matched, error = memo.outcome(expression, device)
         if error is not None:
             raise AllocationError(f"{where}: selector #{index}: {error}")
         if not matched:
@@ -199,7 +216,8 @@ class NodeAllocator:
     or :class:`AllocationError`."""
 
     def __init__(self, claims: Sequence[Obj], classes: Mapping[str, Obj], pools: Sequence[Pool],
-                 in_use: Mapping[DeviceID, str]) -> None:
+                 in_use: Mapping[DeviceID, str], memo: SelectorMemo | None = None) -> None:
+        self.memo = memo or SelectorMemo()
         self.claims = [_ClaimState(c, claim_requests(c), claim_constraints(c)) for c in claims]
         self.classes = classes
         self.pools = pools
@@ -258,8 +276,8 @@ class NodeAllocator:
                                for s in (device_class.get("spec") or {}).get("selectors") or []]
             class_name = (device_class.get("metadata") or {}).get("name")
             self._selectable[key] = (
-                selectors_match(device, class_selectors, f"class {class_name}")
-                and selectors_match(device, request.selectors, f"claim {claim_label(self.claims[ci].claim)}"))
+                selectors_match(self.memo, device, class_selectors, f"class {class_name}")
+                and selectors_match(self.memo, device, request.selectors, f"claim {claim_label(self.claims[ci].claim)}"))
         return self._selectable[key]
 
     def allocate(self) -> list[list[tuple[str, DeviceID]]] | None:

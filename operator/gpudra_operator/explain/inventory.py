@@ -115,12 +115,32 @@ def pod_fits_node(pod: Obj | None, node: Obj) -> bool:
 
 # --- pools ----------------------------------------------------------------------------------
 
-def gather_pools(slices: Iterable[Obj], node: Obj) -> list[Pool]:
+class SliceIndex:
+    """The slices, indexed once per explain: by node name, the ones that select nodes otherwise,
+    and per pool how many slices each generation has (a 2,000-node cluster is 2,000 pools)."""
+
+    def __init__(self, slices: Iterable[Obj]) -> None:
+        self.by_node: dict[str, list[Obj]] = {}
+        self.selecting: list[Obj] = []  # allNodes or nodeSelector
+        self.generations: dict[tuple[str, str], dict[int, int]] = {}
+        for slice_ in slices:
+            spec = slice_.get("spec") or {}
+            if spec.get("nodeName"):
+                self.by_node.setdefault(spec["nodeName"], []).append(slice_)
+            elif spec.get("allNodes") or spec.get("nodeSelector") is not None:
+                self.selecting.append(slice_)
+            key = (spec["driver"], spec["pool"]["name"])
+            generation = int(spec["pool"].get("generation", 0))
+            counts = self.generations.setdefault(key, {})
+            counts[generation] = counts.get(generation, 0) + 1
+
+
+def gather_pools(index: SliceIndex, node: Obj) -> list[Pool]:
     """pools_stable.go ``GatherPools`` for ``node``, ordered by driver and pool name (upstream's
     order is a Go map's; it only matters for which device a failing selector trips over first)."""
-    every = list(slices)
+    name = (node.get("metadata") or {}).get("name", "")
     pools: dict[tuple[str, str], Pool] = {}
-    for slice_ in every:
+    for slice_ in [*index.by_node.get(name, []), *index.selecting]:
         spec = slice_.get("spec") or {}
         if spec.get("perDeviceNodeSelection") is not None or not slice_serves_node(slice_, node):
             continue  # per-device node selection needs DRAPartitionableDevices (alpha, off)
@@ -137,11 +157,10 @@ def gather_pools(slices: Iterable[Obj], node: Obj) -> list[Pool]:
         pool = pools[key]
         first = pool.slices[0]["spec"]["pool"]
         generation, wanted = int(first.get("generation", 0)), int(first.get("resourceSliceCount", 1))
-        others = [s["spec"]["pool"] for s in every
-                  if (s["spec"]["driver"], s["spec"]["pool"]["name"]) == key]
-        if any(int(p.get("generation", 0)) > generation for p in others):
+        counts = index.generations[key]
+        if max(counts) > generation:
             continue  # obsolete: a newer generation exists (for other nodes)
-        pool.incomplete = sum(int(p.get("generation", 0)) == generation for p in others) != wanted
+        pool.incomplete = counts[generation] != wanted
         names = [d.name for d in pool.devices()]
         duplicate = next((n for n in names if names.count(n) > 1), None)
         pool.invalid = f"duplicate device name {duplicate}" if duplicate else None

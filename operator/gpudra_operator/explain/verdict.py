@@ -22,15 +22,16 @@ from gpudra_operator.explain.allocator import (
     AllocationError,
     NodeAllocator,
     Request,
+    SelectorMemo,
     claim_label,
     claim_requests,
-    selector_outcome,
     untolerated_taints,
 )
 from gpudra_operator.explain.inventory import (
     Device,
     DeviceID,
     Obj,
+    SliceIndex,
     allocated_devices,
     gather_pools,
     node_selector_matches,
@@ -171,36 +172,38 @@ def _selectors(device_class: Obj | None) -> list[str]:
             for s in ((device_class or {}).get("spec") or {}).get("selectors") or []]
 
 
-def _first_failure(device: Device, selectors: Sequence[tuple[str, str]]) -> tuple[str, str, str | None] | None:
+def _first_failure(memo: SelectorMemo, device: Device,
+                   selectors: Sequence[tuple[str, str]]) -> tuple[str, str, str | None] | None:
     """(label, expression, error) of the first selector ``device`` does not pass, or None."""
     for label, expression in selectors:
-        matched, error = selector_outcome(expression, device)
+        matched, error = memo.outcome(expression, device)
         if not matched:
             return label, expression, error
     return None
 
 
 def count_request(request: Request, device_class: Obj | None, node: str, devices: Sequence[Device],
-                  in_use: Mapping[DeviceID, str]) -> tuple[NodeCounts, list[Rejection], list[Device]]:
-    """The funnel for ``request`` on one node, every rejection met, and the class-matching devices."""
+                  in_use: Mapping[DeviceID, str],
+                  memo: SelectorMemo) -> tuple[NodeCounts, list[tuple[str, str, Device, str | None]], list[Device]]:
+    """The funnel for ``request`` on one node, every rejection met (label, expression, device,
+    error), and the class-matching devices."""
     counts = NodeCounts(node=node, published=len(devices))
     class_name = ((device_class or {}).get("metadata") or {}).get("name", request.class_name)
     class_selectors = [(f"class {class_name} #{i}", e) for i, e in enumerate(_selectors(device_class))]
     request_selectors = [(f"request {request.result_name} #{i}", e) for i, e in enumerate(request.selectors)]
-    rejections: list[Rejection] = []
+    rejections: list[tuple[str, str, Device, str | None]] = []
     class_matching: list[Device] = []
     for device in devices:
-        failure = _first_failure(device, class_selectors) if device_class is not None else ("class", "", None)
+        failure = _first_failure(memo, device, class_selectors) if device_class is not None else ("class", "", None)
         if failure is None:
             counts.class_match += 1
             class_matching.append(device)
-            failure = _first_failure(device, request_selectors)
+            failure = _first_failure(memo, device, request_selectors)
         if failure is not None:
             label, expression, error = failure
             counts.errors += error is not None
             if expression:
-                rejections.append(Rejection(label, expression, f"{device.pool}/{device.name}",
-                                            referenced_values(expression, device), error))
+                rejections.append((label, expression, device, error))
             continue
         counts.request_match += 1
         if untolerated_taints(device, request):
@@ -247,7 +250,9 @@ def explain(target: str, claims: Sequence[Obj], *, pod: Obj | None, classes: Map
     candidates = [n for n in nodes if pod_fits_node(pod, n)
                   and all((_allocation(c) or {}).get("nodeSelector") is None
                           or node_selector_matches(_allocation(c)["nodeSelector"], n) for c in allocated)]  # type: ignore[index]
-    pools_by_node = {n["metadata"]["name"]: gather_pools(slices, n) for n in nodes}
+    index = SliceIndex(slices)
+    pools_by_node = {n["metadata"]["name"]: gather_pools(index, n) for n in nodes}
+    memo = SelectorMemo()
 
     # The scheduler's answer, node by node; one error fails the whole attempt.
     fitting: list[str] = []
@@ -256,7 +261,7 @@ def explain(target: str, claims: Sequence[Obj], *, pod: Obj | None, classes: Map
         for node in candidates:
             name = node["metadata"]["name"]
             try:
-                if NodeAllocator(pending, classes, pools_by_node[name], in_use).allocate() is not None:
+                if NodeAllocator(pending, classes, pools_by_node[name], in_use, memo).allocate() is not None:
                     fitting.append(name)
             except AllocationError as failure:
                 error = error or f"on node {name}: {failure}"
@@ -278,7 +283,7 @@ def explain(target: str, claims: Sequence[Obj], *, pod: Obj | None, classes: Map
         if allocation is None:
             for alternatives in claim_requests(claim):
                 for request in alternatives:
-                    report.requests.append(_request_report(request, classes, candidates, pools_by_node, in_use))
+                    report.requests.append(_request_report(request, classes, candidates, pools_by_node, in_use, memo))
         reports.append(report)
 
     if namespace is not None:
@@ -297,7 +302,8 @@ def explain(target: str, claims: Sequence[Obj], *, pod: Obj | None, classes: Map
 
 
 def _request_report(request: Request, classes: Mapping[str, Obj], candidates: Sequence[Obj],
-                    pools_by_node: Mapping[str, Sequence[Any]], in_use: Mapping[DeviceID, str]) -> RequestReport:
+                    pools_by_node: Mapping[str, Sequence[Any]], in_use: Mapping[DeviceID, str],
+                    memo: SelectorMemo) -> RequestReport:
     device_class = classes.get(request.class_name)
     report = RequestReport(name=request.result_name, class_name=request.class_name,
                            class_exists=device_class is not None,
@@ -307,14 +313,18 @@ def _request_report(request: Request, classes: Mapping[str, Obj], candidates: Se
     for node in candidates:
         name = node["metadata"]["name"]
         devices = [d for pool in pools_by_node[name] if not pool.incomplete and not pool.invalid for d in pool.devices()]
-        counts, rejections, matching = count_request(request, device_class, name, devices, in_use)
+        counts, rejections, matching = count_request(request, device_class, name, devices, in_use, memo)
         report.nodes.append(counts)
         class_matching += matching
         if report.rejection is None and rejections:
             # Prefer a rejection by the request's own selectors (the class ones reject other kinds of devices).
-            report.rejection = next((r for r in rejections if r.selector.startswith("request")), None)
-            if report.rejection is None and counts.class_match == 0:
-                report.rejection = rejections[0]
+            chosen = next((r for r in rejections if r[0].startswith("request")), None)
+            if chosen is None and counts.class_match == 0:
+                chosen = rejections[0]
+            if chosen is not None:
+                label, expression, device, error = chosen
+                report.rejection = Rejection(label, expression, f"{device.pool}/{device.name}",
+                                             referenced_values(expression, device), error)
     if report.rejection is not None:
         report.largest = largest_value(report.rejection.expression, class_matching)
     return report
