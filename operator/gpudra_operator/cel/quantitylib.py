@@ -20,7 +20,7 @@ from typing import Any
 from cel_expr_python import cel
 
 from gpudra_driver import limits
-from gpudra_driver.quantity import parse_quantity
+from gpudra_driver.quantity import is_quantity, parse_quantity
 from gpudra_operator.cel.opaque import QUANTITY_TYPE, quantity_message, quantity_of
 
 QUANTITY = cel.Type(QUANTITY_TYPE)
@@ -34,14 +34,6 @@ def parse(text: str) -> Any:
     if text.endswith("i") and value > limits.INT64_MAX:
         value = Decimal(limits.INT64_MAX)
     return quantity_message(value)
-
-
-def _is_quantity(text: str) -> bool:
-    try:
-        parse(text)
-    except ValueError:
-        return False
-    return True
 
 
 def compare(left: Any, right: Any) -> int:
@@ -85,7 +77,7 @@ def functions() -> list[tuple[str, list[cel.Overload]]]:
     member = True
     return [
         ("quantity", [cel.Overload("string_to_quantity", QUANTITY, [T.STRING], impl=parse)]),
-        ("isQuantity", [cel.Overload("is_quantity_string", T.BOOL, [T.STRING], impl=_is_quantity)]),
+        ("isQuantity", [cel.Overload("is_quantity_string", T.BOOL, [T.STRING], impl=is_quantity)]),
         ("sign", [cel.Overload("quantity_sign", T.INT, [QUANTITY], impl=_sign)]),
         ("asApproximateFloat", [cel.Overload(
             "quantity_get_float", T.DOUBLE, [QUANTITY], is_member=member, impl=lambda q: float(quantity_of(q)))]),

@@ -17,7 +17,7 @@ branch recurses without the subrequest index."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -363,17 +363,10 @@ class NodeAllocator:
             device = devices[di]
             if not self._place(ci, request, device, True):
                 return False
-            try:
-                # QUIRK: upstream recurses with deviceIndices{claim, request, device+1}: the
-                # subrequest index falls back to 0, so after the first device of an All subrequest
-                # the rest is what the first subrequest still needs.
-                if self._one(ci, ri, 0, di + 1, in_subrequest):
-                    return True
-            except _MaxSizeExceeded:
-                self._release(ci, request, device)
-                raise
-            self._release(ci, request, device)
-            return False
+            # QUIRK: upstream recurses with deviceIndices{claim, request, device+1}: the subrequest
+            # index falls back to 0, so after the first device of an All subrequest the rest is
+            # what the first subrequest still needs.
+            return self._then(ci, request, device, lambda: self._one(ci, ri, 0, di + 1, in_subrequest))
         for pool in self.pools:
             if pool.incomplete or pool.invalid:
                 continue
@@ -386,11 +379,17 @@ class NodeAllocator:
                     continue
                 if not self._place(ci, request, device, False):
                     continue
-                try:
-                    if self._one(ci, ri, si, di + 1, in_subrequest):
-                        return True
-                except _MaxSizeExceeded:
-                    self._release(ci, request, device)
-                    raise
-                self._release(ci, request, device)
+                if self._then(ci, request, device, lambda: self._one(ci, ri, si, di + 1, in_subrequest)):
+                    return True
         return False
+
+    def _then(self, ci: int, request: Request, device: Device, rest: Callable[[], bool]) -> bool:
+        """The rest of the search with ``device`` placed; backtrack (release it) unless it found
+        a solution, also when it stops with an exception."""
+        done = False
+        try:
+            done = rest()
+        finally:
+            if not done:
+                self._release(ci, request, device)
+        return done
