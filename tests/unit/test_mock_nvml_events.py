@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -158,8 +159,9 @@ def test_real_pynvml_on_the_mock_and_the_simulator_see_the_same_health(mock_lib:
     sim_root = make_driver_root(tmp_path / "sim", profile, library=mock_lib, device_nodes=False)
     namespace: dict[str, Any] = {}
     exec(SCENARIO, namespace)  # noqa: S102 - the same scenario text the child ran
+    scenario: Callable[..., Any] = namespace["scenario"]
     sim = json.loads(json.dumps(
-        namespace["scenario"](load_nvml(f"fake:{profile}", DriverRoot.at(str(sim_root))), _injector(sim_root)),
+        scenario(load_nvml(f"fake:{profile}", DriverRoot.at(str(sim_root))), _injector(sim_root)),
         default=lambda v: "<" + type(v).__name__ + ">"))
     assert [k for k, _ in real] == [k for k, _ in sim]
     for (key, r), (_, s) in zip(real, sim):
