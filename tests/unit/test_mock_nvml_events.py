@@ -126,7 +126,7 @@ print(json.dumps(result, default=lambda v: "<" + type(v).__name__ + ">"))
 def _injector(root: Path) -> Any:
     from gpudra_operator.localcluster import mockstate
 
-    table = {"xid": mockstate.inject_xid, "ecc": mockstate.inject_ecc, "lost": mockstate.lose_gpu,
+    table: dict[str, Callable[..., None]] = {"xid": mockstate.inject_xid, "ecc": mockstate.inject_ecc, "lost": mockstate.lose_gpu,
              "action": mockstate.set_recovery_action, "recover": mockstate.recover_gpu}
     return lambda kind, *args: table[kind](root, *args)
 
