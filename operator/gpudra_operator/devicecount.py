@@ -12,6 +12,7 @@ status refresh, as a LIST per reconcile would)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -36,8 +37,12 @@ class DriverSlices:
         self.on_synced = on_synced
         self.classes = classes
         self.slices: dict[str, SliceMatches] = {}  # slice name -> what is kept of it
+        # slice name -> its devices as compact JSON: a change of the classes matches them again
+        # without listing the slices (a few hundred bytes a device)
+        self.raw: dict[str, bytes] = {}
         self.synced = False
-        self.listed = asyncio.Event()  # set once synced
+        self.listed = asyncio.Event()  # set once synced, and matched against the classes asked for
+        self._reclassifying: asyncio.Task[None] | None = None
         self.version: str | None = None  # where the watch resumes; None: list again
         self._selector = f"spec.driver={driver}"
 
@@ -46,9 +51,42 @@ class DriverSlices:
         return sum(len(s.devices) for s in self.slices.values()) if self.synced else None
 
     def class_counts(self, allocated: set[tuple[str, str, str]]) -> list[ClassCount] | None:
-        if not self.synced:
+        if not self.listed.is_set():
             return None
         return count([c.name for c in self.classes], self.driver, self.slices.values(), allocated)
+
+    def want(self, classes: tuple[ClassSelectors, ...]) -> None:
+        """Match against ``classes`` from now on; the slices kept are matched again in the
+        background (counts unknown meanwhile), never listed again."""
+        if classes == self.classes:
+            return
+        self.classes = classes
+        if self.synced:
+            self.listed.clear()
+            if self._reclassifying is not None:
+                self._reclassifying.cancel()
+            self._reclassifying = asyncio.create_task(self._reclassify(), name=f"classes of {self.driver}")
+
+    async def _reclassify(self) -> None:
+        classes = self.classes
+        for i, name in enumerate(list(self.raw)):
+            raw = self.raw.get(name)
+            if raw is not None:
+                self.slices[name] = _matches(self.driver, self.slices[name], raw, classes)
+            if i % 20 == 19:
+                await asyncio.sleep(0)  # CEL on devices: let the loop (the Lease) breathe
+        self.listed.set()
+        if self.on_synced is not None:
+            try:
+                await self.on_synced(self.driver)
+            except Exception as error:
+                log.warning("status refresh after matching the classes of driver %s failed: %r", self.driver, error)
+
+    def _keep(self, slices: dict[str, SliceMatches], obj: Obj, classes: tuple[ClassSelectors, ...]) -> None:
+        name = obj["metadata"]["name"]
+        devices = (obj.get("spec") or {}).get("devices") or []
+        self.raw[name] = json.dumps(devices, separators=(",", ":")).encode()
+        slices[name] = slice_matches(self.driver, obj, classes)
 
     async def run(self) -> None:
         while True:  # each list-then-watch retried with backoff; a clean end of the watch resumes it
@@ -71,27 +109,33 @@ class DriverSlices:
             self.version = obj["metadata"].get("resourceVersion") or self.version
             if kind == "DELETED":
                 self.slices.pop(obj["metadata"]["name"], None)
+                self.raw.pop(obj["metadata"]["name"], None)
             elif kind != "BOOKMARK":
-                self.slices[obj["metadata"]["name"]] = slice_matches(self.driver, obj, self.classes)
+                self._keep(self.slices, obj, self.classes)
 
     async def _relist(self) -> None:
         """Every slice of the driver, page by page (one consistent snapshot: every page is at the
         first page's resourceVersion, where the watch then resumes)."""
         slices: dict[str, SliceMatches] = {}
+        self.raw = {}
+        classes = self.classes  # a change while listing matches everything again at the end
         token: str | None = None
         while True:
             page = await self.kube.request("GET", SLICE.path(), query={
                 "fieldSelector": self._selector, "limit": self.page_size, "continue": token})
             for i, obj in enumerate(page.get("items") or []):
-                slices[obj["metadata"]["name"]] = slice_matches(self.driver, obj, self.classes)
+                self._keep(slices, obj, classes)
                 if self.classes and i % 20 == 19:
                     await asyncio.sleep(0)  # CEL on every device: let the loop (the Lease) breathe
             token = page["metadata"].get("continue")
             if not token:
                 break
         first, self.slices, self.synced = not self.synced, slices, True
-        self.listed.set()
         self.version = str(page["metadata"]["resourceVersion"])
+        if self.classes != classes:  # asked for other classes meanwhile
+            self._reclassifying = asyncio.create_task(self._reclassify(), name=f"classes of {self.driver}")
+        else:
+            self.listed.set()
         if first and self.on_synced is not None:
             try:
                 await self.on_synced(self.driver)
@@ -112,12 +156,10 @@ class DeviceCounts:
 
     def class_counts(self, driver: str, classes: tuple[ClassSelectors, ...],
                      allocated: set[tuple[str, str, str]]) -> list[ClassCount] | None:
-        """Each class's counts; None until the slices have been listed with these classes (a
-        change of the classes lists them again)."""
-        slices = self._slices(driver)
-        if slices.classes != classes:
-            self.forget(driver)
-            slices = self._slices(driver, classes)
+        """Each class's counts; None until the slices have been listed and matched against these
+        classes (a change of the classes matches the kept slices again, without a list)."""
+        slices = self._slices(driver, classes)
+        slices.want(classes)
         return slices.class_counts(allocated)
 
     async def wait_listed(self, driver: str, timeout: float) -> None:
@@ -145,3 +187,8 @@ class DeviceCounts:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _matches(driver: str, kept: SliceMatches, raw: bytes, classes: tuple[ClassSelectors, ...]) -> SliceMatches:
+    return slice_matches(driver, {"spec": {"pool": {"name": kept.pool}, "nodeName": kept.node,
+                                           "devices": json.loads(raw)}}, classes)

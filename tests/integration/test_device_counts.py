@@ -55,3 +55,35 @@ async def test_the_count_follows_the_drivers_slices_without_a_request_per_read(k
         await counts.close()
         for name in [*names, f"count-{suffix}-new", f"other-{suffix}"]:
             await kube.delete(SLICE, name)
+
+
+async def test_class_counts_follow_a_change_of_the_classes_without_listing_the_slices_again(kube: Kube) -> None:
+    from gpudra_operator.classcounts import class_selectors
+
+    suffix = secrets.token_hex(3)
+    driver = f"classes{suffix}.gpudra.io"
+    names = [f"classes-{suffix}-{i}" for i in range(3)]
+    for i, name in enumerate(names):  # 1 + 2 + 3 devices, indexes 0..i on each node
+        await kube.create(fake_slice(name, driver, f"node-{suffix}-{i}", devices=i + 1))
+
+    def classes(threshold: int) -> tuple:
+        return (class_selectors({"metadata": {"name": "low"}, "spec": {"selectors": [{"cel": {
+            "expression": f'device.attributes["{driver}"].index < {threshold}'}}]}}),)
+
+    counting = CountingKube(kube.api, "gpudra-operator")
+    counts = DeviceCounts(counting, page_size=2)
+    try:
+        async def low_is(wanted: tuple[int, int], threshold: int) -> bool:
+            got = counts.class_counts(driver, classes(threshold), set())
+            return got is not None and (got[0].devices, got[0].nodes_with_free) == wanted
+
+        await wait_for(lambda: low_is((3, 3), 1), timeout=30, what="index < 1: one device per node")
+        assert [m for m, _ in counting.requests] == ["GET"] * 2  # two pages, then the watch
+        counting.requests.clear()
+        await wait_for(lambda: low_is((5, 3), 2), timeout=30, what="index < 2, matched again")
+        await wait_for(lambda: low_is((6, 3), 9), timeout=30, what="index < 9, matched again")
+        assert counting.requests == []  # the kept slices were matched again: no list
+    finally:
+        await counts.close()
+        for name in names:
+            await kube.delete(SLICE, name)
