@@ -9,7 +9,7 @@ Pure: :func:`generate` returns plain API objects; the test applies them."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpudra_driver.discovery import discover
@@ -58,8 +58,8 @@ class Case:
     slices: list[dict[str, Any]]
     device_class: dict[str, Any]
     claim_spec: dict[str, Any]  # spec of the claim (one copy per node in the test)
+    holder_spec: dict[str, Any] | None = None  # a claim allocated on each node beforehand
     description: str = ""
-    labels: dict[str, str] = field(default_factory=dict)
 
 
 def _request(rng: random.Random, name: str, class_name: str, selectors: list[str]) -> dict[str, Any]:
@@ -99,6 +99,12 @@ def generate(seed: int, count: int, run_id: str) -> list[Case]:
             attribute = rng.choice(("numaNode", "productName", "type"))
             spec["devices"]["constraints"] = [{"requests": [r["name"] for r in requests],
                                                "matchAttribute": f"{driver}/{attribute}"}]
-        cases.append(Case(index, driver, nodes, slices, device_class, spec,
-                          description=f"{template}{params or ''} on {sorted(nodes.values())}"))
+        # Some devices already held by another claim: explain must count them as in use.
+        holder = None
+        if rng.random() < 0.4:
+            holder = {"devices": {"requests": [{"name": "held", "exactly": {
+                "deviceClassName": class_name, "count": rng.choice((1, 1, 2, 4))}}]}}
+        cases.append(Case(index, driver, nodes, slices, device_class, spec, holder,
+                          description=f"{template}{params or ''} on {list(nodes.values())}"
+                                      + (f", {holder['devices']['requests'][0]['exactly']['count']} held on each" if holder else "")))
     return cases

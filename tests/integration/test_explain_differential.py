@@ -1,7 +1,8 @@
 """`gpudra explain` against the real kube-scheduler: random cases (tests/explaincases.py: inventories
 from the GPU profiles, classes from the templates, claims with random selectors, counts, All,
-firstAvailable and matchAttribute) applied to the real control plane. For every case and node, a
-claim and a pod pinned to that node; explain reads each pod from the live cluster (through the
+firstAvailable and matchAttribute, some devices held by another claim) applied to the real control
+plane. The holders' pods are scheduled first; then for every case and node, a claim and a pod
+pinned to that node; explain reads each pod from the live cluster (through the
 command's own reads) while a scheduling gate holds it, then the gate is lifted and the scheduler
 decides. Explain's verdict must be the scheduler's for every pod: scheduled or not, so the node set
 of every claim agrees too, CEL error cases included.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from explaincases import Case, generate
@@ -31,9 +33,10 @@ SEED = int(os.environ.get("GPUDRA_EXPLAIN_SEED", "2026"))
 CASES = int(os.environ.get("GPUDRA_EXPLAIN_CASES", "80"))
 
 
-def pinned_pod(name: str, namespace: str, node: str, claim_name: str) -> Obj:
+def pinned_pod(name: str, namespace: str, node: str, claim_name: str, *, gated: bool = True) -> Obj:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, "schedulingGates": [{"name": GATE}],
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+                     "schedulingGates": [{"name": GATE}] if gated else [],
                      "resourceClaims": [{"name": "gpus", "resourceClaimName": claim_name}],
                      "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
                                      "resources": {"claims": [{"name": "gpus"}]}}]}}
@@ -52,6 +55,19 @@ def scheduler_decision(pod: Obj) -> bool | None:
                 and condition.get("reason") in ("Unschedulable", "SchedulerError"):
             return False
     return None
+
+
+def claim_object(name: str, namespace: str, spec: Obj) -> Obj:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def decisions_for(kube: Kube, namespace: str, names: Mapping[str, Any]) -> Callable[[], Awaitable[dict[str, bool] | None]]:
+    """A probe: every named pod's scheduling outcome, once the scheduler has decided on all."""
+    async def probe() -> dict[str, bool] | None:
+        live = {p["metadata"]["name"]: scheduler_decision(p) async for p in kube.list(POD, namespace)}
+        return {name: bool(live[name]) for name in names} if all(live.get(n) is not None for n in names) else None
+    return probe
 
 
 async def bounded(limit: int, jobs: list[Any]) -> list[Any]:
@@ -74,9 +90,15 @@ async def test_explain_agrees_with_the_scheduler_on_random_cases(kube: Kube, nam
         await bounded(8, [create_fake_node(kube, name) for name in nodes])
         await bounded(8, [kube.create(s) for case in cases for s in case.slices]
                       + [kube.create(case.device_class) for case in cases])
-        await bounded(8, [kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                                       "metadata": {"name": name, "namespace": namespace}, "spec": case.claim_spec})
-                          for name, (case, _) in pods.items()])
+        holders = {f"h{case.index}-n{i}": (case, node) for case in cases if case.holder_spec
+                   for i, node in enumerate(case.nodes)}
+        await bounded(8, [kube.create(claim_object(name, namespace, case.holder_spec))  # type: ignore[arg-type]
+                          for name, (case, _) in holders.items()])
+        await bounded(8, [kube.create(pinned_pod(name, namespace, node, name, gated=False))
+                          for name, (_, node) in holders.items()])
+        held = await wait_for(decisions_for(kube, namespace, holders), timeout=120, interval=0.5,
+                              what=f"the scheduler's decision on {len(holders)} holder pods")
+        await bounded(8, [kube.create(claim_object(name, namespace, case.claim_spec)) for name, (case, _) in pods.items()])
         await bounded(8, [kube.create(pinned_pod(name, namespace, node, name)) for name, (_, node) in pods.items()])
 
         # Explain each pod as `gpudra explain pod` would, while its gate holds it.
@@ -85,11 +107,7 @@ async def test_explain_agrees_with_the_scheduler_on_random_cases(kube: Kube, nam
         await bounded(8, [kube.patch(POD, name, {"spec": {"schedulingGates": None}}, namespace=namespace)
                           for name in pods])
 
-        async def decided() -> dict[str, bool] | None:
-            live = {p["metadata"]["name"]: scheduler_decision(p) async for p in kube.list(POD, namespace)}
-            return {name: bool(live[name]) for name in pods} if all(live.get(n) is not None for n in pods) else None
-
-        decisions = await wait_for(decided, timeout=120, interval=0.5,
+        decisions = await wait_for(decisions_for(kube, namespace, pods), timeout=120, interval=0.5,
                                    what=f"the scheduler's decision on {len(pods)} pods")
         # An unschedulable pod the scheduler would have placed once its informers caught up
         # would show up bound now: read once more after every decision is in.
@@ -107,12 +125,14 @@ async def test_explain_agrees_with_the_scheduler_on_random_cases(kube: Kube, nam
                                   f"(then {final[name]}): {message}")
         scheduled = sum(decisions.values())
         errors = sum(verdicts[n][1].startswith("the scheduler stops with an error") for n in pods)
+        in_use = sum("in use by" in verdicts[n][1] for n in pods)
         print(f"\n[explain-diff] seed {SEED}: {len(cases)} cases, {len(pods)} pods, {scheduled} scheduled, "
-              f"{len(pods) - scheduled} not, {errors} of them on a CEL or allocator error; "
+              f"{len(pods) - scheduled} not, {errors} of them on a CEL or allocator error, {in_use} blocked by "
+              f"devices in use ({sum(held.values())} of {len(held)} holders scheduled first); "
               f"{asyncio.get_running_loop().time() - started:.1f}s")
         assert not mismatches, "explain disagrees with the scheduler:\n" + "\n".join(mismatches)
         # The generator must exercise both outcomes and the error path, or the test proves little.
-        assert 0 < scheduled < len(pods) and errors > 0
+        assert 0 < scheduled < len(pods) and errors > 0 and in_use > 0
     finally:
         for case in cases:
             async for found in kube.list(SLICE, field_selector=f"spec.driver={case.driver}"):
