@@ -163,7 +163,12 @@ async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: obje
         await rescanner.run()
         return
     publisher.on_taints_dropped = health.taints_dropped  # type: ignore[attr-defined]  # 1.35: leave them out
-    await asyncio.gather(rescanner.run(), health.run(), health.check_api(kube, args.node_name))
+
+    async def check_api() -> None:  # once the API server answered the publisher: start-up goes first
+        await publisher.published.wait()  # type: ignore[attr-defined]
+        await health.check_api(kube, args.node_name)
+
+    await asyncio.gather(rescanner.run(), health.run(), check_api())
 
 
 def _health_monitor(args: argparse.Namespace, root: object, publish: object, events: object) -> HealthMonitor | None:

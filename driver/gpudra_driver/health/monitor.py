@@ -90,6 +90,7 @@ class HealthMonitor:
         self.state: dict[str, GpuHealth] = {}
         self.mode: Mode = "taint"
         self.discovered: list[Device] = []
+        self.rescanned = False  # nothing is published before discovery handed over its first devices
         self.computed: dict[str, tuple[DeviceTaint, ...]] = {}  # each device's taints, whatever the mode
         self._gpus: set[str] = set()  # physical GPUs seen by the event thread
         self._pending: set[Observation] = set()
@@ -109,18 +110,20 @@ class HealthMonitor:
     def set_devices(self, devices: Sequence[Device]) -> bool:
         """Discovered devices in (the rescanner's publish); True when what is published changed."""
         self.discovered = carry_lost(list(devices), self.discovered, self.state)
+        self.rescanned = True
         return self._publish()
 
-    def taints_dropped(self) -> None:
-        """The publisher saw the API server store our taints without them: leave unhealthy devices
-        out from now on."""
+    def taints_dropped(self, *, expected: bool = False) -> None:
+        """The API server does not keep device taints: leave unhealthy devices out from now on.
+        ``expected``: found by the start-up dry run, a mode to report (INFO, a Normal event); else
+        the publisher saw a written slice come back without them, a change to warn about."""
         if self.mode == "omit":
             return
         self.mode = "omit"
         message = (f"device taints are not in effect: {apisupport.WHY_DROPPED}. Unhealthy GPUs are left out of "
                    "this node's ResourceSlices until they recover; upgrade to Kubernetes 1.36 or enable the gate")
-        log.error("%s", message)
-        self._reports.append(("Warning", "DeviceTaintsUnsupported", message))
+        (log.info if expected else log.warning)("device health: %s", message)
+        self._reports.append(("Normal" if expected else "Warning", "DeviceTaintsUnsupported", message))
         self._publish()
         self._wake.set()
 
@@ -135,7 +138,7 @@ class HealthMonitor:
         if kept:
             log.info("device health: unhealthy devices are published with taints (%s/...)", self.policy.driver)
         else:
-            self.taints_dropped()
+            self.taints_dropped(expected=True)
 
     def _publish(self) -> bool:
         computed = {d.name: taints(self.state, d, self.policy) for d in self.discovered}
@@ -151,6 +154,8 @@ class HealthMonitor:
         metrics.device_health(counts)
         if self._reports:
             self._wake.set()
+        if not self.rescanned:
+            return False
         if {u for u in (gpu_uuid(d) for d in self.discovered) if u} - self.probed:
             self._probe_now = True
             self._wake.set()
@@ -284,8 +289,8 @@ class HealthMonitor:
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
                 uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-            except nvml.NVMLError as error:  # a lost GPU: the probe covers what is known of it
-                log.warning("device health: GPU %d cannot be monitored: %s", index, error)
+            except nvml.NVMLError as error:  # discovery warns about it; the probe covers what is known of it
+                log.debug("device health: GPU %d cannot be monitored: %s", index, error)
                 continue
             self._gpus.add(uuid)
             try:
