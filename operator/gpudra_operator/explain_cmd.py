@@ -64,6 +64,7 @@ async def _explain(args: argparse.Namespace, namespace: str, name: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     import aiohttp
+    import yaml
     from kubernetes_asyncio.config import ConfigException
 
     from gpudra_driver.kubeapi import error_message
@@ -79,10 +80,13 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, ExplainInputError) as error:
         print(f"gpudra explain: {error}", file=sys.stderr)
         return 1
-    except ConfigException as error:
-        print(f"gpudra explain: no cluster to talk to: {error}", file=sys.stderr)
+    except (ConfigException, yaml.YAMLError) as error:
+        print(f"gpudra explain: no usable kubeconfig: {' '.join(str(error).split())}", file=sys.stderr)
         return 1
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:
         print(f"gpudra explain: cannot reach the API server: {error_message(error) or type(error).__name__}", file=sys.stderr)
+        return 1
+    except Exception as error:  # noqa: BLE001 - a user's command says what failed in one line, never a traceback
+        print(f"gpudra explain: failed: {type(error).__name__}: {' '.join(str(error).split())}", file=sys.stderr)
         return 1
     return 0

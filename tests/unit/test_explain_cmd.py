@@ -1,0 +1,55 @@
+"""`gpudra explain`'s failures that need no cluster: each is one line on stderr and exit 1, never a
+traceback (the cluster-backed ones are in tests/integration/test_explain_cmd.py)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from gpudra_operator.cli import kubectl_plugin, main
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on: bound, then closed."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def kubeconfig(tmp_path: Path, server: str) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "{server}", insecure-skip-tls-verify: true}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
+current-context: x
+""")
+    return path
+
+
+@pytest.mark.parametrize("case", ["no-file", "not-yaml", "unreachable", "bad-ref"])
+def test_bad_input_is_one_line_and_exit_1(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ref, config = "team/trainer", tmp_path / "missing"
+    if case == "not-yaml":
+        config.write_text("clusters: [")
+    elif case == "unreachable":
+        config = kubeconfig(tmp_path, f"https://127.0.0.1:{closed_port()}")
+    elif case == "bad-ref":
+        ref, config = "a/b/c", kubeconfig(tmp_path, "https://127.0.0.1:1")
+    assert main(["explain", "pod", ref, "--kubeconfig", str(config)]) == 1
+    out, err = capsys.readouterr()
+    expected = {"no-file": f"gpudra explain: kubeconfig {config}: no such file",
+                "not-yaml": "gpudra explain: no usable kubeconfig: ",
+                "unreachable": "gpudra explain: cannot reach the API server: ",
+                "bad-ref": "gpudra explain: 'a/b/c' is not NAMESPACE/NAME"}[case]
+    assert err.startswith(expected) and len(err.splitlines()) == 1 and out == ""
+
+
+def test_the_kubectl_plugin_offers_explain_only(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as usage:
+        kubectl_plugin(["operator"])
+    assert usage.value.code == 2
+    assert "invalid choice: 'operator' (choose from 'explain')" in capsys.readouterr().err
