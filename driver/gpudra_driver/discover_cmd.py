@@ -40,6 +40,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--node-uid", default=None, help="Node UID for ownerReferences (default: none)")
     parser.add_argument("--driver", default=DEFAULT_DRIVER, help="DRA driver name (default: %(default)s)")
     parser.add_argument("--generation", type=int, default=1, help="pool generation (default: %(default)s)")
+    parser.add_argument("--health", action=argparse.BooleanOptionalAction, default=True,
+                        help="probe each GPU once (lost, recovery action pending, NVML events supported) and show "
+                             "the taints the agent would publish (docs/health.md) (default: on)")
     from gpudra_driver import consumable
 
     consumable.add_arguments(parser)
@@ -63,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
         result = scan(nvml, numa_node_of=numa_node_from_sysfs if spec == "real" else None)
         sharing = from_args(args)
         devices, unshared = share_devices(result.devices, sharing)
+        if args.health:
+            devices = _with_health(nvml, devices, args.driver)
         slices = build_slices(args.driver, node, args.node_uid, args.generation, devices)
     except (NvmlUnavailable, DriverRootError) as exc:
         from gpudra_driver.rescan import NO_GPU_ON_PCI
@@ -81,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         print("gpudra discover: NVML works but finds no GPU on this node; the agent would publish no devices",
               file=sys.stderr)
     if args.output == "table":
-        print(_table(devices))
+        print(_table(devices, args.driver if args.health else None))
         print(f"\n{len(devices)} device(s) in {len(slices)} ResourceSlice(s) for node {node}, "
               f"driver {args.driver}")
         if sharing is not None:
@@ -108,8 +113,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _table(devices: list[Any]) -> str:
-    header = ("NAME", "TYPE", "PRODUCT", "MEMORY(GiB)", "CC", "UUID")
+def _with_health(nvml: Any, devices: list[Any], driver: str) -> list[Any]:
+    import time
+
+    from gpudra_driver.health.core import Policy
+    from gpudra_driver.health.monitor import snapshot
+
+    return snapshot(nvml, devices, Policy(driver=driver), time.time())
+
+
+def _health(device: Any, driver: str) -> str:
+    """``healthy``, ``unmonitored``, or ``unhealthy (<taint>, ...)``."""
+    from gpudra_driver.health.core import health_of
+
+    state = health_of(device.taints, driver)
+    if state != "unhealthy":
+        return state
+    shown = [f"{t.key.rpartition('/')[2]}{'=' + t.value if t.value else ''}" for t in device.taints if t.effect != "None"]
+    return f"unhealthy ({', '.join(shown)})"
+
+
+def _table(devices: list[Any], driver: str | None = None) -> str:
+    header = ("NAME", "TYPE", "PRODUCT", "MEMORY(GiB)", "CC", "UUID", *(("HEALTH",) if driver else ()))
     rows = [header] + [
         (
             d.name,
@@ -118,6 +143,7 @@ def _table(devices: list[Any]) -> str:
             f"{d.capacity.get('memory', 0) / 2**30:.1f}",
             ".".join(str(d.attr("cudaComputeCapability") or "").split(".")[:2]),
             str(d.attr("uuid") or ""),
+            *((_health(d, driver),) if driver else ()),
         )
         for d in devices
     ]

@@ -53,10 +53,28 @@ def test_table_output(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Mo
     monkeypatch.setenv("GPUDRA_NVML", "fake:l4x2")
     assert gpudra() == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["NAME", "TYPE", "PRODUCT", "MEMORY(GiB)", "CC", "UUID"]
-    assert lines[1].split() == ["gpu-0", "gpu", "NVIDIA", "L4", "22.5", "8.9", "GPU-62d683dd-a608-5810-9a31-ff06c70237fb"]
+    assert lines[0].split() == ["NAME", "TYPE", "PRODUCT", "MEMORY(GiB)", "CC", "UUID", "HEALTH"]
+    assert lines[1].split() == ["gpu-0", "gpu", "NVIDIA", "L4", "22.5", "8.9", "GPU-62d683dd-a608-5810-9a31-ff06c70237fb",
+                                "healthy"]
     assert lines[2].split()[0] == "gpu-1"
     assert lines[-1] == "2 device(s) in 1 ResourceSlice(s) for node from-env, driver gpu.gpudra.io"
+
+
+def test_health_shows_what_one_probe_finds(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from gpudra_operator.localcluster import mockstate
+
+    root = tmp_path / "root"  # the simulator reads injected health from the root's state directory
+    mockstate.set_recovery_action(root, "GPU-6992fa00-c02c-5e2f-a617-96ce040c16ef", 2)
+    assert gpudra("--nvml", "fake:l4x2", "--driver-root", str(root), "--node-name", "n") == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[1].split()[-1] == "healthy" and rows[2].split()[-2:] == ["unhealthy", "(recovery-action=node-reboot)"]
+    assert gpudra("--nvml", "fake:l4x2", "--driver-root", str(root), "--node-name", "n", "-o", "json") == 0
+    devices = json.loads(capsys.readouterr().out)["devices"]
+    assert "taints" not in devices[0]
+    assert [(t["key"], t["value"], t["effect"]) for t in devices[1]["taints"]] == [
+        ("gpu.gpudra.io/recovery-action", "node-reboot", "NoSchedule")]
+    assert gpudra("--nvml", "fake:l4x2", "--driver-root", str(root), "--node-name", "n", "--no-health") == 0
+    assert "HEALTH" not in capsys.readouterr().out
 
 
 def test_mig_rows_name_the_profile(capsys: pytest.CaptureFixture[str]) -> None:

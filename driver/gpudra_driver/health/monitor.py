@@ -80,6 +80,34 @@ def probe(nvml: Any, uuids: Sequence[str]) -> list[Observation]:
     return found
 
 
+def event_support(nvml: Any, uuids: Sequence[str]) -> list[Observation]:
+    """:class:`Unmonitored` for each GPU that cannot deliver XID events (what the monitor would
+    find when it registers them)."""
+    found: list[Observation] = []
+    for uuid in uuids:
+        try:
+            handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+            if not nvml.nvmlDeviceGetSupportedEventTypes(handle) & XID_CRITICAL:
+                found.append(Unmonitored(uuid, "no XID events"))
+        except (nvml.NVMLError_GpuIsLost, nvml.NVMLError_NotFound):
+            continue  # the probe says lost
+        except nvml.NVMLError as error:
+            found.append(Unmonitored(uuid, str(error)))
+    return found
+
+
+def snapshot(nvml: Any, devices: Sequence[Device], policy: Policy, now: float) -> list[Device]:
+    """``devices`` with the taints one probe gives them (``gpudra discover``: no events to wait
+    for, so what it shows is a GPU lost, a recovery action pending, or no events to monitor)."""
+    uuids = sorted({u for u in (gpu_uuid(d) for d in devices) if u})
+    nvml.nvmlInit()
+    try:
+        state = observe({}, [*probe(nvml, uuids), *event_support(nvml, uuids)], policy, now)
+    finally:
+        nvml.nvmlShutdown()
+    return apply(devices, state, policy, "taint")
+
+
 class HealthMonitor:
     def __init__(self, *, nvml_spec: str | None, driver_root: DriverRoot | None, policy: Policy,
                  publish: Publish, report: Report | None = None, probe_interval: float = 5.0,
