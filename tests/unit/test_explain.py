@@ -193,3 +193,7 @@ def test_an_all_subrequest_after_a_counted_one_keeps_the_schedulers_quirk() -> N
     assert run([claim([request])], [node("h100")], slices_of("dgx-h100", "h100")).satisfiable
     alone = {"name": "gpu", "firstAvailable": [{**every, "name": "s0"}]}
     assert run([claim([alone])], [node("h200")], slices_of("h200", "h200")).satisfiable
+    # 1.36's allocator passes the subrequest index on
+    fixed = explain("claim team/c", [claim([request])], pod=None, classes=CLASSES, slices=slices_of("h200", "h200"),
+                    nodes=[node("h200")], other_claims=[], namespace=None, driver=DRIVER, server_minor=36)
+    assert fixed.satisfiable

@@ -29,7 +29,8 @@ def explain_snapshot(snapshot: Snapshot, driver: str) -> Verdict:
     nodes = nodes_of(snapshot.slices, snapshot.nodes)
     verdict = explain(snapshot.target, claims, pod=snapshot.pod if snapshot.nodes is not None else None,
                       classes=snapshot.classes, slices=snapshot.slices, nodes=nodes,
-                      other_claims=snapshot.other_claims, namespace=snapshot.namespace, driver=driver)
+                      other_claims=snapshot.other_claims, namespace=snapshot.namespace, driver=driver,
+                      server_minor=snapshot.server_minor)
     verdict.notes = notes + verdict.notes
     return verdict
 

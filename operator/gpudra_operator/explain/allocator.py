@@ -12,8 +12,8 @@ with :class:`AllocationError` (the scheduler then fails the pod's whole scheduli
 node). Not ported (all alpha and off in 1.35): partitionable devices (counters), consumable
 capacity, binding conditions, ``distinctAttribute``.
 
-Upstream's quirk is kept, since the verdict must be the scheduler's (marked QUIRK): the ``All``
-branch recurses without the subrequest index."""
+Upstream's quirk is kept, since the verdict must be the scheduler's (marked QUIRK): up to 1.35 the
+``All`` branch recurses without the subrequest index (1.36 keeps it; ``all_subrequest_quirk``)."""
 
 from __future__ import annotations
 
@@ -216,8 +216,10 @@ class NodeAllocator:
     or :class:`AllocationError`."""
 
     def __init__(self, claims: Sequence[Obj], classes: Mapping[str, Obj], pools: Sequence[Pool],
-                 in_use: Mapping[DeviceID, str], memo: SelectorMemo | None = None) -> None:
+                 in_use: Mapping[DeviceID, str], memo: SelectorMemo | None = None, *,
+                 all_subrequest_quirk: bool = True) -> None:
         self.memo = memo or SelectorMemo()
+        self.all_subrequest_quirk = all_subrequest_quirk
         self.claims = [_ClaimState(c, claim_requests(c), claim_constraints(c)) for c in claims]
         self.classes = classes
         self.pools = pools
@@ -363,10 +365,11 @@ class NodeAllocator:
             device = devices[di]
             if not self._place(ci, request, device, True):
                 return False
-            # QUIRK: upstream recurses with deviceIndices{claim, request, device+1}: the subrequest
-            # index falls back to 0, so after the first device of an All subrequest the rest is
-            # what the first subrequest still needs.
-            return self._then(ci, request, device, lambda: self._one(ci, ri, 0, di + 1, in_subrequest))
+            # QUIRK (1.35 and before): upstream recurses with deviceIndices{claim, request, device+1}:
+            # the subrequest index falls back to 0, so after the first device of an All subrequest
+            # the rest is what the first subrequest still needs. 1.36 passes subRequestIndex on.
+            next_si = 0 if self.all_subrequest_quirk else si
+            return self._then(ci, request, device, lambda: self._one(ci, ri, next_si, di + 1, in_subrequest))
         for pool in self.pools:
             if pool.incomplete or pool.invalid:
                 continue

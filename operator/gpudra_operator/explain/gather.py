@@ -37,6 +37,7 @@ class Snapshot:
     other_claims: list[Obj]
     namespace: Obj | None
     notes: list[str] = field(default_factory=list)
+    server_minor: int | None = None  # Kubernetes 1.<minor> of the API server, when it said
 
 
 def _denied(error: ApiException, what: str) -> ExplainInputError:
@@ -127,4 +128,16 @@ async def read_snapshot(kube: Kube, kind: str, namespace: str, name: str, driver
     except ApiException:
         namespace_obj = None
     return Snapshot(target=f"{kind} {namespace}/{name}", pod=pod, claims=claims, classes=classes, slices=slices,
-                    nodes=nodes, other_claims=other_claims, namespace=namespace_obj, notes=notes)
+                    nodes=nodes, other_claims=other_claims, namespace=namespace_obj, notes=notes,
+                    server_minor=await _server_minor(kube))
+
+
+async def _server_minor(kube: Kube) -> int | None:
+    """The API server's minor version (/version is readable by every authenticated user); the
+    scheduler of the same release is assumed."""
+    try:
+        minor = str((await kube.request("GET", "/version")).get("minor", ""))
+    except ApiException:
+        return None
+    digits = "".join(ch for ch in minor if ch.isdigit())
+    return int(digits) if digits else None

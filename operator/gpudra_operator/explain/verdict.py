@@ -234,12 +234,13 @@ def _allocated_node(allocation: Obj, nodes: Sequence[Obj]) -> str | None:
 
 def explain(target: str, claims: Sequence[Obj], *, pod: Obj | None, classes: Mapping[str, Obj],
             slices: Sequence[Obj], nodes: Sequence[Obj], other_claims: Sequence[Obj],
-            namespace: Obj | None, driver: str) -> Verdict:
+            namespace: Obj | None, driver: str, server_minor: int | None = None) -> Verdict:
     """The verdict for ``claims`` (one claim, or a pod's claims in order) against the cluster.
 
     ``slices``: the ResourceSlices to consider (the driver's); ``nodes``: the cluster's Nodes;
     ``other_claims``: every readable claim (their allocations hold devices); ``namespace``: the
-    claims' Namespace, or None when it could not be read."""
+    claims' Namespace, or None when it could not be read; ``server_minor``: the cluster's
+    Kubernetes minor version (None: 1.35's scheduler is assumed)."""
     pending = [c for c in claims if _allocation(c) is None]
     allocated = [c for c in claims if _allocation(c) is not None]
     uids = {(c.get("metadata") or {}).get("uid") for c in claims}
@@ -253,6 +254,7 @@ def explain(target: str, claims: Sequence[Obj], *, pod: Obj | None, classes: Map
     index = SliceIndex(slices)
     pools_by_node = {n["metadata"]["name"]: gather_pools(index, n) for n in nodes}
     memo = SelectorMemo()
+    quirk = server_minor is None or server_minor <= 35
 
     # The scheduler's answer, node by node; one error fails the whole attempt.
     fitting: list[str] = []
@@ -261,7 +263,8 @@ def explain(target: str, claims: Sequence[Obj], *, pod: Obj | None, classes: Map
         for node in candidates:
             name = node["metadata"]["name"]
             try:
-                if NodeAllocator(pending, classes, pools_by_node[name], in_use, memo).allocate() is not None:
+                if NodeAllocator(pending, classes, pools_by_node[name], in_use, memo,
+                                 all_subrequest_quirk=quirk).allocate() is not None:
                     fitting.append(name)
             except AllocationError as failure:
                 error = error or f"on node {name}: {failure}"
