@@ -162,6 +162,10 @@ class DeviceCounts:
         slices.want(classes)
         return slices.class_counts(allocated)
 
+    def listed_once(self, driver: str) -> bool:
+        """The driver's slices have been listed (whatever classes they were matched against)."""
+        return driver in self._drivers and self._drivers[driver][0].synced
+
     async def wait_listed(self, driver: str, timeout: float) -> None:
         """Until the driver's slices have been listed (with the classes last asked for), at most
         ``timeout`` seconds."""

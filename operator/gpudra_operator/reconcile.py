@@ -431,6 +431,9 @@ class Reconciler:
             if needed:
                 await self._apply(wanted, outcome)
             return
+        last = self._reconciled.get(config.name)
+        if last is not None and last.rendered.mps_daemonset is None:
+            return  # none since this process's last reconcile of it: nothing to read, or delete
         live = await self.kube.get(DAEMONSET, MPS_NAME, config.spec.agent.namespace)
         if live is not None and (live["metadata"].get("labels") or {}).get(LABEL_CONFIG) == config.name:
             if await self.kube.delete(DAEMONSET, MPS_NAME, config.spec.agent.namespace, uid=live["metadata"]["uid"]):
@@ -472,15 +475,17 @@ class Reconciler:
     async def _class_counts(self, config: GpuDraConfig, rendered: Rendered,
                             applied: list[str]) -> list[ClassCount] | None:
         """Each applied class's counts, from the slice and claim watches; None until both have
-        listed once. A first use waits for their first list a moment (one status write with the
-        counts rather than two); past that, status keeps the counts it holds until they are in."""
+        listed once, and while a change of the classes is being matched. A first use waits for the
+        first list a moment (one status write with the counts rather than two); past that, status
+        keeps the counts it holds until they are in (a spec change converges without waiting)."""
         if self.device_counts is None or self.claims is None:
             return None
         driver = config.spec.driver_name
         classes = tuple(class_selectors(c) for c in rendered.device_classes if c["metadata"]["name"] in applied)
+        first = not self.device_counts.listed_once(driver) or self.claims.devices() is None
         counts = self.device_counts.class_counts(driver, classes, self.claims.devices() or set())
         allocated = self.claims.devices()
-        if counts is None or allocated is None:
+        if first:  # not when classes changed: their counts follow with the status refresh that ends it
             await asyncio.gather(self.device_counts.wait_listed(driver, FIRST_LIST_WAIT),
                                  self.claims.wait_listed(FIRST_LIST_WAIT))
             allocated = self.claims.devices()

@@ -383,7 +383,11 @@ async def test_class_counts_follow_slices_and_claims_and_a_class_that_matches_no
     assert warning is not None and (warning["status"], warning["reason"]) == ("True", "ClassMatchesNoDevice")
     assert warning["message"].startswith(f"DeviceClass {huge} matches none of the 2 devices driver {driver}")
     assert condition(config, "Ready")["status"] == "True"  # a warning: the config itself is applied
-    assert [e for e in await events_about(kube, name) if e["reason"] == "ClassMatchesNoDevice"]
+    async def warned() -> list[Obj]:
+        return [e for e in await events_about(kube, name) if e["reason"] == "ClassMatchesNoDevice"]
+
+    [event] = await wait_for(warned, timeout=10, what="a ClassMatchesNoDevice event")  # posted after the status
+    assert event["type"] == "Warning" and huge in event["message"]
     described = cluster.kubectl("describe", "gdc", name).stdout
     assert "ClassMatchesNoDevice" in described and huge in described
 
