@@ -157,10 +157,11 @@ def gather_pools(index: SliceIndex, node: Obj) -> list[Pool]:
         pool = pools[key]
         first = pool.slices[0]["spec"]["pool"]
         generation, wanted = int(first.get("generation", 0)), int(first.get("resourceSliceCount", 1))
-        counts = index.generations[key]
-        if max(counts) > generation:
-            continue  # obsolete: a newer generation exists (for other nodes)
-        pool.incomplete = counts[generation] != wanted
+        if len(pool.slices) != wanted:  # as upstream: only a pool short of slices here is looked at further
+            counts = index.generations[key]
+            if max(counts) > generation:
+                continue  # obsolete: a newer generation exists (for other nodes)
+            pool.incomplete = counts[generation] != wanted
         names = [d.name for d in pool.devices()]
         duplicate = next((n for n in names if names.count(n) > 1), None)
         pool.invalid = f"duplicate device name {duplicate}" if duplicate else None
