@@ -87,11 +87,13 @@ async def gpu_node(kube: Kube, fake_nodes: Any, agents: Callable[..., AgentProce
                    ) -> AsyncIterator[Callable[..., Any]]:
     made: list[str] = []
 
-    async def make(driver: str, *extra_args: str) -> Node:
+    async def make(driver: str, *extra_args: str, profile: str = PROFILE, count: int = 2,
+                   rescan_interval: float = 60.0) -> Node:
         name = (await fake_nodes("health"))["metadata"]["name"]
-        root = make_driver_root(tmp_path / f"root-{len(made)}", PROFILE)
-        agent = agents(name, f"mock:{PROFILE}", driver, driver_root=root, extra_args=(*HEALTH_FLAGS, *extra_args))
-        devices = await published_devices(kube, driver, name, 2)
+        root = make_driver_root(tmp_path / f"root-{len(made)}", profile)
+        agent = agents(name, f"mock:{profile}", driver, driver_root=root, extra_args=(*HEALTH_FLAGS, *extra_args),
+                       rescan_interval=rescan_interval)
+        devices = await published_devices(kube, driver, name, count)
         node = Node(kube, name, driver, root, agent, await minor_version(kube) >= 36)
         node.uuid = {n: d["attributes"]["uuid"]["string"] for n, d in devices.items()}
         await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": driver},
@@ -191,6 +193,61 @@ async def test_an_informational_xid_never_keeps_a_gpu_from_being_scheduled(
         assert "gpu-0" in devices
     assert await schedule(kube, namespace, node) == "gpu-0"
     assert not [e for e in await node.events("DeviceUnhealthy") if "gpu-0" in e["message"]]
+
+
+# -- a lost GPU, MIG, a storm --------------------------------------------------------------------
+
+async def test_a_lost_gpu_stays_published_tainted_while_discovery_cannot_see_it(
+        kube: Kube, gpu_node: Callable[..., Any]) -> None:
+    node: Node = await gpu_node(f"l{secrets.token_hex(4)}.gpudra.io", rescan_interval=0.3)
+    lost = (f"{node.driver}/gpu-lost", "", "NoSchedule")
+    injected = time.monotonic()
+    mockstate.lose_gpu(node.root, node.uuid["gpu-0"])
+    if node.taints_kept:
+        await node.until(lambda d: taints(d.get("gpu-0")) == {lost}, "gpu-0 tainted gpu-lost", timeout=2)
+    else:
+        await node.until(lambda d: set(d) == {"gpu-1"}, "gpu-0 left out", timeout=2)
+    assert time.monotonic() - injected < 2
+    await logged(node.agent, "GPU 0 skipped")  # discovery no longer enumerates it...
+    mockstate.inject_xid(node.root, node.uuid["gpu-1"], 13)  # ...and after one more event round trip:
+    if node.taints_kept:  # still there, tainted, not silently gone
+        devices = await node.until(lambda d: bool(taints(d.get("gpu-1"))), "gpu-1's informational taint")
+        assert taints(devices.get("gpu-0")) == {lost}
+    mockstate.recover_gpu(node.root, node.uuid["gpu-0"])
+    await node.until(lambda d: "gpu-0" in d and not taints(d["gpu-0"]), "gpu-0 back, untainted")
+
+
+async def test_an_xid_on_a_mig_device_taints_that_mig_device_only(
+        kube: Kube, gpu_node: Callable[..., Any]) -> None:
+    node: Node = await gpu_node(f"m{secrets.token_hex(4)}.gpudra.io", profile="a100-80gb-mig", count=3)
+    (sick,) = [n for n in node.uuid if n.endswith("-9-0")]  # the 1g.10gb in GPU instance 9
+    mockstate.inject_xid(node.root, node.uuid[sick], 94)
+    if node.taints_kept:
+        devices = await node.until(lambda d: bool(taints(d.get(sick))), f"{sick} tainted")
+        assert taints(devices[sick]) == {(f"{node.driver}/xid", "94", "NoSchedule")}
+        assert [n for n, d in devices.items() if taints(d)] == [sick]
+    else:
+        devices = await node.until(lambda d: sick not in d, f"{sick} left out")
+        assert len(devices) == 2
+
+
+async def test_a_storm_of_xids_is_one_slice_write(kube: Kube, gpu_node: Callable[..., Any]) -> None:
+    node: Node = await gpu_node(f"s{secrets.token_hex(4)}.gpudra.io", "--health-quiet-period", "600")
+    generation = await pool_generation(kube, node)
+    for _ in range(2000):  # a GPU stuck in a loop of the same fatal XID
+        mockstate.inject_xid(node.root, node.uuid["gpu-0"], 119)
+    mockstate.inject_xid(node.root, node.uuid["gpu-1"], 79)  # the end of the storm, when this shows
+    if node.taints_kept:
+        devices = await node.until(lambda d: bool(taints(d.get("gpu-1"))), "the storm's end")
+        assert taints(devices["gpu-0"]) == {(f"{node.driver}/xid", "119", "NoSchedule")}
+    else:
+        await node.until(lambda d: not d, "both GPUs left out")
+    assert await pool_generation(kube, node) - generation <= 2  # gpu-0's taint and gpu-1's, or both at once
+
+
+async def pool_generation(kube: Kube, node: Node) -> int:
+    slices = [s async for s in kube.list(SLICE, field_selector=f"spec.driver={node.driver},spec.nodeName={node.name}")]
+    return max(s["spec"]["pool"]["generation"] for s in slices)
 
 
 # -- tolerations, and draining by hand -------------------------------------------------------------
