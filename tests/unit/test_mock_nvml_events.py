@@ -18,7 +18,8 @@ from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.health.core import Probe
 from gpudra_driver.health.monitor import probe
 from gpudra_driver.nvml import load_nvml
-from gpudra_operator.localcluster.driverroot import make_driver_root, mock_nvml_library
+from gpudra_operator.localcluster.driverroot import make_driver_root
+from test_mock_nvml import mock_lib  # noqa: F401 (the fixture: the built mock library, or how to build it)
 
 SECOND_GPU = """
   - name: NVIDIA A100-SXM4-80GB
@@ -139,14 +140,6 @@ def profile(tmp_path: Path) -> str:
     path = tmp_path / "a100-mig-plus-one.yaml"
     path.write_text((resources.files("gpudra_driver") / "profiles" / "a100-80gb-mig.yaml").read_text() + SECOND_GPU)
     return str(path)
-
-
-@pytest.fixture(scope="module")
-def mock_lib() -> Path:
-    try:
-        return mock_nvml_library()
-    except RuntimeError as exc:
-        pytest.fail(f"{exc}", pytrace=False)
 
 
 def test_real_pynvml_on_the_mock_and_the_simulator_see_the_same_health(mock_lib: Path, tmp_path: Path,
