@@ -136,10 +136,11 @@ class HealthMonitor:
     # -- the loop's side --------------------------------------------------------------------------
 
     def set_devices(self, devices: Sequence[Device]) -> bool:
-        """Discovered devices in (the rescanner's publish); True when what is published changed."""
-        self.discovered = carry_lost(list(devices), self.discovered, self.state)
-        self.rescanned = True
-        return self._publish()
+        """Discovered devices in (the rescanner's publish); True when they, or what is published, changed."""
+        discovered = carry_lost(list(devices), self.discovered, self.state)
+        changed = discovered != self.discovered or not self.rescanned
+        self.discovered, self.rescanned = discovered, True
+        return self._publish() or changed
 
     def taints_dropped(self, *, expected: bool = False) -> None:
         """The API server does not keep device taints: leave unhealthy devices out from now on.
