@@ -1,0 +1,109 @@
+"""The health monitor's shell on the NVML simulator (no cluster): its event thread, the probe, what
+it hands the publisher, and how it stops."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest_asyncio
+
+from gpudra_driver.devicemodel import Device
+from gpudra_driver.discovery import scan
+from gpudra_driver.driverroot import DriverRoot
+from gpudra_driver.health.core import Policy
+from gpudra_driver.health.monitor import HealthMonitor
+from gpudra_driver.nvml import load_nvml
+from gpudra_operator.localcluster import mockstate
+from gpudra_operator.localcluster.waiting import wait_for
+
+D = "gpu.example.com"
+PROFILE = "l4x2"
+
+
+class Harness:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.published: list[list[Device]] = []
+        self.reports: list[tuple[str, str, str]] = []
+        nvml = load_nvml(f"fake:{PROFILE}", DriverRoot.at(str(root)))
+        self.devices = scan(nvml).devices
+        self.uuid = {d.name: str(d.attributes["uuid"].value) for d in self.devices}
+        self.monitor = HealthMonitor(nvml_spec=f"fake:{PROFILE}", driver_root=DriverRoot.at(str(root)),
+                                     policy=Policy(driver=D, quiet_period=600), publish=self.publish,
+                                     report=self.report, probe_interval=0.2, wait_timeout=0.1)
+
+    def publish(self, devices: Sequence[Device]) -> bool:
+        changed = not self.published or self.published[-1] != list(devices)
+        if changed:
+            self.published.append(list(devices))
+        return changed
+
+    async def report(self, kind: str, reason: str, message: str) -> None:
+        self.reports.append((kind, reason, message))
+
+    def taints(self, name: str) -> set[tuple[str, str, str]]:
+        last = {d.name: d for d in self.published[-1]} if self.published else {}
+        return {(t.key, t.value, t.effect) for t in last[name].taints} if name in last else set()
+
+    async def until(self, check: object, what: str) -> None:
+        async def probe() -> bool:
+            return bool(check())  # type: ignore[operator]
+
+        await wait_for(probe, timeout=10, what=what)
+
+
+@pytest_asyncio.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    h = Harness(tmp_path / "root")
+    task = asyncio.create_task(h.monitor.run())
+    h.monitor.set_devices(h.devices)
+    yield h
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert "nvml-events" not in {t.name for t in threading.enumerate()}, "the event thread outlived the monitor"
+
+
+async def test_nothing_is_published_before_the_gpus_were_probed_then_events_taint(harness: Harness) -> None:
+    await harness.until(lambda: harness.published, "the first publish")
+    assert harness.monitor.probed >= set(harness.uuid.values())  # the probe came first
+    assert all(not d.taints for d in harness.published[0])
+    mockstate.inject_xid(harness.root, harness.uuid["gpu-1"], 48)
+    await harness.until(lambda: harness.taints("gpu-1"), "gpu-1 tainted")
+    assert harness.taints("gpu-1") == {(f"{D}/xid", "48", "NoSchedule")} and harness.taints("gpu-0") == set()
+    await harness.until(lambda: harness.reports, "a report")
+    (kind, reason, message), = harness.reports
+    assert (kind, reason) == ("Warning", "DeviceUnhealthy") and "XID 48: double-bit ECC error" in message
+
+
+async def test_a_storm_is_one_publish(harness: Harness) -> None:
+    await harness.until(lambda: harness.published, "the first publish")
+    for _ in range(3000):
+        mockstate.inject_xid(harness.root, harness.uuid["gpu-0"], 119)
+    mockstate.inject_xid(harness.root, harness.uuid["gpu-1"], 13)  # its end
+    await harness.until(lambda: harness.taints("gpu-1"), "the storm's end")
+    assert harness.taints("gpu-0") == {(f"{D}/xid", "119", "NoSchedule")}
+    assert len(harness.published) <= 3  # the first, then gpu-0's taint and gpu-1's (or both at once)
+
+
+async def test_a_lost_gpu_is_probed_at_once_and_recovers(harness: Harness) -> None:
+    await harness.until(lambda: harness.published, "the first publish")
+    mockstate.lose_gpu(harness.root, harness.uuid["gpu-0"])
+    await harness.until(lambda: harness.taints("gpu-0"), "gpu-0 lost")
+    assert harness.taints("gpu-0") == {(f"{D}/gpu-lost", "", "NoSchedule")}
+    harness.monitor.set_devices(harness.devices[1:])  # discovery no longer sees it: still published
+    assert [d.name for d in harness.published[-1]] == ["gpu-1", "gpu-0"]
+    mockstate.recover_gpu(harness.root, harness.uuid["gpu-0"])
+    await harness.until(lambda: not harness.taints("gpu-0"), "gpu-0 recovered")
+    assert ("Normal", "DeviceRecovered") in {(k, r) for k, r, _ in harness.reports}
+
+
+async def test_omit_mode_when_the_api_server_drops_taints(harness: Harness) -> None:
+    await harness.until(lambda: harness.published, "the first publish")
+    harness.monitor.taints_dropped()
+    mockstate.inject_xid(harness.root, harness.uuid["gpu-0"], 48)
+    await harness.until(lambda: [d.name for d in harness.published[-1]] == ["gpu-1"], "gpu-0 left out")
+    assert not harness.published[-1][0].taints
+    assert ("Warning", "DeviceTaintsUnsupported") in {(k, r) for k, r, _ in harness.reports}
