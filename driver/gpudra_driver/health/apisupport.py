@@ -41,7 +41,17 @@ def taints_dropped(written: Obj, stored: Obj) -> bool:
 
 
 async def api_server_keeps_taints(kube: Any, driver: str, node: str) -> bool:
-    """One dry-run create; errors (the API server unreachable) are raised for the caller to retry."""
+    """One dry-run create. A refusal counts as "not kept" (the slice with taints would be refused
+    too); other errors (the API server unreachable) are raised for the caller to retry."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from gpudra_driver.kubeapi import is_status
+
     probe = probe_slice(driver, node)
-    stored = await kube.create(probe, dry_run=True)
+    try:
+        stored = await kube.create(probe, dry_run=True)
+    except ApiException as error:
+        if not is_status(error, 400, 403, 404, 422):
+            raise
+        return False
     return not taints_dropped(probe, stored)
