@@ -96,3 +96,15 @@ def test_each_loop_runs_what_the_agent_needs_of_it(name: str) -> None:
         return got_signal.is_set(), from_thread, answer
 
     assert eventloop.run(main(), name) == (True, 6, b"ping\n")
+
+
+def test_device_health_is_on_with_nvidias_informational_xids_and_the_list_is_checked(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    args = parse()
+    assert args.device_health and args.informational_xids == {13, 31, 43, 45, 68, 109}
+    assert args.health_taint_effect == "NoSchedule"
+    assert parse("--informational-xids", "13, 79", "--no-device-health").informational_xids == {13, 79}
+    assert not parse("--no-device-health").device_health
+    with pytest.raises(SystemExit) as info:
+        parse("--informational-xids", "13,x")
+    assert info.value.code == 2 and "not a comma-separated list of XID numbers" in capsys.readouterr().err
