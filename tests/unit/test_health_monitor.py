@@ -24,14 +24,14 @@ PROFILE = "l4x2"
 
 
 class Harness:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, profile: str = PROFILE) -> None:
         self.root = root
         self.published: list[list[Device]] = []
         self.reports: list[tuple[str, str, str]] = []
-        nvml = load_nvml(f"fake:{PROFILE}", DriverRoot.at(str(root)))
+        nvml = load_nvml(f"fake:{profile}", DriverRoot.at(str(root)))
         self.devices = scan(nvml).devices
         self.uuid = {d.name: str(d.attributes["uuid"].value) for d in self.devices}
-        self.monitor = HealthMonitor(nvml_spec=f"fake:{PROFILE}", driver_root=DriverRoot.at(str(root)),
+        self.monitor = HealthMonitor(nvml_spec=f"fake:{profile}", driver_root=DriverRoot.at(str(root)),
                                      policy=Policy(driver=D, quiet_period=600), publish=self.publish,
                                      report=self.report, probe_interval=0.2, wait_timeout=0.1)
 
@@ -107,3 +107,26 @@ async def test_omit_mode_when_the_api_server_drops_taints(harness: Harness) -> N
     await harness.until(lambda: [d.name for d in harness.published[-1]] == ["gpu-1"], "gpu-0 left out")
     assert not harness.published[-1][0].taints
     assert ("Warning", "DeviceTaintsUnsupported") in {(k, r) for k, r, _ in harness.reports}
+
+
+async def test_a_gpu_without_events_is_unmonitored_and_still_probed(tmp_path: Path) -> None:
+    from importlib import resources
+
+    import yaml
+
+    doc = yaml.safe_load((resources.files("gpudra_driver") / "profiles" / f"{PROFILE}.yaml").read_text())
+    doc["gpus"][0]["fail"] = {"nvmlDeviceGetSupportedEventTypes": "NotSupported"}
+    profile = tmp_path / "no-events.yaml"
+    profile.write_text(yaml.safe_dump(doc))
+    h = Harness(tmp_path / "root", str(profile))
+    task = asyncio.create_task(h.monitor.run())
+    try:
+        h.monitor.set_devices(h.devices)
+        await h.until(lambda: h.taints("gpu-0"), "gpu-0 unmonitored")
+        assert h.taints("gpu-0") == {(f"{D}/unmonitored", "", "None")} and h.taints("gpu-1") == set()
+        mockstate.set_recovery_action(h.root, h.uuid["gpu-0"], 1)  # the probe still watches it
+        await h.until(lambda: (f"{D}/recovery-action", "gpu-reset", "NoSchedule") in h.taints("gpu-0"),
+                      "gpu-0 needs a reset")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
