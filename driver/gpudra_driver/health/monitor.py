@@ -34,7 +34,7 @@ from gpudra_driver.devicemodel import Device, DeviceTaint
 from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.health import apisupport
 from gpudra_driver.health.core import (
-    NO_INSTANCE, Ecc, GpuHealth, Mode, Observation, Policy, Probe, Unmonitored, Xid, apply, carry_lost,
+    HEALTH_STATES, NO_INSTANCE, Ecc, GpuHealth, Mode, Observation, Policy, Probe, Unmonitored, Xid, apply, carry_lost,
     gpu_uuid, health_of, next_expiry, observe, taints, transitions,
 )
 from gpudra_driver.nvml import load_nvml
@@ -177,7 +177,7 @@ class HealthMonitor:
             self._reports.append(("Warning", "DeviceUnhealthy", change.message) if change.unhealthy
                                  else ("Normal", "DeviceRecovered", change.message))
         self.computed = computed
-        counts = {state: 0 for state in ("healthy", "unhealthy", "unmonitored")}
+        counts = {state: 0 for state in HEALTH_STATES}
         for found in computed.values():
             counts[health_of(found, self.policy.driver)] += 1
         metrics.device_health(counts)
