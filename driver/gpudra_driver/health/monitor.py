@@ -177,7 +177,7 @@ class HealthMonitor:
             self._reports.append(("Warning", "DeviceUnhealthy", change.message) if change.unhealthy
                                  else ("Normal", "DeviceRecovered", change.message))
         self.computed = computed
-        counts = {state: 0 for state in HEALTH_STATES}
+        counts: dict[str, int] = {state: 0 for state in HEALTH_STATES}
         for found in computed.values():
             counts[health_of(found, self.policy.driver)] += 1
         metrics.device_health(counts)
