@@ -370,6 +370,8 @@ class NodeAllocator:
             # the rest is what the first subrequest still needs. 1.36 passes subRequestIndex on.
             next_si = 0 if self.all_subrequest_quirk else si
             return self._then(ci, request, device, lambda: self._one(ci, ri, next_si, di + 1, in_subrequest))
+        if self._cannot_finish(ci, ri, si, request, needed - di):
+            return False
         for pool in self.pools:
             if pool.incomplete or pool.invalid:
                 continue
@@ -385,6 +387,27 @@ class NodeAllocator:
                 if self._then(ci, request, device, lambda: self._one(ci, ri, si, di + 1, in_subrequest)):
                     return True
         return False
+
+    def _cannot_finish(self, ci: int, ri: int, si: int, request: Request, wanted: int) -> bool:
+        """True when fewer than ``wanted`` devices could still be taken for this request: the match
+        of every device not taken is known already (so the loop would evaluate nothing new and
+        meet no error: errors stop the search the first time) and too few of them match.
+        Upstream walks the whole subtree to find that out (every order of the free devices); the
+        answer is the same, the time is not: 6 free of 8 needed on 2,000 nodes took minutes."""
+        free = 0
+        for pool in self.pools:
+            if pool.incomplete or pool.invalid:
+                continue
+            for device in pool.devices():
+                taken = (ci in self.allocating.get(device.id, set()) if request.admin_access
+                         else self._in_use(device))
+                if taken:  # skipped before its selectors, as the loop does
+                    continue
+                known = self._selectable.get((device.id, ci, ri, si))
+                if known is None:
+                    return False
+                free += known
+        return free < wanted
 
     def _then(self, ci: int, request: Request, device: Device, rest: Callable[[], bool]) -> bool:
         """The rest of the search with ``device`` placed; backtrack (release it) unless it found
