@@ -197,3 +197,10 @@ def test_an_all_subrequest_after_a_counted_one_keeps_the_schedulers_quirk() -> N
     fixed = explain("claim team/c", [claim([request])], pod=None, classes=CLASSES, slices=slices_of("h200", "h200"),
                     nodes=[node("h200")], other_claims=[], namespace=None, driver=DRIVER, server_minor=36)
     assert fixed.satisfiable
+
+
+def test_a_claim_allocated_without_a_node_selector_is_allocated() -> None:
+    done = claim([gpus(1)], allocated=[("h100", "gpu-0")], node_name="h100")
+    del done["status"]["allocation"]["nodeSelector"]  # e.g. a network-attached device: any node
+    verdict = run([done], [node("h100")], slices_of("dgx-h100", "h100"))
+    assert verdict.satisfiable and verdict.conclusion == f"allocated on any node: team/c: {DRIVER}/h100/gpu-0"

@@ -270,7 +270,8 @@ def explain(target: str, claims: Sequence[Obj], *, pod: Obj | None, classes: Map
                 error = error or f"on node {name}: {failure}"
     else:
         fitting = sorted({n for c in allocated if (n := _allocated_node(_allocation(c) or {}, nodes))})
-    satisfiable = error is None and bool(fitting)
+    # Nothing left to allocate: allocated it is (devices without a node selector fit any node).
+    satisfiable = not pending or (error is None and bool(fitting))
 
     reports: list[ClaimReport] = []
     for claim in claims:
@@ -347,7 +348,7 @@ def conclude(verdict: Verdict, driver: str, *, candidates: int) -> str:
         return f"the scheduler stops with an error {verdict.error}"
     if verdict.satisfiable:
         if all(c.allocated is not None for c in verdict.claims):
-            where = ", ".join(sorted({c.allocated_node for c in verdict.claims if c.allocated_node})) or "its nodes"
+            where = ", ".join(sorted({c.allocated_node for c in verdict.claims if c.allocated_node})) or "any node"
             return f"allocated on {where}: " + "; ".join(f"{c.name}: {', '.join(c.allocated or [])}" for c in verdict.claims)
         return f"can be allocated on {_plural(len(verdict.nodes), 'node')}: {', '.join(verdict.nodes)}"
     if candidates == 0:
