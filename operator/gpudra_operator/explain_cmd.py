@@ -11,8 +11,8 @@ selection), list resourceclaims in every namespace (devices held elsewhere), get
 (the admin-access label). See docs/explain.md.
 
 Exit status: 0 with the verdict (whether or not the claim can be allocated); 1 when the pod or
-claim does not exist, its requests are another driver's, the API refuses a read, or the cluster
-cannot be reached, with one line on stderr; 2 for usage errors.
+claim does not exist, its requests are another driver's, a selector does not compile, the API
+refuses a read, or the cluster cannot be reached, with one line on stderr; 2 for usage errors.
 """
 
 from __future__ import annotations

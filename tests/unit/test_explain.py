@@ -204,3 +204,16 @@ def test_a_claim_allocated_without_a_node_selector_is_allocated() -> None:
     del done["status"]["allocation"]["nodeSelector"]  # e.g. a network-attached device: any node
     verdict = run([done], [node("h100")], slices_of("dgx-h100", "h100"))
     assert verdict.satisfiable and verdict.conclusion == f"allocated on any node: team/c: {DRIVER}/h100/gpu-0"
+
+
+@pytest.mark.parametrize("expression, message", [
+    ('device.driver ==', "does not compile (the scheduler fails the pod with this error too): compilation failed: "),
+    (f'device.attributes["{DRIVER}"].all(k, v, k != "")', "uses CEL that gpudra's evaluator does not provide"),
+])
+def test_a_selector_that_does_not_compile_here_is_bad_input(expression: str, message: str) -> None:
+    snapshot = Snapshot(target="claim team/c", pod=None, claims=[claim([gpus(1, expression)])], classes=CLASSES,
+                        slices=slices_of("l4x2", "l4"), nodes=[node("l4")], other_claims=[], namespace=None)
+    with pytest.raises(ExplainInputError) as info:
+        explain_snapshot(snapshot, DRIVER)
+    assert str(info.value).startswith(f"claim team/c request gpu selector #0 {message}")
+    assert "\n" not in str(info.value)

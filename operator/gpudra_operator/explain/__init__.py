@@ -7,15 +7,20 @@ shell: :mod:`.gather` reads the cluster; :mod:`gpudra_operator.explain_cmd` is t
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
+
+from gpudra_operator.cel import SelectorCompileError, compile_selector
+from gpudra_operator.explain.allocator import claim_label, claim_requests
 from gpudra_operator.explain.gather import ExplainInputError, Snapshot
-from gpudra_operator.explain.inventory import nodes_of
+from gpudra_operator.explain.inventory import Obj, nodes_of
 from gpudra_operator.explain.ownership import ours_only
 from gpudra_operator.explain.verdict import Verdict, explain
 
 
 def explain_snapshot(snapshot: Snapshot, driver: str) -> Verdict:
     """The verdict for what :func:`~gpudra_operator.explain.gather.read_snapshot` read; pure.
-    :class:`ExplainInputError` when no request of the claims is the driver's."""
+    :class:`ExplainInputError` when no request of the claims is the driver's, or a selector they
+    use does not compile (or uses what gpudra's evaluator lacks)."""
     claims = []
     notes = list(snapshot.notes)
     for claim in snapshot.claims:
@@ -26,6 +31,7 @@ def explain_snapshot(snapshot: Snapshot, driver: str) -> Verdict:
     if not claims:
         raise ExplainInputError(f"{snapshot.target}: no request is for {driver}'s devices ("
                                 + "; ".join(notes) + "); gpudra explains only its own driver's")
+    check_selectors(claims, snapshot.classes)
     nodes = nodes_of(snapshot.slices, snapshot.nodes)
     verdict = explain(snapshot.target, claims, pod=snapshot.pod if snapshot.nodes is not None else None,
                       classes=snapshot.classes, slices=snapshot.slices, nodes=nodes,
@@ -33,6 +39,34 @@ def explain_snapshot(snapshot: Snapshot, driver: str) -> Verdict:
                       server_minor=snapshot.server_minor)
     verdict.notes = notes + verdict.notes
     return verdict
+
+
+def _selectors(claims: Sequence[Obj], classes: Mapping[str, Obj]) -> Iterator[tuple[str, str]]:
+    """(where, expression) of every selector the claims' requests and their classes use."""
+    for claim in claims:
+        for alternatives in claim_requests(claim):
+            for request in alternatives:
+                device_class = classes.get(request.class_name) or {}
+                for i, selector in enumerate((device_class.get("spec") or {}).get("selectors") or []):
+                    yield f"DeviceClass {request.class_name} selector #{i}", str((selector.get("cel") or {}).get("expression", ""))
+                for i, expression in enumerate(request.selectors):
+                    yield f"claim {claim_label(claim)} request {request.result_name} selector #{i}", expression
+
+
+def check_selectors(claims: Sequence[Obj], classes: Mapping[str, Obj]) -> None:
+    """:class:`ExplainInputError` for the first selector that does not compile here: one the API
+    server would refuse too (the scheduler then fails the pod with that error), or one using what
+    this evaluator lacks (explain then cannot answer for the scheduler)."""
+    for where, expression in _selectors(claims, classes):
+        try:
+            compile_selector(expression)
+        except SelectorCompileError as error:
+            first = next((line for line in error.message.splitlines() if line.strip()), error.message)
+            if error.unsupported:
+                raise ExplainInputError(f"{where} uses CEL that gpudra's evaluator does not provide, so explain "
+                                        f"cannot answer for the scheduler: {first}") from None
+            raise ExplainInputError(f"{where} does not compile (the scheduler fails the pod with this error "
+                                    f"too): {first}") from None
 
 
 __all__ = ["ExplainInputError", "Snapshot", "Verdict", "explain", "explain_snapshot"]
