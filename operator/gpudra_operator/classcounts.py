@@ -114,20 +114,37 @@ def class_selectors(device_class: Mapping[str, Any]) -> ClassSelectors:
 
 @dataclass(frozen=True)
 class SliceMatches:
-    """What is kept of one ResourceSlice: its pool and node, and per device the classes it matches."""
+    """What is kept of one ResourceSlice: its pool and node, per device the classes it matches, and
+    how many of its devices the agent reports unhealthy."""
 
     pool: str
     node: str
     devices: Mapping[str, frozenset[str]]
+    tainted: frozenset[str] = frozenset()  # devices unhealthy (:func:`is_unhealthy`)
+
+    @property
+    def unhealthy(self) -> int:
+        return len(self.tainted)
+
+
+UNHEALTHY_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+def is_unhealthy(driver: str, device: Mapping[str, Any]) -> bool:
+    """The agent published the device with a taint of the driver's own that keeps pods off it
+    (docs/health.md); informational taints (effect None) do not count."""
+    return any(str(t.get("key", "")).startswith(f"{driver}/") and t.get("effect") in UNHEALTHY_EFFECTS
+               for t in device.get("taints") or [])
 
 
 def slice_matches(driver: str, slice_: Obj, classes: Iterable[ClassSelectors]) -> SliceMatches:
     spec = slice_.get("spec") or {}
     classes = list(classes)
+    devices = [d for d in spec.get("devices") or [] if d.get("name")]
     return SliceMatches(
         pool=((spec.get("pool") or {}).get("name")) or "", node=spec.get("nodeName") or "",
-        devices={d["name"]: frozenset(c.name for c in classes if c.matches(driver, d))
-                 for d in spec.get("devices") or [] if d.get("name")})
+        devices={d["name"]: frozenset(c.name for c in classes if c.matches(driver, d)) for d in devices},
+        tainted=frozenset(d["name"] for d in devices if is_unhealthy(driver, d)))
 
 
 @dataclass(frozen=True)
@@ -135,7 +152,7 @@ class ClassCount:
     name: str
     devices: int  # published devices the class matches
     allocated: int  # of those, held by a claim
-    free: int
+    free: int  # neither held by a claim nor kept off by a health taint
     nodes_with_free: int
 
     def to_status(self) -> dict[str, Any]:
@@ -151,17 +168,19 @@ def count(class_names: Iterable[str], driver: str, slices: Iterable[SliceMatches
     matching = dict.fromkeys(names, 0)
     taken = dict.fromkeys(names, 0)
     nodes: dict[str, set[str]] = {n: set() for n in names}
+    free = dict.fromkeys(names, 0)
     for s in slices:
         for device, classes in s.devices.items():
             busy = (driver, s.pool, device) in held
+            usable = not busy and device not in s.tainted
             for name in classes:
                 if name in matching:
                     matching[name] += 1
-                    if busy:
-                        taken[name] += 1
-                    else:
+                    taken[name] += busy
+                    if usable:
+                        free[name] += 1
                         nodes[name].add(s.node or s.pool)
-    return [ClassCount(n, matching[n], taken[n], matching[n] - taken[n], len(nodes[n])) for n in names]
+    return [ClassCount(n, matching[n], taken[n], free[n], len(nodes[n])) for n in names]
 
 
 def allocated_devices(claim: Obj) -> tuple[DeviceKey, ...]:

@@ -50,6 +50,10 @@ class DriverSlices:
     def total(self) -> int | None:
         return sum(len(s.devices) for s in self.slices.values()) if self.synced else None
 
+    @property
+    def unhealthy(self) -> int | None:
+        return sum(s.unhealthy for s in self.slices.values()) if self.synced else None
+
     def class_counts(self, allocated: set[tuple[str, str, str]]) -> list[ClassCount] | None:
         if not self.listed.is_set():
             return None
@@ -162,6 +166,10 @@ class DeviceCounts:
         slices.want(classes)
         return slices.class_counts(allocated)
 
+    def unhealthy(self, driver: str) -> int | None:
+        """Devices the driver publishes with a taint that keeps pods off them; None until listed."""
+        return self._slices(driver).unhealthy
+
     def listed_once(self, driver: str) -> bool:
         """The driver's slices have been listed (whatever classes they were matched against)."""
         return driver in self._drivers and self._drivers[driver][0].synced
@@ -194,5 +202,6 @@ class DeviceCounts:
 
 
 def _matches(driver: str, kept: SliceMatches, raw: bytes, classes: tuple[ClassSelectors, ...]) -> SliceMatches:
+    # the raw devices carry their taints too: the unhealthy count is recomputed alike
     return slice_matches(driver, {"spec": {"pool": {"name": kept.pool}, "nodeName": kept.node,
                                            "devices": json.loads(raw)}}, classes)

@@ -492,6 +492,11 @@ class Reconciler:
             counts = self.device_counts.class_counts(driver, classes, allocated or set())
         return None if allocated is None else counts
 
+    def _unhealthy(self, driver: str, old_status: Mapping[str, Any]) -> int:
+        """Devices published with a taint that keeps pods off them (device health), as _devices."""
+        count = self.device_counts.unhealthy(driver) if self.device_counts is not None else None
+        return int(old_status.get("unhealthyDevices") or 0) if count is None else count
+
     def _devices(self, driver: str, old_status: Mapping[str, Any]) -> int:
         """Devices the driver publishes, from the watch of its slices; until that has listed them
         once (a replica that just became active), the count status already holds."""
@@ -526,6 +531,7 @@ class Reconciler:
             "deviceClasses": _class_status(applied_classes, counts, old_status),
             "deviceClassCount": len(applied_classes),
             "devices": devices,
+            "unhealthyDevices": 0 if outcome.conflicts else self._unhealthy(config.spec.driver_name, old_status),
         }
         metrics.observe_agents(config.name, agents)
         if contains(old_status, status):

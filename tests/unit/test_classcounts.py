@@ -80,3 +80,13 @@ def test_a_fleet_of_the_same_gpus_costs_one_cel_run_per_class_and_distinct_value
     sparse = class_selectors(device_class("sparse", f'device.attributes["{DRIVER}"].productName == "x"'))
     assert not sparse.matches(DRIVER, {"name": "d", "attributes": {"type": {"string": "gpu"}}})
     assert sparse.matches(DRIVER, {"name": "e", "attributes": {"productName": {"string": "x"}}})
+
+
+def test_a_device_tainted_unhealthy_is_counted_and_never_free() -> None:
+    sick = dict(device("gpu-1", "40Gi"), taints=[{"key": f"{DRIVER}/xid", "value": "79", "effect": "NoSchedule"}])
+    noted = dict(device("gpu-2", "40Gi"), taints=[{"key": f"{DRIVER}/xid", "value": "13", "effect": "None"}])
+    foreign = dict(device("gpu-3", "40Gi"), taints=[{"key": "example.com/maintenance", "effect": "NoSchedule"}])
+    kept = slice_matches(DRIVER, slice_("n1", device("gpu-0", "80Gi"), sick, noted, foreign), CLASSES[:1])
+    assert kept.tainted == frozenset({"gpu-1"}) and kept.unhealthy == 1  # ours, and keeping pods off
+    # the foreign taint is not health: counted free here (the scheduler may still refuse it)
+    assert count(["all"], DRIVER, [kept], []) == [ClassCount("all", 4, 0, 3, 1)]
