@@ -21,6 +21,7 @@ from gpudra_driver import eventloop
 
 if TYPE_CHECKING:
     from gpudra_driver.consumable import ConsumableCapacity
+    from gpudra_driver.health.feed import HealthFeed
     from gpudra_driver.health.monitor import HealthMonitor
 
 log = logging.getLogger("gpudra.agent")
@@ -147,7 +148,7 @@ async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: obje
     def publish_slices(devices):  # type: ignore[no-untyped-def]
         return publisher.set_devices([] if guard.blocked else devices)  # type: ignore[attr-defined]
 
-    health = _health_monitor(args, root, publish_slices, events)
+    health = _health_monitor(args, root, publish_slices, events, plugin.health)  # type: ignore[attr-defined]
 
     def publish(devices):  # type: ignore[no-untyped-def]
         plugin.set_devices(devices)  # type: ignore[attr-defined]  # prepared claims keep working
@@ -171,19 +172,33 @@ async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: obje
     await asyncio.gather(rescanner.run(), health.run(), check_api())
 
 
-def _health_monitor(args: argparse.Namespace, root: object, publish: object, events: object) -> HealthMonitor | None:
-    """The device health monitor the flags ask for (None: --no-device-health)."""
+def _health_monitor(args: argparse.Namespace, root: object, publish: object, events: object,
+                    feed: HealthFeed | None = None) -> HealthMonitor | None:
+    """The device health monitor the flags ask for (None: --no-device-health); ``feed``: where it
+    tells the kubelet plugin each device's health."""
     if not args.device_health:
         log.info("device health is off (--no-device-health): GPUs are published without taints")
         return None
     from gpudra_driver.health.core import Policy
+    from gpudra_driver.health.feed import HealthFeed
     from gpudra_driver.health.monitor import HealthMonitor
 
     policy = Policy(driver=args.driver, informational_xids=args.informational_xids,
                     quiet_period=args.health_quiet_period, effect=args.health_taint_effect)
     return HealthMonitor(nvml_spec=args.nvml, driver_root=root, policy=policy,  # type: ignore[arg-type]
                          publish=publish, report=events.post,  # type: ignore[arg-type, attr-defined]
-                         probe_interval=args.health_probe_interval)
+                         probe_interval=args.health_probe_interval, feed=feed)
+
+
+def _health_feed(args: argparse.Namespace) -> HealthFeed | None:
+    """The device health the kubelet plugin streams to the kubelet (KEP-4680), if health is monitored."""
+    if not args.device_health:
+        return None
+    from gpudra_driver.health.feed import HealthFeed
+
+    # A device's health goes Unknown in pod status when no probe round refreshed it for this long:
+    # a few rounds missed, not one late.
+    return HealthFeed(args.node_name, timeout=max(30.0, 6 * args.health_probe_interval))
 
 
 async def _sharing(args: argparse.Namespace, kube: object, events: object) -> ConsumableCapacity | None:
@@ -270,7 +285,7 @@ async def _main(args: argparse.Namespace) -> int:
     plugin = KubeletPlugin(driver=args.driver, node=args.node_name, kubelet_dir=Path(args.kubelet_dir),
                            cdi_dir=Path(args.cdi_dir), driver_root=root, cdi_hook=args.nvidia_cdi_hook,
                            host_dev=Path(args.host_dev), instance=args.pod_uid, nvml=args.nvml,
-                           get_claim=claim_getter(kube))
+                           get_claim=claim_getter(kube), health=_health_feed(args))
     try:
         await plugin.start()
     except RuntimeError as error:  # the node's checkpoint cannot be used as it is (plugin.recovery)

@@ -135,7 +135,9 @@ async def test_seed_pod_is_scheduled_prepared_and_unprepared(kube: Kube, namespa
     devices = await published_devices(kube, driver, node, 8)
     registered = await plugin.registered()
     assert (registered.version, registered.endpoint) == ("v1", str(plugin.dra_socket))
-    assert list(registered.info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    # and the KEP-4680 health stream: the agent monitors device health by default
+    assert list(registered.info.supported_versions) == [
+        "v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]
 
     await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": driver},
                        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}})

@@ -3,6 +3,7 @@
 * :mod:`~gpudra_driver.health.core`: the pure decisions (observations -> per-GPU health -> taints,
   recovery after a quiet period, what to tell people);
 * :mod:`~gpudra_driver.health.monitor`: the I/O shell (an NVML event thread, the probe, publishing);
+* :mod:`~gpudra_driver.health.feed`: each device's health for the kubelet (KEP-4680, pod status);
 * :mod:`~gpudra_driver.health.apisupport`: whether the API server keeps device taints (1.35 drops them);
 * :mod:`~gpudra_driver.health.xids`: what an XID means.
 

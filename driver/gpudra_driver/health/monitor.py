@@ -33,6 +33,7 @@ from gpudra_driver import metrics
 from gpudra_driver.devicemodel import Device, DeviceTaint
 from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.health import apisupport
+from gpudra_driver.health.feed import HealthFeed
 from gpudra_driver.health.core import (
     HEALTH_STATES, NO_INSTANCE, Ecc, GpuHealth, Mode, Observation, Policy, Probe, Unmonitored, Xid, apply, carry_lost,
     gpu_uuid, health_of, next_expiry, observe, taints, transitions,
@@ -111,8 +112,11 @@ def snapshot(nvml: Any, devices: Sequence[Device], policy: Policy, now: float) -
 class HealthMonitor:
     def __init__(self, *, nvml_spec: str | None, driver_root: DriverRoot | None, policy: Policy,
                  publish: Publish, report: Report | None = None, probe_interval: float = 5.0,
-                 wait_timeout: float = 1.0, clock: Callable[[], float] = time.time) -> None:
+                 wait_timeout: float = 1.0, clock: Callable[[], float] = time.time,
+                 feed: HealthFeed | None = None) -> None:
+        """``feed``: where each probe round's health of every device goes, for the kubelet (KEP-4680)."""
         self.nvml_spec, self.driver_root, self.policy = nvml_spec, driver_root, policy
+        self.feed = feed
         self.publish, self.report = publish, report
         self.probe_interval, self.wait_timeout, self.clock = probe_interval, wait_timeout, clock
         self.state: dict[str, GpuHealth] = {}
@@ -211,17 +215,21 @@ class HealthMonitor:
                         pass
                 self._wake.clear()
                 observations = self._take_pending()
-                first = False
+                first = probed = False
                 if self._probe_now or time.monotonic() >= next_probe:
+                    probed = True
                     self._probe_now = False
                     gpus = self._known_gpus()
                     observations += await asyncio.to_thread(probe, nvml, sorted(gpus))
                     first, self.probed = bool(gpus - self.probed), self.probed | gpus
                     next_probe = time.monotonic() + self.probe_interval
                 state = observe(self.state, observations, self.policy, self.clock())
-                if state != self.state or first:
+                changed = state != self.state or first
+                if changed:
                     self.state = state
                     self._publish()
+                if changed or probed:
+                    await self._feed()
                 if first:
                     unhealthy = [u for u in gpus if u in self.state and self.state[u].unhealthy]
                     log.info("device health: first probe of %d GPU(s): %d unhealthy%s", len(gpus), len(unhealthy),
@@ -234,6 +242,14 @@ class HealthMonitor:
                 nvml.nvmlShutdown()
             except nvml.NVMLError:
                 pass
+
+    async def _feed(self) -> None:
+        """The health of every discovered device, once each of their GPUs was probed (as for publishing)."""
+        if self.feed is None or not self.rescanned:
+            return
+        if {u for u in (gpu_uuid(d) for d in self.discovered) if u} - self.probed:
+            return
+        await self.feed.set(self.discovered, self.computed, self.policy.driver, self.clock())
 
     async def _open(self) -> Any:
         """NVML, initialised for this monitor's lifetime; retried while it fails (the rescanner

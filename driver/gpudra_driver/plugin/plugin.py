@@ -43,7 +43,7 @@ from gpudra_driver.plugin.faults import FaultHook
 from gpudra_driver.plugin.gpucontrol import GpuControl
 from gpudra_driver.plugin.gen import pluginregistration_pb2_grpc
 from gpudra_driver.plugin.model import ClaimError, ClaimRef
-from gpudra_driver.plugin.registration import SUPPORTED_VERSIONS, RegistrationServicer
+from gpudra_driver.plugin.registration import HEALTH_SERVICES, SUPPORTED_VERSIONS, RegistrationServicer
 from gpudra_driver.plugin.sockets import MAX_SOCKET_PATH, SocketAddress
 from gpudra_driver.plugin.recovery import recover
 from gpudra_driver.plugin.state import DeviceState, Fetched, PrepareResult
@@ -99,9 +99,10 @@ class KubeletPlugin:
                  instance: str | None = None, boot_id: str | None = None,
                  proc_root: Path = Path("/proc"), api_versions: Sequence[str] = ("v1", "v1beta1"),
                  fault: FaultHook | None = None, claim_get_timeout: float = CLAIM_GET_TIMEOUT,
-                 nvml: str | None = None) -> None:
+                 nvml: str | None = None, health: service.Feed | None = None) -> None:
         """``nvml``: the NVML the agent discovers with (see :func:`gpudra_driver.nvml.load_nvml`),
-        also used to change a GPU's compute mode for sharing."""
+        also used to change a GPU's compute mode for sharing. ``health``: the device health to
+        stream to the kubelet (DRAResourceHealth, served and advertised only then)."""
         self.driver, self.node = driver, node
         self.instance = instance or str(uuid.uuid4())
         self.plugin_dir = kubelet_dir / "plugins" / driver
@@ -118,9 +119,11 @@ class KubeletPlugin:
         self.state = DeviceState(self.plugin_dir, CdiDir(cdi_dir, driver, self.driver_files, self.plugin_dir / mps.ROOT), driver=driver, node=node,
                                  boot_id=boot_id or read_boot_id(), fault=fault or FaultHook(), gpu_control=control)
         self.api_versions = tuple(api_versions)
+        self.health = health
         self.registration = RegistrationServicer(
             driver, os.fspath(self.dra_socket),
-            tuple(v for v in SUPPORTED_VERSIONS if v.split(".")[0] in self.api_versions))
+            (*(v for v in SUPPORTED_VERSIONS if v.split(".")[0] in self.api_versions),
+             *(HEALTH_SERVICES if health is not None else ())))
         self.devices_known = asyncio.Event()
         self._fetching = 0  # prepare calls whose claim GETs are in flight
         self.state.others_coming = lambda: self._fetching
@@ -146,9 +149,14 @@ class KubeletPlugin:
         for version in self.api_versions:
             servicer_class, add = service.VERSIONS[version]
             add(servicer_class(self), self._dra_server)
+        if self.health is not None:
+            for name in HEALTH_SERVICES:
+                health_class, add_health = service.HEALTH_SERVICES[name]
+                add_health(health_class(self.health), self._dra_server)
         self._listen(self._dra_server, self.dra_socket)
         await self._dra_server.start()
-        log.info("DRA service (%s) on %s", ", ".join(self.api_versions), self.dra_socket)
+        log.info("DRA service (%s%s) on %s", ", ".join(self.api_versions),
+                 ", health" if self.health is not None else "", self.dra_socket)
         self._register_task = asyncio.create_task(self._register(), name="plugin-registration")
         self._register_task.add_done_callback(_log_registration_failure)
 
@@ -179,6 +187,8 @@ class KubeletPlugin:
         _unlink(self.registration_socket)
         if self._reg_server is not None:
             await self._reg_server.stop(0)
+        if self.health is not None:
+            await self.health.close()  # health streams never end by themselves
         if self._dra_server is not None:
             await self._dra_server.stop(grace)  # in-flight prepares finish, new ones are refused
         _unlink(self.dra_socket)

@@ -19,6 +19,11 @@ log = logging.getLogger(__name__)
 PLUGIN_TYPE = "DRAPlugin"  # pluginregistration constants.go
 # The kubelet picks the first entry of this list that it supports (v1 on 1.34+, v1beta1 on 1.32/1.33).
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# KEP-4680 health streaming, listed when the agent monitors health. Kubelet 1.37 streams v1 when
+# it is listed, else v1alpha1 (pkg/kubelet/cm/dra/plugin: pickHealthService); 1.35 and 1.36 call
+# v1alpha1 whatever is listed, with their ResourceHealthStatus gate on (alpha, off, in 1.35; beta,
+# on, from 1.36). Entries a kubelet does not know are skipped when it picks the DRAPlugin version.
+HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 
 
 class RegistrationServicer(pb_grpc.RegistrationServicer):
