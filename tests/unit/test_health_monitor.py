@@ -14,6 +14,7 @@ from gpudra_driver.devicemodel import Device
 from gpudra_driver.discovery import scan
 from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.health.core import Policy
+from gpudra_driver.health.feed import HealthFeed
 from gpudra_driver.health.monitor import HealthMonitor
 from gpudra_driver.nvml import load_nvml
 from gpudra_operator.localcluster import mockstate
@@ -26,6 +27,7 @@ PROFILE = "l4x2"
 class Harness:
     def __init__(self, root: Path, profile: str = PROFILE) -> None:
         self.root = root
+        self.feed = HealthFeed("node-a", timeout=30)
         self.published: list[list[Device]] = []
         self.reports: list[tuple[str, str, str]] = []
         nvml = load_nvml(f"fake:{profile}", DriverRoot.at(str(root)))
@@ -33,7 +35,7 @@ class Harness:
         self.uuid = {d.name: str(d.attributes["uuid"].value) for d in self.devices}
         self.monitor = HealthMonitor(nvml_spec=f"fake:{profile}", driver_root=DriverRoot.at(str(root)),
                                      policy=Policy(driver=D, quiet_period=600), publish=self.publish,
-                                     report=self.report, probe_interval=0.2, wait_timeout=0.1)
+                                     report=self.report, probe_interval=0.2, wait_timeout=0.1, feed=self.feed)
 
     def publish(self, devices: Sequence[Device]) -> bool:
         changed = not self.published or self.published[-1] != list(devices)
@@ -76,6 +78,27 @@ async def test_nothing_is_published_before_the_gpus_were_probed_then_events_tain
     await harness.until(lambda: harness.reports, "a report")
     (kind, reason, message), = harness.reports
     assert (kind, reason) == ("Warning", "DeviceUnhealthy") and "XID 48: double-bit ECC error" in message
+
+
+async def test_the_kubelets_feed_gets_every_probe_round_and_each_change(harness: Harness) -> None:
+    """What the kubelet plugin streams (KEP-4680): nothing before the GPUs were probed (the first
+    list is the first publish's health), then a list each round, its time refreshed, and an
+    unhealthy device as soon as its event came."""
+    watch = harness.feed.watch()
+    first = await asyncio.wait_for(anext(watch), 10)
+    assert harness.published and harness.monitor.probed >= set(harness.uuid.values())
+    assert [(d.pool, d.device, d.health) for d in first] == [("node-a", "gpu-0", "HEALTHY"), ("node-a", "gpu-1", "HEALTHY")]
+    later = await asyncio.wait_for(anext(watch), 10)  # the next probe round, nothing changed
+    assert [d.health for d in later] == ["HEALTHY", "HEALTHY"] and later[0].updated >= first[0].updated
+    mockstate.inject_xid(harness.root, harness.uuid["gpu-1"], 48)
+
+    async def unhealthy() -> bool:
+        return any(d.health == "UNHEALTHY" for d in await asyncio.wait_for(anext(watch), 10))
+
+    await wait_for(unhealthy, timeout=10, what="gpu-1 unhealthy in the feed")
+    assert [(d.device, d.health) for d in harness.feed.devices or ()] == [("gpu-0", "HEALTHY"), ("gpu-1", "UNHEALTHY")]
+    assert "XID 48: double-bit ECC error" in (harness.feed.devices or ())[1].message
+    await watch.aclose()
 
 
 async def test_a_storm_is_one_publish(harness: Harness) -> None:
