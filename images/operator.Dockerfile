@@ -15,13 +15,13 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator ./operator
 COPY driver ./driver
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[operator]"
 
 FROM ${PYTHON_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links=/wheels gpudra \
+    pip install --no-cache-dir --no-index --find-links=/wheels "gpudra[operator]" \
     && (pip uninstall --yes --quiet pip setuptools wheel || true)
 # Non-root, numeric so Kubernetes can verify runAsNonRoot without a passwd lookup; the Deployment's
 # restricted securityContext (read-only root, no capabilities) needs nothing from the image.

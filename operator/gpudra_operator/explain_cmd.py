@@ -63,6 +63,11 @@ async def _explain(args: argparse.Namespace, namespace: str, name: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        import cel_expr_python  # noqa: F401 - the operator extra's; the agent's image has none
+    except ImportError:
+        print("gpudra explain: the CEL library is not installed: pip install 'gpudra[operator]'", file=sys.stderr)
+        return 1
     import aiohttp
     import yaml
     from kubernetes_asyncio.config import ConfigException
