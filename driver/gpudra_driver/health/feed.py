@@ -21,6 +21,8 @@ from gpudra_driver.health.core import describe, health_of
 
 Health: TypeAlias = Literal["HEALTHY", "UNHEALTHY", "UNKNOWN"]  # the kubelet API's HealthStatus names
 MESSAGE_MAX = 1024  # the kubelet truncates longer messages
+# health.core's states -> the kubelet's: an unmonitored GPU's health is not known between probes
+HEALTH: dict[str, Health] = {"healthy": "HEALTHY", "unhealthy": "UNHEALTHY", "unmonitored": "UNKNOWN"}
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,7 @@ def device_health(pool: str, device: Device, device_taints: Sequence[DeviceTaint
                   updated: float) -> DeviceHealth:
     """One device's health from its taints: a NoSchedule/NoExecute taint is UNHEALTHY; a GPU whose
     NVML delivers no events is UNKNOWN (only a lost GPU would be noticed, by the probe); else HEALTHY."""
-    state = health_of(device_taints, driver)
-    health: Health = {"unhealthy": "UNHEALTHY", "unmonitored": "UNKNOWN"}.get(state, "HEALTHY")  # type: ignore[assignment]
+    health = HEALTH[health_of(device_taints, driver)]
     message = "; ".join(describe(t) for t in device_taints)
     if len(message) > MESSAGE_MAX:
         message = message[:MESSAGE_MAX - 3] + "..."
