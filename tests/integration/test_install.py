@@ -320,7 +320,7 @@ async def test_operator_and_agent_run_with_their_own_service_accounts(
 
         live = await wait_for(ready_with_devices, timeout=90, what=f"GpuDraConfig {name} Ready with 2 devices")
         assert live["status"]["agents"] == {"desired": 1, "ready": 1, "updated": 1, "summary": "1/1"}
-        assert sorted(live["status"]["deviceClasses"]) == sorted(c["name"] for c in config["spec"]["deviceClasses"])
+        assert sorted(c["name"] for c in live["status"]["deviceClasses"]) == sorted(c["name"] for c in config["spec"]["deviceClasses"])
         assert health(live)["status"] == "Healthy"
         slices = [s async for s in kube.list(SLICE, field_selector=f"spec.driver={driver},spec.nodeName={node}")]
         assert slices and {m["manager"] for s in slices for m in s["metadata"]["managedFields"]} == {"gpudra-agent"}
