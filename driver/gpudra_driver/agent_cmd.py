@@ -15,7 +15,7 @@ import os
 import signal
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpudra_driver import eventloop
 
@@ -148,7 +148,11 @@ async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: obje
     def publish_slices(devices):  # type: ignore[no-untyped-def]
         return publisher.set_devices([] if guard.blocked else devices)  # type: ignore[attr-defined]
 
-    health = _health_monitor(args, root, publish_slices, events, plugin.health)  # type: ignore[attr-defined]
+    from gpudra_driver.health.podevents import PodNotifier
+
+    tell_pods = PodNotifier(plugin.state.prepared_claims, plugin.get_claim,  # type: ignore[attr-defined]
+                            events.post_on_pod)  # type: ignore[attr-defined]
+    health = _health_monitor(args, root, publish_slices, events, plugin.health, tell_pods)  # type: ignore[attr-defined]
 
     def publish(devices):  # type: ignore[no-untyped-def]
         plugin.set_devices(devices)  # type: ignore[attr-defined]  # prepared claims keep working
@@ -173,7 +177,7 @@ async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: obje
 
 
 def _health_monitor(args: argparse.Namespace, root: object, publish: object, events: object,
-                    feed: HealthFeed | None = None) -> HealthMonitor | None:
+                    feed: HealthFeed | None = None, tell_pods: Any = None) -> HealthMonitor | None:
     """The device health monitor the flags ask for (None: --no-device-health); ``feed``: where it
     tells the kubelet plugin each device's health."""
     if not args.device_health:
@@ -187,7 +191,7 @@ def _health_monitor(args: argparse.Namespace, root: object, publish: object, eve
                     quiet_period=args.health_quiet_period, effect=args.health_taint_effect)
     return HealthMonitor(nvml_spec=args.nvml, driver_root=root, policy=policy,  # type: ignore[arg-type]
                          publish=publish, report=events.post,  # type: ignore[arg-type, attr-defined]
-                         probe_interval=args.health_probe_interval, feed=feed)
+                         probe_interval=args.health_probe_interval, feed=feed, on_transition=tell_pods)
 
 
 def _health_feed(args: argparse.Namespace) -> HealthFeed | None:

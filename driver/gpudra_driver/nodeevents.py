@@ -26,6 +26,16 @@ class NodeEvents:
         self.kube, self.node, self.host = kube, node, host
         self.component = event_source(driver)
 
+    async def post_on_pod(self, namespace: str, name: str, uid: str, kind: str, reason: str, message: str) -> None:
+        """An Event on a pod (in its namespace, where ``kubectl describe pod`` finds it)."""
+        pod = {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name, "uid": uid}
+        event = core_event(pod, kind, reason, message, component=self.component, host=self.host or self.node)
+        event["metadata"]["namespace"] = namespace
+        try:
+            await self.kube.create(event)
+        except Exception as error:  # noqa: BLE001 - best effort; the Node event and the log say it too
+            log.warning("could not post the %s event on pod %s/%s: %s", reason, namespace, name, error_message(error))
+
     async def post(self, kind: str, reason: str, message: str) -> None:
         # the kubelet's node reference too: the UID is the node's name
         node = {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self.node}

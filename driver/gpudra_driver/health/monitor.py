@@ -35,8 +35,8 @@ from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.health import apisupport
 from gpudra_driver.health.feed import HealthFeed
 from gpudra_driver.health.core import (
-    HEALTH_STATES, NO_INSTANCE, Ecc, GpuHealth, Mode, Observation, Policy, Probe, Unmonitored, Xid, apply, carry_lost,
-    gpu_uuid, health_of, next_expiry, observe, taints, transitions,
+    HEALTH_STATES, NO_INSTANCE, Ecc, GpuHealth, Mode, Observation, Policy, Probe, Transition, Unmonitored, Xid, apply,
+    carry_lost, gpu_uuid, health_of, next_expiry, observe, taints, transitions,
 )
 from gpudra_driver.nvml import load_nvml
 
@@ -113,11 +113,16 @@ class HealthMonitor:
     def __init__(self, *, nvml_spec: str | None, driver_root: DriverRoot | None, policy: Policy,
                  publish: Publish, report: Report | None = None, probe_interval: float = 5.0,
                  wait_timeout: float = 1.0, clock: Callable[[], float] = time.time,
-                 feed: HealthFeed | None = None) -> None:
-        """``feed``: where each probe round's health of every device goes, for the kubelet (KEP-4680)."""
+                 feed: HealthFeed | None = None,
+                 on_transition: Callable[[Transition], Awaitable[None]] | None = None) -> None:
+        """``feed``: where each probe round's health of every device goes, for the kubelet (KEP-4680);
+        ``on_transition``: told each device that turned unhealthy or recovered, after the Node event
+        (the pods holding it are told: :mod:`.podevents`)."""
         self.nvml_spec, self.driver_root, self.policy = nvml_spec, driver_root, policy
         self.feed = feed
         self.publish, self.report = publish, report
+        self.on_transition = on_transition
+        self._transitions: list[Transition] = []
         self.probe_interval, self.wait_timeout, self.clock = probe_interval, wait_timeout, clock
         self.state: dict[str, GpuHealth] = {}
         self.mode: Mode = "taint"
@@ -180,6 +185,7 @@ class HealthMonitor:
             (log.warning if change.unhealthy else log.info)("%s", change.message)
             self._reports.append(("Warning", "DeviceUnhealthy", change.message) if change.unhealthy
                                  else ("Normal", "DeviceRecovered", change.message))
+            self._transitions.append(change)
         self.computed = computed
         counts: dict[str, int] = {state: 0 for state in HEALTH_STATES}
         for found in computed.values():
@@ -268,9 +274,13 @@ class HealthMonitor:
 
     async def _post_reports(self) -> None:
         reports, self._reports = self._reports, []
+        changes, self._transitions = self._transitions, []
         for kind, reason, message in reports:
             if self.report is not None:
                 await self.report(kind, reason, message)
+        for change in changes:
+            if self.on_transition is not None:
+                await self.on_transition(change)
 
     def _take_pending(self) -> list[Observation]:
         with self._pending_lock:
