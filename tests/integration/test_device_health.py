@@ -316,14 +316,21 @@ async def test_a_restarted_agent_keeps_a_gpu_that_still_needs_a_reset_off_the_ma
 
     await node.until(broken, "gpu-0 tainted (or left out)")
     seen: list[dict[str, Obj]] = []  # every version of the slice from now on
-    watcher = asyncio.create_task(record_slices(kube, node, seen))
+    listening = asyncio.Event()
+    watcher = asyncio.create_task(record_slices(kube, node, seen, listening))
     try:
+        await asyncio.wait_for(listening.wait(), 30)  # the watch starts before the agent goes
         assert node.agent.stop() == 0
         restarted = agents(node.name, f"mock:{PROFILE}", node.driver, driver_root=node.root, extra_args=HEALTH_FLAGS)
         # the new agent's first probe re-derived the taint from the recovery action
         await logged(restarted, "device health: first probe of 2 GPU(s): 1 unhealthy")
         mockstate.recover_gpu(node.root, sick)
         await node.until(lambda d: set(d) == {"gpu-0", "gpu-1"} and not taints(d["gpu-0"]), "gpu-0 healthy again")
+
+        async def recorded() -> bool:  # the watch may deliver the healthy version after the GET saw it
+            return any(not broken(devices) for devices in seen)
+
+        await wait_for(recorded, timeout=30, what="the watch to deliver the healthy version")
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -347,10 +354,14 @@ async def logged(agent: AgentProcess, text: str) -> None:
         raise ConditionTimeout(f"{error}\n{agent.log_tail(60)}") from None
 
 
-async def record_slices(kube: Kube, node: Node, seen: list[dict[str, Obj]]) -> None:
-    """Append the node's devices each time one of its slices changes (one slice: two GPUs)."""
+async def record_slices(kube: Kube, node: Node, seen: list[dict[str, Obj]],
+                        listening: asyncio.Event | None = None) -> None:
+    """Append the node's devices each time one of its slices changes (one slice: two GPUs);
+    ``listening`` is set once the changes from now on will be seen."""
     selector = f"spec.driver={node.driver},spec.nodeName={node.name}"
     page = await kube.request("GET", SLICE.path(), query={"fieldSelector": selector})
+    if listening is not None:
+        listening.set()
     async for kind, obj in kube.watch(SLICE, field_selector=selector, resource_version=page["metadata"]["resourceVersion"]):
         if kind in ("ADDED", "MODIFIED"):
             seen.append({d["name"]: d for d in obj["spec"].get("devices") or []})

@@ -158,7 +158,9 @@ def test_agent_role_is_what_the_agent_uses() -> None:
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
          "verbs": ["list", "watch", "create", "patch", "delete"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]}]
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        # Events on its Node and on the pods holding a device whose health changes: create only
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
 
 
 def test_operator_cannot_write_slices_or_pods() -> None:
