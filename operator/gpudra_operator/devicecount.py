@@ -24,6 +24,7 @@ from gpudra_operator.classcounts import ClassCount, ClassSelectors, SliceMatches
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 RETRY_INITIAL, RETRY_MAX = 0.5, 30.0  # seconds; doubling while the API server keeps failing
 log = logging.getLogger("gpudra.operator")
+RECLASSIFY_AFTER = 1.0  # seconds the classes must stay the same before the slices are matched again
 
 
 class DriverSlices:
@@ -69,9 +70,13 @@ class DriverSlices:
             self.listed.clear()
             if self._reclassifying is not None:
                 self._reclassifying.cancel()
-            self._reclassifying = asyncio.create_task(self._reclassify(), name=f"classes of {self.driver}")
+            self._reclassifying = asyncio.create_task(self._reclassify(RECLASSIFY_AFTER),
+                                                      name=f"classes of {self.driver}")
 
-    async def _reclassify(self) -> None:
+    async def _reclassify(self, after: float = 0.0) -> None:
+        # A debounce, not a synchronisation: the classes change with a spec edit, whose reconcile
+        # (and the next edit's) goes first; the counts follow in a status refresh.
+        await asyncio.sleep(after)
         classes = self.classes
         for i, name in enumerate(list(self.raw)):
             raw = self.raw.get(name)
