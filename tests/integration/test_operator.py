@@ -183,8 +183,11 @@ async def test_nodes_running_nvidias_device_plugin_degrade_the_config_until_it_i
                               what=f"{name} Degraded=True DevicePluginConflict")
     assert f"advertises nvidia.com/gpu on 1 node(s) ({node})" in condition(degraded, "Degraded")["message"]
     assert condition(degraded, "Ready")["status"] == "False"
-    assert any(e["reason"] == "DevicePluginConflict" and e["type"] == "Warning"
-               for e in await events_about(kube, name))  # `kubectl describe gdc` shows it
+    async def warned() -> bool:  # `kubectl describe gdc` shows it; posted just after the status
+        return any(e["reason"] == "DevicePluginConflict" and e["type"] == "Warning"
+                   for e in await events_about(kube, name))
+
+    await wait_for(warned, timeout=10, what="a DevicePluginConflict event on the config")
 
     await kube.patch(NODE, node, {"status": {"allocatable": {"nvidia.com/gpu": None}}}, subresource="status")
     await wait_for(has_condition(kube, name, "Degraded", "False"), timeout=60, what=f"{name} Degraded=False")
