@@ -287,16 +287,7 @@ def render_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_IMAG
             _host_volume("host-dev", "/dev", "Directory"),
         ],
     }
-    if not agent.priority_class_name:
-        del pod_spec["priorityClassName"]
-    if agent.node_selector:
-        pod_spec["nodeSelector"] = dict(agent.node_selector)
-    if agent.affinity:
-        pod_spec["affinity"] = thaw(agent.affinity)
-    elif agent.affinity is None and not agent.node_selector:  # `affinity: {}` opts out: every node
-        pod_spec["affinity"] = copy.deepcopy(DEFAULT_AGENT_AFFINITY)
-    if agent.tolerations:
-        pod_spec["tolerations"] = thaw(agent.tolerations)
+    _place_like_the_agents(pod_spec, agent)
 
     return {
         "apiVersion": "apps/v1",
@@ -313,6 +304,20 @@ def render_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_IMAG
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
+
+
+def _place_like_the_agents(pod_spec: Obj, agent: AgentSpec) -> None:
+    """spec.agent's priority class, node selector, affinity and tolerations on ``pod_spec``."""
+    if not agent.priority_class_name:
+        del pod_spec["priorityClassName"]
+    if agent.node_selector:
+        pod_spec["nodeSelector"] = dict(agent.node_selector)
+    if agent.affinity:
+        pod_spec["affinity"] = thaw(agent.affinity)
+    elif agent.affinity is None and not agent.node_selector:  # `affinity: {}` opts out: every node
+        pod_spec["affinity"] = copy.deepcopy(DEFAULT_AGENT_AFFINITY)
+    if agent.tolerations:
+        pod_spec["tolerations"] = thaw(agent.tolerations)
 
 
 def render_mps_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_IMAGE) -> Obj:
@@ -351,16 +356,7 @@ def render_mps_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_
         "volumes": [_host_volume("plugin", plugin_dir, "DirectoryOrCreate"),
                     _host_volume("driver-root", agent.driver_root, "Directory")],
     }
-    if not agent.priority_class_name:
-        del pod_spec["priorityClassName"]
-    if agent.node_selector:
-        pod_spec["nodeSelector"] = dict(agent.node_selector)
-    if agent.affinity:
-        pod_spec["affinity"] = thaw(agent.affinity)
-    elif agent.affinity is None and not agent.node_selector:
-        pod_spec["affinity"] = copy.deepcopy(DEFAULT_AGENT_AFFINITY)
-    if agent.tolerations:
-        pod_spec["tolerations"] = thaw(agent.tolerations)
+    _place_like_the_agents(pod_spec, agent)
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
