@@ -135,7 +135,7 @@ def functions() -> list[tuple[str, list[cel.Overload]]]:
         glob("sets.equivalent", "list_sets_equivalent_list", T.BOOL, [LIST, LIST],
              lambda a, b: _contains(a, b) and _contains(b, a)),
         glob("sets.intersects", "list_sets_intersects_list", T.BOOL, [LIST, LIST], _intersects),
-        glob("lists.range", "lists_range", LIST, [T.INT], _range),
+        glob("lists.range", "lists_range", T.List(T.INT), [T.INT], _range),  # list(int), as ext/lists.go
         member("distinct", "list_distinct", LIST, [LIST], _distinct),
         ("flatten", [
             cel.Overload("list_flatten", LIST, [LIST], is_member=True, impl=_flatten),

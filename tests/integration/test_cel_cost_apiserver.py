@@ -1,0 +1,124 @@
+"""The selector cost estimate (gpudra_operator.cel.cost) against the real API server.
+
+The API server refuses a DeviceClass whose selector's estimated cost exceeds 1,000,000 ("too
+complex, exceeds cost limit"). Each family below is a selector with a size parameter ``n`` whose
+cost grows with ``n``, each exercising other cost rules (device paths and their declared sizes,
+string and regex functions, quantities, the list and set extensions, macros, ``cel.bind``,
+conditionals, ``has()``). Our estimator gives the largest ``n`` within the limit; the API server
+must accept the selector at that ``n`` and refuse it at ``n + 1``. Agreement at the boundary, for
+every family, is what "the same estimate" means: one cost unit off anywhere on the way shows."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from gpudra_driver.kubeapi import Kube
+from gpudra_operator.cel import compile_selector
+from gpudra_operator.cel.cost import SELECTOR_MAX_COST, estimate_serialized
+
+TOO_COMPLEX = "too complex, exceeds cost limit"
+A = 'device.attributes["a.example.com"]'
+CAP = 'device.capacity["a.example.com"]'
+
+
+def literal_list(n: int) -> str:
+    return "[" + ",".join("0" for _ in range(n)) + "]"
+
+
+def ranged(body: str) -> Callable[[int], str]:
+    return lambda n: f"lists.range({n}).all(i, {body})"
+
+
+FAMILIES: dict[str, Callable[[int], str]] = {
+    "nested literal lists": lambda n: f"{literal_list(n)}.all(i, {literal_list(40)}.all(j, i <= j))",
+    "regex on an attribute": lambda n: f'{literal_list(n)}.all(i, {literal_list(20)}.all(j, {A}.name.matches("^a.*b+c?$")))',
+    "attribute maps, keys": ranged('device.attributes.exists(d, device.attributes[d].exists(k, k.startsWith("abc")))'),
+    "attribute values": ranged('device.attributes.all(d, device.attributes[d].all(k, device.attributes[d][k] == "x"))'),
+    "quantity equality": ranged(f'{CAP}.memory == quantity("1Gi")'),
+    "capacity compareTo": ranged('device.capacity.all(d, device.capacity[d].all(k, '
+                                 'device.capacity[d][k].compareTo(quantity("1")) >= 0))'),
+    "contains the driver": ranged(f"{A}.name.contains(device.driver)"),
+    "in map, in list": ranged(f'"x" in {A} && i in [1, 2, 3, 4, 5, 6, 7]'),
+    "strings extension": ranged(f'{A}.s.lowerAscii().split(",").join("-") != "x"'),
+    "replace": ranged(f'{A}.s.replace("a", "bbb") == "x"'),
+    "trim, substring, upper": ranged(f'{A}.s.trim().upperAscii().substring(1) == "x"'),
+    "lists extension": ranged("[3, 1, 2].sort().distinct().reverse().slice(0, 2).size() > i"),
+    "flatten": ranged("[[1], [2, 3]].flatten().size() > i"),
+    "sets": ranged("sets.contains([1, 2, 3], [i]) || sets.equivalent([i], [1]) || sets.intersects([i], [2])"),
+    "cel.bind and has": ranged(f"cel.bind(a, {A}, a.x == i && has(a.y))"),
+    "exists_one, map, filter": ranged("[1, 2, 3].map(x, x * i).filter(y, y > 2).exists_one(z, z == 3)"),
+    "conditional": ranged(f'i > 5 ? {A}.s.matches("x+y") : device.driver.endsWith("y")'),
+    "semver": ranged(f'{A}.v == semver("1.0.0") || {A}.v.isGreaterThan(semver("1.2.3"))'),
+    "string concatenation": ranged(f'{A}.s + "suffix" == device.driver + "x"'),
+    "indexOf": ranged(f"[1, 2, 3].indexOf(i) >= 0 && {A}.s.indexOf(\"x\") >= 0"),
+    "string ordering": ranged(f'{A}.s < "zzzz" && {A}.s >= device.driver'),
+    "sizes": ranged(f"size({A}.s) + string(i).size() + size({A}) > 3"),
+    "map literal": ranged('{"a": i, "b": 2}["a"] == i'),
+    "dyn": ranged(f"dyn({A}.x) == 1"),
+    "optional": ranged(f"{A}.?x.orValue(1) == 1"),
+}
+
+
+def cost(expression: str) -> int:
+    return estimate_serialized(compile_selector(expression).program.serialize()).high
+
+
+def largest_within_limit(family: Callable[[int], str]) -> int:
+    """The largest n whose estimate is within the limit (the cost grows with n); 0 when even n=1
+    is over it (an unbounded size: the API server must refuse n=1 then)."""
+    if cost(family(1)) > SELECTOR_MAX_COST:
+        return 0
+    low, high = 1, 2
+    while cost(family(high)) <= SELECTOR_MAX_COST:
+        low, high = high, high * 2
+        assert high < 2**40, f"the family never reaches the limit: {family(high)[:200]}"
+    while high - low > 1:
+        middle = (low + high) // 2
+        if cost(family(middle)) <= SELECTOR_MAX_COST:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def device_class(name: str, expression: str) -> dict:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": expression}}]}}
+
+
+async def api_server_verdict(kube: Kube, name: str, expression: str) -> str | None:
+    """None: accepted (dry run); else the API server's message."""
+    try:
+        await kube.create(device_class(name, expression), dry_run=True)
+    except ApiException as error:
+        return str(error.body)
+    return None
+
+
+async def test_the_estimate_draws_the_api_servers_line_for_every_family(kube: Kube) -> None:
+    boundaries = {name: largest_within_limit(family) for name, family in FAMILIES.items()}
+    verdicts = await asyncio.gather(*(
+        asyncio.gather(api_server_verdict(kube, f"cost-{index}-in", family(max(boundaries[name], 1))),
+                       api_server_verdict(kube, f"cost-{index}-out", family(boundaries[name] + 1)))
+        for index, (name, family) in enumerate(FAMILIES.items())))
+    disagreements = []
+    for (name, family), (inside, outside) in zip(FAMILIES.items(), verdicts):
+        n = boundaries[name]
+        if n and inside is not None:
+            disagreements.append(f"{name}: n={n} (estimate {cost(family(n))}) refused: {inside[:300]}")
+        if outside is None or TOO_COMPLEX not in outside:
+            disagreements.append(f"{name}: n={n + 1} (estimate {cost(family(n + 1))}) not refused for cost: "
+                                 f"{(outside or 'accepted')[:300]}")
+    assert not disagreements, "\n".join(disagreements)
+
+
+@pytest.mark.parametrize("expression", [
+    'device.driver == "gpu.gpudra.io"',
+    f'{A}.productName.startsWith("NVIDIA") && {CAP}.memory.compareTo(quantity("40Gi")) >= 0',
+])
+async def test_everyday_selectors_are_cheap(expression: str) -> None:
+    assert cost(expression) < 100
