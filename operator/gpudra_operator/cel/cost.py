@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -43,6 +43,8 @@ SELECTOR_MAX_COST = 1_000_000
 
 _MAX = 2**64 - 1
 _TWO_TO_64 = float(2**64)
+# Past this, a cost only says that some size on the way is unknown (2^64-1 scaled by a factor).
+_UNBOUNDED = 10**15
 # common/cost.go
 _SELECT_AND_IDENT = 1
 _LIST_CREATE = 10
@@ -217,9 +219,53 @@ def _declared_type(path: Sequence[str]) -> CelType | None:
     return node.type
 
 
-def _size_estimate(path: Sequence[str] | None) -> Range | None:
+SizeEstimator = Callable[[Sequence[str]], "Range | None"]
+
+
+def declared_sizes(path: Sequence[str]) -> Range | None:
+    """compile.go's ``sizeEstimator``: 0 to the declared ``MaxElements`` of what the path names."""
     node = _declared(path) if path else None
     return None if node is None else Range(0, node.max_elements)
+
+
+def device_sizes(driver: str, attributes: Mapping[str, Mapping[str, Any]],
+                 capacity: Mapping[str, Mapping[str, Any]]) -> SizeEstimator:
+    """The sizes one device actually has, where :func:`declared_sizes` has the largest allowed:
+    an estimate with them bounds what a run on this device costs. ``attributes`` and
+    ``capacity`` are by domain, as the selector sees them. A value's size is what cel-go's
+    ``actualSize`` counts: a string's characters, 1 for what has no size."""
+    def most(values: Iterable[int]) -> int:
+        return max(values, default=0)
+
+    def value_size(value: Any) -> int:
+        return len(value) if isinstance(value, (str, bytes)) else 1
+
+    actual: dict[tuple[str, ...], int] = {
+        ("driver",): len(driver),
+        ("allowMultipleAllocations",): 1,
+        ("attributes",): len(attributes),
+        ("attributes", "@keys"): most(len(d) for d in attributes),
+        ("attributes", "@values"): most(len(m) for m in attributes.values()),
+        ("attributes", "@values", "@keys"): most(len(k) for m in attributes.values() for k in m),
+        ("attributes", "@values", "@values"): most(value_size(v) for m in attributes.values() for v in m.values()),
+        ("capacity",): len(capacity),
+        ("capacity", "@keys"): most(len(d) for d in capacity),
+        ("capacity", "@values"): most(len(m) for m in capacity.values()),
+        ("capacity", "@values", "@keys"): most(len(k) for m in capacity.values() for k in m),
+    }
+
+    def sizes(path: Sequence[str]) -> Range | None:
+        declared = declared_sizes(path)
+        if declared is None:
+            return None
+        canonical = tuple("@values" if p == "@items" else p for p in path[1:])
+        if len(canonical) == 3 and canonical[:2] == ("attributes", "@values") and canonical[2] != "@keys":
+            canonical = ("attributes", "@values", "@values")  # every attribute name
+        if len(canonical) == 2 and canonical[0] in ("attributes", "capacity") and canonical[1] not in ("@keys", "@values"):
+            canonical = (canonical[0], "@values")
+        size = actual.get(canonical)
+        return declared if size is None else Range(0, min(size, declared.high))
+    return sizes
 
 
 # The overloads a call on a node of known kind can take (the others are what cel-cpp's checker adds
@@ -269,8 +315,9 @@ class Node:
 class _Coster:
     """cost.go ``coster``."""
 
-    def __init__(self, checked: ast.CheckedExpr) -> None:
+    def __init__(self, checked: ast.CheckedExpr, sizes: SizeEstimator) -> None:
         self.checked = checked
+        self.estimate_size = sizes
         self.paths: dict[int, list[str]] = {}
         self.locals: defaultdict[str, list[_Local]] = defaultdict(list)
         self.sizes: dict[int, Range] = {}
@@ -309,7 +356,7 @@ class _Coster:
         literal = _literal_size(e)
         if literal is not None:
             return literal
-        estimate = _size_estimate(self.path_of(e))
+        estimate = self.estimate_size(self.path_of(e))
         if estimate is not None:
             self.sizes[e.id] = estimate
             return estimate
@@ -320,6 +367,14 @@ class _Coster:
             if local is not None and local.size is not None:
                 return local.size
         return None
+
+    def node_size(self, node: Node) -> Range:
+        """ext/sets.go ``estimateSize`` and library/cost.go ``sizeEstimate``: computed, estimated,
+        or unknown."""
+        if node.computed is not None:
+            return node.computed
+        estimated = self.estimate_size(node.path) if node.path else None
+        return UNKNOWN if estimated is None else estimated
 
     def size_or_unknown(self, target: Any) -> Range:
         if isinstance(target, Node):
@@ -532,9 +587,10 @@ class _Coster:
             found = estimate(self, function, overload, target, arguments)
             if found is not None:
                 return found[0].add(arguments_cost), found[1]
-        found = self.builtin_estimate(e, overload, target, arguments, argument_costs)
-        if found is not None:
-            return found[0].add(arguments_cost) if found[2] else found[0], found[1]
+        builtin = self.builtin_estimate(e, overload, target, arguments, argument_costs)
+        if builtin is not None:
+            call_cost, result_size, plus_arguments = builtin
+            return (call_cost.add(arguments_cost) if plus_arguments else call_cost), result_size
         return _CALL.add(arguments_cost), None
 
     def builtin_estimate(self, e: Any, overload: str, target: Node | None, arguments: list[Node],
@@ -564,23 +620,23 @@ class _Coster:
             text = size(target).by_factor(_STRING_TRAVERSAL)
             return text.multiply(size(arguments[0]).by_factor(_STRING_TRAVERSAL)), None, True
         if overload in ("logical_or", "logical_and"):
-            left, right = argument_costs[0], argument_costs[1]
-            return Range(left.low, left.add(right).high), None, False
+            first, second = argument_costs[0], argument_costs[1]
+            return Range(first.low, first.add(second).high), None, False
         if overload == "conditional":
             result = size(arguments[1]).union(size(arguments[2]))
-            first, second = self.entry_of(arguments[1].expr), self.entry_of(arguments[2].expr)
-            self.set_entry(e, first.union(second) if first is not None else None)
+            if_true, if_false = self.entry_of(arguments[1].expr), self.entry_of(arguments[2].expr)
+            self.set_entry(e, if_true.union(if_false) if if_true is not None else None)
             cost = argument_costs[0].add(argument_costs[1].union(argument_costs[2]))
             return cost, result, False
         if overload in ("add_string", "add_bytes", "add_list") and len(arguments) == 2:
-            result = size(arguments[0]).add(size(arguments[1]))
+            total = size(arguments[0]).add(size(arguments[1]))
             left, right = self.entry_of(arguments[0].expr), self.entry_of(arguments[1].expr)
             joined = left.union(right) if left is not None else None
             if joined is not None:
                 self.set_entry(e, joined)
             if overload == "add_list":
-                return _CALL, result, True
-            return result.by_factor(_STRING_TRAVERSAL), result, True
+                return _CALL, total, True
+            return total.by_factor(_STRING_TRAVERSAL), total, True
         if overload in _SIZED_COMPARISONS:
             low = 0
             smallest = min(size(arguments[0]).high, size(arguments[1]).high)
@@ -627,13 +683,6 @@ def _is_bind(e: Any) -> bool:
             and not comp.loop_condition.const_expr.bool_value and comp.accu_var not in _ACCUMULATORS)
 
 
-def _node_size(node: Node) -> Range:
-    """ext/sets.go ``estimateSize`` and library/cost.go ``sizeEstimate``: computed, declared, or
-    unknown."""
-    if node.computed is not None:
-        return node.computed
-    declared = _size_estimate(node.path)
-    return UNKNOWN if declared is None else declared
 
 
 def _int_literal(node: Node, default: int) -> int:
@@ -660,25 +709,25 @@ def _extension_estimate(coster: _Coster, function: str, overload: str, target: N
         if len(arguments) != 2:
             return None
         factor = 2.0 if overload == "list_sets_equivalent_list" else 1.0
-        return _node_size(arguments[0]).multiply(_node_size(arguments[1])).by_factor(factor).add(_CALL), None
+        return coster.node_size(arguments[0]).multiply(coster.node_size(arguments[1])).by_factor(factor).add(_CALL), None
     if target is None:
         if overload == "lists_range" and len(arguments) == 1:
             return _list_call(1, fixed(_int_literal(arguments[0], _MAX)))
         return None
     if overload == "list_slice" and len(arguments) == 2:
-        size = _node_size(target)
+        size = coster.node_size(target)
         start, end = _int_literal(arguments[0], 0), _int_literal(arguments[1], size.high)
         return _list_call(1, fixed((end - start) % 2**64))  # uint64 arithmetic, as upstream
     if overload in ("list_flatten", "list_flatten_int") and len(arguments) <= 1:
         depth = _int_literal(arguments[0], _MAX) if arguments else 1
-        return _list_call(float(depth), _node_size(target))
+        return _list_call(float(depth), coster.node_size(target))
     if overload == "list_reverse" and not arguments:
-        return _list_call(1, _node_size(target))
+        return _list_call(1, coster.node_size(target))
     if overload == "list_distinct" and not arguments:
-        size = _node_size(target)
+        size = coster.node_size(target)
         return _list_call(2.0, size.multiply(size))
     if overload == "list_sort" and not arguments:
-        size = _node_size(target)
+        size = coster.node_size(target)
         element = target.type.params[0].kind if target.type.params else "dyn"
         factor = 2.0 + (_STRING_TRAVERSAL if element in ("string", "bytes") else 0)
         return _list_call(factor, size.multiply(size))
@@ -697,7 +746,7 @@ _IP_SIZE = Range(4, 16)
 def _kubernetes_estimate(coster: _Coster, function: str, overload: str, target: Node | None,
                          arguments: list[Node]) -> tuple[Range, Range | None] | None:
     """k8s.io/apiserver/pkg/cel/library/cost.go ``EstimateCallCost``, by function name."""
-    size = _node_size
+    size = coster.node_size
     if function == "check":
         return fixed(350_000), None
     if function in _UNIT_FUNCTIONS:
@@ -812,11 +861,17 @@ def checked_expression(serialized: bytes) -> ast.CheckedExpr:
     return checked
 
 
-def estimate(checked: ast.CheckedExpr) -> Range:
-    """cel-go's ``checker.Cost`` of a checked selector in the DRA environment."""
-    return _Coster(checked).cost(checked.expr)
+def estimate(checked: ast.CheckedExpr, sizes: SizeEstimator = declared_sizes) -> Range:
+    """cel-go's ``checker.Cost`` of a checked selector in the DRA environment; with
+    :func:`device_sizes`, the bound for one device."""
+    return _Coster(checked, sizes).cost(checked.expr)
 
 
 @lru_cache(maxsize=1024)
 def estimate_serialized(serialized: bytes) -> Range:
     return estimate(checked_expression(serialized))
+
+
+def describe(value: int) -> str:
+    """A cost for people: saturated means unbounded (a size nothing limits)."""
+    return "unbounded" if value >= _UNBOUNDED else f"{value:,}"

@@ -13,10 +13,14 @@
 * An error is "does not match, with an error" (:class:`SelectorResult`), which is how the
   scheduler's allocator treats a selector that fails on a device.
 
-Cost: upstream also stops a run past ``CELSelectorExpressionMaxCost`` (1,000,000). cel-cpp's Python
-binding has no cost tracker, so that runtime limit is not enforced here. What it guards against
-cannot reach this evaluator from the cluster: the API server refuses a selector whose *estimated*
-worst-case cost exceeds the same limit, and the estimate bounds the runtime cost. The byte limit
+Cost: the API server refuses a selector whose estimated cost exceeds ``CELSelectorExpressionMaxCost``
+(1,000,000), and the scheduler stops a run that costs more (compile.go ``cel.CostLimit``). Each
+compiled selector carries its estimate (:mod:`.cost`, cel-go's estimator with the DRA sizes). The
+estimate bounds the run's cost, so a selector within the limit is evaluated as it is: its run can
+never reach the limit. One over it (only a selector stored before the API server checked it could
+be) is bounded again with the device's own sizes; where even that bound is over the limit, the
+result is "does not match, with an error" marked ``undetermined``: the scheduler may or may not
+stop there, and cel-cpp counts no cost to tell. The byte limit
 (:func:`gpudra_driver.limits.check_cel_expression`) is checked before compiling.
 """
 
@@ -31,7 +35,7 @@ from typing import Any
 from cel_expr_python import cel
 
 from gpudra_driver import limits
-from gpudra_operator.cel import quantitylib, semverlib
+from gpudra_operator.cel import cost, quantitylib, semverlib
 from gpudra_operator.cel.environment import UNSUPPORTED_FUNCTIONS, selector_environment
 from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, cel_tokens
 
@@ -46,6 +50,7 @@ _TWO_VARIABLE_MACRO = re.compile(
 _CROSS_NUMERIC = re.compile(r"no matching overload for '_(<|<=|>|>=)_' applied to '\((int|uint|double), (int|uint|double)\)'")
 _STATUS_SUFFIX = re.compile(r" \[[A-Z_]+\]$")
 # cel-cpp's words for a missing key, in cel-go's (what the scheduler's events say).
+_ITERATION_BUDGET = "Iteration budget exceeded"
 _MISSING_KEY = re.compile(r'^Key not found in map : "(.*)"$')
 
 
@@ -71,6 +76,7 @@ class SelectorResult:
 
     matched: bool
     error: str | None = None
+    undetermined: bool = False  # the run may exceed the runtime cost limit: the scheduler's answer is unknown
 
 
 @dataclass(frozen=True)
@@ -135,17 +141,43 @@ def _message(error: object) -> str:
     return _MISSING_KEY.sub(r"no such key: \1", text)
 
 
+def _failed(message: str) -> SelectorResult:
+    if message.startswith(_ITERATION_BUDGET):
+        # cel-cpp's RuntimeOptions.comprehension_max_iterations (10,000; the Python binding does not
+        # let it be raised): cel-go has no such limit, only the cost one.
+        return SelectorResult(False, (
+            "the selector loops more than 10,000 times, more than this evaluator runs (the scheduler "
+            "has no such limit, only the cost limit)"), undetermined=True)
+    return SelectorResult(False, message)
+
+
 @dataclass(frozen=True)
 class CompiledSelector:
     expression: str
     program: Any
     literals: frozenset[str]  # the domains the selector can name: they default to an empty map
+    checked: Any = field(repr=False, compare=False)  # the checked AST, for the per-device cost bound
+    max_cost: int = 0  # the estimate the API server compares with the limit
 
-    def evaluate(self, device: DeviceInput) -> SelectorResult:
+    @property
+    def within_cost_limit(self) -> bool:
+        """What the API server checks: estimated within ``CELSelectorExpressionMaxCost``."""
+        return self.max_cost <= cost.SELECTOR_MAX_COST
+
+    def evaluate(self, device: DeviceInput, *, cost_limit: int | None = cost.SELECTOR_MAX_COST) -> SelectorResult:
+        """The answer for one device. ``cost_limit`` is compile.go's ``Options.CostLimit``: the
+        scheduler's is the default; None evaluates regardless (the libraries' own tests)."""
         try:
             shared_attributes, shared_capacity = device.maps
         except ValueError as error:
             return SelectorResult(False, str(error))
+        if cost_limit is not None and self.max_cost > cost_limit:
+            bound = cost.estimate(self.checked, cost.device_sizes(device.driver, shared_attributes, shared_capacity)).high
+            if bound > cost_limit:
+                return SelectorResult(False, (
+                    f"the run may exceed the CEL cost limit of {cost_limit:,} (estimated up to "
+                    f"{cost.describe(bound)} on this device), where the scheduler stops it; this "
+                    "evaluator cannot count the actual cost"), undetermined=True)
         attributes, capacity = dict(shared_attributes), dict(shared_capacity)
         for literal in self.literals:
             attributes.setdefault(literal, {})
@@ -155,9 +187,9 @@ class CompiledSelector:
         try:
             value = self.program.eval(data=variables)
         except Exception as error:  # noqa: BLE001 - cel-cpp raises RuntimeError for what it cannot run
-            return SelectorResult(False, _message(error))
+            return _failed(_message(error))
         if value.type() == cel.Type.ERROR:
-            return SelectorResult(False, _message(value.value()))
+            return _failed(_message(value.value()))
         result = value.value()
         if not isinstance(result, bool):
             return SelectorResult(False, f"CEL result of type {value.type().name()} could not be converted to bool")
@@ -188,4 +220,5 @@ def compile_selector(expression: str) -> CompiledSelector:
         literals = frozenset(t.value for t in cel_tokens(expression) if t.kind == "string" and t.value)
     except CelSyntaxError:  # cel-cpp parsed it; a literal the small lexer misreads only loses defaults
         literals = frozenset()
-    return CompiledSelector(expression, program, literals)
+    checked = cost.checked_expression(program.serialize())
+    return CompiledSelector(expression, program, literals, checked, cost.estimate(checked).high)

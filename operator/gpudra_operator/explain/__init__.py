@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 
 from gpudra_operator.cel import SelectorCompileError, compile_selector
+from gpudra_operator.cel.cost import SELECTOR_MAX_COST, describe
 from gpudra_operator.explain.allocator import claim_label, claim_requests
 from gpudra_operator.explain.gather import ExplainInputError, Snapshot
 from gpudra_operator.explain.inventory import Obj, nodes_of
@@ -32,6 +33,7 @@ def explain_snapshot(snapshot: Snapshot, driver: str) -> Verdict:
         raise ExplainInputError(f"{snapshot.target}: no request is for {driver}'s devices ("
                                 + "; ".join(notes) + "); gpudra explains only its own driver's")
     check_selectors(claims, snapshot.classes)
+    notes += costly_selectors(claims, snapshot.classes)
     nodes = nodes_of(snapshot.slices, snapshot.nodes)
     verdict = explain(snapshot.target, claims, pod=snapshot.pod if snapshot.nodes is not None else None,
                       classes=snapshot.classes, slices=snapshot.slices, nodes=nodes,
@@ -51,6 +53,20 @@ def _selectors(claims: Sequence[Obj], classes: Mapping[str, Obj]) -> Iterator[tu
                     yield f"DeviceClass {request.class_name} selector #{i}", str((selector.get("cel") or {}).get("expression", ""))
                 for i, expression in enumerate(request.selectors):
                     yield f"claim {claim_label(claim)} request {request.result_name} selector #{i}", expression
+
+
+def costly_selectors(claims: Sequence[Obj], classes: Mapping[str, Obj]) -> list[str]:
+    """A note for each selector estimated past the cost limit: the API server refuses such a
+    selector today, so it was stored under older rules, and the scheduler stops any run of it that
+    costs more than the limit."""
+    notes = []
+    for where, expression in _selectors(claims, classes):
+        selector = compile_selector(expression)
+        if not selector.within_cost_limit:
+            notes.append(f"{where}: its estimated CEL cost ({describe(selector.max_cost)}) exceeds the limit of "
+                         f"{SELECTOR_MAX_COST:,}; the API server refuses such a selector today, and the scheduler "
+                         "stops a run that costs more")
+    return notes
 
 
 def check_selectors(claims: Sequence[Obj], classes: Mapping[str, Obj]) -> None:

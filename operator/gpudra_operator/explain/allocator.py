@@ -103,7 +103,13 @@ class SelectorMemo:
             result = compile_selector(expression).evaluate(self._inputs[device.id])
         except SelectorCompileError as error:
             return False, f"CEL compile error: {error.message}"
+        if result.undetermined:
+            return False, f"{CANNOT_TELL} {result.error}"
         return result.matched, (f"CEL runtime error: {result.error}" if result.error else None)
+
+
+# Marks an error that is this evaluator's limit, not the scheduler's answer (SelectorResult.undetermined).
+CANNOT_TELL = "cannot tell:"
 
 
 def selectors_match(memo: SelectorMemo, device: Device, selectors: Sequence[str], where: str) -> bool:

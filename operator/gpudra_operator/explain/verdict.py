@@ -19,6 +19,7 @@ from gpudra_driver.quantity import parse_quantity
 from gpudra_operator.cel import semverlib
 from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, all_model_references
 from gpudra_operator.explain.allocator import (
+    CANNOT_TELL,
     AllocationError,
     NodeAllocator,
     Request,
@@ -99,6 +100,9 @@ class Verdict:
     conclusion: str
     claims: list[ClaimReport]
     notes: list[str] = field(default_factory=list)
+    # The error is this evaluator's limit (a run past the CEL cost limit or cel-cpp's loop budget):
+    # whether the scheduler allocates is not known.
+    undetermined: bool = False
 
 
 # --- values a selector reads, for the report ---------------------------------------------------
@@ -300,7 +304,7 @@ def explain(target: str, claims: Sequence[Obj], *, pod: Obj | None, classes: Map
         notes.append(f"the pod's node selection leaves {len(candidates)} of {len(nodes)} nodes")
 
     verdict = Verdict(target=target, satisfiable=satisfiable, nodes=fitting, error=error, conclusion="",
-                      claims=reports, notes=notes)
+                      claims=reports, notes=notes, undetermined=error is not None and CANNOT_TELL in error)
     verdict.conclusion = conclude(verdict, driver, candidates=len(candidates))
     return verdict
 
@@ -344,6 +348,8 @@ def conclude(verdict: Verdict, driver: str, *, candidates: int) -> str:
         for request in claim.requests:
             if not request.class_exists:
                 return f"request {request.name}: DeviceClass {request.class_name} does not exist"
+    if verdict.undetermined:
+        return f"explain cannot tell whether the scheduler allocates: {verdict.error}"
     if verdict.error is not None:
         return f"the scheduler stops with an error {verdict.error}"
     if verdict.satisfiable:
