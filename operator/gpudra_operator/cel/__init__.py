@@ -4,11 +4,19 @@ Built on cel-expr-python (Google's cel-cpp bindings): its parser, type checker a
 CEL's own semantics (errors absorbed by ``&&``/``||``, heterogeneous equality, overflow errors), and
 the Kubernetes extensions are added here, one library per module, each citing its upstream source:
 
-* :mod:`.opaque`: the ``Quantity`` and ``Semver`` value types (protobuf messages, so cel-cpp can
-  carry them and compare them with ``==``);
+* :mod:`.opaque`: the ``Quantity``, ``Semver``, ``net.IP``, ``net.CIDR``, ``kubernetes.URL`` and
+  ``kubernetes.NamedFormat`` value types (protobuf messages, so cel-cpp can carry them and compare
+  them with ``==``);
 * :mod:`.quantitylib`: ``quantity()`` and its members (k8s.io/apiserver/pkg/cel/library/quantity.go);
 * :mod:`.semverlib`: ``semver()`` and its members (k8s.io/apiserver/pkg/cel/library/semverlib.go);
 * :mod:`.listlib`: the Kubernetes list library, cel-go's sets and lists extensions;
+* :mod:`.urlslib`: ``url()``, ``isURL`` and the URL getters (library/urls.go, Go's net/url);
+* :mod:`.iplib`: ``ip()``, ``isIP``, ``ip.isCanonical`` and the IP members (library/ip.go, Go's
+  net/netip);
+* :mod:`.cidrlib`: ``cidr()``, ``isCIDR`` and the CIDR members (library/cidr.go);
+* :mod:`.regexlib`: ``find`` and ``findAll`` (library/regex.go, Go's RE2 syntax, run by RE2);
+* :mod:`.formatlib`: ``format.named``, ``format.<name>()`` and ``validate`` (library/format.go);
+* :mod:`.astwalk`: the nodes of a checked expression, for the last two;
 * :mod:`.environment`: the environment the base set of k8s.io/apiserver/pkg/cel/environment/base.go
   and the DRA compiler (k8s.io/dynamic-resource-allocation/cel/compile.go) put together;
 * :mod:`.selector`: compile a selector, build the ``device`` variable from a ResourceSlice device,
