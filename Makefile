@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv kube-bin helm-bin cdi-schema cdi-tools nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry test unit typecheck demo demo-down bench explain-diff protos images image-operator image-agent base-image clean
+.PHONY: help venv kube-bin helm-bin cdi-schema cdi-tools cel-oracle nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry test unit typecheck demo demo-down bench explain-diff protos images image-operator image-agent base-image clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
@@ -18,6 +18,7 @@ help:
 	@echo "make kube-bin   fetch or build etcd $(ETCD_VERSION) + Kubernetes $(KUBE_VERSION) binaries"
 	@echo "make cdi-schema fetch the pinned official CDI JSON schema the tests validate CDI specs against"
 	@echo "make cdi-tools  build cdi-validate (hack/cdi-tools): the official CDI Go library the tests check every CDI spec with"
+	@echo "make cel-oracle build cel-oracle (hack/cel-oracle): Kubernetes' DRA CEL library the CEL tests compare gpudra's evaluator with"
 	@echo "make nvidia-ctk build NVIDIA's nvidia-ctk and nvidia-cdi-hook (pinned, from the Go module proxy) the tests compare specs with"
 	@echo "make mock-nvml  build the mock libnvidia-ml.so.1 (tests/mocknvml) the tests run pynvml and nvidia-ctk against"
 	@echo "make mock-nvidia-smi mock-mps-control  the fake driver roots' nvidia-smi and nvidia-cuda-mps-control (tests/mocknvml)"
@@ -50,6 +51,10 @@ cdi-schema: venv
 # Built from the pinned hack/cdi-tools module, cached under ~/.cache/gpudra/cdi-tools/<hash of its sources>.
 cdi-tools:
 	@hack/cdi-tools-bin.sh
+
+# Built from the pinned hack/cel-oracle module, cached under ~/.cache/gpudra/cel-oracle/<hash of its sources>.
+cel-oracle:
+	@hack/cel-oracle-bin.sh
 
 # Built with cgo from the Go module proxy, cached under ~/.cache/gpudra/nvidia-ctk/<version>.
 nvidia-ctk:
@@ -99,14 +104,15 @@ test: venv cdi-schema mock-nvml mock-nvidia-smi mock-mps-control
 	  helm="$$(hack/helm-bin.sh | tail -n 1)" && test -n "$$helm" && \
 	  nvctk="$$(hack/nvidia-ctk-bin.sh | tail -n 1)" && test -n "$$nvctk" && \
 	  cdi_tools="$$(hack/cdi-tools-bin.sh | tail -n 1)" && test -n "$$cdi_tools" && \
+	  cel_oracle="$$(hack/cel-oracle-bin.sh | tail -n 1)" && test -n "$$cel_oracle" && \
 	  containerd_dir="$$(hack/containerd-bin.sh | tail -n 1)" && test -n "$$containerd_dir" && \
 	  registry_dir="$$(hack/registry-bin.sh | tail -n 1)" && test -n "$$registry_dir" && \
 	  images="$$(IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) hack/images.sh operator agent | tail -n 1)" && test -n "$$images" && \
 	  GPUDRA_KUBE_BIN="$$bin_dir" GPUDRA_HELM="$$helm" GPUDRA_NVIDIA_CTK_DIR="$$nvctk" \
-	  GPUDRA_CDI_TOOLS_DIR="$$cdi_tools" GPUDRA_CONTAINERD_DIR="$$containerd_dir" GPUDRA_REGISTRY_DIR="$$registry_dir" \
+	  GPUDRA_CDI_TOOLS_DIR="$$cdi_tools" GPUDRA_CEL_ORACLE_DIR="$$cel_oracle" GPUDRA_CONTAINERD_DIR="$$containerd_dir" GPUDRA_REGISTRY_DIR="$$registry_dir" \
 	  GPUDRA_TEST_OPERATOR_IMAGE="$${images%% *}" GPUDRA_TEST_AGENT_IMAGE="$${images##* }" $(BIN)/pytest $(PYTEST_ARGS)
 
-unit: venv cdi-schema cdi-tools mock-nvml mock-nvidia-smi mock-mps-control
+unit: venv cdi-schema cdi-tools cel-oracle mock-nvml mock-nvidia-smi mock-mps-control
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 typecheck: venv

@@ -16,51 +16,12 @@ from collections.abc import Callable
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from celcases import CAP, FAMILIES, A
 from gpudra_driver.kubeapi import Kube
 from gpudra_operator.cel import compile_selector
 from gpudra_operator.cel.cost import SELECTOR_MAX_COST, estimate_serialized
 
 TOO_COMPLEX = "too complex, exceeds cost limit"
-A = 'device.attributes["a.example.com"]'
-CAP = 'device.capacity["a.example.com"]'
-
-
-def literal_list(n: int) -> str:
-    return "[" + ",".join("0" for _ in range(n)) + "]"
-
-
-def ranged(body: str) -> Callable[[int], str]:
-    return lambda n: f"lists.range({n}).all(i, {body})"
-
-
-FAMILIES: dict[str, Callable[[int], str]] = {
-    "nested literal lists": lambda n: f"{literal_list(n)}.all(i, {literal_list(40)}.all(j, i <= j))",
-    "regex on an attribute": lambda n: f'{literal_list(n)}.all(i, {literal_list(20)}.all(j, {A}.name.matches("^a.*b+c?$")))',
-    "attribute maps, keys": ranged('device.attributes.exists(d, device.attributes[d].exists(k, k.startsWith("abc")))'),
-    "attribute values": ranged('device.attributes.all(d, device.attributes[d].all(k, device.attributes[d][k] == "x"))'),
-    "quantity equality": ranged(f'{CAP}.memory == quantity("1Gi")'),
-    "capacity compareTo": ranged('device.capacity.all(d, device.capacity[d].all(k, '
-                                 'device.capacity[d][k].compareTo(quantity("1")) >= 0))'),
-    "contains the driver": ranged(f"{A}.name.contains(device.driver)"),
-    "in map, in list": ranged(f'"x" in {A} && i in [1, 2, 3, 4, 5, 6, 7]'),
-    "strings extension": ranged(f'{A}.s.lowerAscii().split(",").join("-") != "x"'),
-    "replace": ranged(f'{A}.s.replace("a", "bbb") == "x"'),
-    "trim, substring, upper": ranged(f'{A}.s.trim().upperAscii().substring(1) == "x"'),
-    "lists extension": ranged("[3, 1, 2].sort().distinct().reverse().slice(0, 2).size() > i"),
-    "flatten": ranged("[[1], [2, 3]].flatten().size() > i"),
-    "sets": ranged("sets.contains([1, 2, 3], [i]) || sets.equivalent([i], [1]) || sets.intersects([i], [2])"),
-    "cel.bind and has": ranged(f"cel.bind(a, {A}, a.x == i && has(a.y))"),
-    "exists_one, map, filter": ranged("[1, 2, 3].map(x, x * i).filter(y, y > 2).exists_one(z, z == 3)"),
-    "conditional": ranged(f'i > 5 ? {A}.s.matches("x+y") : device.driver.endsWith("y")'),
-    "semver": ranged(f'{A}.v == semver("1.0.0") || {A}.v.isGreaterThan(semver("1.2.3"))'),
-    "string concatenation": ranged(f'{A}.s + "suffix" == device.driver + "x"'),
-    "indexOf": ranged(f"[1, 2, 3].indexOf(i) >= 0 && {A}.s.indexOf(\"x\") >= 0"),
-    "string ordering": ranged(f'{A}.s < "zzzz" && {A}.s >= device.driver'),
-    "sizes": ranged(f"size({A}.s) + string(i).size() + size({A}) > 3"),
-    "map literal": ranged('{"a": i, "b": 2}["a"] == i'),
-    "dyn": ranged(f"dyn({A}.x) == 1"),
-    "optional": ranged(f"{A}.?x.orValue(1) == 1"),
-}
 
 
 def cost(expression: str) -> int:

@@ -281,6 +281,27 @@ _OVERLOAD_KINDS: dict[str, tuple[int, str]] = {
 }
 
 
+_ELEMENT_RESULTS = frozenset({"list_max", "list_min", "list_sum"})
+_LIST_RESULTS = frozenset({"list_sort", "list_distinct", "list_reverse", "list_slice"})
+_OPEN_KINDS = frozenset({"dyn", "any", "type_param", "error"})
+# The standard operators' overload names spell their operands' types: ``less_int64``,
+# ``less_int64_double``, ``add_string``.
+_OPERATORS = ("less_equals", "greater_equals", "less", "greater", "add", "subtract", "multiply", "divide", "modulo")
+_KIND_WORDS = {"int64": "int", "uint64": "uint", "double": "double", "string": "string", "bytes": "bytes",
+               "bool": "bool", "timestamp": "timestamp", "duration": "duration", "list": "list"}
+
+
+def _operator_kinds(overload: str) -> tuple[str, str] | None:
+    for operator in _OPERATORS:
+        if overload.startswith(operator + "_"):
+            words = overload[len(operator) + 1:].split("_")
+            kinds = [_KIND_WORDS.get(w) for w in words]
+            if None in kinds or not 1 <= len(kinds) <= 2:
+                return None
+            return (kinds[0], kinds[-1])  # type: ignore[return-value]
+    return None
+
+
 @dataclass
 class _Local:
     path: list[str]
@@ -315,9 +336,10 @@ class Node:
 class _Coster:
     """cost.go ``coster``."""
 
-    def __init__(self, checked: ast.CheckedExpr, sizes: SizeEstimator) -> None:
+    def __init__(self, checked: ast.CheckedExpr, sizes: SizeEstimator, runtime: bool) -> None:
         self.checked = checked
         self.estimate_size = sizes
+        self.runtime = runtime
         self.paths: dict[int, list[str]] = {}
         self.locals: defaultdict[str, list[_Local]] = defaultdict(list)
         self.sizes: dict[int, Range] = {}
@@ -330,7 +352,24 @@ class _Coster:
         if declared is not None:
             return declared
         message = self.checked.type_map.get(e.id)
-        return _DYN if message is None else _type_of(message)
+        found = _DYN if message is None else _type_of(message)
+        if found.kind == "dyn" and e.WhichOneof("expr_kind") == "call_expr" and e.call_expr.HasField("target"):
+            return self.generic_result(e) or found
+        return found
+
+    def generic_result(self, e: Any) -> CelType | None:
+        """cel-go's type for a list function's result where cel-cpp, declaring it without type
+        parameters, has ``dyn``: the list's element (max, min, sum) or the list itself."""
+        reference = self.checked.reference_map.get(e.id)
+        overloads = set(reference.overload_id) if reference is not None else set()
+        target = self.type_of(e.call_expr.target)
+        if target.kind != "list" or not target.params or target.params[0].kind == "dyn":
+            return None
+        if overloads & _ELEMENT_RESULTS:
+            return target.params[0]
+        if overloads & _LIST_RESULTS:
+            return target
+        return None
 
     def path_of(self, e: Any) -> list[str]:
         if e.WhichOneof("expr_kind") == "ident_expr":
@@ -459,7 +498,9 @@ class _Coster:
             # The base environment's PresenceTestHasCost(false): has() costs its operand only.
             return self.cost(select.operand)
         total = self.cost(select.operand)
-        if self.type_of(select.operand).kind in ("map", "struct", "type_param"):
+        # At run time every qualifier costs 1 (interpreter/runtimecost.go), whatever the operand's
+        # declared type; the estimate charges selects on maps and structs only.
+        if self.runtime or self.type_of(select.operand).kind in ("map", "struct", "type_param"):
             total = total.add(fixed(_SELECT_AND_IDENT))
         self.paths[e.id] = [*self.path_of(select.operand), select.field]
         return total
@@ -502,6 +543,10 @@ class _Coster:
     def fitting(self, overloads: list[str], target: Node | None, arguments: list[Node]) -> list[str]:
         """The overloads cel-go would pick, for an argument whose type only cel-go knows."""
         def fits(overload: str) -> bool:
+            kinds = _operator_kinds(overload)
+            if kinds is not None and len(arguments) == 2:
+                return all(node.type.kind in _OPEN_KINDS or node.type.kind == kind
+                           for node, kind in zip(arguments, kinds))
             position, kind = _OVERLOAD_KINDS.get(overload, (None, ""))
             if position is None:
                 return True
@@ -610,7 +655,9 @@ class _Coster:
             s = size(arguments[0])
             return s.by_factor(_STRING_TRAVERSAL), Range(_add(s.low, 2), _add(_multiply(s.high, 2), 2)), True
         if overload in ("starts_with_string", "ends_with_string") and len(arguments) == 1:
-            return size(arguments[0]).by_factor(_STRING_TRAVERSAL), None, True
+            # The estimate traverses the prefix; the run (runtimecost.go costCall) its receiver.
+            traversed = target if self.runtime and target is not None else arguments[0]
+            return size(traversed).by_factor(_STRING_TRAVERSAL), None, True
         if overload == "in_list" and len(arguments) == 2:
             return size(arguments[1]).by_factor(1), None, True
         if overload == "matches_string" and target is not None and len(arguments) == 1:
@@ -790,7 +837,8 @@ def _kubernetes_estimate(coster: _Coster, function: str, overload: str, target: 
         if arguments:
             separators = Range(max(count.low - 1, 0), max(count.high - 1, 0))
             joined = joined.add(size(arguments[0]).multiply(separators))
-        return joined.by_factor(_STRING_TRAVERSAL), joined
+        # The run (library/cost.go CallCost) charges twice the joined string's length.
+        return joined.by_factor((2 if coster.runtime else 1) * _STRING_TRAVERSAL), joined
     if function in ("find", "findAll") and target is not None and arguments:
         length = size(target)
         text = length.add(fixed(1)).by_factor(_STRING_TRAVERSAL)
@@ -862,9 +910,21 @@ def checked_expression(serialized: bytes) -> ast.CheckedExpr:
 
 
 def estimate(checked: ast.CheckedExpr, sizes: SizeEstimator = declared_sizes) -> Range:
-    """cel-go's ``checker.Cost`` of a checked selector in the DRA environment; with
-    :func:`device_sizes`, the bound for one device."""
-    return _Coster(checked, sizes).cost(checked.expr)
+    """cel-go's ``checker.Cost`` of a checked selector in the DRA environment: what the API server
+    compares with the limit."""
+    return _Coster(checked, sizes, runtime=False).cost(checked.expr)
+
+
+def runtime_bound(checked: ast.CheckedExpr, sizes: SizeEstimator = declared_sizes) -> int:
+    """An upper bound of what the scheduler's run counts (cel-go's runtime cost tracker with the
+    Kubernetes library's ``CallCost``): the estimate, where the run charges more than the estimate
+    does (a select on a value of unknown type, ``startsWith``/``endsWith`` on their receiver,
+    ``join``) charged as the run does. With :func:`device_sizes`, the bound for one device.
+
+    The estimate alone is not a bound: ``s.startsWith("NVIDIA")`` is estimated at the prefix's
+    length and run at ``s``'s, so a selector the API server admits near the limit can be stopped at
+    run time."""
+    return _Coster(checked, sizes, runtime=True).cost(checked.expr).high
 
 
 @lru_cache(maxsize=1024)

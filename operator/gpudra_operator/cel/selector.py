@@ -14,14 +14,14 @@
   scheduler's allocator treats a selector that fails on a device.
 
 Cost: the API server refuses a selector whose estimated cost exceeds ``CELSelectorExpressionMaxCost``
-(1,000,000), and the scheduler stops a run that costs more (compile.go ``cel.CostLimit``). Each
-compiled selector carries its estimate (:mod:`.cost`, cel-go's estimator with the DRA sizes). The
-estimate bounds the run's cost, so a selector within the limit is evaluated as it is: its run can
-never reach the limit. One over it (only a selector stored before the API server checked it could
-be) is bounded again with the device's own sizes; where even that bound is over the limit, the
-result is "does not match, with an error" marked ``undetermined``: the scheduler may or may not
-stop there, and cel-cpp counts no cost to tell. The byte limit
-(:func:`gpudra_driver.limits.check_cel_expression`) is checked before compiling.
+(1,000,000), and the scheduler stops a run that costs more (compile.go ``cel.CostLimit``). cel-cpp
+counts no cost, so each compiled selector carries a bound of what the scheduler's run counts
+(:func:`.cost.runtime_bound`, with the largest sizes the API allows). Within the limit, which
+every everyday selector is by orders of magnitude, the run can never be stopped and the selector is
+evaluated as it is. Past it, the bound is taken again with the device's own sizes; where even that
+is past the limit, the result is "does not match, with an error" marked ``undetermined``: the
+scheduler may or may not stop there. The estimate the API server checks is kept as ``max_cost``.
+The byte limit (:func:`gpudra_driver.limits.check_cel_expression`) is checked before compiling.
 """
 
 from __future__ import annotations
@@ -158,6 +158,7 @@ class CompiledSelector:
     literals: frozenset[str]  # the domains the selector can name: they default to an empty map
     checked: Any = field(repr=False, compare=False)  # the checked AST, for the per-device cost bound
     max_cost: int = 0  # the estimate the API server compares with the limit
+    run_bound: int = 0  # what a run can cost on the largest device the API allows
 
     @property
     def within_cost_limit(self) -> bool:
@@ -171,8 +172,8 @@ class CompiledSelector:
             shared_attributes, shared_capacity = device.maps
         except ValueError as error:
             return SelectorResult(False, str(error))
-        if cost_limit is not None and self.max_cost > cost_limit:
-            bound = cost.estimate(self.checked, cost.device_sizes(device.driver, shared_attributes, shared_capacity)).high
+        if cost_limit is not None and self.run_bound > cost_limit:
+            bound = cost.runtime_bound(self.checked, cost.device_sizes(device.driver, shared_attributes, shared_capacity))
             if bound > cost_limit:
                 return SelectorResult(False, (
                     f"the run may exceed the CEL cost limit of {cost_limit:,} (estimated up to "
@@ -221,4 +222,5 @@ def compile_selector(expression: str) -> CompiledSelector:
     except CelSyntaxError:  # cel-cpp parsed it; a literal the small lexer misreads only loses defaults
         literals = frozenset()
     checked = cost.checked_expression(program.serialize())
-    return CompiledSelector(expression, program, literals, checked, cost.estimate(checked).high)
+    return CompiledSelector(expression, program, literals, checked, cost.estimate(checked).high,
+                            cost.runtime_bound(checked))
