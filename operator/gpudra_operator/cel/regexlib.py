@@ -8,6 +8,9 @@ matching and Unicode classes. What differs is bridged:
 
 * Go refuses ``\\C`` (any byte), which C++ RE2 accepts: refused here, with Go's error, where Go's
   parser would stop on it;
+* Go 1.25's ``\\p{...}`` names (case-insensitive, Unicode's long category names, ``Any``,
+  ``ASCII``, ``Assigned``, ``LC``, ``Cn``, and a ``C`` that includes ``Cn``) are spelled as C++
+  RE2 spells them (:func:`_unicode_class`); a name Go does not resolve is refused with its error;
 * the error messages: C++ RE2's words are mapped to Go's ``regexp/syntax`` ones, so an invalid
   pattern reads ``Illegal regex: error parsing regexp: missing closing ): `(```` as upstream;
 * ``findAll`` is Go's ``FindAllString`` loop: after an empty match the search moves on by one
@@ -52,6 +55,7 @@ class RegexError(ValueError):
 
     def __init__(self, code: str, fragment: str) -> None:
         super().__init__(f"error parsing regexp: {code}: `{fragment}`")
+        self.code, self.fragment = code, fragment
 
 
 def _go_error(error: re2.error, pattern: str) -> RegexError:
@@ -62,27 +66,108 @@ def _go_error(error: re2.error, pattern: str) -> RegexError:
     return RegexError("expression too large", pattern)  # "pattern too large - compile failed"
 
 
-def _marked(pattern: str) -> tuple[str, str | None]:
-    """The pattern with each ``\\C`` (outside ``\\Q...\\E``) made ``\\8``, an escape C++ RE2 refuses
-    too, so its parser stops at the first error where Go's does; and which of the two escapes comes
-    first (what an "invalid escape sequence: \\8" then names)."""
+# Go 1.25's \p{...} names (regexp/syntax parse.go unicodeTable) that C++ RE2 spells otherwise or
+# lacks: Go looks names up case-insensitively, without spaces, "_" and "-", takes Unicode's long
+# category names, and has Any, ASCII, Assigned, LC and Cn; its C includes Cn (C++ RE2's does not).
+_GO_CATEGORIES = frozenset(
+    "C Cc Cf Cn Co Cs L Ll Lm Lo Lt Lu M Mc Me Mn N Nd Nl No P Pc Pd Pe Pf Pi Po Ps S Sc Sk Sm So Z Zl Zp Zs".split())
+_GO_ALIASES = {  # unicode.CategoryAliases, by canonical name
+    "Casedletter": "LC", "Closepunctuation": "Pe", "Combiningmark": "M", "Connectorpunctuation": "Pc",
+    "Control": "Cc", "Currencysymbol": "Sc", "Dashpunctuation": "Pd", "Decimalnumber": "Nd", "Enclosingmark": "Me",
+    "Finalpunctuation": "Pf", "Format": "Cf", "Initialpunctuation": "Pi", "Letter": "L", "Letternumber": "Nl",
+    "Lineseparator": "Zl", "Lowercaseletter": "Ll", "Mark": "M", "Mathsymbol": "Sm", "Modifierletter": "Lm",
+    "Modifiersymbol": "Sk", "Nonspacingmark": "Mn", "Number": "N", "Openpunctuation": "Ps", "Other": "C",
+    "Otherletter": "Lo", "Othernumber": "No", "Otherpunctuation": "Po", "Othersymbol": "So",
+    "Paragraphseparator": "Zp", "Privateuse": "Co", "Punctuation": "P", "Separator": "Z", "Spaceseparator": "Zs",
+    "Spacingmark": "Mc", "Surrogate": "Cs", "Symbol": "S", "Titlecaseletter": "Lt", "Unassigned": "Cn",
+    "Uppercaseletter": "Lu", "Cntrl": "Cc", "Digit": "Nd", "Punct": "P",
+}
+_NOT_C = ("\\p{L}", "\\p{M}", "\\p{N}", "\\p{P}", "\\p{S}", "\\p{Z}")
+_ASSIGNED = (*_NOT_C, "\\p{Cc}", "\\p{Cf}", "\\p{Co}", "\\p{Cs}")
+# The sets C++ RE2 has no name for, as unions it can write: (the set, its complement), each None
+# where no union of C++ RE2's classes and ranges says it.
+_SETS: dict[str, tuple[tuple[str, ...] | None, tuple[str, ...] | None]] = {
+    "Ascii": (("\\x00-\\x7F",), ("\\x80-\\x{10FFFF}",)),
+    "LC": (("\\p{Lu}", "\\p{Ll}", "\\p{Lt}"), None),
+    "Assigned": (_ASSIGNED, None),
+    "Cn": (None, _ASSIGNED),
+    "C": (None, _NOT_C),
+}
+
+
+def _canonical(name: str) -> str:
+    """parse.go canonicalName: "_", "-" and " " dropped, an upper-case first letter, the rest lower."""
     out: list[str] = []
-    first: str | None = None
+    for c in name:
+        if c in "_- ":
+            continue
+        out.append(c.upper() if not out and "a" <= c <= "z" else c.lower() if out and "A" <= c <= "Z" else c)
+    return "".join(out)
+
+
+def _unicode_class(name: str, negated: bool, in_class: bool) -> str | None:
+    """C++ RE2 syntax for Go's ``\\p{name}`` (``\\P`` when ``negated``); None where C++ RE2 cannot
+    say it: a negated LC or Assigned, or a Cn, inside ``[...]`` (refused then). Inside ``[...]``,
+    Go's C is C++ RE2's, which leaves out the unassigned code points."""
+    canonical = _canonical(name)
+    key = {"Lc": "LC"}.get(canonical, _GO_ALIASES.get(canonical, canonical))
+    if key not in _SETS:
+        return f"\\{'P' if negated else 'p'}{{{key}}}"  # a category, a script or Any, as C++ RE2 names them
+    positive, negative = _SETS[key][::-1] if negated else _SETS[key]
+    if in_class:
+        return "".join(positive) if positive else "\\p{C}" if key == "C" else None
+    return f"[{''.join(positive)}]" if positive else f"[^{''.join(negative or ())}]"
+
+
+def _tokens(pattern: str) -> list[tuple[str, str]]:
+    """The pattern as (Go's text, C++ RE2's text) pieces: ``\\p`` names as :func:`_unicode_class`
+    spells them, and ``\\C`` (which Go refuses and C++ RE2 takes) as ``\\8``, which both refuse."""
+    pieces: list[tuple[str, str]] = []
+    in_class = False
     i = 0
     while i < len(pattern):
-        if pattern.startswith("\\Q", i):
+        c = pattern[i]
+        token, spelled = c, c
+        if pattern.startswith("\\Q", i) and not in_class:
             end = pattern.find("\\E", i + 2)
-            end = len(pattern) if end < 0 else end + 2
-            out.append(pattern[i:end])
-            i = end
-            continue
-        escape = pattern[i:i + 2] if pattern[i] == "\\" else pattern[i]
-        if escape in ("\\C", "\\8"):
-            first = first or escape
-            escape = "\\8"
-        out.append(escape)
-        i += len(escape)
-    return "".join(out), first
+            token = spelled = pattern[i:len(pattern) if end < 0 else end + 2]
+        elif c == "\\" and pattern[i + 1:i + 2] in ("p", "P") and (pattern[i + 2:i + 3] != "{" or "}" in pattern[i:]):
+            brace = pattern.find("}", i) if pattern[i + 2:i + 3] == "{" else -1
+            token = pattern[i:brace + 1] if brace >= 0 else pattern[i:i + 3]
+            name = token[3:-1] if brace >= 0 else token[2:]
+            negated = (token[1] == "P") != name.startswith("^")
+            spelled = (_unicode_class(name.removeprefix("^"), negated, in_class) if name else None) or token
+        elif c == "\\":
+            token = pattern[i:i + 2]
+            spelled = "\\8" if token == "\\C" else token
+        elif c == "[" and not in_class:
+            in_class = True
+            token = "[^" if pattern.startswith("[^", i) else "["
+            if pattern.startswith("]", i + len(token)):  # a leading "]" is a literal
+                token += "]"
+            spelled = token
+        elif c == "[" and pattern.startswith("[:", i) and pattern.find(":]", i + 2) >= 0:
+            token = spelled = pattern[i:pattern.find(":]", i + 2) + 2]
+        elif c == "]":
+            in_class = False
+        pieces.append((token, spelled))
+        i += len(token)
+    return pieces
+
+
+def _go_fragment(fragment: str, pieces: list[tuple[str, str]]) -> str:
+    """The Go text of a fragment of the C++ RE2 text (an error's), whole pieces where it cuts one."""
+    spelled = "".join(c for _, c in pieces)
+    start = spelled.find(fragment)
+    if start < 0:
+        return fragment
+    end, out, position = start + len(fragment), [], 0
+    for token, piece in pieces:
+        if position < end and position + len(piece) > start:
+            whole = token != piece or (position >= start and position + len(piece) <= end)
+            out.append(token if whole else piece[max(start - position, 0):end - position])
+        position += len(piece)
+    return "".join(out)
 
 
 @lru_cache(maxsize=256)
@@ -91,14 +176,17 @@ def compiled(pattern: str) -> Any:
     options = re2.Options()
     options.log_errors = False  # the error is the caller's, not stderr's
     options.max_mem = _MAX_MEM
-    marked, first = _marked(pattern)
+    pieces = _tokens(pattern)
     try:
-        return re2.compile(marked, options)
+        return re2.compile("".join(piece for _, piece in pieces), options)
     except re2.error as error:
         go_error = _go_error(error, pattern)
-    if first and str(go_error) == str(RegexError("invalid escape sequence", "\\8")):
-        raise RegexError("invalid escape sequence", first)
-    raise go_error
+    if go_error.code == "invalid UTF-8" and pattern.endswith("\\x{"):
+        raise RegexError("invalid escape sequence", "\\x{")  # C++ RE2 calls a trailing \x{ invalid UTF-8
+    fragment = _go_fragment(go_error.fragment, pieces)
+    if go_error.code == "invalid escape sequence" and fragment[:2] in ("\\p", "\\P"):
+        fragment = fragment[:2]  # a class as a range's end: Go's parseEscape names the escape alone
+    raise RegexError(go_error.code, fragment)
 
 
 def _program(pattern: str) -> Any:
