@@ -5,9 +5,13 @@
 * ``device.driver``, ``device.allowMultipleAllocations``, ``device.attributes[domain][id]`` and
   ``device.capacity[domain][id]``; a name without a domain lives in the driver's.
 * ``device.attributes[d]`` of a domain the device lacks is an empty map (upstream's
-  ``newStringInterfaceMapWithDefault``), so ``device.attributes["x"].y`` is a "no such key" error,
-  never false. The unknown domains a selector can name are its string literals, so those are the
-  ones that get an empty map.
+  ``newStringInterfaceMapWithDefault``: every lookup finds something), so
+  ``device.attributes["x"].y`` is a "no such key" error, never false, while the maps' size, keys
+  and ``in`` see only the device's own domains. cel-cpp's maps have no default, so the selector
+  runs with each lookup on ``device.attributes``/``device.capacity`` written as an optional
+  lookup that falls back to ``{}`` (:func:`_with_default_domains`). Lookups through an alias
+  (``cel.bind(a, device.attributes, a["x"])``) are covered by giving the domains the selector names
+  as string literals an empty map, where the selector never looks at the whole map.
 * A version attribute that is not semver, or a capacity that is not a quantity, makes the device
   an error before the expression runs, as ``getAttributeValue`` does.
 * An error is "does not match, with an error" (:class:`SelectorResult`), which is how the
@@ -37,7 +41,7 @@ from cel_expr_python import cel
 from gpudra_driver import limits
 from gpudra_operator.cel import cost, quantitylib, semverlib
 from gpudra_operator.cel.environment import UNSUPPORTED_FUNCTIONS, selector_environment
-from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, cel_tokens
+from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, Token, cel_tokens
 
 _STATUS_PREFIX = re.compile(r"^[A-Z_]+: ")
 _UNDECLARED = re.compile(r"undeclared reference to '([^']+)'")
@@ -217,10 +221,78 @@ def compile_selector(expression: str) -> CompiledSelector:
     result_type = program.return_type()
     if result_type != cel.Type.BOOL and result_type != cel.Type.DYN:
         raise SelectorCompileError(expression, f"must evaluate to bool or the unknown type, not {result_type.name()}")
-    try:
-        literals = frozenset(t.value for t in cel_tokens(expression) if t.kind == "string" and t.value)
-    except CelSyntaxError:  # cel-cpp parsed it; a literal the small lexer misreads only loses defaults
-        literals = frozenset()
     checked = cost.checked_expression(program.serialize())
+    literals: frozenset[str] = frozenset()
+    try:
+        tokens = cel_tokens(expression)
+        rewritten, whole_map = _with_default_domains(tokens)
+        if not whole_map:
+            literals = frozenset(t.value for t in tokens if t.kind == "string" and t.value)
+        if rewritten != tokens:
+            program = selector_environment().compile(" ".join(t.text for t in rewritten))
+    except (CelSyntaxError, RuntimeError):  # the small lexer misread it: lookups of absent domains fail
+        pass
     return CompiledSelector(expression, program, literals, checked, cost.estimate(checked).high,
                             cost.runtime_bound(checked))
+
+
+_DOMAIN_MAPS = ("attributes", "capacity")
+
+
+def _with_default_domains(tokens: list[Token]) -> tuple[list[Token], bool]:
+    """The selector with ``device.attributes[k]`` as ``device.attributes[?k].orValue({})`` (and
+    ``device.attributes.k`` as ``[?"k"]``, ``has(device.attributes.k)`` as ``true``: upstream's map
+    finds every key), and whether it uses a domain map whole (its size, keys, ``in``, a macro)."""
+    out: list[Token] = []
+    whole_map = False
+    i = 0
+    while i < len(tokens):
+        if not (_is(tokens, i, "ident", "device") and (i == 0 or tokens[i - 1].text != ".")
+                and _is(tokens, i + 1, "op", ".") and i + 2 < len(tokens) and tokens[i + 2].text in _DOMAIN_MAPS):
+            out.append(tokens[i])
+            i += 1
+            continue
+        head = tokens[i:i + 3]
+        after = i + 3
+        if _is(tokens, after, "op", "["):
+            end = _closing(tokens, after)
+            inner, inner_whole = _with_default_domains(tokens[after + 1:end])
+            whole_map |= inner_whole
+            out += [*head, Token("op", "[", None), Token("op", "?", None), *inner, Token("op", "]", None),
+                    *_OR_EMPTY]
+            i = end + 1
+        elif _is(tokens, after, "op", ".") and _is(tokens, after + 1, "ident") and not _is(tokens, after + 2, "op", "("):
+            name = tokens[after + 1].text
+            if len(out) >= 2 and out[-1].text == "(" and out[-2].text == "has" and _is(tokens, after + 2, "op", ")"):
+                out[-2:] = [Token("ident", "true", "true")]  # has(device.attributes.x): always found
+                i = after + 3
+                continue
+            out += [*head, Token("op", "[", None), Token("op", "?", None), Token("string", f'"{name}"', name),
+                    Token("op", "]", None), *_OR_EMPTY]
+            i = after + 2
+        else:
+            whole_map = True
+            out += head
+            i = after
+    return out, whole_map
+
+
+_OR_EMPTY = [Token("op", ".", None), Token("ident", "orValue", "orValue"), Token("op", "(", None),
+             Token("op", "{", None), Token("op", "}", None), Token("op", ")", None)]
+
+
+def _is(tokens: list[Token], i: int, kind: str, text: str | None = None) -> bool:
+    return i < len(tokens) and tokens[i].kind == kind and (text is None or tokens[i].text == text)
+
+
+def _closing(tokens: list[Token], opening: int) -> int:
+    """The index of the bracket that closes ``tokens[opening]``."""
+    depth = 0
+    for index in range(opening, len(tokens)):
+        if tokens[index].text in ("[", "(", "{"):
+            depth += 1
+        elif tokens[index].text in ("]", ")", "}"):
+            depth -= 1
+            if depth == 0:
+                return index
+    raise CelSyntaxError("unbalanced brackets")
