@@ -17,6 +17,9 @@ the Kubernetes extensions are added here, one library per module, each citing it
 * :mod:`.regexlib`: ``find`` and ``findAll`` (library/regex.go, Go's RE2 syntax, run by RE2);
 * :mod:`.formatlib`: ``format.named``, ``format.<name>()`` and ``validate`` (library/format.go);
 * :mod:`.astwalk`: the nodes of a checked expression, for the last two;
+* :mod:`.cost`: the cost estimate the API server checks (cel-go's estimator with the Kubernetes
+  and DRA sizes) and a bound of what the scheduler's run counts, so that a run the scheduler
+  stops at the cost limit is never answered as a match or a miss;
 * :mod:`.environment`: the environment the base set of k8s.io/apiserver/pkg/cel/environment/base.go
   and the DRA compiler (k8s.io/dynamic-resource-allocation/cel/compile.go) put together;
 * :mod:`.selector`: compile a selector, build the ``device`` variable from a ResourceSlice device,
