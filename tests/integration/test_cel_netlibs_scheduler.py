@@ -1,0 +1,177 @@
+"""The URL, IP, CIDR, regex and named-format CEL libraries, against the real kube-scheduler.
+
+Four devices carry string attributes holding IPs, CIDRs, URLs and odd strings (an IPv4-mapped
+address, a zoned one, a CIDR with host bits, a relative URL, a bad pattern). Each case is one claim
+(one device, an inline selector) and one pod pinned to a node of its own that publishes the four
+devices, so no two claims compete. gpudra's evaluator answers per device first, and the case says
+which shape of answer it was written for:
+
+* ``one``: exactly one device matches and none fails: the scheduler must allocate that device;
+* ``none``: no device matches and none fails: the pod stays unschedulable;
+* ``error``: no device matches, some fail with an error: whatever order the allocator goes in, it
+  meets an error or finds nothing, and the pod stays unschedulable; the scheduler's message names
+  the error, word for word one of gpudra's;
+* ``refused``: the selector does not compile (a literal pattern that is no regexp): the API server
+  refuses the claim as gpudra's compiler does.
+
+Unit tests with upstream's own tables: tests/unit/test_cel_netlibs.py."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_operator.cel import SelectorCompileError, compile_selector, device_input
+from gpudra_operator.localcluster.waiting import wait_for
+
+pytestmark = pytest.mark.cluster
+
+DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
+SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
+CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
+POD = resource_type("v1", "Pod")
+
+DEVICES: dict[str, dict[str, str]] = {
+    "v4": {"ip": "10.1.2.3", "cidr": "10.0.0.0/8", "name": "nic-a", "pattern": "[0-9]+",
+           "url": "https://storage.example.com:8443/v1/objects?zone=a&zone=b", "text": "model 42 rev 7"},
+    "v6": {"ip": "2001:db8::68", "cidr": "2001:db8::/32", "name": "Nic_B", "pattern": "x+",
+           "url": "http://[2001:db8::1]/path with space", "text": "Mixed Case"},
+    "odd": {"ip": "::ffff:10.1.2.3", "cidr": "10.0.0.1/8", "name": "not a label!", "pattern": "z",
+            "url": "../relative-path", "text": "no digits here"},
+    "zone": {"ip": "fe80::1%eth0", "cidr": "not-a-cidr", "name": "x-", "pattern": "(",
+             "url": "https://a:b:c/", "text": "ÀÉ at 1.5 GHz"},
+}
+A = "device.attributes[DRIVER]"
+CASES: list[tuple[str, str]] = [
+    ("one", f"isIP({A}.ip) && cidr('10.0.0.0/8').containsIP({A}.ip)"),
+    ("one", f"isIP({A}.ip) && ip({A}.ip).family() == 6 && ip({A}.ip).isGlobalUnicast()"),
+    ("one", f"isIP({A}.ip) && ip({A}.ip) == ip('2001:DB8:0::68')"),
+    # host bits set (cel-go's estimate of == between two computed CIDRs is past the cost limit)
+    ("one", f"isCIDR({A}.cidr) && cidr({A}.cidr).ip().family() == 4 && !cidr('10.0.0.0/32').containsIP(cidr({A}.cidr).ip())"),
+    ("one", f"isCIDR({A}.cidr) && cidr({A}.cidr).containsCIDR('2001:db8:1::/48')"),
+    ("one", f"isURL({A}.url) && url({A}.url).getQuery()['zone'] == ['a', 'b'] && url({A}.url).getPort() == '8443'"),
+    ("one", f"isURL({A}.url) && url({A}.url).getHostname() == '2001:db8::1'"
+            f" && url({A}.url).getEscapedPath() == '/path%20with%20space'"),
+    ("one", f"{A}.text.find('[0-9]+') == '42'"),
+    ("one", f"{A}.text.findAll(r'\\p{{Lu}}').size() == 2 && {A}.text.findAll(r'\\p{{Lu}}', 1) == ['M']"),
+    ("one", f"{A}.text.find(r'[0-9]+(\\.[0-9]+)?\\s*GHz') == '1.5 GHz'"),
+    ("one", f"!format.dns1123Label().validate({A}.name).hasValue()"),
+    ("one", f"{A}.name.endsWith('-') && !format.named('dns1123LabelPrefix').value().validate({A}.name).hasValue()"),
+    ("one", f"format.labelValue().validate({A}.name).orValue([]).size() == 0 && {A}.name.contains('_')"),
+    ("none", f"isIP({A}.ip) && ip({A}.ip).isLinkLocalMulticast()"),
+    ("none", f"isURL({A}.url) && url({A}.url).getScheme() == 'ftp'"),
+    ("error", f"ip({A}.ip).isLoopback()"),  # the IPv4-mapped and the zoned address are errors
+    ("error", f"cidr({A}.cidr).prefixLength() > 64"),
+    ("error", f"url({A}.url).getScheme() == 'ftp'"),
+    ("error", f"cidr('192.168.0.0/16').containsIP({A}.ip)"),  # "no such overload" on the two bad IPs
+    ("error", f"{A}.text.find({A}.pattern) == 'no match'"),  # "Illegal regex" on "("
+    ("refused", f"{A}.text.find('(') == ''"),
+]
+
+
+def gpudra_answers(driver: str, expression: str) -> dict[str, Any]:
+    """gpudra's evaluator on each device: True, False or the error."""
+    answers: dict[str, Any] = {}
+    for name, strings in DEVICES.items():
+        device = device_input(driver, {"name": name, "attributes": {k: {"string": v} for k, v in strings.items()}})
+        result = compile_selector(expression).evaluate(device)
+        answers[name] = result.error if result.error is not None else result.matched
+    return answers
+
+
+def shape(answers: dict[str, Any]) -> str:
+    matched = [name for name, answer in answers.items() if answer is True]
+    failed = [name for name, answer in answers.items() if isinstance(answer, str)]
+    return "one" if len(matched) == 1 and not failed else "none" if not matched and not failed else \
+        "error" if failed and not matched else "mixed"
+
+
+def pinned_pod(name: str, namespace: str, node: str) -> Obj:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+                     "resourceClaims": [{"name": "nic", "resourceClaimName": name}],
+                     "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                     "resources": {"claims": [{"name": "nic"}]}}]}}
+
+
+async def decision(kube: Kube, namespace: str, name: str) -> tuple[bool, str] | None:
+    """(True, the allocated device) once bound; (False, why) once unschedulable; else None."""
+    pod = await kube.get(POD, name, namespace)
+    if pod is None:
+        return None
+    if (pod.get("spec") or {}).get("nodeName"):
+        claim = await kube.get(CLAIM, name, namespace) or {}
+        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+        return (True, results[0]["device"]) if results else None
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False" \
+                and condition.get("reason") in ("Unschedulable", "SchedulerError"):
+            return False, str(condition.get("message"))
+    return None
+
+
+async def test_the_scheduler_allocates_where_gpudra_says_the_selector_matches(
+        kube: Kube, namespace: str, fake_nodes) -> None:
+    token = secrets.token_hex(3)
+    driver = f"net-{token}.gpudra.io"
+    klass = f"net-{token}"
+    cases = [(i, want, expression.replace("DRIVER", f'"{driver}"')) for i, (want, expression) in enumerate(CASES)]
+    # The answers these cases were written for (so the test keeps exercising all four shapes).
+    for i, want, expression in cases:
+        if want == "refused":
+            with pytest.raises(SelectorCompileError, match="error parsing regexp"):
+                compile_selector(expression)
+        else:
+            assert shape(gpudra_answers(driver, expression)) == want, (i, expression, gpudra_answers(driver, expression))
+
+    await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": klass},
+                       "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}})
+    nodes: dict[int, str] = {}
+    try:
+        for i, want, _ in cases:
+            if want == "refused":
+                continue
+            node = (await fake_nodes(f"net{i}"))["metadata"]["name"]
+            nodes[i] = node
+            await kube.create({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-{token}"},
+                "spec": {"driver": driver, "nodeName": node,
+                         "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                         "devices": [{"name": name, "attributes": {k: {"string": v} for k, v in strings.items()}}
+                                     for name, strings in DEVICES.items()]}})
+        for i, want, expression in cases:
+            claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                     "metadata": {"name": f"case-{i}", "namespace": namespace},
+                     "spec": {"devices": {"requests": [{"name": "nic", "exactly": {
+                         "deviceClassName": klass, "selectors": [{"cel": {"expression": expression}}]}}]}}}
+            if want == "refused":
+                with pytest.raises(ApiException) as refused:
+                    await kube.create(claim)
+                assert refused.value.status == 422 and "error parsing regexp" in str(refused.value.body), refused.value.body
+                continue
+            await kube.create(claim)
+            await kube.create(pinned_pod(f"case-{i}", namespace, nodes[i]))
+
+        disagreements = []
+        for i, want, expression in cases:
+            if want == "refused":
+                continue
+            scheduled, detail = await wait_for(lambda i=i: decision(kube, namespace, f"case-{i}"), timeout=30,
+                                               interval=0.1, what=f"the scheduler's decision on case {i}")
+            answers = gpudra_answers(driver, expression)
+            expected = next((name for name, answer in answers.items() if answer is True), None) if want == "one" else None
+            # The scheduler stops at the first device that fails and names its error: one of gpudra's.
+            errors = [f"CEL runtime error: {answer}" for answer in answers.values() if isinstance(answer, str)]
+            if (scheduled, detail if scheduled else None) != (expected is not None, expected) \
+                    or (want == "error" and not any(detail.endswith(error) for error in errors)):
+                disagreements.append(f"case {i} {expression!r}: gpudra {answers}, the scheduler "
+                                     f"{'allocated ' + detail if scheduled else 'did not schedule it: ' + detail}")
+        assert not disagreements, "\n".join(disagreements)
+    finally:
+        async for found in kube.list(SLICE, field_selector=f"spec.driver={driver}"):
+            await kube.delete(SLICE, found["metadata"]["name"])
+        await kube.delete(DEVICE_CLASS, klass)
