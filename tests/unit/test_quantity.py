@@ -19,6 +19,17 @@ from gpudra_driver.quantity import format_quantity, is_quantity, parse_quantity,
     ("0.0000000001", Decimal("1e-9")), ("-1e-20", Decimal("-1e-9")),  # below a nano: rounded up, away from zero
     ("1.0000000001", Decimal("1.000000001")),
     ("123456789012345678901234567890Ki", 123456789012345678901234567890 * 1024),  # exact, no float
+    ("-123456789012345678901234567890.5", Decimal("-123456789012345678901234567890.5")),
+    ("16Ei", 2**64),  # uncapped here; quantitylib caps BinarySI at the int64 maximum, as ParseQuantity
+    # A number without digits is 0 where ParseQuantity's int64 path takes it (tests/unit/test_quantity_oracle.py)
+    ("Mi", 0), ("Ki", 0), ("Ti", 0), ("m", 0), (".", 0), ("+", 0), ("-", 0), ("-.e3", 0), ("E", 0), ("e-9", 0),
+    # The exponent is an int64 kept as an int32: 2**32 wraps to 0
+    ("1e4294967296", 1), ("1e4294967299", 1000), ("1e-9223372036854775808", 1),
+    ("1e9223372036854775807", Decimal("0.1")),
+    ("1.5e-2147483648", Decimal("15e2147483647")),  # the int64 path's scale -2**31 - 1 wraps to 2**31 - 1
+    # inf.Dec's rounding shifts by the int32 9 - scale, which wraps at a scale of -2**31: 10**2**31 becomes
+    # one nano (derived from the Go arithmetic; Kubernetes itself takes minutes to compute 10**2147483639)
+    ("1e2147483648", Decimal("1e-9")),
 ])
 def test_parse_gives_the_exact_value_the_api_server_stores(text: str, value: int | Decimal) -> None:
     assert parse_quantity(text) == value
@@ -26,8 +37,10 @@ def test_parse_gives_the_exact_value_the_api_server_stores(text: str, value: int
 
 
 @pytest.mark.parametrize("text", [
-    "", "lots", "gpu", "64 Gi", " 1", "64GiB", "1K", "1KB", "Ki", "m", ".", "1.2.3", "1e", "1e1.5", "1ee3",
-    "1Mi3", "NaN", "Infinity", "1_000", "0x10", '64Gi") || true || ("', "1e2147483648",
+    "", "lots", "gpu", "64 Gi", " 1", "64GiB", "1K", "1KB", "ki", "1.2.3", "0.0.0", "1.5.Mi", "1e", "1e1.5", "1ee3",
+    "1Mi3", "NaN", "Infinity", "1_000", "0x10", '64Gi") || true || ("', "1e9223372036854775808", "\u0663",
+    # no digit on ParseQuantity's inf.Dec path (inf.Dec.SetString refuses it)
+    "Pi", "Ei", "+Pi", "e-10", ".e-10", "e2147483648",
 ])
 def test_parse_refuses_what_the_api_server_refuses(text: str) -> None:
     with pytest.raises(ValueError, match="quantity|exponent"):
