@@ -69,9 +69,16 @@ DOMAIN_CASES = [
 ]
 
 
+# Library edges: the BinarySI cap is on the magnitude, both signs.
+EDGE_CASES = [
+    'quantity("-16Ei").compareTo(quantity("-9223372036854775807")) == 0',
+    'quantity("16Ei").compareTo(quantity("9223372036854775807")) == 0',
+]
+
+
 def corpus() -> tuple[list[str], list[dict[str, Any]], list[tuple[str, dict[str, Any]]]]:
     """(expressions for every device, devices, extra (expression, device) pairs)."""
-    expressions = sorted(set(parametrized_expressions())) + DOMAIN_CASES
+    expressions = sorted(set(parametrized_expressions())) + DOMAIN_CASES + EDGE_CASES
     expressions += [FAMILIES[name](n) for name in SOME_FAMILIES for n in (1, 7)]
     cases = generate(seed=7, count=40, run_id="oracle")
     devices: list[dict[str, Any]] = []

@@ -31,8 +31,9 @@ def parse(text: str) -> Any:
     """``resource.ParseQuantity`` as a Quantity message; ``ValueError`` when ``text`` is not one."""
     value = parse_quantity(text)
     # quantity.go ParseQuantity: "The max is just a simple cap" for BinarySI (an "…i" suffix).
-    if text.endswith("i") and value > limits.INT64_MAX:
-        value = Decimal(limits.INT64_MAX)
+    # The cap is on the magnitude; the sign is put back after it.
+    if text.endswith("i") and abs(value) > limits.INT64_MAX:
+        value = Decimal(limits.INT64_MAX).copy_sign(value)
     return quantity_message(value)
 
 
