@@ -27,6 +27,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.cel import SelectorCompileError, compile_selector, device_input
 from gpudra_operator.localcluster.waiting import wait_for
+from test_cel_cost_scheduler import scheduled_or_why_not
 
 pytestmark = pytest.mark.cluster
 
@@ -100,18 +101,12 @@ def pinned_pod(name: str, namespace: str, node: str) -> Obj:
 
 async def decision(kube: Kube, namespace: str, name: str) -> tuple[bool, str] | None:
     """(True, the allocated device) once bound; (False, why) once unschedulable; else None."""
-    pod = await kube.get(POD, name, namespace)
-    if pod is None:
-        return None
-    if (pod.get("spec") or {}).get("nodeName"):
-        claim = await kube.get(CLAIM, name, namespace) or {}
-        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
-        return (True, results[0]["device"]) if results else None
-    for condition in (pod.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == "PodScheduled" and condition.get("status") == "False" \
-                and condition.get("reason") in ("Unschedulable", "SchedulerError"):
-            return False, str(condition.get("message"))
-    return None
+    decided = scheduled_or_why_not(await kube.get(POD, name, namespace))
+    if decided is None or not decided[0]:
+        return decided
+    claim = await kube.get(CLAIM, name, namespace) or {}
+    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+    return (True, results[0]["device"]) if results else None
 
 
 async def test_the_scheduler_allocates_where_gpudra_says_the_selector_matches(

@@ -90,21 +90,13 @@ def _contains_cidr_string(cidr: Any, text: str) -> bool:
     return _contains_cidr(cidr, _message(text))
 
 
-def _is_cidr(text: str) -> bool:
-    try:
-        parse(text)
-    except ValueError:
-        return False
-    return True
-
-
 def functions() -> list[tuple[str, list[cel.Overload]]]:
     """(function name, overloads), merged with the other libraries' by :mod:`.environment`."""
     T = cel.Type
     member = True
     return [
         ("cidr", [cel.Overload("string_to_cidr", CIDR, [T.STRING], impl=_message)]),
-        ("isCIDR", [cel.Overload("is_cidr", T.BOOL, [T.STRING], impl=_is_cidr)]),
+        ("isCIDR", [cel.Overload("is_cidr", T.BOOL, [T.STRING], impl=iplib.parses(parse))]),
         ("containsIP", [
             cel.Overload("cidr_contains_ip_string", T.BOOL, [CIDR, T.STRING], is_member=member, impl=_contains_ip_string),
             cel.Overload("cidr_contains_ip_ip", T.BOOL, [CIDR, iplib.IP], is_member=member, impl=_contains_ip)]),

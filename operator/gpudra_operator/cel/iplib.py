@@ -15,6 +15,7 @@ runs).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from cel_expr_python import cel
@@ -215,12 +216,15 @@ def to_string(value: Any) -> str:
     raise TypeError(f"no such overload: string({type(value).__name__})")
 
 
-def _is_ip(text: str) -> bool:
-    try:
-        parse(text)
-    except ValueError:
-        return False
-    return True
+def parses(parse: Callable[[str], Any]) -> Callable[[str], bool]:
+    """``isIP``, ``isCIDR``, ``isURL``: whether the library's parse takes the string."""
+    def accepted(text: str) -> bool:
+        try:
+            parse(text)
+        except ValueError:
+            return False
+        return True
+    return accepted
 
 
 def _is_canonical(text: str) -> bool:
@@ -278,7 +282,7 @@ def functions() -> list[tuple[str, list[cel.Overload]]]:
 
     return [
         ("ip", [cel.Overload("string_to_ip", IP, [T.STRING], impl=lambda text: IPMessage(address=parse(text)))]),
-        ("isIP", [cel.Overload("is_ip", T.BOOL, [T.STRING], impl=_is_ip)]),
+        ("isIP", [cel.Overload("is_ip", T.BOOL, [T.STRING], impl=parses(parse))]),
         ("ip.isCanonical", [cel.Overload("ip_is_canonical", T.BOOL, [T.STRING], impl=_is_canonical)]),
         member("family", "ip_family", T.INT, _family),
         member("isUnspecified", "ip_is_unspecified", T.BOOL, _is_unspecified),

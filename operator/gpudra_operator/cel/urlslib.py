@@ -146,22 +146,15 @@ class ParsedURL:
         self.raw_fragment = "" if _escape(self.fragment, FRAGMENT) == escaped else escaped
 
     def escaped_path(self) -> str:
-        if self.raw_path and _valid_encoded(self.raw_path, PATH):
-            try:
-                if _unescape(self.raw_path, PATH) == self.path:
-                    return self.raw_path
-            except URLError:
-                pass
+        """url.URL.EscapedPath."""
+        if _hint_holds(self.raw_path, self.path, PATH):
+            return self.raw_path
         return "*" if self.path == "*" else _escape(self.path, PATH)
 
     def escaped_fragment(self) -> str:
-        if self.raw_fragment and _valid_encoded(self.raw_fragment, FRAGMENT):
-            try:
-                if _unescape(self.raw_fragment, FRAGMENT) == self.fragment:
-                    return self.raw_fragment
-            except URLError:
-                pass
-        return _escape(self.fragment, FRAGMENT)
+        """url.URL.EscapedFragment."""
+        return self.raw_fragment if _hint_holds(self.raw_fragment, self.fragment, FRAGMENT) else \
+            _escape(self.fragment, FRAGMENT)
 
     def string(self) -> str:
         """url.URL.String."""
@@ -191,6 +184,16 @@ class ParsedURL:
         if self.fragment:
             out += "#" + self.escaped_fragment()
         return out
+
+
+def _hint_holds(raw: str, decoded: str, mode: int) -> bool:
+    """Whether a RawPath/RawFragment hint is a valid escaping of what was decoded from it."""
+    if not raw or not _valid_encoded(raw, mode):
+        return False
+    try:
+        return _unescape(raw, mode) == decoded
+    except URLError:
+        return False
 
 
 def _valid_encoded(text: str, mode: int) -> bool:
@@ -367,14 +370,6 @@ def to_url(text: str) -> Any:
                       raw_query=url.raw_query)
 
 
-def is_url(text: str) -> bool:
-    try:
-        parse_request_uri(text)
-    except URLError:
-        return False
-    return True
-
-
 def functions() -> list[tuple[str, list[cel.Overload]]]:
     """(function name, overloads), merged with the other libraries' by :mod:`.environment`."""
     T = cel.Type
@@ -384,7 +379,7 @@ def functions() -> list[tuple[str, list[cel.Overload]]]:
 
     return [
         ("url", [cel.Overload("string_to_url", URL, [T.STRING], impl=to_url)]),
-        ("isURL", [cel.Overload("is_url_string", T.BOOL, [T.STRING], impl=is_url)]),
+        ("isURL", [cel.Overload("is_url_string", T.BOOL, [T.STRING], impl=iplib.parses(parse_request_uri))]),
         getter("getScheme", "url_get_scheme", T.STRING, lambda url: url.scheme),
         getter("getHost", "url_get_host", T.STRING, lambda url: url.host),
         getter("getHostname", "url_get_hostname", T.STRING, lambda url: _split_host_port(url.host)[0]),
