@@ -482,9 +482,9 @@ class Reconciler:
             return None
         driver = config.spec.driver_name
         classes = tuple(class_selectors(c) for c in rendered.device_classes if c["metadata"]["name"] in applied)
-        first = not self.device_counts.listed_once(driver) or self.claims.devices() is None
-        counts = self.device_counts.class_counts(driver, classes, self.claims.devices() or set())
-        allocated = self.claims.devices()
+        allocated = self.claims.devices()  # built from every allocated claim: once per read
+        first = not self.device_counts.listed_once(driver) or allocated is None
+        counts = self.device_counts.class_counts(driver, classes, allocated or set())
         if first:  # not when classes changed: their counts follow with the status refresh that ends it
             await asyncio.gather(self.device_counts.wait_listed(driver, FIRST_LIST_WAIT),
                                  self.claims.wait_listed(FIRST_LIST_WAIT))
