@@ -101,6 +101,20 @@ def test_the_agent_image_discovers_gpus_through_the_mock_nvml_in_a_mounted_drive
     assert seen["warnings"] == []
 
 
+def test_the_operator_image_evaluates_selectors_with_every_cel_library(images: dict[str, str]) -> None:
+    # The operator extra's native parts load in the image: cel-expr-python, and google-re2 for the
+    # regex library (pyproject.toml, images/operator.Dockerfile).
+    check = r"""
+from gpudra_operator.cel import compile_selector, device_input
+nic = device_input("x.io", {"name": "n", "attributes": {"ip": {"string": "10.1.2.3"}, "text": {"string": "rev 42"}}})
+print(compile_selector('cidr("10.0.0.0/8").containsIP(device.attributes["x.io"].ip) && '
+                       'device.attributes["x.io"].text.find("[0-9]+") == "42" && '
+                       '!format.dns1123Label().validate("nic-a").hasValue()').evaluate(nic))
+"""
+    out = podman("run", "--rm", "--network=none", "--entrypoint", "python3", images["operator"], "-c", check).stdout
+    assert out.strip() == "SelectorResult(matched=True, error=None, undetermined=False)", out
+
+
 def test_the_images_carry_no_build_tools_wheels_or_pip(images: dict[str, str]) -> None:
     # Python's own ensurepip wheels (the official python image has them) are part of the stdlib.
     check = r"""

@@ -69,8 +69,6 @@ def _go_error(error: re2.error, pattern: str) -> RegexError:
 # Go 1.25's \p{...} names (regexp/syntax parse.go unicodeTable) that C++ RE2 spells otherwise or
 # lacks: Go looks names up case-insensitively, without spaces, "_" and "-", takes Unicode's long
 # category names, and has Any, ASCII, Assigned, LC and Cn; its C includes Cn (C++ RE2's does not).
-_GO_CATEGORIES = frozenset(
-    "C Cc Cf Cn Co Cs L Ll Lm Lo Lt Lu M Mc Me Mn N Nd Nl No P Pc Pd Pe Pf Pi Po Ps S Sc Sk Sm So Z Zl Zp Zs".split())
 _GO_ALIASES = {  # unicode.CategoryAliases, by canonical name
     "Casedletter": "LC", "Closepunctuation": "Pe", "Combiningmark": "M", "Connectorpunctuation": "Pc",
     "Control": "Cc", "Currencysymbol": "Sc", "Dashpunctuation": "Pd", "Decimalnumber": "Nd", "Enclosingmark": "Me",
