@@ -14,16 +14,4 @@ SRC="$HACK_DIR/cdi-tools"
 TOOL=cdi-tools-bin
 BINARIES=(cdi-validate)
 source "$HACK_DIR/lib/cached-tool.sh"
-HASH="$(cat "$SRC/go.mod" "$SRC/go.sum" "$SRC/main.go" | sha256sum | cut -c1-16)"
-BIN_DIR="$CACHE_ROOT/cdi-tools/$HASH"
-
-use_given_dir GPUDRA_CDI_TOOLS_DIR
-use_cached "$BIN_DIR"
-require_go cdi-validate GPUDRA_CDI_TOOLS_DIR
-new_stage "$BIN_DIR"
-start=$SECONDS
-log "building cdi-validate ($(go -C "$SRC" list -m -f '{{.Path}} {{.Version}}' tags.cncf.io/container-device-interface)) from the Go module proxy"
-(cd "$SRC" && CGO_ENABLED=0 go build -trimpath -mod=readonly -ldflags "-s -w" -o "$STAGE/cdi-validate" . >&2)
-mv -f "$STAGE/cdi-validate" "$BIN_DIR/cdi-validate"
-log "built in $((SECONDS - start)) s: $BIN_DIR/cdi-validate"
-echo "$BIN_DIR"
+build_pinned_go_tool "$SRC" cdi-validate GPUDRA_CDI_TOOLS_DIR tags.cncf.io/container-device-interface

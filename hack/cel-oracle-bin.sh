@@ -15,16 +15,4 @@ SRC="$HACK_DIR/cel-oracle"
 TOOL=cel-oracle-bin
 BINARIES=(cel-oracle)
 source "$HACK_DIR/lib/cached-tool.sh"
-HASH="$(cat "$SRC/go.mod" "$SRC/go.sum" "$SRC/main.go" | sha256sum | cut -c1-16)"
-BIN_DIR="$CACHE_ROOT/cel-oracle/$HASH"
-
-use_given_dir GPUDRA_CEL_ORACLE_DIR
-use_cached "$BIN_DIR"
-require_go cel-oracle GPUDRA_CEL_ORACLE_DIR
-new_stage "$BIN_DIR"
-start=$SECONDS
-log "building cel-oracle ($(go -C "$SRC" list -m -f '{{.Path}} {{.Version}}' k8s.io/dynamic-resource-allocation)) from the Go module proxy"
-(cd "$SRC" && CGO_ENABLED=0 go build -trimpath -mod=readonly -ldflags "-s -w" -o "$STAGE/cel-oracle" . >&2)
-mv -f "$STAGE/cel-oracle" "$BIN_DIR/cel-oracle"
-log "built in $((SECONDS - start)) s: $BIN_DIR/cel-oracle"
-echo "$BIN_DIR"
+build_pinned_go_tool "$SRC" cel-oracle GPUDRA_CEL_ORACLE_DIR k8s.io/dynamic-resource-allocation

@@ -41,3 +41,22 @@ new_stage() {
   STAGE="$(mktemp -d "$1/.stage.XXXXXX")"
   trap 'rm -rf "$STAGE"' EXIT
 }
+
+# build_pinned_go_tool SRC NAME VAR MODULE: the whole job for one binary built from the pinned Go
+# module in SRC (main.go, go.mod, go.sum): $VAR if it has it, else the cache keyed by a hash of
+# those sources (the tests compute the same path), else a build; prints the directory.
+build_pinned_go_tool() {
+  local src="$1" name="$2" var="$3" module="$4" hash start
+  hash="$(cat "$src/go.mod" "$src/go.sum" "$src/main.go" | sha256sum | cut -c1-16)"
+  local dir="$CACHE_ROOT/$(basename "$src")/$hash"
+  use_given_dir "$var"
+  use_cached "$dir"
+  require_go "$name" "$var"
+  new_stage "$dir"
+  start=$SECONDS
+  log "building $name ($(go -C "$src" list -m -f '{{.Path}} {{.Version}}' "$module")) from the Go module proxy"
+  (cd "$src" && CGO_ENABLED=0 go build -trimpath -mod=readonly -ldflags "-s -w" -o "$STAGE/$name" . >&2)
+  mv -f "$STAGE/$name" "$dir/$name"
+  log "built in $((SECONDS - start)) s: $dir/$name"
+  echo "$dir"
+}

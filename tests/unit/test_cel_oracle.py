@@ -69,8 +69,10 @@ DOMAIN_CASES = [
 ]
 
 
-# Library edges: the BinarySI cap is on the magnitude, both signs.
+# Library edges: the BinarySI cap is on the magnitude, both signs; replace's result sizes.
 EDGE_CASES = [
+    *(f'device.attributes["long.example.com"].s.replace({old}, {new}).matches("x+")'
+      for old, new in (('"a"', '"bbb"'), ('"abc"', '"b"'), ('""', '"b"'), ('"ab"', '"cd"'))),
     'quantity("-16Ei").compareTo(quantity("-9223372036854775807")) == 0',
     'quantity("16Ei").compareTo(quantity("9223372036854775807")) == 0',
 ]

@@ -880,24 +880,21 @@ def _kubernetes_estimate(coster: _Coster, function: str, overload: str, target: 
 
 
 def _replace_estimate(text: Range, old: Range, new: Range) -> tuple[Range, Range | None]:
-    """library/cost.go's ``replace`` case."""
-    count_low = count_high = retained_low = retained_high = 0
-    if old.low == 0:
-        count_high = text.high + 1 if text.high < _MAX else text.high
-        retained_high = text.high
-    elif new.high <= old.low:
-        retained_high = text.high
-    else:
-        count_high = min(math.ceil(float(text.high) / float(old.low)), _MAX)
-    if old.high == 0:
-        count_low = text.low + 1 if text.low < _MAX else text.low
-        retained_low = text.low
-    elif old.high <= new.low:
-        retained_low = text.low
-    else:
-        count_low = min(math.ceil(float(text.low) / float(old.high)), _MAX)
-    result = Range(count_low, count_high).multiply(new).add(Range(retained_low, retained_high))
+    """library/cost.go's ``replace`` case: the most and the fewest replacements, and what is kept."""
+    count_high, kept_high = _replace_side(text.high, old.low, keeps_length=new.high <= old.low)
+    count_low, kept_low = _replace_side(text.low, old.high, keeps_length=old.high <= new.low)
+    result = Range(count_low, count_high).multiply(new).add(Range(kept_low, kept_high))
     return text.by_factor(2 * _STRING_TRAVERSAL), result
+
+
+def _replace_side(length: int, replaced: int, *, keeps_length: bool) -> tuple[int, int]:
+    """(replacements, characters kept) at one end of the range: an empty string to replace
+    matches between every character; a replacement that cannot move this end replaces none."""
+    if replaced == 0:
+        return (length + 1 if length < _MAX else length), length
+    if keeps_length:
+        return 0, length
+    return min(math.ceil(float(length) / float(replaced)), _MAX), 0
 
 
 def checked_expression(serialized: bytes) -> ast.CheckedExpr:
