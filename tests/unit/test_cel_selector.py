@@ -73,6 +73,8 @@ def value_of(expression: str) -> bool:
     '[3, 1, 2].sort() == [1, 2, 3] && [1, 1, 2].distinct() == [1, 2] && [[1], [2]].flatten() == [1, 2]',
     'lists.range(3) == [0, 1, 2] && [1, 2, 3].slice(1, 3) == [2, 3] && [1, 2].reverse() == [2, 1]',
     '"a,b".split(",") == ["a", "b"] && "ABC".lowerAscii() == "abc" && ["a", "b"].join("-") == "a-b"',
+    # cel-go's optional library (cel/library.go, cel_test.go): first and last on lists
+    '[1, 2, 3].first().value() == 1 && [1, 2, 3].last() == optional.of(3) && ![].first().hasValue()',
 ])
 def test_kubernetes_libraries_answer_as_upstream_documents(expression: str) -> None:
     assert value_of(expression) is True

@@ -24,8 +24,8 @@ with ``unsupported=True``, never a wrong answer): cel-go's lists extension's ``s
 the two-variable comprehensions and ``transformList``/``transformMap``/``transformMapEntry``
 (ext.TwoVarComprehensions; macros cel-cpp's Python binding does not offer), and the compile-time
 cross-type numeric comparison of literals (``1 < 1.5``; at run time, on the ``dyn`` attribute
-values a selector compares, cel-cpp compares across types as cel-go does). The lists extension's
-``first``/``last`` are cel-cpp's optional extension's.
+values a selector compares, cel-cpp compares across types as cel-go does). ``first``/``last`` on
+lists are the optional library's (cel-go's ``cel.OptionalTypes``), which cel-cpp's has too.
 """
 
 from __future__ import annotations

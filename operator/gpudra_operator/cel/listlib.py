@@ -6,8 +6,8 @@ environment/base.go, 1.35), for the list values a selector can build:
   strings extension, which cel-cpp provides);
 * cel-go's sets extension (ext/sets.go): ``sets.contains``, ``sets.equivalent``, ``sets.intersects``;
 * cel-go's lists extension, version 3 (ext/lists.go): ``lists.range``, ``distinct``, ``flatten``,
-  ``reverse``, ``slice``, ``sort``. Not here: ``sortBy`` (a macro); ``first``/``last`` come from
-  cel-cpp's optional extension.
+  ``reverse``, ``slice``, ``sort``. Not here: ``sortBy`` (a macro). (``first`` and ``last`` are
+  cel-go's optional library's, version 2, which cel-cpp's optional extension has too.)
 
 cel-cpp dispatches Python functions by runtime kind, so each function has one ``list`` overload
 typed ``dyn`` and checks its elements itself, as upstream's type-checked overloads would."""
