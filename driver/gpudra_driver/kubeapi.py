@@ -235,7 +235,8 @@ class Kube:
                     timeout_seconds: int = 300) -> AsyncIterator[tuple[str, Obj]]:
         """Stream (event type, object) pairs from one watch request until the server closes it.
 
-        Callers own the list-then-watch loop and handle ``ERROR`` events (410 Gone: relist)."""
+        Callers own the list-then-watch loop and handle ``ERROR`` events (410 Gone: relist); the
+        operator's is gpudra_operator.listwatch.ListThenWatch."""
         query = {"watch": "true", "labelSelector": label_selector, "fieldSelector": field_selector,
                  "resourceVersion": resource_version, "allowWatchBookmarks": "true",
                  "timeoutSeconds": timeout_seconds}

@@ -18,20 +18,16 @@ take more: "free" means nobody holds any of it.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tenacity import AsyncRetrying, RetryCallState, wait_exponential
-
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.cel.selector import CompiledSelector, SelectorCompileError, compile_selector, device_input
 from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, all_model_references, cel_tokens
+from gpudra_operator.listwatch import ListThenWatch
 
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
-RETRY_INITIAL, RETRY_MAX = 0.5, 30.0
-log = logging.getLogger("gpudra.operator")
 
 # (driver, pool, device): one published device
 DeviceKey = tuple[str, str, str]
@@ -192,13 +188,13 @@ def allocated_devices(claim: Obj) -> tuple[DeviceKey, ...]:
 
 @dataclass
 class AllocatedDevices:
-    """Every claim's allocated devices, from one list and then a watch of all ResourceClaims."""
+    """Every claim's allocated devices, from one list and then a watch of all ResourceClaims
+    (:class:`~gpudra_operator.listwatch.ListThenWatch` feeds it)."""
 
     kube: Kube
     page_size: int = 500
     claims: dict[str, tuple[DeviceKey, ...]] = field(default_factory=dict)  # claim UID -> its devices
     synced: bool = False
-    version: str | None = None
     listed: asyncio.Event = field(default_factory=asyncio.Event)  # set once synced
 
     def devices(self) -> set[DeviceKey] | None:
@@ -206,48 +202,29 @@ class AllocatedDevices:
         return {d for held in self.claims.values() for d in held} if self.synced else None
 
     async def run(self) -> None:
-        while True:
-            await AsyncRetrying(wait=wait_exponential(multiplier=RETRY_INITIAL, max=RETRY_MAX),
-                                before_sleep=self._log_retry)(self._sync)
+        await ListThenWatch(self.kube, CLAIM, "ResourceClaims", page_size=self.page_size).run(self)
 
-    def _log_retry(self, state: RetryCallState) -> None:
-        error = state.outcome.exception() if state.outcome else None
-        log.warning("watching ResourceClaims failed (%r); retrying", error)
+    def list_started(self) -> None:
+        self.claims = {}
 
-    async def _sync(self) -> None:
-        if self.version is None:
-            await self._relist()
-        async for kind, obj in self.kube.watch(CLAIM, resource_version=self.version, timeout_seconds=300):
-            if kind == "ERROR":
-                self.version = None
-                return
-            self.version = obj["metadata"].get("resourceVersion") or self.version
-            uid = obj["metadata"].get("uid") or ""
-            if kind == "DELETED":
-                self.claims.pop(uid, None)
-            elif kind != "BOOKMARK":
-                self._keep(uid, obj)
+    async def list_page(self, items: list[Obj]) -> None:
+        for obj in items:
+            self.changed(obj)
 
-    def _keep(self, uid: str, claim: Obj) -> None:
-        held = allocated_devices(claim)
+    async def list_done(self) -> None:
+        self.synced = True
+        self.listed.set()
+
+    def changed(self, obj: Obj) -> None:
+        uid = obj["metadata"].get("uid") or ""
+        held = allocated_devices(obj)
         if held:
             self.claims[uid] = held
         else:
             self.claims.pop(uid, None)
 
-    async def _relist(self) -> None:
-        self.claims = {}
-        token: str | None = None
-        while True:
-            page = await self.kube.request("GET", CLAIM.path(), query={"limit": self.page_size, "continue": token})
-            for obj in page.get("items") or []:
-                self._keep(obj["metadata"].get("uid") or "", obj)
-            token = page["metadata"].get("continue")
-            if not token:
-                break
-        self.synced = True
-        self.version = str(page["metadata"]["resourceVersion"])
-        self.listed.set()
+    def deleted(self, obj: Obj) -> None:
+        self.claims.pop(obj["metadata"].get("uid") or "", None)
 
 
 class ClaimWatch:

@@ -16,13 +16,11 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 
-from tenacity import AsyncRetrying, RetryCallState, wait_exponential
-
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.classcounts import ClassCount, ClassSelectors, SliceMatches, count, slice_matches
+from gpudra_operator.listwatch import ListThenWatch
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
-RETRY_INITIAL, RETRY_MAX = 0.5, 30.0  # seconds; doubling while the API server keeps failing
 log = logging.getLogger("gpudra.operator")
 RECLASSIFY_AFTER = 1.0  # seconds the classes must stay the same before the slices are matched again
 
@@ -44,8 +42,8 @@ class DriverSlices:
         self.synced = False
         self.listed = asyncio.Event()  # set once synced, and matched against the classes asked for
         self._reclassifying: asyncio.Task[None] | None = None
-        self.version: str | None = None  # where the watch resumes; None: list again
-        self._selector = f"spec.driver={driver}"
+        self._listing: dict[str, SliceMatches] = {}  # a list in progress
+        self._listing_classes: tuple[ClassSelectors, ...] = classes
 
     @property
     def total(self) -> int | None:
@@ -98,50 +96,32 @@ class DriverSlices:
         slices[name] = slice_matches(self.driver, obj, classes)
 
     async def run(self) -> None:
-        while True:  # each list-then-watch retried with backoff; a clean end of the watch resumes it
-            await AsyncRetrying(wait=wait_exponential(multiplier=RETRY_INITIAL, max=RETRY_MAX),
-                                before_sleep=self._log_retry)(self._sync)
+        await ListThenWatch(self.kube, SLICE, f"the ResourceSlices of driver {self.driver}",
+                            field_selector=f"spec.driver={self.driver}", page_size=self.page_size).run(self)
 
-    def _log_retry(self, state: RetryCallState) -> None:
-        error = state.outcome.exception() if state.outcome else None
-        delay = state.next_action.sleep if state.next_action else 0.0
-        log.warning("watching the ResourceSlices of driver %s failed (%r); retrying in %.1fs", self.driver, error, delay)
+    def changed(self, obj: Obj) -> None:
+        self._keep(self.slices, obj, self.classes)
 
-    async def _sync(self) -> None:
-        if self.version is None:
-            await self._relist()
-        async for kind, obj in self.kube.watch(SLICE, field_selector=self._selector,
-                                               resource_version=self.version, timeout_seconds=300):
-            if kind == "ERROR":  # 410 Gone: the version is too old to resume from
-                self.version = None
-                return
-            self.version = obj["metadata"].get("resourceVersion") or self.version
-            if kind == "DELETED":
-                self.slices.pop(obj["metadata"]["name"], None)
-                self.raw.pop(obj["metadata"]["name"], None)
-            elif kind != "BOOKMARK":
-                self._keep(self.slices, obj, self.classes)
+    def deleted(self, obj: Obj) -> None:
+        self.slices.pop(obj["metadata"]["name"], None)
+        self.raw.pop(obj["metadata"]["name"], None)
 
-    async def _relist(self) -> None:
-        """Every slice of the driver, page by page (one consistent snapshot: every page is at the
-        first page's resourceVersion, where the watch then resumes)."""
-        slices: dict[str, SliceMatches] = {}
+    # A list: every slice of the driver, into a fresh map that replaces the kept one at the end.
+    def list_started(self) -> None:
+        self._listing = {}
+        self._listing_classes = self.classes  # a change while listing matches everything again at the end
         self.raw = {}
-        classes = self.classes  # a change while listing matches everything again at the end
-        token: str | None = None
-        while True:
-            page = await self.kube.request("GET", SLICE.path(), query={
-                "fieldSelector": self._selector, "limit": self.page_size, "continue": token})
-            for i, obj in enumerate(page.get("items") or []):
-                self._keep(slices, obj, classes)
-                if self.classes and i % 20 == 19:
-                    await asyncio.sleep(0)  # CEL on every device: let the loop (the Lease) breathe
-            token = page["metadata"].get("continue")
-            if not token:
-                break
-        first, self.slices, self.synced = not self.synced, slices, True
-        self.version = str(page["metadata"]["resourceVersion"])
-        if self.classes != classes:  # asked for other classes meanwhile
+
+    async def list_page(self, items: list[Obj]) -> None:
+        for i, obj in enumerate(items):
+            self._keep(self._listing, obj, self._listing_classes)
+            if self.classes and i % 20 == 19:
+                await asyncio.sleep(0)  # CEL on every device: let the loop (the Lease) breathe
+
+    async def list_done(self) -> None:
+        first, self.slices, self.synced = not self.synced, self._listing, True
+        self._listing = {}
+        if self.classes != self._listing_classes:  # asked for other classes meanwhile
             self._reclassifying = asyncio.create_task(self._reclassify(), name=f"classes of {self.driver}")
         else:
             self.listed.set()
@@ -150,6 +130,7 @@ class DriverSlices:
                 await self.on_synced(self.driver)
             except Exception as error:  # status catches up on the next reconcile instead
                 log.warning("status refresh after counting the devices of driver %s failed: %r", self.driver, error)
+
 
 class DeviceCounts:
     """One :class:`DriverSlices` per driver asked about, started on first use."""
