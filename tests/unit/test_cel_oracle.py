@@ -74,6 +74,11 @@ EDGE_CASES = [
     *(f'device.attributes["long.example.com"].s.replace({old}, {new}).matches("x+")'
       for old, new in (('"a"', '"bbb"'), ('"abc"', '"b"'), ('""', '"b"'), ('"ab"', '"cd"'))),
     'quantity("-16Ei").compareTo(quantity("-9223372036854775807")) == 0',
+    # Literals of one type only (cel.ValidateHomogeneousAggregateLiterals), "format"'s exempt.
+    '[1, "a"].size() == 2', '[1, dyn("a")].size() == 2', '{"a": 1, "b": "x"}.size() == 2',
+    '[[1], [dyn("a")]].size() == 2', '[[], [1]].size() == 2', '[optional.of(1), optional.none()].size() == 2',
+    '"%s %d".format(["a", 1]) == ""', '[{"a": 1}, {}].size() == 2', '[device.attributes["x.io"].s, "x"].size() == 2',
+    "format.uri() == format.uri()",
     'quantity("16Ei").compareTo(quantity("9223372036854775807")) == 0',
 ]
 

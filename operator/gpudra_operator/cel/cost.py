@@ -112,6 +112,11 @@ class CelType:
     name: str = ""
     params: tuple[CelType, ...] = ()
 
+    def __str__(self) -> str:
+        """As cel-go writes it in messages: ``int``, ``list(int)``, ``map(string, int)``."""
+        base = self.name if self.name and self.kind in ("struct", "opaque", "type_param") else self.kind
+        return f"{base}({', '.join(map(str, self.params))})" if self.params else base
+
 
 _DYN = CelType("dyn")
 _STRING = CelType("string")
@@ -123,7 +128,8 @@ _KUBERNETES_TYPES = {"Quantity": "struct", "Semver": "struct", "URL": "struct", 
                      "IP": "opaque", "CIDR": "opaque"}
 
 
-def _type_of(message: ast.Type) -> CelType:
+def cel_type(message: ast.Type) -> CelType:
+    """A checked type, as the estimator and the literal check read it."""
     kind = message.WhichOneof("type_kind")
     if kind == "primitive":
         return CelType(_PRIMITIVES.get(message.primitive, "dyn"))
@@ -132,17 +138,18 @@ def _type_of(message: ast.Type) -> CelType:
     if kind == "well_known":
         return CelType(_WELL_KNOWN.get(message.well_known, "dyn"))
     if kind == "list_type":
-        return CelType("list", "list", (_type_of(message.list_type.elem_type),))
+        return CelType("list", "list", (cel_type(message.list_type.elem_type),))
     if kind == "map_type":
-        return CelType("map", "map", (_type_of(message.map_type.key_type), _type_of(message.map_type.value_type)))
+        return CelType("map", "map", (cel_type(message.map_type.key_type), cel_type(message.map_type.value_type)))
     if kind == "message_type":
         short = message.message_type.rpartition(".")[2]
+        short = "Format" if short == "NamedFormat" else short  # kubernetes.NamedFormat: cel.FormatType
         return CelType(_KUBERNETES_TYPES.get(short, "struct"), short)
     if kind == "type_param":
         return CelType("type_param", message.type_param)
     if kind == "abstract_type":
         return CelType("opaque", message.abstract_type.name,
-                       tuple(_type_of(p) for p in message.abstract_type.parameter_types))
+                       tuple(cel_type(p) for p in message.abstract_type.parameter_types))
     return CelType({"null": "null", "type": "type", "error": "error", "function": "function"}.get(kind or "", "dyn"))
 
 
@@ -352,7 +359,7 @@ class _Coster:
         if declared is not None:
             return declared
         message = self.checked.type_map.get(e.id)
-        found = _DYN if message is None else _type_of(message)
+        found = _DYN if message is None else cel_type(message)
         if found.kind == "dyn" and e.WhichOneof("expr_kind") == "call_expr" and e.call_expr.HasField("target"):
             return self.generic_result(e) or found
         return found

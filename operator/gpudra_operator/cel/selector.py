@@ -39,7 +39,7 @@ from typing import Any
 from cel_expr_python import cel
 
 from gpudra_driver import limits
-from gpudra_operator.cel import cost, quantitylib, semverlib
+from gpudra_operator.cel import astwalk, cost, quantitylib, semverlib
 from gpudra_operator.cel.environment import UNSUPPORTED_FUNCTIONS, selector_environment
 from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, Token, cel_tokens
 
@@ -222,6 +222,9 @@ def compile_selector(expression: str) -> CompiledSelector:
     if result_type != cel.Type.BOOL and result_type != cel.Type.DYN:
         raise SelectorCompileError(expression, f"must evaluate to bool or the unknown type, not {result_type.name()}")
     checked = cost.checked_expression(program.serialize())
+    mismatch = _heterogeneous_literal(checked)
+    if mismatch is not None:
+        raise SelectorCompileError(expression, f"compilation failed: {mismatch}")
     literals: frozenset[str] = frozenset()
     try:
         tokens = cel_tokens(expression)
@@ -234,6 +237,50 @@ def compile_selector(expression: str) -> CompiledSelector:
         pass
     return CompiledSelector(expression, program, literals, checked, cost.estimate(checked).high,
                             cost.runtime_bound(checked))
+
+
+def _heterogeneous_literal(checked: Any) -> str | None:
+    """The Kubernetes environment's ``cel.ValidateHomogeneousAggregateLiterals`` (cel-go
+    cel/validator.go; base.go from 1.29), which cel-cpp does not have: a list literal's elements,
+    and a map literal's keys and values, must be of one type. An empty list or map, and
+    ``optional.none()``, fit any (cel-go unifies their types first; cel-cpp leaves them ``dyn``).
+    Arguments of ``format`` are exempt, as the API server has it."""
+    exempt: set[int] = set()
+    for node in astwalk.nodes(checked.expr):
+        if node.WhichOneof("expr_kind") == "call_expr" and node.call_expr.function == "format":
+            exempt.update(n.id for argument in node.call_expr.args for n in astwalk.nodes(argument))
+    for node in astwalk.nodes(checked.expr):
+        if node.id in exempt:
+            continue
+        kind = node.WhichOneof("expr_kind")
+        if kind == "list_expr":
+            groups = [list(node.list_expr.elements)]
+        elif kind == "struct_expr" and not node.struct_expr.message_name:
+            groups = [[e.map_key for e in node.struct_expr.entries], [e.value for e in node.struct_expr.entries]]
+        else:
+            continue
+        for members in groups:
+            expected: cost.CelType | None = None
+            for member in members:
+                if _fits_any(member):
+                    continue
+                found = cost.cel_type(checked.type_map[member.id]) if member.id in checked.type_map else None
+                if found is None:
+                    continue
+                if expected is None:
+                    expected = found
+                elif found != expected:
+                    return f"expected type '{expected}' but found '{found}'"
+    return None
+
+
+def _fits_any(node: Any) -> bool:
+    kind = node.WhichOneof("expr_kind")
+    if kind == "list_expr":
+        return not node.list_expr.elements
+    if kind == "struct_expr":
+        return not node.struct_expr.message_name and not node.struct_expr.entries
+    return kind == "call_expr" and node.call_expr.function == "optional.none"
 
 
 _DOMAIN_MAPS = ("attributes", "capacity")
