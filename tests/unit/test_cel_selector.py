@@ -143,7 +143,7 @@ def test_compile_errors_say_why_and_flag_what_the_evaluator_lacks() -> None:
     with pytest.raises(SelectorCompileError, match="must evaluate to bool"):
         compile_selector('device.driver + "x"')
     with pytest.raises(SelectorCompileError) as lacking:
-        compile_selector('[2, 1].sortBy(x, x) == [1, 2]')  # cel-go's lists extension macro
+        compile_selector('[2, 1].transformList(i, x, x) == [1, 2]')  # cel-go's two-variable macros
     assert lacking.value.unsupported
     with pytest.raises(SelectorCompileError, match="exceeds 10240 bytes"):
         compile_selector("true || " * 1300 + "true")

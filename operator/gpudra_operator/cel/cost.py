@@ -289,7 +289,7 @@ _OVERLOAD_KINDS: dict[str, tuple[int, str]] = {
 
 
 _ELEMENT_RESULTS = frozenset({"list_max", "list_min", "list_sum"})
-_LIST_RESULTS = frozenset({"list_sort", "list_distinct", "list_reverse", "list_slice"})
+_LIST_RESULTS = frozenset({"list_sort", "list_distinct", "list_reverse", "list_slice", "list_sortByAssociatedKeys"})
 _OPEN_KINDS = frozenset({"dyn", "any", "type_param", "error"})
 # The standard operators' overload names spell their operands' types: ``less_int64``,
 # ``less_int64_double``, ``add_string``.
@@ -360,9 +360,41 @@ class _Coster:
             return declared
         message = self.checked.type_map.get(e.id)
         found = _DYN if message is None else cel_type(message)
-        if found.kind == "dyn" and e.WhichOneof("expr_kind") == "call_expr" and e.call_expr.HasField("target"):
+        vague = found.kind == "dyn" or (found.kind == "list" and found.params == (_DYN,))
+        if not vague:
+            return found
+        kind = e.WhichOneof("expr_kind")
+        if kind == "call_expr" and e.call_expr.HasField("target"):
             return self.generic_result(e) or found
+        if kind == "call_expr" and e.call_expr.function == "_[_]" and len(e.call_expr.args) == 2:
+            container = self.type_of(e.call_expr.args[0])  # an element of a list a refinement typed
+            if container.kind in ("list", "map") and container.params and container.params[-1].kind != "dyn":
+                return container.params[-1]
+        if kind == "comprehension_expr":
+            if _is_bind(e):  # cel.bind's value is its result's
+                result = self.type_of(e.comprehension_expr.result)
+                return result if result != found else found
+            return self.mapped_list(e) or found
         return found
+
+    def mapped_list(self, e: Any) -> CelType | None:
+        """The type of ``map``'s result, ``list(type of the mapped expression)``, where the mapped
+        expression's type is one only a refinement here knows."""
+        comp = e.comprehension_expr
+        step = comp.loop_step
+        if comp.accu_init.WhichOneof("expr_kind") != "list_expr" or comp.accu_init.list_expr.elements:
+            return None
+        if step.WhichOneof("expr_kind") != "call_expr" or step.call_expr.function != "_+_":
+            return None
+        added = step.call_expr.args[1] if len(step.call_expr.args) == 2 else None
+        if added is None or added.WhichOneof("expr_kind") != "list_expr" or len(added.list_expr.elements) != 1:
+            return None
+        self.push_iter_single(comp.iter_var, comp.iter_range)
+        try:
+            element = self.type_of(added.list_expr.elements[0])
+        finally:
+            self.pop(comp.iter_var)
+        return CelType("list", "list", (element,)) if element.kind != "dyn" else None
 
     def generic_result(self, e: Any) -> CelType | None:
         """cel-go's type for a list function's result where cel-cpp, declaring it without type
@@ -780,10 +812,13 @@ def _extension_estimate(coster: _Coster, function: str, overload: str, target: N
     if overload == "list_distinct" and not arguments:
         size = coster.node_size(target)
         return _list_call(2.0, size.multiply(size))
-    if overload == "list_sort" and not arguments:
-        size = coster.node_size(target)
-        element = target.type.params[0].kind if target.type.params else "dyn"
-        factor = 2.0 + (_STRING_TRAVERSAL if element in ("string", "bytes") else 0)
+    if (overload == "list_sort" and not arguments) or (overload == "list_sortByAssociatedKeys" and len(arguments) == 1):
+        # estimateListSortCost: the list sorted (sort) or the keys (sortBy); a key of unknown type
+        # may be a string, so cel-go's union over the comparable types costs it as one.
+        keys = target if overload == "list_sort" else arguments[0]
+        size = coster.node_size(keys)
+        element = keys.type.params[0].kind if keys.type.params else "dyn"
+        factor = 2.0 + (_STRING_TRAVERSAL if element in ("string", "bytes", "dyn", "any") else 0)
         return _list_call(factor, size.multiply(size))
     return None
 

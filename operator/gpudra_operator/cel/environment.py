@@ -20,8 +20,7 @@ it bridges what cel-cpp's Python binding cannot declare directly:
   checked with their optional types and run in their :func:`.formatlib.running_form`.
 
 Not here (a selector using one gets :class:`~gpudra_operator.cel.selector.SelectorCompileError`
-with ``unsupported=True``, never a wrong answer): cel-go's lists extension's ``sortBy`` (a macro),
-the two-variable comprehensions and ``transformList``/``transformMap``/``transformMapEntry``
+with ``unsupported=True``, never a wrong answer): the two-variable comprehensions and ``transformList``/``transformMap``/``transformMapEntry``
 (ext.TwoVarComprehensions; macros cel-cpp's Python binding does not offer), and the compile-time
 cross-type numeric comparison of literals (``1 < 1.5``; at run time, on the ``dyn`` attribute
 values a selector compares, cel-cpp compares across types as cel-go does). ``first``/``last`` on
@@ -55,7 +54,7 @@ from gpudra_operator.cel import (
 from gpudra_operator.cel.opaque import CIDR_TYPE, IP_TYPE, POOL, QuantityMessage, SemverMessage
 
 # Functions of the Kubernetes environment this evaluator does not provide (see the module doc).
-UNSUPPORTED_FUNCTIONS = frozenset({"sortBy", "transformList", "transformMap", "transformMapEntry"})
+UNSUPPORTED_FUNCTIONS = frozenset({"transformList", "transformMap", "transformMapEntry"})
 
 # cel-go's string() overloads (common/stdlib standard.go), which cel-cpp has too, and the two that
 # ip.go and cidr.go add.

@@ -6,8 +6,10 @@ environment/base.go, 1.35), for the list values a selector can build:
   strings extension, which cel-cpp provides);
 * cel-go's sets extension (ext/sets.go): ``sets.contains``, ``sets.equivalent``, ``sets.intersects``;
 * cel-go's lists extension, version 3 (ext/lists.go): ``lists.range``, ``distinct``, ``flatten``,
-  ``reverse``, ``slice``, ``sort``. Not here: ``sortBy`` (a macro). (``first`` and ``last`` are
-  cel-go's optional library's, version 2, which cel-cpp's optional extension has too.)
+  ``reverse``, ``slice``, ``sort``, and ``sortBy``: a macro upstream, expanded here as upstream
+  expands it (:mod:`.sortby`) into ``__sortByAssociatedKeys__``, this module's
+  ``@sortByAssociatedKeys``. (``first`` and ``last`` are cel-go's optional library's, version 2,
+  which cel-cpp's optional extension has too.)
 
 cel-cpp dispatches Python functions by runtime kind, so each function has one ``list`` overload
 typed ``dyn`` and checks its elements itself, as upstream's type-checked overloads would."""
@@ -18,6 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from cel_expr_python import cel
+
+from gpudra_operator.cel import gosort
 
 
 def cel_equal(a: Any, b: Any) -> bool:
@@ -108,6 +112,31 @@ def _slice(values: list[Any], start: int, end: int) -> list[Any]:
     return values[start:end]
 
 
+def _sort_by_associated_keys(values: list[Any], keys: list[Any]) -> list[Any]:
+    # ext/lists.go sortListByAssociatedKeys: the same checks and messages, and Go's sort.Slice on
+    # the indices (equal keys end up in its order, which is not a stable sort's).
+    if len(values) != len(keys):
+        raise ValueError("@sortByAssociatedKeys() expected a list of the same size as the associated keys list, "
+                         f"but got {len(values)} and {len(keys)} elements respectively")
+    if not values:
+        return values
+    if not isinstance(keys[0], (int, float, str, bytes)):
+        raise ValueError("list elements must be comparable")
+    if any(type(key) is not type(keys[0]) for key in keys):
+        raise ValueError("list elements must have the same type")
+    order = list(range(len(values)))
+
+    def swap(i: int, j: int) -> None:
+        order[i], order[j] = order[j], order[i]
+
+    gosort.sort_slice(len(order), lambda i, j: keys[order[i]] < keys[order[j]], swap)
+    return [values[i] for i in order]
+
+
+# The name sortBy's expansion calls (upstream's "@sortByAssociatedKeys", which source cannot spell).
+SORT_BY_KEYS = "__sortByAssociatedKeys__"
+
+
 def _range(n: int) -> list[int]:
     return list(range(n))
 
@@ -144,4 +173,5 @@ def functions() -> list[tuple[str, list[cel.Overload]]]:
         member("reverse", "list_reverse", LIST, [LIST], lambda values: values[::-1]),
         member("slice", "list_slice", LIST, [LIST, T.INT, T.INT], _slice),
         member("sort", "list_sort", LIST, [LIST], lambda values: sorted(_comparable(values))),
+        member(SORT_BY_KEYS, "list_sortByAssociatedKeys", LIST, [LIST, LIST], _sort_by_associated_keys),
     ]

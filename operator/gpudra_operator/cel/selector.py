@@ -41,6 +41,8 @@ from cel_expr_python import cel
 from gpudra_driver import limits
 from gpudra_operator.cel import astwalk, cost, quantitylib, semverlib
 from gpudra_operator.cel.environment import UNSUPPORTED_FUNCTIONS, selector_environment
+from gpudra_operator.cel.listlib import SORT_BY_KEYS
+from gpudra_operator.cel.sortby import SortByError, expand_sort_by
 from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, Token, cel_tokens
 
 _STATUS_PREFIX = re.compile(r"^[A-Z_]+: ")
@@ -208,8 +210,16 @@ def compile_selector(expression: str) -> CompiledSelector:
         limits.check_cel_expression("selector", expression)
     except limits.LimitError as error:
         raise SelectorCompileError(expression, str(error)) from None
+    source = expression
+    if "sortBy" in expression:
+        try:
+            source = " ".join(t.text for t in expand_sort_by(cel_tokens(expression)))
+        except SortByError as error:
+            raise SelectorCompileError(expression, f"compilation failed: {error}") from None
+        except CelSyntaxError:
+            pass  # cel-cpp's parser says what is wrong
     try:
-        program = selector_environment().compile(expression)
+        program = selector_environment().compile(source)
     except Exception as error:  # noqa: BLE001 - cel-cpp reports parse and check errors as RuntimeError
         text = str(error)
         missing = set(_UNDECLARED.findall(text))
@@ -222,12 +232,12 @@ def compile_selector(expression: str) -> CompiledSelector:
     if result_type != cel.Type.BOOL and result_type != cel.Type.DYN:
         raise SelectorCompileError(expression, f"must evaluate to bool or the unknown type, not {result_type.name()}")
     checked = cost.checked_expression(program.serialize())
-    mismatch = _heterogeneous_literal(checked)
+    mismatch = _heterogeneous_literal(checked) or _incomparable_sort_keys(checked)
     if mismatch is not None:
         raise SelectorCompileError(expression, f"compilation failed: {mismatch}")
     literals: frozenset[str] = frozenset()
     try:
-        tokens = cel_tokens(expression)
+        tokens = cel_tokens(source)
         rewritten, whole_map = _with_default_domains(tokens)
         if not whole_map:
             literals = frozenset(t.value for t in tokens if t.kind == "string" and t.value)
@@ -271,6 +281,22 @@ def _heterogeneous_literal(checked: Any) -> str | None:
                     expected = found
                 elif found != expected:
                     return f"expected type '{expected}' but found '{found}'"
+    return None
+
+
+_COMPARABLE = frozenset({"int", "uint", "double", "bool", "duration", "timestamp", "string", "bytes", "dyn", "any"})
+
+
+def _incomparable_sort_keys(checked: Any) -> str | None:
+    """ext/lists.go declares ``@sortByAssociatedKeys`` for comparable key types only, so cel-go
+    finds no overload for a ``sortBy`` whose key is a list, a map or a message."""
+    for node in astwalk.nodes(checked.expr):
+        call = node.call_expr if node.WhichOneof("expr_kind") == "call_expr" else None
+        if call is None or call.function != SORT_BY_KEYS or len(call.args) != 1 or call.args[0].id not in checked.type_map:
+            continue
+        keys = cost.cel_type(checked.type_map[call.args[0].id])
+        if keys.kind == "list" and keys.params and keys.params[0].kind not in _COMPARABLE:
+            return f"found no matching overload for 'sortBy' with keys of type '{keys.params[0]}'"
     return None
 
 
