@@ -19,13 +19,13 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from celcases import CAP, FAMILIES, A
 from gpudra_driver.kubeapi import Kube
 from gpudra_operator.cel import compile_selector
-from gpudra_operator.cel.cost import SELECTOR_MAX_COST, estimate_serialized
+from gpudra_operator.cel.cost import SELECTOR_MAX_COST
 
 TOO_COMPLEX = "too complex, exceeds cost limit"
 
 
 def cost(expression: str) -> int:
-    return estimate_serialized(compile_selector(expression).program.serialize()).high
+    return compile_selector(expression).max_cost
 
 
 def largest_within_limit(family: Callable[[int], str]) -> int:

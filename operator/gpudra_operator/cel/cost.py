@@ -31,7 +31,6 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from google.protobuf import any_pb2
@@ -964,11 +963,6 @@ def runtime_bound(checked: ast.CheckedExpr, sizes: SizeEstimator = declared_size
     length and run at ``s``'s, so a selector the API server admits near the limit can be stopped at
     run time."""
     return _Coster(checked, sizes, runtime=True).cost(checked.expr).high
-
-
-@lru_cache(maxsize=1024)
-def estimate_serialized(serialized: bytes) -> Range:
-    return estimate(checked_expression(serialized))
 
 
 def describe(value: int) -> str:

@@ -161,7 +161,7 @@ def _failed(message: str) -> SelectorResult:
 class CompiledSelector:
     expression: str
     program: Any
-    literals: frozenset[str]  # the domains the selector can name: they default to an empty map
+    literals: frozenset[str]  # domains named as literals: empty maps for lookups through an alias
     checked: Any = field(repr=False, compare=False)  # the checked AST, for the per-device cost bound
     max_cost: int = 0  # the estimate the API server compares with the limit
     run_bound: int = 0  # what a run can cost on the largest device the API allows
