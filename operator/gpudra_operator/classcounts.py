@@ -196,16 +196,23 @@ class AllocatedDevices:
     claims: dict[str, tuple[DeviceKey, ...]] = field(default_factory=dict)  # claim UID -> its devices
     synced: bool = False
     listed: asyncio.Event = field(default_factory=asyncio.Event)  # set once synced
+    _devices: frozenset[DeviceKey] | None = None  # devices(), until a change
 
-    def devices(self) -> set[DeviceKey] | None:
-        """None until the claims have been listed once."""
-        return {d for held in self.claims.values() for d in held} if self.synced else None
+    def devices(self) -> frozenset[DeviceKey] | None:
+        """None until the claims have been listed once; the same object until a claim's
+        allocation changes (what the slice counts key their cached answer on)."""
+        if not self.synced:
+            return None
+        if self._devices is None:
+            self._devices = frozenset(d for held in self.claims.values() for d in held)
+        return self._devices
 
     async def run(self) -> None:
         await ListThenWatch(self.kube, CLAIM, "ResourceClaims", page_size=self.page_size).run(self)
 
     def list_started(self) -> None:
         self.claims = {}
+        self._devices = None
 
     async def list_page(self, items: list[Obj]) -> None:
         for obj in items:
@@ -218,13 +225,16 @@ class AllocatedDevices:
     def changed(self, obj: Obj) -> None:
         uid = obj["metadata"].get("uid") or ""
         held = allocated_devices(obj)
+        if held != self.claims.get(uid, ()):
+            self._devices = None
         if held:
             self.claims[uid] = held
         else:
             self.claims.pop(uid, None)
 
     def deleted(self, obj: Obj) -> None:
-        self.claims.pop(obj["metadata"].get("uid") or "", None)
+        if self.claims.pop(obj["metadata"].get("uid") or "", None) is not None:
+            self._devices = None
 
 
 class ClaimWatch:
@@ -234,7 +244,7 @@ class ClaimWatch:
         self.state = AllocatedDevices(kube)
         self._task: asyncio.Task[None] | None = None
 
-    def devices(self) -> set[DeviceKey] | None:
+    def devices(self) -> frozenset[DeviceKey] | None:
         if self._task is None:
             self._task = asyncio.create_task(self.state.run(), name="resourceclaims")
         return self.state.devices()
