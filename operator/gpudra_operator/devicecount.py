@@ -23,7 +23,7 @@ from gpudra_operator.listwatch import ListThenWatch
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 log = logging.getLogger("gpudra.operator")
-RECLASSIFY_AFTER = 1.0  # seconds the classes must stay the same before the slices are matched again
+RECLASSIFY_AFTER = 2.0  # seconds the classes must stay the same before the slices are matched again
 
 
 class DriverSlices:
