@@ -20,7 +20,7 @@ from gpudra_operator.cel.cost import (
     estimate,
 )
 from gpudra_operator.cel.environment import selector_environment
-from gpudra_operator.explain.allocator import CANNOT_TELL, SelectorMemo
+from gpudra_operator.explain.allocator import SelectorMemo
 from gpudra_operator.explain.inventory import Device
 
 DRIVER = "gpu.gpudra.io"
@@ -123,6 +123,6 @@ def test_cel_cpps_loop_budget_is_undetermined_not_an_error() -> None:
 
 
 def test_explain_says_it_cannot_tell() -> None:
-    device = Device(driver=DRIVER, pool="pool", spec={"name": "gpu-0"})
-    matched, error = SelectorMemo().outcome(loops(400_000, "true"), device)
-    assert not matched and (error or "").startswith(CANNOT_TELL)
+    device, memo, expression = Device(driver=DRIVER, pool="pool", spec={"name": "gpu-0"}), SelectorMemo(), loops(400_000, "true")
+    matched, error = memo.outcome(expression, device)
+    assert not matched and (error or "").startswith("cannot tell:") and memo.undetermined(expression, device)

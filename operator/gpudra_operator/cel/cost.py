@@ -170,6 +170,7 @@ def _map_decl(key: _Decl, elem: _Decl, max_elements: int) -> _Decl:
 # compile.go: DriverNameMaxLength 63, DeviceMaxDomainLength 63, DeviceMaxIDLength 32,
 # DeviceAttributeMaxValueLength 64, ResourceSliceMaxAttributesAndCapacitiesPerDevice 32.
 _ATTRIBUTE = _Decl(CelType("any"), 64)
+_INDEX = _Decl(CelType("int"))
 _DOMAIN = _Decl(_STRING, 63)
 _ID = _Decl(_STRING, 32)
 _DEVICE = _Decl(CelType("struct", "DRADevice"), 0, fields={
@@ -180,12 +181,17 @@ _DEVICE = _Decl(CelType("struct", "DRADevice"), 0, fields={
 })
 
 
-def _declared(path: Sequence[str]) -> _Decl | None:
-    """compile.go ``sizeEstimator.EstimateSize``'s walk of a path rooted at ``device``."""
+def _declared(path: Sequence[str], *, as_checker: bool = False) -> _Decl | None:
+    """The declared node a path rooted at ``device`` names, as compile.go's
+    ``sizeEstimator.EstimateSize`` walks it: a name not among the fields only reaches into an
+    attribute map. ``as_checker``: as cel-go's checker types it, where every map's entries,
+    selected or indexed, have its value type, and a list's indices are ints."""
     if not path or path[0] != "device":
         return None
     node = _DEVICE
     for name in path[1:]:
+        if as_checker and name == "@indices":
+            return _INDEX
         if name in ("@items", "@values"):
             if node.elem is None:
                 return None
@@ -196,33 +202,17 @@ def _declared(path: Sequence[str]) -> _Decl | None:
             node = node.key
         elif name in node.fields:
             node = node.fields[name]
-        elif node.elem is _ATTRIBUTE:
-            node = _ATTRIBUTE  # an attribute map: every name has the same largest size
+        elif node.elem is _ATTRIBUTE or (as_checker and node.elem is not None):
+            node = node.elem  # an attribute map: every name has the same largest size
         else:
             return None
     return node
 
 
 def _declared_type(path: Sequence[str]) -> CelType | None:
-    """The type cel-go's checker gives a node with this path: a map's entries, selected or indexed,
-    have the map's value type (where the size estimator above knows only attribute maps')."""
-    if not path or path[0] != "device":
-        return None
-    node = _DEVICE
-    for name in path[1:]:
-        if name == "@indices":
-            return CelType("int")
-        if name == "@keys":
-            if node.key is None:
-                return None
-            node = node.key
-        elif name in node.fields:
-            node = node.fields[name]
-        elif node.elem is not None:
-            node = node.elem
-        else:
-            return None
-    return node.type
+    """The type cel-go's checker gives a node with this path."""
+    node = _declared(path, as_checker=True)
+    return None if node is None else node.type
 
 
 SizeEstimator = Callable[[Sequence[str]], "Range | None"]

@@ -43,7 +43,7 @@ from gpudra_operator.cel import astwalk, cost, quantitylib, semverlib
 from gpudra_operator.cel.environment import UNSUPPORTED_FUNCTIONS, selector_environment
 from gpudra_operator.cel.listlib import SORT_BY_KEYS
 from gpudra_operator.cel.sortby import SortByError, expand_sort_by
-from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, Token, cel_tokens
+from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, Token, cel_tokens, matching_bracket, token_is
 
 _STATUS_PREFIX = re.compile(r"^[A-Z_]+: ")
 _UNDECLARED = re.compile(r"undeclared reference to '([^']+)'")
@@ -320,23 +320,23 @@ def _with_default_domains(tokens: list[Token]) -> tuple[list[Token], bool]:
     whole_map = False
     i = 0
     while i < len(tokens):
-        if not (_is(tokens, i, "ident", "device") and (i == 0 or tokens[i - 1].text != ".")
-                and _is(tokens, i + 1, "op", ".") and i + 2 < len(tokens) and tokens[i + 2].text in _DOMAIN_MAPS):
+        if not (token_is(tokens, i, "ident", "device") and (i == 0 or tokens[i - 1].text != ".")
+                and token_is(tokens, i + 1, "op", ".") and i + 2 < len(tokens) and tokens[i + 2].text in _DOMAIN_MAPS):
             out.append(tokens[i])
             i += 1
             continue
         head = tokens[i:i + 3]
         after = i + 3
-        if _is(tokens, after, "op", "["):
-            end = _closing(tokens, after)
+        if token_is(tokens, after, "op", "["):
+            end = matching_bracket(tokens, after)
             inner, inner_whole = _with_default_domains(tokens[after + 1:end])
             whole_map |= inner_whole
             out += [*head, Token("op", "[", None), Token("op", "?", None), *inner, Token("op", "]", None),
                     *_OR_EMPTY]
             i = end + 1
-        elif _is(tokens, after, "op", ".") and _is(tokens, after + 1, "ident") and not _is(tokens, after + 2, "op", "("):
+        elif token_is(tokens, after, "op", ".") and token_is(tokens, after + 1, "ident") and not token_is(tokens, after + 2, "op", "("):
             name = tokens[after + 1].text
-            if len(out) >= 2 and out[-1].text == "(" and out[-2].text == "has" and _is(tokens, after + 2, "op", ")"):
+            if len(out) >= 2 and out[-1].text == "(" and out[-2].text == "has" and token_is(tokens, after + 2, "op", ")"):
                 out[-2:] = [Token("ident", "true", "true")]  # has(device.attributes.x): always found
                 i = after + 3
                 continue
@@ -352,20 +352,3 @@ def _with_default_domains(tokens: list[Token]) -> tuple[list[Token], bool]:
 
 _OR_EMPTY = [Token("op", ".", None), Token("ident", "orValue", "orValue"), Token("op", "(", None),
              Token("op", "{", None), Token("op", "}", None), Token("op", ")", None)]
-
-
-def _is(tokens: list[Token], i: int, kind: str, text: str | None = None) -> bool:
-    return i < len(tokens) and tokens[i].kind == kind and (text is None or tokens[i].text == text)
-
-
-def _closing(tokens: list[Token], opening: int) -> int:
-    """The index of the bracket that closes ``tokens[opening]``."""
-    depth = 0
-    for index in range(opening, len(tokens)):
-        if tokens[index].text in ("[", "(", "{"):
-            depth += 1
-        elif tokens[index].text in ("]", ")", "}"):
-            depth -= 1
-            if depth == 0:
-                return index
-    raise CelSyntaxError("unbalanced brackets")

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpudra_operator.cel.listlib import SORT_BY_KEYS
-from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, Token
+from gpudra_operator.deviceclasses.celrefs import Token, matching_bracket
 
 INPUT = "__sortBy_input__"
-_CLOSERS = {")": "(", "]": "[", "}": "{"}
+_CLOSERS = (")", "]", "}")
 _OPERAND_ENDS = ("ident", "string", "number")
 
 
@@ -33,7 +33,7 @@ def expand_sort_by(tokens: Sequence[Token]) -> list[Token]:
             break
     else:
         return tokens
-    end = _closing(tokens, k + 2)
+    end = matching_bracket(tokens, k + 2)
     arguments = _split_arguments(tokens[k + 3:end])
     if len(arguments) != 2 or len(arguments[0]) != 1 or arguments[0][0].kind != "ident":
         raise SortByError("sortBy(var, expression) takes a variable name and an expression")
@@ -50,30 +50,6 @@ def expand_sort_by(tokens: Sequence[Token]) -> list[Token]:
         bound, Token("op", "."), Token("ident", "map", "map"), Token("op", "("), variable, Token("op", ","), *key,
         Token("op", ")"), Token("op", ")"), Token("op", ")")]
     return expand_sort_by(tokens[:start] + expanded + tokens[end + 1:])  # the next one, chained or not
-
-
-def _closing(tokens: Sequence[Token], opening: int) -> int:
-    depth = 0
-    for index in range(opening, len(tokens)):
-        if tokens[index].text in ("(", "[", "{"):
-            depth += 1
-        elif tokens[index].text in _CLOSERS:
-            depth -= 1
-            if depth == 0:
-                return index
-    raise CelSyntaxError("unbalanced brackets")
-
-
-def _opening(tokens: Sequence[Token], closing: int) -> int:
-    depth = 0
-    for index in range(closing, -1, -1):
-        if tokens[index].text in _CLOSERS:
-            depth += 1
-        elif tokens[index].text in ("(", "[", "{"):
-            depth -= 1
-            if depth == 0:
-                return index
-    raise CelSyntaxError("unbalanced brackets")
 
 
 def _split_arguments(tokens: Sequence[Token]) -> list[list[Token]]:
@@ -101,7 +77,7 @@ def _postfix_start(tokens: Sequence[Token], last: int) -> int:
     i = last
     while True:
         if tokens[i].text in _CLOSERS:
-            opener = _opening(tokens, i)
+            opener = matching_bracket(tokens, i)
             if tokens[opener].text == "[" and opener > 0 and _ends_operand(tokens[opener - 1]):
                 i = opener - 1  # an index: its operand ends just before
                 continue
@@ -118,7 +94,7 @@ def _is_literal(target: Sequence[Token]) -> bool:
     """Upstream refuses a literal or a map or message literal as the target; a parenthesised
     target is judged by what is inside."""
     inner = list(target)
-    while len(inner) >= 2 and inner[0].text == "(" and _closing(inner, 0) == len(inner) - 1:
+    while len(inner) >= 2 and inner[0].text == "(" and matching_bracket(inner, 0) == len(inner) - 1:
         inner = inner[1:-1]
     if len(inner) == 1:
         return inner[0].kind in ("string", "number") or inner[0].text in ("true", "false", "null")

@@ -128,8 +128,27 @@ def cel_tokens(expression: str) -> list[Token]:
 
 # -- references to the device model ------------------------------------------------------------
 
-def _is(tokens: Sequence[Token], i: int, kind: str, text: str | None = None) -> bool:
+def token_is(tokens: Sequence[Token], i: int, kind: str, text: str | None = None) -> bool:
+    """``tokens[i]`` exists, is of ``kind`` and, when given, reads ``text``."""
     return i < len(tokens) and tokens[i].kind == kind and (text is None or tokens[i].text == text)
+
+
+_OPENERS, _CLOSERS = ("(", "[", "{"), (")", "]", "}")
+
+
+def matching_bracket(tokens: Sequence[Token], i: int) -> int:
+    """The index of the bracket that closes (or, for a closing one, opens) ``tokens[i]``."""
+    step = 1 if tokens[i].text in _OPENERS else -1
+    inward, outward = (_OPENERS, _CLOSERS) if step == 1 else (_CLOSERS, _OPENERS)
+    depth = 0
+    for index in range(i, len(tokens) if step == 1 else -1, step):
+        if tokens[index].text in inward:
+            depth += 1
+        elif tokens[index].text in outward:
+            depth -= 1
+            if depth == 0:
+                return index
+    raise CelSyntaxError("unbalanced brackets")
 
 
 def all_model_references(expression: str) -> list[tuple[str, str, str]]:
@@ -139,18 +158,18 @@ def all_model_references(expression: str) -> list[tuple[str, str, str]]:
     toks = cel_tokens(expression)
     found: list[tuple[str, str, str]] = []
     for i in range(len(toks)):
-        if not (_is(toks, i, "ident", "device") and _is(toks, i + 1, "op", ".")
-                and _is(toks, i + 2, "ident") and toks[i + 2].value in ("attributes", "capacity")
-                and _is(toks, i + 3, "op", "[") and _is(toks, i + 4, "string")
-                and _is(toks, i + 5, "op", "]")):
+        if not (token_is(toks, i, "ident", "device") and token_is(toks, i + 1, "op", ".")
+                and token_is(toks, i + 2, "ident") and toks[i + 2].value in ("attributes", "capacity")
+                and token_is(toks, i + 3, "op", "[") and token_is(toks, i + 4, "string")
+                and token_is(toks, i + 5, "op", "]")):
             continue
         j = i + 6
         name: str | None = None
-        if _is(toks, j, "op", "."):
-            k = j + 2 if _is(toks, j + 1, "op", "?") else j + 1
-            if _is(toks, k, "ident"):
+        if token_is(toks, j, "op", "."):
+            k = j + 2 if token_is(toks, j + 1, "op", "?") else j + 1
+            if token_is(toks, k, "ident"):
                 name = toks[k].value
-        elif _is(toks, j, "op", "[") and _is(toks, j + 1, "string") and _is(toks, j + 2, "op", "]"):
+        elif token_is(toks, j, "op", "[") and token_is(toks, j + 1, "string") and token_is(toks, j + 2, "op", "]"):
             name = toks[j + 1].value
         if name is not None:
             found.append((str(toks[i + 2].value), str(toks[i + 4].value), name))

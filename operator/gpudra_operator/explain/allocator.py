@@ -29,7 +29,13 @@ ALLOCATION_RESULTS_MAX_SIZE = 32  # resourceapi.AllocationResultsMaxSize
 
 
 class AllocationError(Exception):
-    """The allocator stopped with an error (not "no solution")."""
+    """The allocator stopped with an error (not "no solution"). ``undetermined``: the error is this
+    evaluator's limit (a run past the CEL cost limit, cel-cpp's loop budget), not the scheduler's
+    answer, which is then unknown."""
+
+    def __init__(self, message: str, *, undetermined: bool = False) -> None:
+        super().__init__(message)
+        self.undetermined = undetermined
 
 
 class _MaxSizeExceeded(Exception):
@@ -88,6 +94,7 @@ class SelectorMemo:
     def __init__(self) -> None:
         self._outcomes: dict[tuple[str, DeviceID], tuple[bool, str | None]] = {}
         self._inputs: dict[DeviceID, DeviceInput] = {}
+        self._undetermined: set[tuple[str, DeviceID]] = set()
 
     def outcome(self, expression: str, device: Device) -> tuple[bool, str | None]:
         """(matches, error) of one selector on one device; a compile error is an error too."""
@@ -95,6 +102,10 @@ class SelectorMemo:
         if key not in self._outcomes:
             self._outcomes[key] = self._evaluate(expression, device)
         return self._outcomes[key]
+
+    def undetermined(self, expression: str, device: Device) -> bool:
+        """The outcome's error is this evaluator's limit (:attr:`SelectorResult.undetermined`)."""
+        return (expression, device.id) in self._undetermined
 
     def _evaluate(self, expression: str, device: Device) -> tuple[bool, str | None]:
         if device.id not in self._inputs:
@@ -104,12 +115,9 @@ class SelectorMemo:
         except SelectorCompileError as error:
             return False, f"CEL compile error: {error.message}"
         if result.undetermined:
-            return False, f"{CANNOT_TELL} {result.error}"
+            self._undetermined.add((expression, device.id))
+            return False, f"cannot tell: {result.error}"
         return result.matched, (f"CEL runtime error: {result.error}" if result.error else None)
-
-
-# Marks an error that is this evaluator's limit, not the scheduler's answer (SelectorResult.undetermined).
-CANNOT_TELL = "cannot tell:"
 
 
 def selectors_match(memo: SelectorMemo, device: Device, selectors: Sequence[str], where: str) -> bool:
@@ -117,7 +125,8 @@ def selectors_match(memo: SelectorMemo, device: Device, selectors: Sequence[str]
     for index, expression in enumerate(selectors):
         matched, error = memo.outcome(expression, device)
         if error is not None:
-            raise AllocationError(f"{where}: selector #{index}: {error}")
+            raise AllocationError(f"{where}: selector #{index}: {error}",
+                                  undetermined=memo.undetermined(expression, device))
         if not matched:
             return False
     return True

@@ -19,7 +19,6 @@ from gpudra_driver.quantity import parse_quantity
 from gpudra_operator.cel import semverlib
 from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, all_model_references
 from gpudra_operator.explain.allocator import (
-    CANNOT_TELL,
     AllocationError,
     NodeAllocator,
     Request,
@@ -263,6 +262,7 @@ def explain(target: str, claims: Sequence[Obj], *, pod: Obj | None, classes: Map
     # The scheduler's answer, node by node; one error fails the whole attempt.
     fitting: list[str] = []
     error: str | None = None
+    undetermined = False
     if pending:
         for node in candidates:
             name = node["metadata"]["name"]
@@ -271,7 +271,8 @@ def explain(target: str, claims: Sequence[Obj], *, pod: Obj | None, classes: Map
                                  all_subrequest_quirk=quirk).allocate() is not None:
                     fitting.append(name)
             except AllocationError as failure:
-                error = error or f"on node {name}: {failure}"
+                if error is None:
+                    error, undetermined = f"on node {name}: {failure}", failure.undetermined
     else:
         fitting = sorted({n for c in allocated if (n := _allocated_node(_allocation(c) or {}, nodes))})
     # Nothing left to allocate: allocated it is (devices without a node selector fit any node).
@@ -304,7 +305,7 @@ def explain(target: str, claims: Sequence[Obj], *, pod: Obj | None, classes: Map
         notes.append(f"the pod's node selection leaves {len(candidates)} of {len(nodes)} nodes")
 
     verdict = Verdict(target=target, satisfiable=satisfiable, nodes=fitting, error=error, conclusion="",
-                      claims=reports, notes=notes, undetermined=error is not None and CANNOT_TELL in error)
+                      claims=reports, notes=notes, undetermined=undetermined)
     verdict.conclusion = conclude(verdict, driver, candidates=len(candidates))
     return verdict
 
