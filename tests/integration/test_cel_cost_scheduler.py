@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from celoracle import ask
+from schedpods import pinned_pod, scheduling_outcome
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.explain import explain_snapshot
 from gpudra_operator.explain.gather import read_snapshot
@@ -56,26 +57,6 @@ def device_class(name: str, expression: str) -> Obj:
             "metadata": {"name": name, "uid": str(uuid.uuid4()),
                          "creationTimestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")},
             "spec": {"selectors": [{"cel": {"expression": expression}}]}}
-
-
-def pod_with_claim(name: str, namespace: str, node: str, claim: str) -> Obj:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
-                     "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}],
-                     "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                                     "resources": {"claims": [{"name": "gpus"}]}}]}}
-
-
-def scheduled_or_why_not(pod: Obj | None) -> tuple[bool, str] | None:
-    if pod is None:
-        return None
-    if (pod.get("spec") or {}).get("nodeName"):
-        return True, ""
-    for condition in (pod.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == "PodScheduled" and condition.get("status") == "False" \
-                and condition.get("reason") in ("Unschedulable", "SchedulerError"):
-            return False, str(condition.get("message"))
-    return None
 
 
 async def test_the_scheduler_stops_a_runaway_selector_and_explain_cannot_tell_only_then(
@@ -121,7 +102,7 @@ async def test_the_scheduler_stops_a_runaway_selector_and_explain_cannot_tell_on
             await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                                "metadata": {"name": kind, "namespace": namespace},
                                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": name}}]}}})
-            await kube.create(pod_with_claim(kind, namespace, node, kind))
+            await kube.create(pinned_pod(kind, namespace, node, kind))
 
         for kind in classes:
             scheduled, message = await wait_for(
@@ -146,4 +127,4 @@ async def test_the_scheduler_stops_a_runaway_selector_and_explain_cannot_tell_on
 
 
 async def _decision(kube: Kube, namespace: str, name: str) -> tuple[bool, str] | None:
-    return scheduled_or_why_not(await kube.get(POD, name, namespace))
+    return scheduling_outcome(await kube.get(POD, name, namespace))

@@ -27,7 +27,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.cel import SelectorCompileError, compile_selector, device_input
 from gpudra_operator.localcluster.waiting import wait_for
-from test_cel_cost_scheduler import scheduled_or_why_not
+from schedpods import pinned_pod, scheduling_outcome
 
 pytestmark = pytest.mark.cluster
 
@@ -91,17 +91,9 @@ def shape(answers: dict[str, Any]) -> str:
         "error" if failed and not matched else "mixed"
 
 
-def pinned_pod(name: str, namespace: str, node: str) -> Obj:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
-                     "resourceClaims": [{"name": "nic", "resourceClaimName": name}],
-                     "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                                     "resources": {"claims": [{"name": "nic"}]}}]}}
-
-
 async def decision(kube: Kube, namespace: str, name: str) -> tuple[bool, str] | None:
     """(True, the allocated device) once bound; (False, why) once unschedulable; else None."""
-    decided = scheduled_or_why_not(await kube.get(POD, name, namespace))
+    decided = scheduling_outcome(await kube.get(POD, name, namespace))
     if decided is None or not decided[0]:
         return decided
     claim = await kube.get(CLAIM, name, namespace) or {}
@@ -149,7 +141,7 @@ async def test_the_scheduler_allocates_where_gpudra_says_the_selector_matches(
                 assert refused.value.status == 422 and "error parsing regexp" in str(refused.value.body), refused.value.body
                 continue
             await kube.create(claim)
-            await kube.create(pinned_pod(f"case-{i}", namespace, nodes[i]))
+            await kube.create(pinned_pod(f"case-{i}", namespace, nodes[i], f"case-{i}"))
 
         disagreements = []
         for i, want, expression in cases:

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from schedpods import pinned_pod
+
 from gpudra_driver import consumable
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.events import EventRecorder
@@ -185,19 +187,11 @@ def claim(name: str, namespace: str, device_class: str, memory: str | None,
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
 
 
-def pod(name: str, namespace: str, node: str, claim_name: str) -> Obj:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
-                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
-                     "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                                     "resources": {"claims": [{"name": "gpu"}]}}]}}
-
-
 async def run_pod(kube: Kube, namespace: str, node: str, claim_obj: Obj) -> str:
     """The claim, then a pod on ``node`` using it (both named like the claim)."""
     name = claim_obj["metadata"]["name"]
     await kube.create(claim_obj)
-    await kube.create(pod(name, namespace, node, name))
+    await kube.create(pinned_pod(name, namespace, node, name))
     return name
 
 

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from explaincases import Case, generate
+from schedpods import pinned_pod, scheduling_outcome
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.explain import explain_snapshot
 from gpudra_operator.explain.gather import read_snapshot
@@ -33,28 +34,13 @@ SEED = int(os.environ.get("GPUDRA_EXPLAIN_SEED", "2026"))
 CASES = int(os.environ.get("GPUDRA_EXPLAIN_CASES", "80"))
 
 
-def pinned_pod(name: str, namespace: str, node: str, claim_name: str, *, gated: bool = True) -> Obj:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
-                     "schedulingGates": [{"name": GATE}] if gated else [],
-                     "resourceClaims": [{"name": "gpus", "resourceClaimName": claim_name}],
-                     "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                                     "resources": {"claims": [{"name": "gpus"}]}}]}}
-
-
 def pod_name(case: Case, node_index: int) -> str:
     return f"c{case.index}-n{node_index}"
 
 
-def scheduler_decision(pod: Obj) -> bool | None:
-    """True: bound to a node; False: the scheduler marked it unschedulable; None: not yet."""
-    if (pod.get("spec") or {}).get("nodeName"):
-        return True
-    for condition in (pod.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == "PodScheduled" and condition.get("status") == "False" \
-                and condition.get("reason") in ("Unschedulable", "SchedulerError"):
-            return False
-    return None
+def _decided(pod: Obj) -> bool | None:
+    outcome = scheduling_outcome(pod)
+    return None if outcome is None else outcome[0]
 
 
 def claim_object(name: str, namespace: str, spec: Obj) -> Obj:
@@ -65,7 +51,7 @@ def claim_object(name: str, namespace: str, spec: Obj) -> Obj:
 def decisions_for(kube: Kube, namespace: str, names: Mapping[str, Any]) -> Callable[[], Awaitable[dict[str, bool] | None]]:
     """A probe: every named pod's scheduling outcome, once the scheduler has decided on all."""
     async def probe() -> dict[str, bool] | None:
-        live = {p["metadata"]["name"]: scheduler_decision(p) async for p in kube.list(POD, namespace)}
+        live = {p["metadata"]["name"]: _decided(p) async for p in kube.list(POD, namespace)}
         return {name: bool(live[name]) for name in names} if all(live.get(n) is not None for n in names) else None
     return probe
 
@@ -94,12 +80,12 @@ async def test_explain_agrees_with_the_scheduler_on_random_cases(kube: Kube, nam
                    for i, node in enumerate(case.nodes)}
         await bounded(8, [kube.create(claim_object(name, namespace, case.holder_spec))  # type: ignore[arg-type]
                           for name, (case, _) in holders.items()])
-        await bounded(8, [kube.create(pinned_pod(name, namespace, node, name, gated=False))
+        await bounded(8, [kube.create(pinned_pod(name, namespace, node, name))
                           for name, (_, node) in holders.items()])
         held = await wait_for(decisions_for(kube, namespace, holders), timeout=120, interval=0.5,
                               what=f"the scheduler's decision on {len(holders)} holder pods")
         await bounded(8, [kube.create(claim_object(name, namespace, case.claim_spec)) for name, (case, _) in pods.items()])
-        await bounded(8, [kube.create(pinned_pod(name, namespace, node, name)) for name, (_, node) in pods.items()])
+        await bounded(8, [kube.create(pinned_pod(name, namespace, node, name, gate=GATE)) for name, (_, node) in pods.items()])
 
         # Explain each pod as `gpudra explain pod` would, while its gate holds it.
         verdicts = dict(zip(pods, await bounded(4, [
@@ -111,7 +97,7 @@ async def test_explain_agrees_with_the_scheduler_on_random_cases(kube: Kube, nam
                                    what=f"the scheduler's decision on {len(pods)} pods")
         # An unschedulable pod the scheduler would have placed once its informers caught up
         # would show up bound now: read once more after every decision is in.
-        final = {p["metadata"]["name"]: scheduler_decision(p) async for p in kube.list(POD, namespace)}
+        final = {p["metadata"]["name"]: _decided(p) async for p in kube.list(POD, namespace)}
 
         mismatches = []
         for name, (case, _) in pods.items():
