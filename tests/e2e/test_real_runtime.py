@@ -43,7 +43,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 import yaml
-from nodestate import checkpoint_states
+from nodestate import checkpoint_states, checkpoint_touched
 from realkubelet import kubelet_binary
 from realruntime import CGROUP_ROOT, TEST_IMAGE, RealRuntimeNode, read_cri_log, runtime_problem
 from scrape import sample_value, scrape
@@ -649,10 +649,14 @@ async def test_an_mps_claims_daemon_outlives_a_rolling_update_of_the_agent_pods(
         await kube.delete(POD, "mps", namespace)
 
         async def released() -> bool:
-            return not host_mps_daemons(mps_dir / "pipe") and not mps_dir.exists() and uid not in node.checkpoint()
+            # the claim leaves the checkpoint first; its GPU's compute mode is put back after its
+            # daemon stops, and only then does the checkpoint forget the GPU
+            return (not host_mps_daemons(mps_dir / "pipe") and not mps_dir.exists() and uid not in node.checkpoint()
+                    and gpu not in checkpoint_touched(node.kubelet_dir, node.driver))
 
         try:
-            await wait_for(released, timeout=90, what="the new agent to unprepare the claim and its daemon to stop")
+            await wait_for(released, timeout=90, what="the new agent to unprepare the claim, its daemon to stop "
+                                                      "and its GPU's settings to be put back")
         except AssertionError as error:
             raise AssertionError(f"{error}\nagent:\n{container_log(node, new_agent, 'agent')[-3000:]}") from None
         assert mockstate.compute_mode(node.driver_root, gpu) == 0
