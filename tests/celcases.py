@@ -1,6 +1,7 @@
 """Selector families whose CEL cost grows with a size ``n``, each exercising other cost rules
 (device paths and their declared sizes, string and regex functions, quantities, the list and set
-extensions, macros, ``cel.bind``, conditionals, ``has()``, optionals). Used against the API server
+extensions, macros and the two-variable comprehensions, ``cel.bind``, conditionals, ``has()``,
+optionals). Used against the API server
 (tests/integration/test_cel_cost_apiserver.py) and against Kubernetes' CEL library
 (tests/unit/test_cel_oracle.py)."""
 
@@ -47,4 +48,9 @@ FAMILIES: dict[str, Callable[[int], str]] = {
     "map literal": ranged('{"a": i, "b": 2}["a"] == i'),
     "dyn": ranged(f"dyn({A}.x) == 1"),
     "optional": ranged(f"{A}.?x.orValue(1) == 1"),
+    # two-variable comprehensions, whose key paths cel-go's estimator reads as the values' (Go slices)
+    "two-variable all, key sizes": ranged(f'{CAP}.all(k, v, k == "memory12345memory12345") && {A}.exists(k, v, v == k)'),
+    "transformMap, transformList": ranged(f'{A}.transformMap(k, v, k != "x", string(v)).size() > 0 && '
+                                          f'{CAP}.transformList(k, v, v.isGreaterThan(quantity("1"))).all(b, b)'),
+    "cross-type ordering": ranged(f"{A}.x < 1.5 && 2u > i"),
 }

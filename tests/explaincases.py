@@ -47,6 +47,11 @@ def _selectors(domain: str) -> list[str]:
         f'cel.bind(g, {a}, g.index % 2 == 0 && g.type == "gpu")',
         f'{a}.architecture in ["Ampere", "Ada Lovelace"]',
         f'device.driver == "{domain}" && {c}.memory.asApproximateFloat() > 2e10',
+        # two-variable comprehensions and ordering across numeric types (cel-go extensions)
+        f'{a}.exists(k, v, k == "profile" && v == "3g.40gb")',
+        f'{c}.transformList(k, v, v.isGreaterThan(quantity("20Gi"))).exists(b, b)',
+        f'{a}.transformMap(k, v, k == "index", v).all(k, v, v < 1.5)',
+        f'{a}.transformMapEntry(k, v, {{"x": v}}).size() == 1',  # error: key "x" twice
     ]
 
 

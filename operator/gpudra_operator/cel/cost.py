@@ -298,9 +298,42 @@ def _operator_kinds(overload: str) -> tuple[str, str] | None:
     return None
 
 
+class _Path:
+    """A path as cost.go holds it: a Go slice of names, grown by ``append``. Appending to a slice
+    with room left writes into the array every other slice appended to the same one shares, so a
+    path can read differently later than it was built: ``m.all(k, v, ...)`` pushes the key
+    variable's path ``m + "@keys"``, then the value's ``m + "@values"``, and where ``m``'s slice
+    has room the key's path reads ``m + "@values"`` from then on. cel-go's sizes come from what a
+    path reads (:meth:`seen`); the types this module bridges (cel-go's checker knows them) from
+    what it was built as (``built``)."""
+
+    __slots__ = ("_array", "built")
+
+    def __init__(self, built: tuple[str, ...] = (), array: list[str] | None = None) -> None:
+        self.built = built
+        self._array = array if array is not None else list(built)
+
+    def appended(self, name: str) -> _Path:
+        length = len(self.built)
+        if length < len(self._array):
+            self._array[length] = name
+            return _Path((*self.built, name), self._array)
+        # Go's growslice doubles the capacity of a small slice (and of 16-byte strings the
+        # allocator's size classes keep the power of two): a path built one name at a time from a
+        # one-name literal has room exactly when its length is not a power of two.
+        grown = [*self._array[:length], name, *[""] * (max(2 * length, 1) - length - 1)]
+        return _Path((*self.built, name), grown)
+
+    def seen(self) -> list[str]:
+        return self._array[:len(self.built)]
+
+
+_NO_PATH = _Path()
+
+
 @dataclass
 class _Local:
-    path: list[str]
+    path: _Path
     size: Range | None
     entry: _Entry | None = None
 
@@ -324,7 +357,7 @@ class Node:
     """cost.go ``AstNode``: an expression with its path, type and computed size."""
 
     expr: Any
-    path: list[str] | None
+    path: _Path | None
     type: CelType
     computed: Range | None
 
@@ -336,7 +369,7 @@ class _Coster:
         self.checked = checked
         self.estimate_size = sizes
         self.runtime = runtime
-        self.paths: dict[int, list[str]] = {}
+        self.paths: dict[int, _Path] = {}
         self.locals: defaultdict[str, list[_Local]] = defaultdict(list)
         self.sizes: dict[int, Range] = {}
         self.entries: dict[int, _Entry] = {}
@@ -344,7 +377,7 @@ class _Coster:
     # -- types, paths and sizes --------------------------------------------------------------
 
     def type_of(self, e: Any) -> CelType:
-        declared = _declared_type(self.path_of(e))
+        declared = _declared_type(self.path_of(e).built)
         if declared is not None:
             return declared
         message = self.checked.type_map.get(e.id)
@@ -399,20 +432,26 @@ class _Coster:
             return target
         return None
 
-    def path_of(self, e: Any) -> list[str]:
+    def read(self, path: _Path) -> list[str]:
+        """What the estimate reads of a path (cel-go's, sibling appends and all); a bound of the
+        run, which reads no paths, takes what it names."""
+        return list(path.built) if self.runtime else path.seen()
+
+    def path_of(self, e: Any) -> _Path:
+        """cost.go ``getPath``."""
         if e.WhichOneof("expr_kind") == "ident_expr":
             local = self.peek(e.ident_expr.name)
             if local is not None:
-                return list(local.path)
-        return list(self.paths.get(e.id, []))
+                return local.path
+        return self.paths.get(e.id, _NO_PATH)
 
     def peek(self, name: str) -> _Local | None:
         stack = self.locals.get(name)
         return stack[-1] if stack else None
 
     def node(self, e: Any) -> Node:
-        path: list[str] | None = self.path_of(e)
-        if path and path[0] in _ACCUMULATORS:
+        path: _Path | None = self.path_of(e)
+        if path is not None and path.built and path.built[0] in _ACCUMULATORS:
             path = None
         return Node(e, path, self.type_of(e), self.size_of(e))
 
@@ -423,7 +462,7 @@ class _Coster:
         literal = _literal_size(e)
         if literal is not None:
             return literal
-        estimate = self.estimate_size(self.path_of(e))
+        estimate = self.estimate_size(self.read(self.path_of(e)))
         if estimate is not None:
             self.sizes[e.id] = estimate
             return estimate
@@ -440,7 +479,7 @@ class _Coster:
         or unknown."""
         if node.computed is not None:
             return node.computed
-        estimated = self.estimate_size(node.path) if node.path else None
+        estimated = self.estimate_size(self.read(node.path)) if node.path is not None and node.path.built else None
         return UNKNOWN if estimated is None else estimated
 
     def size_or_unknown(self, target: Any) -> Range:
@@ -470,7 +509,7 @@ class _Coster:
         self.set_size(destination, self.size_of(source))
         self.set_entry(destination, self.entry_of(source))
 
-    def push(self, name: str, e: Any, path: list[str], size: Range | None, entry: _Entry | None = None) -> None:
+    def push(self, name: str, e: Any, path: _Path, size: Range | None, entry: _Entry | None = None) -> None:
         self.locals[name].append(_Local(path, size, entry))
 
     def pop(self, name: str) -> None:
@@ -486,17 +525,17 @@ class _Coster:
         size, sub = (entry.key if entry else None), "@keys"
         if kind == "list":
             size, sub = (entry.value if entry else None), "@items"
-        self.push(name, range_expr, [*self.path_of(range_expr), sub], size)
+        self.push(name, range_expr, self.path_of(range_expr).appended(sub), size)
 
     def push_iter_key(self, name: str, range_expr: Any) -> None:
         entry, kind = self._container(range_expr)
         sub = "@indices" if kind == "list" else "@keys"
-        self.push(name, range_expr, [*self.path_of(range_expr), sub], entry.key if entry else None)
+        self.push(name, range_expr, self.path_of(range_expr).appended(sub), entry.key if entry else None)
 
     def push_iter_value(self, name: str, range_expr: Any) -> None:
         entry, kind = self._container(range_expr)
         sub = "@items" if kind == "list" else "@values"
-        self.push(name, range_expr, [*self.path_of(range_expr), sub], entry.value if entry else None)
+        self.push(name, range_expr, self.path_of(range_expr).appended(sub), entry.value if entry else None)
 
     # -- costs --------------------------------------------------------------------------------
 
@@ -506,7 +545,7 @@ class _Coster:
             return fixed(0)
         if kind == "ident_expr":
             local = self.peek(e.ident_expr.name)
-            self.paths[e.id] = list(local.path) if local is not None else [e.ident_expr.name]
+            self.paths[e.id] = local.path if local is not None else _Path((e.ident_expr.name,))
             return fixed(_SELECT_AND_IDENT)
         if kind == "select_expr":
             return self.cost_select(e)
@@ -530,7 +569,7 @@ class _Coster:
         # declared type; the estimate charges selects on maps and structs only.
         if self.runtime or self.type_of(select.operand).kind in ("map", "struct", "type_param"):
             total = total.add(fixed(_SELECT_AND_IDENT))
-        self.paths[e.id] = [*self.path_of(select.operand), select.field]
+        self.paths[e.id] = self.path_of(select.operand).appended(select.field)
         return total
 
     def cost_call(self, e: Any) -> Range:
@@ -539,8 +578,11 @@ class _Coster:
             argument_cost = self.cost(call.args[0])
             self.copy_sizes(e, call.args[0])
             return _CALL.add(argument_cost)
-        argument_costs = [self.cost(a) for a in call.args]
-        arguments = [self.node(a) for a in call.args]
+        argument_costs: list[Range] = []
+        arguments: list[Node] = []
+        for argument in call.args:  # in cel-go's order: a later argument's path may write over this one's
+            argument_costs.append(self.cost(argument))
+            arguments.append(self.node(argument))
         reference = self.checked.reference_map.get(e.id)
         overloads = list(reference.overload_id) if reference is not None else []
         if not overloads:
@@ -562,7 +604,7 @@ class _Coster:
                 entry = self.entry_of(call.args[0])
                 result_size = entry.value if entry is not None else None
                 sub = "@items" if overload == "index_list" else "@values"
-                self.paths[e.id] = [*self.path_of(call.args[0]), sub]
+                self.paths[e.id] = self.path_of(call.args[0]).appended(sub)
             if result_size is None:
                 result_size = self.size_of(e)
         self.set_size(e, result_size)
@@ -579,7 +621,7 @@ class _Coster:
             if position is None:
                 return True
             node = target if position == -1 else (arguments[position] if position < len(arguments) else None)
-            if node is None or _declared_type(node.path or []) is None:
+            if node is None or _declared_type(node.path.built if node.path is not None else ()) is None:
                 return True
             return node.type.kind == kind
         kept = [o for o in overloads if fits(o)]
@@ -839,7 +881,7 @@ def _kubernetes_estimate(coster: _Coster, function: str, overload: str, target: 
             element_type = target.type.params[0]
             element_cost = fixed(1)
             if element_type.kind in ("string", "bytes"):
-                items = Node(None, [*target.path, "@items"] if target.path is not None else None, element_type, None)
+                items = Node(None, _Path((*coster.read(target.path), "@items")) if target.path is not None else None, element_type, None)
                 element_cost = element_cost.add(size(items).by_factor(_STRING_TRAVERSAL))
             return size(target).multiply(element_cost), None
         return size(target).by_factor(_STRING_TRAVERSAL), None
@@ -863,7 +905,7 @@ def _kubernetes_estimate(coster: _Coster, function: str, overload: str, target: 
         joined = fixed(0)
         count = size(target)
         if target.type.params:
-            items = Node(None, [*target.path, "@items"] if target.path is not None else None, target.type.params[0], None)
+            items = Node(None, _Path((*coster.read(target.path), "@items")) if target.path is not None else None, target.type.params[0], None)
             joined = count.multiply(size(items))
         if arguments:
             separators = Range(max(count.low - 1, 0), max(count.high - 1, 0))

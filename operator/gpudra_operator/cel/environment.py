@@ -19,12 +19,17 @@ it bridges what cel-cpp's Python binding cannot declare directly:
 * ``format.named`` and ``validate`` return optionals, which a Python function cannot: they are
   checked with their optional types and run in their :func:`.formatlib.running_form`.
 
-Not here (a selector using one gets :class:`~gpudra_operator.cel.selector.SelectorCompileError`
-with ``unsupported=True``, never a wrong answer): the two-variable comprehensions and ``transformList``/``transformMap``/``transformMapEntry``
-(ext.TwoVarComprehensions; macros cel-cpp's Python binding does not offer), and the compile-time
-cross-type numeric comparison of literals (``1 < 1.5``; at run time, on the ``dyn`` attribute
-values a selector compares, cel-cpp compares across types as cel-go does). ``first``/``last`` on
-lists are the optional library's (cel-go's ``cel.OptionalTypes``), which cel-cpp's has too.
+Two things cel-go's checker accepts in the Kubernetes environment and cel-cpp's does not by default
+are bridged too:
+
+* the two-variable comprehensions (``ext.TwoVarComprehensions``): cel-cpp's extension of that name
+  is enabled in the config, and :mod:`.comprehensionslib` supplies the run-time ``cel.@mapInsert``;
+* ordering across numeric types (``cel.CrossTypeNumericComparisons``: ``1 < 1.5``, ``2u > 1``):
+  ``<``, ``<=``, ``>``, ``>=`` are declared again with cel-go's cross-type overloads
+  (common/stdlib standard.go); cel-cpp's runtime compares across numeric types already.
+
+``first``/``last`` on lists are the optional library's (cel-go's ``cel.OptionalTypes``), which
+cel-cpp's has too.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from google.protobuf import any_pb2
 
 from gpudra_operator.cel import (
     cidrlib,
+    comprehensionslib,
     cost,
     formatlib,
     iplib,
@@ -53,9 +59,6 @@ from gpudra_operator.cel import (
 )
 from gpudra_operator.cel.opaque import CIDR_TYPE, IP_TYPE, POOL, QuantityMessage, SemverMessage
 
-# Functions of the Kubernetes environment this evaluator does not provide (see the module doc).
-UNSUPPORTED_FUNCTIONS = frozenset({"transformList", "transformMap", "transformMapEntry"})
-
 # cel-go's string() overloads (common/stdlib standard.go), which cel-cpp has too, and the two that
 # ip.go and cidr.go add.
 _STRING_OVERLOADS = (
@@ -64,6 +67,12 @@ _STRING_OVERLOADS = (
     ("int64_to_string", "int"), ("timestamp_to_string", "google.protobuf.Timestamp"),
     ("uint64_to_string", "uint"), ("ip_to_string", IP_TYPE), ("cidr_to_string", CIDR_TYPE),
 )
+# cel-go's ordering overloads (common/stdlib standard.go, with cel.CrossTypeNumericComparisons):
+# operator -> its overload-ID prefix; the numeric types (ID spelling, CEL type) order across types.
+_ORDERING_OPERATORS = {"_<_": "less", "_<=_": "less_equals", "_>_": "greater", "_>=_": "greater_equals"}
+_NUMERIC = (("int64", "int"), ("uint64", "uint"), ("double", "double"))
+_ORDERED = (("bool", "bool"), ("string", "string"), ("bytes", "bytes"),
+            ("timestamp", "google.protobuf.Timestamp"), ("duration", "google.protobuf.Duration"))
 _CHECKED_EXPR_URL = "type.googleapis.com/cel.expr.CheckedExpr"
 
 
@@ -91,22 +100,46 @@ def _orderings() -> list[tuple[str, list[cel.Overload]]]:
     ]
 
 
-def _config(checker_only: list[dict[str, Any]]) -> cel.EnvConfig:
+def _overload(overload: str, arguments: tuple[str, ...], result: str) -> dict[str, Any]:
+    return {"id": overload, "args": [{"type_name": a} for a in arguments], "return": {"type_name": result}}
+
+
+def _orderings_across_types() -> list[dict[str, Any]]:
+    """``<``, ``<=``, ``>``, ``>=``, each with cel-go's overloads: every pair of numeric types, and
+    the other ordered types with themselves."""
+    declared = []
+    for operator, prefix in _ORDERING_OPERATORS.items():
+        numeric = [_overload(prefix + "_" + left if left == right else f"{prefix}_{left}_{right}",
+                             (left_type, right_type), "bool")
+                   for left, left_type in _NUMERIC for right, right_type in _NUMERIC]
+        others = [_overload(f"{prefix}_{name}", (type_name, type_name), "bool") for name, type_name in _ORDERED]
+        declared.append({"name": operator, "overloads": numeric + others})
+    return declared
+
+
+def _config(checker_only: list[dict[str, Any]], *, macros: bool) -> cel.EnvConfig:
     """The environment config: the standard ``string`` declared again with the IP and CIDR
-    overloads, and ``checker_only``'s functions, which have no Python function of their own."""
+    overloads, the orderings with their cross-type ones, and ``checker_only``'s functions, which
+    have no Python function of their own. ``macros``: the two-variable comprehensions (which
+    declare ``cel.@mapInsert`` without a runtime function: the environment that runs selectors
+    declares its own instead)."""
     string = {"name": "string", "overloads": [
-        {"id": overload, "args": [{"type_name": argument}], "return": {"type_name": "string"}}
-        for overload, argument in _STRING_OVERLOADS]}
+        _overload(overload, (argument,), "string") for overload, argument in _STRING_OVERLOADS]}
+    replaced = ["string", *_ORDERING_OPERATORS]
     return cel.NewEnvConfigFromYaml(yaml.safe_dump({
-        "stdlib": {"exclude_functions": [{"name": "string"}]}, "functions": [string, *checker_only]}))
+        "extensions": [{"name": "two-var-comprehensions"}] if macros else [],
+        "stdlib": {"exclude_functions": [{"name": name} for name in replaced]},
+        "functions": [string, *_orderings_across_types(), *checker_only]}))
 
 
 @cache
 def _environment(running_form: bool) -> cel.Env:
-    """The environment; ``running_form``: the one :func:`.formatlib.running_form` trees run in."""
+    """The environment selectors compile in; ``running_form``: the one that runs what the first
+    cannot (:func:`.formatlib.running_form`'s trees, ``cel.@mapInsert``)."""
     libraries = [*quantitylib.functions(), *semverlib.functions(), *listlib.functions(), *_orderings(),
                  *urlslib.functions(), *iplib.functions(), *cidrlib.functions(), *regexlib.functions(),
-                 *formatlib.functions(), *(formatlib.running_functions() if running_form else [])]
+                 *formatlib.functions(),
+                 *(formatlib.running_functions() + comprehensionslib.functions() if running_form else [])]
     overloads: defaultdict[str, list[cel.Overload]] = defaultdict(list)
     for name, declared in libraries:
         overloads[name].extend(declared)
@@ -114,7 +147,7 @@ def _environment(running_form: bool) -> cel.Env:
         "kubernetes", [cel.FunctionDecl(name, declared) for name, declared in overloads.items()])
     return cel.NewEnv(
         POOL,
-        config=_config([] if running_form else formatlib.checker_declarations()),
+        config=_config([] if running_form else formatlib.checker_declarations(), macros=not running_form),
         variables={"device": cel.Type.Map(cel.Type.STRING, cel.Type.DYN)},
         extensions=[ext_strings.ExtStrings(2), ext_bindings.ExtBindings(), ext_optional.ExtOptional(),
                     kubernetes],
@@ -152,6 +185,8 @@ class SelectorEnvironment:
         if error is not None:
             raise ValueError(error)
         running = formatlib.running_form(checked)
+        if running is None and comprehensionslib.inserts_into_maps(checked):
+            running = checked
         if running is None:
             return program
         serialized = any_pb2.Any(type_url=_CHECKED_EXPR_URL, value=running.SerializeToString())

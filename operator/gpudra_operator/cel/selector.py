@@ -40,20 +40,13 @@ from cel_expr_python import cel
 
 from gpudra_driver import limits
 from gpudra_operator.cel import astwalk, cost, quantitylib, semverlib
-from gpudra_operator.cel.environment import UNSUPPORTED_FUNCTIONS, selector_environment
+from gpudra_operator.cel.comprehensionslib import MIXED_KEYS, spell_exists_one
+from gpudra_operator.cel.environment import selector_environment
 from gpudra_operator.cel.listlib import SORT_BY_KEYS
 from gpudra_operator.cel.sortby import SortByError, expand_sort_by
 from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, Token, cel_tokens, matching_bracket, token_is
 
 _STATUS_PREFIX = re.compile(r"^[A-Z_]+: ")
-_UNDECLARED = re.compile(r"undeclared reference to '([^']+)'")
-# What cel-go accepts in the Kubernetes environment and cel-cpp's checker refuses: two-variable
-# comprehensions (ext.TwoVarComprehensions) and ordering across numeric types in literals
-# (cel.CrossTypeNumericComparisons).
-_TWO_VARIABLE_MACRO = re.compile(
-    r"\.\s*(all|exists|existsOne|exists_one|transformList|transformMap|transformMapEntry)\s*\(\s*"
-    r"[A-Za-z_][A-Za-z0-9_]*\s*,\s*[A-Za-z_][A-Za-z0-9_]*\s*,")
-_CROSS_NUMERIC = re.compile(r"no matching overload for '_(<|<=|>|>=)_' applied to '\((int|uint|double), (int|uint|double)\)'")
 _STATUS_SUFFIX = re.compile(r" \[[A-Z_]+\]$")
 # cel-cpp's words for a missing key, in cel-go's (what the scheduler's events say).
 _ITERATION_BUDGET = "Iteration budget exceeded"
@@ -61,19 +54,17 @@ _MISSING_KEY = re.compile(r'^Key not found in map : "(.*)"$')
 
 
 class SelectorCompileError(ValueError):
-    """A selector that does not compile. ``unsupported`` is True when it uses what the Kubernetes
-    environment has and this evaluator lacks (then the cluster may well accept it)."""
+    """A selector that does not compile."""
 
     @property
     def syntax(self) -> bool:
         """A parse error: the grammar is CEL's own, so the API server refuses it too."""
         return "Syntax error" in self.message
 
-    def __init__(self, expression: str, message: str, *, unsupported: bool = False) -> None:
+    def __init__(self, expression: str, message: str) -> None:
         super().__init__(message)
         self.expression = expression
         self.message = message
-        self.unsupported = unsupported
 
 
 @dataclass(frozen=True)
@@ -148,6 +139,8 @@ def _message(error: object) -> str:
 
 
 def _failed(message: str) -> SelectorResult:
+    if message.startswith(MIXED_KEYS):
+        return SelectorResult(False, message, undetermined=True)
     if message.startswith(_ITERATION_BUDGET):
         # cel-cpp's RuntimeOptions.comprehension_max_iterations (10,000; the Python binding does not
         # let it be raised): cel-go has no such limit, only the cost one.
@@ -211,9 +204,9 @@ def compile_selector(expression: str) -> CompiledSelector:
     except limits.LimitError as error:
         raise SelectorCompileError(expression, str(error)) from None
     source = expression
-    if "sortBy" in expression:
+    if "sortBy" in expression or "exists_one" in expression:
         try:
-            source = " ".join(t.text for t in expand_sort_by(cel_tokens(expression)))
+            source = " ".join(t.text for t in expand_sort_by(spell_exists_one(cel_tokens(expression))))
         except SortByError as error:
             raise SelectorCompileError(expression, f"compilation failed: {error}") from None
         except CelSyntaxError:
@@ -221,13 +214,8 @@ def compile_selector(expression: str) -> CompiledSelector:
     try:
         program = selector_environment().compile(source)
     except Exception as error:  # noqa: BLE001 - cel-cpp reports parse and check errors as RuntimeError
-        text = str(error)
-        missing = set(_UNDECLARED.findall(text))
-        detail = _STATUS_SUFFIX.sub("", "\n".join(line for line in text.splitlines() if line.strip()))
-        raise SelectorCompileError(
-            expression, f"compilation failed: {_STATUS_PREFIX.sub('', detail)}",
-            unsupported=bool(missing & UNSUPPORTED_FUNCTIONS) or bool(_TWO_VARIABLE_MACRO.search(expression))
-            or any(a != b for _, a, b in _CROSS_NUMERIC.findall(text))) from None
+        detail = _STATUS_SUFFIX.sub("", "\n".join(line for line in str(error).splitlines() if line.strip()))
+        raise SelectorCompileError(expression, f"compilation failed: {_STATUS_PREFIX.sub('', detail)}") from None
     result_type = program.return_type()
     if result_type != cel.Type.BOOL and result_type != cel.Type.DYN:
         raise SelectorCompileError(expression, f"must evaluate to bool or the unknown type, not {result_type.name()}")

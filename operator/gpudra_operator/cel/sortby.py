@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpudra_operator.cel.listlib import SORT_BY_KEYS
-from gpudra_operator.deviceclasses.celrefs import Token, matching_bracket
+from gpudra_operator.deviceclasses.celrefs import Token, matching_bracket, split_arguments
 
 INPUT = "__sortBy_input__"
 _CLOSERS = (")", "]", "}")
@@ -34,7 +34,7 @@ def expand_sort_by(tokens: Sequence[Token]) -> list[Token]:
     else:
         return tokens
     end = matching_bracket(tokens, k + 2)
-    arguments = _split_arguments(tokens[k + 3:end])
+    arguments = split_arguments(tokens[k + 3:end])
     if len(arguments) != 2 or len(arguments[0]) != 1 or arguments[0][0].kind != "ident":
         raise SortByError("sortBy(var, expression) takes a variable name and an expression")
     start = _postfix_start(tokens, k - 1)
@@ -50,21 +50,6 @@ def expand_sort_by(tokens: Sequence[Token]) -> list[Token]:
         bound, Token("op", "."), Token("ident", "map", "map"), Token("op", "("), variable, Token("op", ","), *key,
         Token("op", ")"), Token("op", ")"), Token("op", ")")]
     return expand_sort_by(tokens[:start] + expanded + tokens[end + 1:])  # the next one, chained or not
-
-
-def _split_arguments(tokens: Sequence[Token]) -> list[list[Token]]:
-    arguments: list[list[Token]] = [[]]
-    depth = 0
-    for token in tokens:
-        if token.text in ("(", "[", "{"):
-            depth += 1
-        elif token.text in _CLOSERS:
-            depth -= 1
-        if token.text == "," and depth == 0:
-            arguments.append([])
-        else:
-            arguments[-1].append(token)
-    return arguments
 
 
 def _ends_operand(token: Token) -> bool:

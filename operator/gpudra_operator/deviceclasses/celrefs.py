@@ -151,6 +151,22 @@ def matching_bracket(tokens: Sequence[Token], i: int) -> int:
     raise CelSyntaxError("unbalanced brackets")
 
 
+def split_arguments(tokens: Sequence[Token]) -> list[list[Token]]:
+    """A call's argument tokens (those between its brackets), split at its own commas."""
+    arguments: list[list[Token]] = [[]]
+    depth = 0
+    for token in tokens:
+        if token.text in _OPENERS:
+            depth += 1
+        elif token.text in _CLOSERS:
+            depth -= 1
+        if token.text == "," and depth == 0:
+            arguments.append([])
+        else:
+            arguments[-1].append(token)
+    return arguments
+
+
 def all_model_references(expression: str) -> list[tuple[str, str, str]]:
     """Every ``device.attributes["<domain>"].name`` / ``device.capacity["<domain>"]["name"]``
     reference in ``expression`` as ``("attributes"|"capacity", domain, name)``. Index form, optional

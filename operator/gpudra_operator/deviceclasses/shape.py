@@ -94,6 +94,6 @@ def check_parses(subject: str, expression: str) -> None:
     try:
         compile_selector(expression)
     except SelectorCompileError as error:
-        if error.syntax and not error.unsupported:
+        if error.syntax:
             raise TemplateValueError(f"{subject}: {error.message}") from None
 

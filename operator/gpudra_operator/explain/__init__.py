@@ -71,16 +71,12 @@ def costly_selectors(claims: Sequence[Obj], classes: Mapping[str, Obj]) -> list[
 
 def check_selectors(claims: Sequence[Obj], classes: Mapping[str, Obj]) -> None:
     """:class:`ExplainInputError` for the first selector that does not compile here: one the API
-    server would refuse too (the scheduler then fails the pod with that error), or one using what
-    this evaluator lacks (explain then cannot answer for the scheduler)."""
+    server would refuse too (the scheduler then fails the pod with that error)."""
     for where, expression in _selectors(claims, classes):
         try:
             compile_selector(expression)
         except SelectorCompileError as error:
             first = next((line for line in error.message.splitlines() if line.strip()), error.message)
-            if error.unsupported:
-                raise ExplainInputError(f"{where} uses CEL that gpudra's evaluator does not provide, so explain "
-                                        f"cannot answer for the scheduler: {first}") from None
             raise ExplainInputError(f"{where} does not compile (the scheduler fails the pod with this error "
                                     f"too): {first}") from None
 
