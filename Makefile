@@ -18,7 +18,7 @@ help:
 	@echo "make kube-bin   fetch or build etcd $(ETCD_VERSION) + Kubernetes $(KUBE_VERSION) binaries"
 	@echo "make cdi-schema fetch the pinned official CDI JSON schema the tests validate CDI specs against"
 	@echo "make cdi-tools  build cdi-validate (hack/cdi-tools): the official CDI Go library the tests check every CDI spec with"
-	@echo "make cel-oracle build cel-oracle (hack/cel-oracle): Kubernetes' DRA CEL library the CEL tests compare gpudra's evaluator with"
+	@echo "make cel-oracle build cel-oracle (hack/cel-oracle): each supported release's DRA CEL library, which the CEL tests compare gpudra's evaluator with"
 	@echo "make nvidia-ctk build NVIDIA's nvidia-ctk and nvidia-cdi-hook (pinned, from the Go module proxy) the tests compare specs with"
 	@echo "make mock-nvml  build the mock libnvidia-ml.so.1 (tests/mocknvml) the tests run pynvml and nvidia-ctk against"
 	@echo "make mock-nvidia-smi mock-mps-control  the fake driver roots' nvidia-smi and nvidia-cuda-mps-control (tests/mocknvml)"
@@ -52,7 +52,8 @@ cdi-schema: venv
 cdi-tools:
 	@hack/cdi-tools-bin.sh
 
-# Built from the pinned hack/cel-oracle module, cached under ~/.cache/gpudra/cel-oracle/<hash of its sources>.
+# One per supported release, each built from its pinned module (hack/cel-oracle/v1.*), cached under
+# ~/.cache/gpudra/cel-oracle/<hash of its sources>.
 cel-oracle:
 	@hack/cel-oracle-bin.sh
 
@@ -109,7 +110,7 @@ test: venv cdi-schema mock-nvml mock-nvidia-smi mock-mps-control
 	  registry_dir="$$(hack/registry-bin.sh | tail -n 1)" && test -n "$$registry_dir" && \
 	  images="$$(IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) hack/images.sh operator agent | tail -n 1)" && test -n "$$images" && \
 	  GPUDRA_KUBE_BIN="$$bin_dir" GPUDRA_HELM="$$helm" GPUDRA_NVIDIA_CTK_DIR="$$nvctk" \
-	  GPUDRA_CDI_TOOLS_DIR="$$cdi_tools" GPUDRA_CEL_ORACLE_DIR="$$cel_oracle" GPUDRA_CONTAINERD_DIR="$$containerd_dir" GPUDRA_REGISTRY_DIR="$$registry_dir" \
+	  GPUDRA_CDI_TOOLS_DIR="$$cdi_tools" GPUDRA_CONTAINERD_DIR="$$containerd_dir" GPUDRA_REGISTRY_DIR="$$registry_dir" \
 	  GPUDRA_TEST_OPERATOR_IMAGE="$${images%% *}" GPUDRA_TEST_AGENT_IMAGE="$${images##* }" $(BIN)/pytest $(PYTEST_ARGS)
 
 unit: venv cdi-schema cdi-tools cel-oracle mock-nvml mock-nvidia-smi mock-mps-control

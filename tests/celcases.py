@@ -53,4 +53,10 @@ FAMILIES: dict[str, Callable[[int], str]] = {
     "transformMap, transformList": ranged(f'{A}.transformMap(k, v, k != "x", string(v)).size() > 0 && '
                                           f'{CAP}.transformList(k, v, v.isGreaterThan(quantity("1"))).all(b, b)'),
     "cross-type ordering": ranged(f"{A}.x < 1.5 && 2u > i"),
+    # costed like s.matches(re) from 1.37 (cel-go 0.29), at 1 before
+    "function-form matches": ranged(f'matches({A}.name, "^a.*b+c?$") || matches(device.driver, "x+")'),
+    "includes": ranged(f'{A}.name.includes("a") || [1, 2, 3].includes(i) || ["ab", "cd"].includes({A}.s)'),
 }
+
+# The families of a function a release added: the first minor that has it.
+SINCE = {"includes": 37}

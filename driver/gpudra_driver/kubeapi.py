@@ -155,6 +155,13 @@ class Kube:
             _request_timeout=timeout,
         )
 
+    async def server_minor(self) -> int | None:
+        """The API server's Kubernetes minor version (/version, which every authenticated user may
+        read; ``"37+"`` on some distributions reads 37); None when it does not say."""
+        minor = str((await self.request("GET", "/version")).get("minor", ""))
+        digits = "".join(ch for ch in minor if ch.isdigit())
+        return int(digits) if digits else None
+
     async def get(self, rtype: ResourceType, name: str, namespace: str | None = None) -> Obj | None:
         try:
             return await self.request("GET", rtype.path(namespace, name))

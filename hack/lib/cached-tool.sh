@@ -42,14 +42,15 @@ new_stage() {
   trap 'rm -rf "$STAGE"' EXIT
 }
 
-# build_pinned_go_tool SRC NAME VAR MODULE: the whole job for one binary built from the pinned Go
-# module in SRC (main.go, go.mod, go.sum): $VAR if it has it, else the cache keyed by a hash of
-# those sources (the tests compute the same path), else a build; prints the directory.
+# build_pinned_go_tool SRC NAME VAR MODULE [CACHE]: the whole job for one binary built from the
+# pinned Go module in SRC (main.go, go.mod, go.sum): $VAR if it has it (VAR may be empty), else the
+# cache ($CACHE_ROOT/CACHE, CACHE defaulting to SRC's name) keyed by a hash of those sources (the
+# tests compute the same path), else a build; prints the directory.
 build_pinned_go_tool() {
-  local src="$1" name="$2" var="$3" module="$4" hash start
+  local src="$1" name="$2" var="$3" module="$4" cache="${5:-$(basename "$1")}" hash start
   hash="$(cat "$src/go.mod" "$src/go.sum" "$src/main.go" | sha256sum | cut -c1-16)"
-  local dir="$CACHE_ROOT/$(basename "$src")/$hash"
-  use_given_dir "$var"
+  local dir="$CACHE_ROOT/$cache/$hash"
+  [[ -z "$var" ]] || use_given_dir "$var"
   use_cached "$dir"
   require_go "$name" "$var"
   new_stage "$dir"

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_operator.cel.releases import OLDEST, CelRelease
 from gpudra_operator.cel.selector import CompiledSelector, SelectorCompileError, compile_selector, device_input
 from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, all_model_references, cel_tokens
 from gpudra_operator.listwatch import ListThenWatch
@@ -97,13 +98,14 @@ def _references(expressions: list[str]) -> tuple[tuple[str, str, str], ...] | No
     return tuple(sorted(set(found)))
 
 
-def class_selectors(device_class: Mapping[str, Any]) -> ClassSelectors:
-    """The selectors of a DeviceClass object (as rendered or as stored)."""
+def class_selectors(device_class: Mapping[str, Any], release: CelRelease = OLDEST) -> ClassSelectors:
+    """The selectors of a DeviceClass object (as rendered or as stored), as ``release`` runs them."""
     name = device_class["metadata"]["name"]
     expressions = [e for s in ((device_class.get("spec") or {}).get("selectors") or [])
                    if (e := ((s or {}).get("cel") or {}).get("expression"))]
     try:
-        return ClassSelectors(name, tuple(compile_selector(e) for e in expressions), references=_references(expressions))
+        return ClassSelectors(name, tuple(compile_selector(e, release) for e in expressions),
+                              references=_references(expressions))
     except SelectorCompileError as error:
         return ClassSelectors(name, error=error.message)
 

@@ -27,6 +27,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpudra_driver.consumable import FEATURE_GATE
 from gpudra_driver.kubeapi import Kube, error_message, is_status
+from gpudra_operator.cel.releases import OLDEST, CelRelease, release_of
 
 log = logging.getLogger("gpudra.operator")
 
@@ -72,6 +73,21 @@ class FeatureProbe:
         self.kube = kube
         self.recheck = recheck
         self._consumable: tuple[float, Support] | None = None
+        self._release: tuple[float, CelRelease] | None = None
+
+    async def cel_release(self) -> CelRelease:
+        """Whose CEL the cluster runs (its release, from /version), for matching devices as its
+        scheduler does. An error keeps the last answer, else assumes the oldest supported."""
+        now = time.monotonic()
+        if self._release is not None and now - self._release[0] < self.recheck:
+            return self._release[1]
+        try:
+            release = release_of(await self.kube.server_minor())
+        except Exception as error:  # noqa: BLE001 - any failure: the counts are advisory
+            log.warning("reading the API server's version failed (%s)", error_message(error))
+            release = self._release[1] if self._release is not None else OLDEST
+        self._release = (now, release)
+        return release
 
     async def consumable_capacity(self) -> Support:
         """Whether consumable capacity's fields are kept. An error other than the refusal (the

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpudra_operator.cel import SelectorCompileError, SelectorResult, compile_selector, device_input
+from gpudra_operator.cel.releases import release_of
 
 DRIVER = "gpu.gpudra.io"
 H100 = device_input(DRIVER, {
@@ -183,3 +184,39 @@ def test_a_map_built_with_a_key_twice_is_an_error_as_in_cel_go() -> None:
     assert mixed.undetermined and "bool key and an int key" in (mixed.error or "")
     with pytest.raises(SelectorCompileError, match="duplicate|different"):
         compile_selector('[1].all(x, x, x > 0)')
+
+
+# What differs by release (gpudra_operator.cel.releases): each case's answer on 1.35, 1.36, 1.37;
+# None: it does not compile there.
+@pytest.mark.parametrize(("expression", "answers"), [
+    # Go 1.26's urlstrictcolons, from 1.36: an http(s) host with two colons is not a URL
+    ("isURL('http://localhost:1:2')", (True, False, False)),
+    ("isURL('https://a:b:8080/x') && !isURL('https://a:b:80x')", (True, False, False)),
+    ("isURL('ftp://localhost:1:2') && url('ftp://localhost:1:2').getPort() == '2'", (True, True, True)),
+    ("format.uri().validate('http://h:1:2').hasValue()", (False, True, True)),
+    # includes: the DRA compiler's in 1.36's scheduler, the list library's from 1.37
+    ("[1, 2, 3].includes(2) && !['a'].includes('b')", (None, True, True)),
+    ('device.attributes["gpu.gpudra.io"].productName.includes("NVIDIA H100 80GB HBM3")', (None, True, True)),
+])
+def test_what_a_selector_does_depends_on_the_clusters_release(expression: str,
+                                                               answers: tuple[bool | None, ...]) -> None:
+    for minor, expected in zip((35, 36, 37), answers):
+        release = release_of(minor)
+        if expected is None:
+            with pytest.raises(SelectorCompileError, match="includes"):
+                compile_selector(expression, release)
+            continue
+        result = compile_selector(expression, release).evaluate(H100, cost_limit=None)
+        assert (result.matched, result.error) == (expected, None), (minor, result)
+
+
+def test_includes_refuses_a_list_past_48_values_on_1_36_only() -> None:
+    expression = "lists.range(49).includes(48)"
+    limited = compile_selector(expression, release_of(36)).evaluate(H100, cost_limit=None)
+    assert not limited.matched and limited.error == "'includes' function cannot be applied to lists longer than 48 values"
+    assert compile_selector(expression, release_of(37)).evaluate(H100, cost_limit=None) == SelectorResult(True)
+
+
+def test_an_unknown_release_is_the_oldest_and_a_newer_one_the_newest() -> None:
+    assert release_of(None) == release_of(35) == release_of(30)
+    assert release_of(99) == release_of(37) and release_of(37).has_includes

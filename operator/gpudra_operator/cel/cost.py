@@ -36,6 +36,7 @@ from typing import Any
 from google.protobuf import any_pb2
 
 from gpudra_operator.cel.gen import checked_ast_pb2 as ast
+from gpudra_operator.cel.releases import OLDEST, CelRelease
 
 # k8s.io/api/resource/v1 CELSelectorExpressionMaxCost.
 SELECTOR_MAX_COST = 1_000_000
@@ -54,6 +55,10 @@ _REGEX_LENGTH = 0.25
 # k8s.io/apiserver/pkg/cel/limits.go
 _MAX_FORMAT_SIZE = 64
 _MAX_NAME_FORMAT_REGEX_SIZE = 128
+# resourceapi.ResourceSliceMaxAttributeValuesPerDevice
+_MAX_ATTRIBUTE_VALUES = 48
+# library/format.go: the longest regex a named format stands for (urlLength, the URI format's)
+_URL_FORMAT_REGEX_SIZE = 1103
 # parser.AccumulatorName and HiddenAccumulatorName.
 _ACCUMULATORS = frozenset({"@result", "__result__"})
 
@@ -365,8 +370,9 @@ class Node:
 class _Coster:
     """cost.go ``coster``."""
 
-    def __init__(self, checked: ast.CheckedExpr, sizes: SizeEstimator, runtime: bool) -> None:
+    def __init__(self, checked: ast.CheckedExpr, sizes: SizeEstimator, runtime: bool, release: CelRelease) -> None:
         self.checked = checked
+        self.release = release
         self.estimate_size = sizes
         self.runtime = runtime
         self.paths: dict[int, _Path] = {}
@@ -725,14 +731,19 @@ class _Coster:
             s = size(arguments[0])
             return s.by_factor(_STRING_TRAVERSAL), Range(_add(s.low, 2), _add(_multiply(s.high, 2), 2)), True
         if overload in ("starts_with_string", "ends_with_string") and len(arguments) == 1:
-            # The estimate traverses the prefix; the run (runtimecost.go costCall) its receiver.
-            traversed = target if self.runtime and target is not None else arguments[0]
+            # The estimate traverses the prefix; the run (runtimecost.go costCall) its receiver,
+            # until cel-go 0.29 (Kubernetes 1.37), where the run does as the estimate.
+            by_receiver = self.runtime and target is not None and not self.release.charges_prefix_at_run
+            traversed = target if by_receiver else arguments[0]
             return size(traversed).by_factor(_STRING_TRAVERSAL), None, True
         if overload == "in_list" and len(arguments) == 2:
             return size(arguments[1]).by_factor(1), None, True
         if overload == "matches_string" and target is not None and len(arguments) == 1:
             text = size(target).add(fixed(1)).by_factor(_STRING_TRAVERSAL)
             return text.multiply(size(arguments[0]).by_factor(_REGEX_LENGTH)), None, True
+        if overload == "matches" and len(arguments) == 2 and self.release.costs_function_matches:
+            text = size(arguments[0]).add(fixed(1)).by_factor(_STRING_TRAVERSAL)
+            return text.multiply(size(arguments[1]).by_factor(_REGEX_LENGTH)), None, True
         if overload == "contains_string" and target is not None and len(arguments) == 1:
             text = size(target).by_factor(_STRING_TRAVERSAL)
             return text.multiply(size(arguments[0]).by_factor(_STRING_TRAVERSAL)), None, True
@@ -865,8 +876,11 @@ _IP_SIZE = Range(4, 16)
 
 def _kubernetes_estimate(coster: _Coster, function: str, overload: str, target: Node | None,
                          arguments: list[Node]) -> tuple[Range, Range | None] | None:
-    """k8s.io/apiserver/pkg/cel/library/cost.go ``EstimateCallCost``, by function name."""
+    """k8s.io/apiserver/pkg/cel/library/cost.go ``EstimateCallCost``, by function name, behind
+    1.36's DRA estimator (dynamic-resource-allocation/cel ``draCostEstimator``)."""
     size = coster.node_size
+    if overload == "dra_includes_dyn_dyn" and target is not None:  # as "<arg> in <target>", 48 values at most
+        return Range(0, _MAX_ATTRIBUTE_VALUES), None
     if function == "check":
         return fixed(350_000), None
     if function in _UNIT_FUNCTIONS:
@@ -876,14 +890,18 @@ def _kubernetes_estimate(coster: _Coster, function: str, overload: str, target: 
         parse = length.by_factor(_STRING_TRAVERSAL)
         requirements = length.by_factor(0.5).by_factor(float(_LIST_CREATE + _STRUCT_CREATE))
         return fixed(_LIST_CREATE).add(parse).add(requirements), None
-    if function in ("isSorted", "sum", "max", "min", "indexOf", "lastIndexOf") and target is not None:
-        if target.type.params:
+    traversals = ("isSorted", "sum", "max", "min", "indexOf", "lastIndexOf",
+                  *(("includes",) if coster.release.costs_includes else ()))
+    if function in traversals and target is not None:
+        if target.type.params:  # listElementNode: the first type parameter, a map's key type too
             element_type = target.type.params[0]
             element_cost = fixed(1)
             if element_type.kind in ("string", "bytes"):
                 items = Node(None, _Path((*coster.read(target.path), "@items")) if target.path is not None else None, element_type, None)
                 element_cost = element_cost.add(size(items).by_factor(_STRING_TRAVERSAL))
             return size(target).multiply(element_cost), None
+        if function == "includes":  # any target (dyn): at worst a list compared element by element
+            return size(target), None
         return size(target).by_factor(_STRING_TRAVERSAL), None
     if function in ("url", "jsonpatch.escapeKey") and len(arguments) == 1:
         length = size(arguments[0])
@@ -933,6 +951,9 @@ def _kubernetes_estimate(coster: _Coster, function: str, overload: str, target: 
             cost = cost.add(size(arguments[0]).by_factor(_STRING_TRAVERSAL))
         return cost, None
     if function == "validate" and arguments:
+        if coster.runtime:  # the run (CallCost) charges the format's own regex size, up to the URL's
+            text = size(arguments[0]).add(fixed(1)).by_factor(_STRING_TRAVERSAL)
+            return text.multiply(fixed(math.ceil(_URL_FORMAT_REGEX_SIZE * _REGEX_LENGTH))), None
         return size(arguments[0]).by_factor(_STRING_TRAVERSAL).by_factor(
             _MAX_NAME_FORMAT_REGEX_SIZE * _REGEX_LENGTH), None
     if function == "_==_" and len(arguments) == 2:
@@ -979,13 +1000,13 @@ def checked_expression(serialized: bytes) -> ast.CheckedExpr:
     return checked
 
 
-def estimate(checked: ast.CheckedExpr, sizes: SizeEstimator = declared_sizes) -> Range:
+def estimate(checked: ast.CheckedExpr, sizes: SizeEstimator = declared_sizes, *, release: CelRelease = OLDEST) -> Range:
     """cel-go's ``checker.Cost`` of a checked selector in the DRA environment: what the API server
     compares with the limit."""
-    return _Coster(checked, sizes, runtime=False).cost(checked.expr)
+    return _Coster(checked, sizes, False, release).cost(checked.expr)
 
 
-def runtime_bound(checked: ast.CheckedExpr, sizes: SizeEstimator = declared_sizes) -> int:
+def runtime_bound(checked: ast.CheckedExpr, sizes: SizeEstimator = declared_sizes, release: CelRelease = OLDEST) -> int:
     """An upper bound of what the scheduler's run counts (cel-go's runtime cost tracker with the
     Kubernetes library's ``CallCost``): the estimate, where the run charges more than the estimate
     does (a select on a value of unknown type, ``startsWith``/``endsWith`` on their receiver,
@@ -994,7 +1015,7 @@ def runtime_bound(checked: ast.CheckedExpr, sizes: SizeEstimator = declared_size
     The estimate alone is not a bound: ``s.startsWith("NVIDIA")`` is estimated at the prefix's
     length and run at ``s``'s, so a selector the API server admits near the limit can be stopped at
     run time."""
-    return _Coster(checked, sizes, runtime=True).cost(checked.expr).high
+    return _Coster(checked, sizes, True, release).cost(checked.expr).high
 
 
 def describe(value: int) -> str:

@@ -1,7 +1,7 @@
 """The CEL environment of a DRA selector: the base set of k8s.io/apiserver/pkg/cel/environment/
-base.go (Kubernetes 1.35) as far as DRA selectors can use it, plus what the DRA compiler adds
-(k8s.io/dynamic-resource-allocation/cel/compile.go ``newCompiler``): the ``device`` variable and
-``cel.bind`` (ext.Bindings).
+base.go (Kubernetes 1.35; what later releases add, per :mod:`.releases`) as far as DRA selectors
+can use it, plus what the DRA compiler adds (k8s.io/dynamic-resource-allocation/cel/compile.go
+``newCompiler``): the ``device`` variable and ``cel.bind`` (ext.Bindings).
 
 From the base set: optional types; cel-go's strings extension at version 2 (``charAt``,
 ``indexOf``, ``lastIndexOf``, ``lowerAscii``, ``upperAscii``, ``replace``, ``split``, ``substring``,
@@ -58,6 +58,7 @@ from gpudra_operator.cel import (
     urlslib,
 )
 from gpudra_operator.cel.opaque import CIDR_TYPE, IP_TYPE, POOL, QuantityMessage, SemverMessage
+from gpudra_operator.cel.releases import OLDEST, CelRelease
 
 # cel-go's string() overloads (common/stdlib standard.go), which cel-cpp has too, and the two that
 # ip.go and cidr.go add.
@@ -133,10 +134,12 @@ def _config(checker_only: list[dict[str, Any]], *, macros: bool) -> cel.EnvConfi
 
 
 @cache
-def _environment(running_form: bool) -> cel.Env:
+def _environment(running_form: bool, includes: str | None) -> cel.Env:
     """The environment selectors compile in; ``running_form``: the one that runs what the first
-    cannot (:func:`.formatlib.running_form`'s trees, ``cel.@mapInsert``)."""
+    cannot (:func:`.formatlib.running_form`'s trees, ``cel.@mapInsert``). ``includes``: none,
+    ``limited`` (1.36) or ``list`` (1.37, :func:`.listlib.includes_functions`)."""
     libraries = [*quantitylib.functions(), *semverlib.functions(), *listlib.functions(), *_orderings(),
+                 *(listlib.includes_functions(includes == "limited") if includes else []),
                  *urlslib.functions(), *iplib.functions(), *cidrlib.functions(), *regexlib.functions(),
                  *formatlib.functions(),
                  *(formatlib.running_functions() + comprehensionslib.functions() if running_form else [])]
@@ -173,13 +176,23 @@ class _RunningForm:
         return bytes(self.checked.serialize())
 
 
+@dataclass(frozen=True)
 class SelectorEnvironment:
-    """Compiles selectors as cel-go's ``env.Compile`` and ``env.Program`` do, to cel-cpp programs."""
+    """Compiles selectors as cel-go's ``env.Compile`` and ``env.Program`` do, to cel-cpp programs,
+    in the environment of one Kubernetes release."""
+
+    release: CelRelease = OLDEST
+
+    @property
+    def _includes(self) -> str | None:
+        if not self.release.has_includes:
+            return None
+        return "limited" if self.release.limits_includes else "list"
 
     def compile(self, expression: str) -> Any:
         """The program (``eval``, ``return_type``, ``serialize``, as cel-cpp's); an exception for a
         selector that does not compile or whose program cannot be created."""
-        program = _environment(False).compile(expression)
+        program = _environment(False, self._includes).compile(expression)
         checked = cost.checked_expression(program.serialize())
         error = regexlib.literal_error(checked)
         if error is not None:
@@ -190,12 +203,13 @@ class SelectorEnvironment:
         if running is None:
             return program
         serialized = any_pb2.Any(type_url=_CHECKED_EXPR_URL, value=running.SerializeToString())
-        return _RunningForm(program, _environment(True).deserialize(serialized.SerializeToString()))
+        running_environment = _environment(True, self._includes)
+        return _RunningForm(program, running_environment.deserialize(serialized.SerializeToString()))
 
 
 @cache
-def selector_environment() -> SelectorEnvironment:
-    """One environment for every selector: ``device`` is a map (its fields are checked at run
-    time; the API server has type-checked every stored selector already)."""
-    return SelectorEnvironment()
+def selector_environment(release: CelRelease = OLDEST) -> SelectorEnvironment:
+    """One environment for every selector of a release: ``device`` is a map (its fields are
+    checked at run time; the API server has type-checked every stored selector already)."""
+    return SelectorEnvironment(release)
 

@@ -3,7 +3,8 @@ environment/base.go, 1.35), for the list values a selector can build:
 
 * the Kubernetes list library, k8s.io/apiserver/pkg/cel/library/lists.go: ``isSorted``, ``sum``,
   ``min``, ``max``, ``indexOf``, ``lastIndexOf`` (string ``indexOf``/``lastIndexOf`` are cel-go's
-  strings extension, which cel-cpp provides);
+  strings extension, which cel-cpp provides), and ``includes`` (:func:`includes_functions`: its
+  version 1's from Kubernetes 1.37, the DRA compiler's in 1.36);
 * cel-go's sets extension (ext/sets.go): ``sets.contains``, ``sets.equivalent``, ``sets.intersects``;
 * cel-go's lists extension, version 3 (ext/lists.go): ``lists.range``, ``distinct``, ``flatten``,
   ``reverse``, ``slice``, ``sort``, and ``sortBy``: a macro upstream, expanded here as upstream
@@ -139,6 +140,37 @@ SORT_BY_KEYS = "__sortByAssociatedKeys__"
 
 def _range(n: int) -> list[int]:
     return list(range(n))
+
+
+# resourceapi.ResourceSliceMaxAttributeValuesPerDevice: 1.36's includes refuses longer lists.
+MAX_ATTRIBUTE_VALUES = 48
+
+
+def _includes(target: Any, element: Any) -> bool:
+    """lists.go ``includes``: a list holds the element, or any other value equals it."""
+    if isinstance(target, list):
+        return any(cel_equal(item, element) for item in target)
+    return cel_equal(target, element)
+
+
+def _includes_limited(target: Any, element: Any) -> bool:
+    """compile.go ``includesFunc`` (1.36): as :func:`_includes`, an error past the 48th value."""
+    if isinstance(target, list):
+        for index, item in enumerate(target):
+            if index >= MAX_ATTRIBUTE_VALUES:
+                raise ValueError(f"'includes' function cannot be applied to lists longer than {MAX_ATTRIBUTE_VALUES} values")
+            if cel_equal(item, element):
+                return True
+        return False
+    return cel_equal(target, element)
+
+
+def includes_functions(limited: bool) -> list[tuple[str, list[cel.Overload]]]:
+    """``<dyn>.includes(<dyn>)``: 1.36's (``limited``, the DRA compiler's) or 1.37's (the list
+    library's version 1), with their overload IDs."""
+    T = cel.Type
+    overload, impl = ("dra_includes_dyn_dyn", _includes_limited) if limited else ("list_includes_dyn_dyn", _includes)
+    return [("includes", [cel.Overload(overload, T.BOOL, [T.DYN, T.DYN], is_member=True, impl=impl)])]
 
 
 def functions() -> list[tuple[str, list[cel.Overload]]]:

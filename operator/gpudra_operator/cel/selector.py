@@ -39,9 +39,10 @@ from typing import Any
 from cel_expr_python import cel
 
 from gpudra_driver import limits
-from gpudra_operator.cel import astwalk, cost, quantitylib, semverlib
+from gpudra_operator.cel import astwalk, cost, quantitylib, semverlib, urlslib
 from gpudra_operator.cel.comprehensionslib import MIXED_KEYS, spell_exists_one
 from gpudra_operator.cel.environment import selector_environment
+from gpudra_operator.cel.releases import OLDEST, CelRelease
 from gpudra_operator.cel.listlib import SORT_BY_KEYS
 from gpudra_operator.cel.sortby import SortByError, expand_sort_by
 from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, Token, cel_tokens, matching_bracket, token_is
@@ -158,6 +159,7 @@ class CompiledSelector:
     checked: Any = field(repr=False, compare=False)  # the checked AST, for the per-device cost bound
     max_cost: int = 0  # the estimate the API server compares with the limit
     run_bound: int = 0  # what a run can cost on the largest device the API allows
+    release: CelRelease = OLDEST  # whose CEL: the cluster's
 
     @property
     def within_cost_limit(self) -> bool:
@@ -172,7 +174,8 @@ class CompiledSelector:
         except ValueError as error:
             return SelectorResult(False, str(error))
         if cost_limit is not None and self.run_bound > cost_limit:
-            bound = cost.runtime_bound(self.checked, cost.device_sizes(device.driver, shared_attributes, shared_capacity))
+            sizes = cost.device_sizes(device.driver, shared_attributes, shared_capacity)
+            bound = cost.runtime_bound(self.checked, sizes, self.release)
             if bound > cost_limit:
                 return SelectorResult(False, (
                     f"the run may exceed the CEL cost limit of {cost_limit:,} (estimated up to "
@@ -184,10 +187,13 @@ class CompiledSelector:
             capacity.setdefault(literal, {})
         variables = {"device": {"driver": device.driver, "allowMultipleAllocations": device.allow_multiple_allocations,
                                 "attributes": attributes, "capacity": capacity}}
+        strict = urlslib.strict_colons.set(self.release.strict_url_colons)
         try:
             value = self.program.eval(data=variables)
         except Exception as error:  # noqa: BLE001 - cel-cpp raises RuntimeError for what it cannot run
             return _failed(_message(error))
+        finally:
+            urlslib.strict_colons.reset(strict)
         if value.type() == cel.Type.ERROR:
             return _failed(_message(value.value()))
         result = value.value()
@@ -197,8 +203,9 @@ class CompiledSelector:
 
 
 @lru_cache(maxsize=1024)
-def compile_selector(expression: str) -> CompiledSelector:
-    """The compiled selector, or :class:`SelectorCompileError` saying why not."""
+def compile_selector(expression: str, release: CelRelease = OLDEST) -> CompiledSelector:
+    """The compiled selector, as ``release`` compiles, costs and runs it, or
+    :class:`SelectorCompileError` saying why not."""
     try:
         limits.check_cel_expression("selector", expression)
     except limits.LimitError as error:
@@ -212,7 +219,7 @@ def compile_selector(expression: str) -> CompiledSelector:
         except CelSyntaxError:
             pass  # cel-cpp's parser says what is wrong
     try:
-        program = selector_environment().compile(source)
+        program = selector_environment(release).compile(source)
     except Exception as error:  # noqa: BLE001 - cel-cpp reports parse and check errors as RuntimeError
         detail = _STATUS_SUFFIX.sub("", "\n".join(line for line in str(error).splitlines() if line.strip()))
         raise SelectorCompileError(expression, f"compilation failed: {_STATUS_PREFIX.sub('', detail)}") from None
@@ -230,11 +237,11 @@ def compile_selector(expression: str) -> CompiledSelector:
         if not whole_map:
             literals = frozenset(t.value for t in tokens if t.kind == "string" and t.value)
         if rewritten != tokens:
-            program = selector_environment().compile(" ".join(t.text for t in rewritten))
+            program = selector_environment(release).compile(" ".join(t.text for t in rewritten))
     except (CelSyntaxError, RuntimeError):  # the small lexer misread it: lookups of absent domains fail
         pass
-    return CompiledSelector(expression, program, literals, checked, cost.estimate(checked).high,
-                            cost.runtime_bound(checked))
+    return CompiledSelector(expression, program, literals, checked, cost.estimate(checked, release=release).high,
+                            cost.runtime_bound(checked, release=release), release)
 
 
 def _heterogeneous_literal(checked: Any) -> str | None:

@@ -5,13 +5,18 @@ base environment) declares them: ``url``, ``isURL``, and the members ``getScheme
 ``isURL`` is Go's ``url.ParseRequestURI`` succeeding; ``url`` checks with it and then keeps what
 ``url.Parse`` makes of the string (upstream parses twice: ParseRequestURI mistakes a fragment for
 part of the path or query). Both are ported here from go/src/net/url/url.go with their error
-messages, as Kubernetes 1.35 builds them: Go 1.25 behaviour, which Go 1.26 keeps for modules that
-say ``go 1.25`` (GODEBUG ``urlstrictcolons=0``: a host's port is what follows its *last* colon,
-for every scheme). Bracketed hosts must hold an IPv6 address (netip, :mod:`.iplib`).
+messages. Bracketed hosts must hold an IPv6 address (netip, :mod:`.iplib`).
+
+Which Go: Kubernetes 1.35 builds with ``godebug default=go1.25``, where a host's port is what
+follows its *last* colon, for every scheme; 1.36 and later with ``default=go1.26``, whose
+``urlstrictcolons`` makes an ``http``/``https`` host with more than one colon an error ("invalid
+port"). :data:`strict_colons` says which, for the selector being run
+(:class:`~gpudra_operator.cel.releases.CelRelease`); ``format.uri()`` parses the same way.
 """
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +26,10 @@ from gpudra_operator.cel import iplib
 from gpudra_operator.cel.opaque import URL_TYPE, URLMessage
 
 URL = cel.Type(URL_TYPE)
+
+# Go 1.26's urlstrictcolons for the selector being run (cel-cpp calls this module's functions
+# synchronously from inside the run, so the run sets it around itself).
+strict_colons: ContextVar[bool] = ContextVar("strict_url_colons", default=False)
 
 # url.go's encoding modes.
 PATH, PATH_SEGMENT, HOST, ZONE, USER_PASSWORD, QUERY_COMPONENT, FRAGMENT = range(7)
@@ -249,7 +258,9 @@ def _parse_host(scheme: str, host: str) -> str:
         if len(address) == 4:
             raise URLError("invalid IP-literal")
         return f"[{unescaped}]{colon_port}"
-    colon = host.rfind(":")  # the last colon: urlstrictcolons=0 (see the module doc)
+    colon = host.rfind(":")  # the last colon, unless urlstrictcolons (see the module doc)
+    if colon >= 0 and scheme in ("http", "https") and strict_colons.get():
+        colon = host.find(":")
     if colon >= 0 and not _valid_optional_port(host[colon:]):
         raise URLError(f"invalid port {iplib.go_quote(host[colon:])} after host")
     return _unescape(host, HOST)

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from gpudra_operator.cel import SelectorCompileError, compile_selector
 from gpudra_operator.cel.cost import SELECTOR_MAX_COST, describe
+from gpudra_operator.cel.releases import OLDEST, CelRelease, release_of
 from gpudra_operator.explain.allocator import claim_label, claim_requests
 from gpudra_operator.explain.gather import ExplainInputError, Snapshot
 from gpudra_operator.explain.inventory import Obj, nodes_of
@@ -32,8 +33,9 @@ def explain_snapshot(snapshot: Snapshot, driver: str) -> Verdict:
     if not claims:
         raise ExplainInputError(f"{snapshot.target}: no request is for {driver}'s devices ("
                                 + "; ".join(notes) + "); gpudra explains only its own driver's")
-    check_selectors(claims, snapshot.classes)
-    notes += costly_selectors(claims, snapshot.classes)
+    release = release_of(snapshot.server_minor)
+    check_selectors(claims, snapshot.classes, release)
+    notes += costly_selectors(claims, snapshot.classes, release)
     nodes = nodes_of(snapshot.slices, snapshot.nodes)
     verdict = explain(snapshot.target, claims, pod=snapshot.pod if snapshot.nodes is not None else None,
                       classes=snapshot.classes, slices=snapshot.slices, nodes=nodes,
@@ -55,13 +57,13 @@ def _selectors(claims: Sequence[Obj], classes: Mapping[str, Obj]) -> Iterator[tu
                     yield f"claim {claim_label(claim)} request {request.result_name} selector #{i}", expression
 
 
-def costly_selectors(claims: Sequence[Obj], classes: Mapping[str, Obj]) -> list[str]:
+def costly_selectors(claims: Sequence[Obj], classes: Mapping[str, Obj], release: CelRelease = OLDEST) -> list[str]:
     """A note for each selector estimated past the cost limit: the API server refuses such a
     selector today, so it was stored under older rules, and the scheduler stops any run of it that
     costs more than the limit."""
     notes = []
     for where, expression in _selectors(claims, classes):
-        selector = compile_selector(expression)
+        selector = compile_selector(expression, release)
         if not selector.within_cost_limit:
             notes.append(f"{where}: its estimated CEL cost ({describe(selector.max_cost)}) exceeds the limit of "
                          f"{SELECTOR_MAX_COST:,}; the API server refuses such a selector today, and the scheduler "
@@ -69,12 +71,12 @@ def costly_selectors(claims: Sequence[Obj], classes: Mapping[str, Obj]) -> list[
     return notes
 
 
-def check_selectors(claims: Sequence[Obj], classes: Mapping[str, Obj]) -> None:
+def check_selectors(claims: Sequence[Obj], classes: Mapping[str, Obj], release: CelRelease = OLDEST) -> None:
     """:class:`ExplainInputError` for the first selector that does not compile here: one the API
     server would refuse too (the scheduler then fails the pod with that error)."""
     for where, expression in _selectors(claims, classes):
         try:
-            compile_selector(expression)
+            compile_selector(expression, release)
         except SelectorCompileError as error:
             first = next((line for line in error.message.splitlines() if line.strip()), error.message)
             raise ExplainInputError(f"{where} does not compile (the scheduler fails the pod with this error "

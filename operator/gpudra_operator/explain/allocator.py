@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpudra_operator.cel import SelectorCompileError, compile_selector, device_input
+from gpudra_operator.cel.releases import OLDEST, CelRelease
 from gpudra_operator.cel.selector import DeviceInput
 from gpudra_operator.explain.inventory import Device, DeviceID, Obj, Pool
 
@@ -89,9 +90,11 @@ def claim_label(claim: Obj) -> str:
 
 class SelectorMemo:
     """Each selector evaluated once per device for one explain: the allocation on every node and
-    the counting share the answers (selectors are pure functions of the device)."""
+    the counting share the answers (selectors are pure functions of the device). ``release``: the
+    cluster's, whose CEL the selectors are run with."""
 
-    def __init__(self) -> None:
+    def __init__(self, release: CelRelease = OLDEST) -> None:
+        self.release = release
         self._outcomes: dict[tuple[str, DeviceID], tuple[bool, str | None]] = {}
         self._inputs: dict[DeviceID, DeviceInput] = {}
         self._undetermined: set[tuple[str, DeviceID]] = set()
@@ -111,7 +114,7 @@ class SelectorMemo:
         if device.id not in self._inputs:
             self._inputs[device.id] = device_input(device.driver, device.spec)
         try:
-            result = compile_selector(expression).evaluate(self._inputs[device.id])
+            result = compile_selector(expression, self.release).evaluate(self._inputs[device.id])
         except SelectorCompileError as error:
             return False, f"CEL compile error: {error.message}"
         if result.undetermined:

@@ -133,11 +133,8 @@ async def read_snapshot(kube: Kube, kind: str, namespace: str, name: str, driver
 
 
 async def _server_minor(kube: Kube) -> int | None:
-    """The API server's minor version (/version is readable by every authenticated user); the
-    scheduler of the same release is assumed."""
+    """The API server's minor version; the scheduler of the same release is assumed."""
     try:
-        minor = str((await kube.request("GET", "/version")).get("minor", ""))
+        return await kube.server_minor()
     except ApiException:
         return None
-    digits = "".join(ch for ch in minor if ch.isdigit())
-    return int(digits) if digits else None

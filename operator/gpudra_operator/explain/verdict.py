@@ -17,6 +17,7 @@ from typing import Any
 
 from gpudra_driver.quantity import parse_quantity
 from gpudra_operator.cel import semverlib
+from gpudra_operator.cel.releases import release_of
 from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, all_model_references
 from gpudra_operator.explain.allocator import (
     AllocationError,
@@ -256,7 +257,7 @@ def explain(target: str, claims: Sequence[Obj], *, pod: Obj | None, classes: Map
                           or node_selector_matches(_allocation(c)["nodeSelector"], n) for c in allocated)]  # type: ignore[index]
     index = SliceIndex(slices)
     pools_by_node = {n["metadata"]["name"]: gather_pools(index, n) for n in nodes}
-    memo = SelectorMemo()
+    memo = SelectorMemo(release_of(server_minor))
     quirk = server_minor is None or server_minor <= 35
 
     # The scheduler's answer, node by node; one error fails the whole attempt.

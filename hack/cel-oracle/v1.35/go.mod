@@ -1,8 +1,11 @@
-// Builds cel-oracle (main.go) for gpudra's tests: `hack/cel-oracle-bin.sh`. Pinned to the
-// Kubernetes release the tests run by default.
+// Builds cel-oracle (../main.go) on Kubernetes 1.35's DRA CEL library for gpudra's tests:
+// `hack/cel-oracle-bin.sh`. The go and godebug lines are Kubernetes 1.35's own (its go.mod),
+// so the oracle's Go behaves as that release's kube-apiserver and kube-scheduler do.
 module gpudra.io/hack/cel-oracle
 
 go 1.25.0
+
+godebug default=go1.25
 
 require (
 	k8s.io/api v0.35.4
