@@ -24,6 +24,30 @@ stamped_ok() {  # the apiserver in $1 reports the pinned version
   [[ "$("$1/kube-apiserver" --version 2>/dev/null)" == "Kubernetes $KUBE_VERSION" ]]
 }
 
+# The release's own Go settings: the `godebug` lines of its go.mod (1.36 and later: default=go1.26,
+# whose net/url refuses an http(s) host with two colons), so that what we build behaves as the
+# released binaries do. The committed hack/kube-tools carries the pinned release's; any other's
+# comes from its go.mod on the Go module proxy.
+upstream_go_mod() {
+  local pinned; pinned="$(go -C "$HACK_DIR/kube-tools" list -m -f '{{.Version}}' k8s.io/kubernetes)"
+  if [[ "$pinned" == "$KUBE_VERSION" ]]; then echo "$HACK_DIR/kube-tools/go.mod"; return; fi
+  (cd / && GOFLAGS= go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+}
+
+godebug_of() {  # the godebug directive(s) of the go.mod $1, one-line or block form
+  awk '/^godebug \(/ {block = 1} block || /^godebug / {print} block && /^\)/ {block = 0}' "$1"
+}
+
+# Binaries built before the stamp: the pinned release's recipe is unchanged, so only theirs count.
+recipe_ok() {  # $1 was built (or downloaded) with the release's own Go settings
+  command -v go >/dev/null || return 0  # no Go, no build to redo: what is there serves
+  local want; want="$(godebug_of "$(upstream_go_mod)")" || return 1
+  if [[ ! -f "$1/.godebug" ]] && [[ "$(upstream_go_mod)" == "$HACK_DIR/kube-tools/go.mod" ]]; then
+    printf '%s\n' "$want" > "$1/.godebug"
+  fi
+  [[ -f "$1/.godebug" && "$(cat "$1/.godebug")" == "$want" ]]
+}
+
 if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
   if has_all "$KUBEBUILDER_ASSETS"; then
     log "using \$KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS ($("$KUBEBUILDER_ASSETS/kube-apiserver" --version))"
@@ -32,7 +56,7 @@ if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
   log "\$KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS lacks one of: ${BINARIES[*]} (scheduler, controller-manager and kubelet are needed too); falling back"
 fi
 
-if has_all "$BIN_DIR" && stamped_ok "$BIN_DIR"; then
+if has_all "$BIN_DIR" && stamped_ok "$BIN_DIR" && recipe_ok "$BIN_DIR"; then
   log "cached: $BIN_DIR"
   echo "$BIN_DIR"; exit 0
 fi
@@ -65,9 +89,9 @@ kube_tools_dir() {
   log "KUBE_VERSION=$KUBE_VERSION is not the pinned $pinned: generating $dir from upstream's go.mod"
   mkdir -p "$dir"
   rm -f "$dir/go.mod" "$dir/go.sum"
-  upstream="$(cd / && GOFLAGS= go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+  upstream="$(upstream_go_mod)"
   [[ -f "$upstream" ]] || { log "k8s.io/kubernetes@$KUBE_VERSION is not served by the Go module proxy"; return 1; }
-  { printf 'module gpudra.io/hack/kube-tools\n\ngo 1.25.0\n\ngodebug default=go1.25\n\ntool (\n'
+  { printf 'module gpudra.io/hack/kube-tools\n\n%s\n\n%s\n\ntool (\n' "$(grep -m1 '^go ' "$upstream")" "$(godebug_of "$upstream")"
     printf '\tk8s.io/kubernetes/cmd/%s\n' kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet
     printf ')\n\nrequire k8s.io/kubernetes %s\n\nreplace (\n' "$KUBE_VERSION"
     sed -n 's/^[[:space:]]*\(k8s.io\/[a-z0-9-]*\) => .\/staging\/.*/\t\1 => \1 '"$staging"'/p' "$upstream"
@@ -113,5 +137,6 @@ fi
 has_all "$STAGE" || { log "FAILED: missing binaries in $STAGE"; exit 1; }
 stamped_ok "$STAGE" || { log "FAILED: kube-apiserver --version is '$("$STAGE/kube-apiserver" --version)', want $KUBE_VERSION"; exit 1; }
 for b in "${BINARIES[@]}"; do mv -f "$STAGE/$b" "$BIN_DIR/$b"; done
+godebug_of "$(upstream_go_mod)" > "$BIN_DIR/.godebug"
 log "ready: $("$BIN_DIR/kube-apiserver" --version), $("$BIN_DIR/etcd" --version | head -1)"
 echo "$BIN_DIR"

@@ -14,6 +14,10 @@ which shape of answer it was written for:
 * ``refused``: the selector does not compile (a literal pattern that is no regexp): the API server
   refuses the claim as gpudra's compiler does.
 
+A case written ``lenient/strict`` has the first shape where an http(s) URL's host may hold two
+colons (1.35) and the second where it may not (1.36 and later: Kubernetes builds with Go 1.26's
+defaults); the evaluator is set to the cluster's release, and `.ci/run` runs this test on each.
+
 Unit tests with upstream's own tables: tests/unit/test_cel_netlibs.py."""
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.cel import SelectorCompileError, compile_selector, device_input
+from gpudra_operator.cel.releases import CelRelease, release_of
 from gpudra_operator.localcluster.waiting import wait_for
 from schedpods import pinned_pod, scheduling_outcome
 
@@ -38,13 +43,14 @@ POD = resource_type("v1", "Pod")
 
 DEVICES: dict[str, dict[str, str]] = {
     "v4": {"ip": "10.1.2.3", "cidr": "10.0.0.0/8", "name": "nic-a", "pattern": "[0-9]+",
-           "url": "https://storage.example.com:8443/v1/objects?zone=a&zone=b", "text": "model 42 rev 7"},
+           "url": "https://storage.example.com:8443/v1/objects?zone=a&zone=b", "text": "model 42 rev 7",
+           "mirror": "http://cache:80:8080/"},
     "v6": {"ip": "2001:db8::68", "cidr": "2001:db8::/32", "name": "Nic_B", "pattern": "x+",
-           "url": "http://[2001:db8::1]/path with space", "text": "Mixed Case"},
+           "url": "http://[2001:db8::1]/path with space", "text": "Mixed Case", "mirror": "ftp://cache:80:8080/"},
     "odd": {"ip": "::ffff:10.1.2.3", "cidr": "10.0.0.1/8", "name": "not a label!", "pattern": "z",
-            "url": "../relative-path", "text": "no digits here"},
+            "url": "../relative-path", "text": "no digits here", "mirror": "http://cache:8080/"},
     "zone": {"ip": "fe80::1%eth0", "cidr": "not-a-cidr", "name": "x-", "pattern": "(",
-             "url": "https://a:b:c/", "text": "ÀÉ at 1.5 GHz"},
+             "url": "https://a:b:c/", "text": "ÀÉ at 1.5 GHz", "mirror": "not a url"},
 }
 A = "device.attributes[DRIVER]"
 CASES: list[tuple[str, str]] = [
@@ -71,15 +77,25 @@ CASES: list[tuple[str, str]] = [
     ("error", f"cidr('192.168.0.0/16').containsIP({A}.ip)"),  # "no such overload" on the two bad IPs
     ("error", f"{A}.text.find({A}.pattern) == 'no match'"),  # "Illegal regex" on "("
     ("refused", f"{A}.text.find('(') == ''"),
+    # two colons in an http host: a URL on 1.35 only; in an ftp one, on every release
+    ("one/none", f"isURL({A}.mirror) && {A}.mirror.startsWith('http://cache:80:')"),
+    ("one", f"isURL({A}.mirror) && url({A}.mirror).getScheme() == 'ftp' && url({A}.mirror).getPort() == '8080'"),
+    ("one/error", f"{A}.mirror.startsWith('http') && url({A}.mirror).getPort() == '8080' && {A}.mirror.contains(':80:')"),
 ]
 
 
-def gpudra_answers(driver: str, expression: str) -> dict[str, Any]:
-    """gpudra's evaluator on each device: True, False or the error."""
+def wanted(want: str, release: CelRelease) -> str:
+    """The shape a case was written for on ``release`` (``lenient/strict``: see the module doc)."""
+    lenient, _, strict = want.partition("/")
+    return strict if strict and release.strict_url_colons else lenient
+
+
+def gpudra_answers(driver: str, expression: str, release: CelRelease) -> dict[str, Any]:
+    """gpudra's evaluator on each device, set to ``release``: True, False or the error."""
     answers: dict[str, Any] = {}
     for name, strings in DEVICES.items():
         device = device_input(driver, {"name": name, "attributes": {k: {"string": v} for k, v in strings.items()}})
-        result = compile_selector(expression).evaluate(device)
+        result = compile_selector(expression, release).evaluate(device)
         answers[name] = result.error if result.error is not None else result.matched
     return answers
 
@@ -106,14 +122,17 @@ async def test_the_scheduler_allocates_where_gpudra_says_the_selector_matches(
     token = secrets.token_hex(3)
     driver = f"net-{token}.gpudra.io"
     klass = f"net-{token}"
-    cases = [(i, want, expression.replace("DRIVER", f'"{driver}"')) for i, (want, expression) in enumerate(CASES)]
+    release = release_of(await kube.server_minor())
+    cases = [(i, wanted(want, release), expression.replace("DRIVER", f'"{driver}"'))
+             for i, (want, expression) in enumerate(CASES)]
     # The answers these cases were written for (so the test keeps exercising all four shapes).
     for i, want, expression in cases:
         if want == "refused":
             with pytest.raises(SelectorCompileError, match="error parsing regexp"):
-                compile_selector(expression)
+                compile_selector(expression, release)
         else:
-            assert shape(gpudra_answers(driver, expression)) == want, (i, expression, gpudra_answers(driver, expression))
+            answers = gpudra_answers(driver, expression, release)
+            assert shape(answers) == want, (i, expression, release, answers)
 
     await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": klass},
                        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}})
@@ -149,7 +168,7 @@ async def test_the_scheduler_allocates_where_gpudra_says_the_selector_matches(
                 continue
             scheduled, detail = await wait_for(lambda i=i: decision(kube, namespace, f"case-{i}"), timeout=30,
                                                interval=0.1, what=f"the scheduler's decision on case {i}")
-            answers = gpudra_answers(driver, expression)
+            answers = gpudra_answers(driver, expression, release)
             expected = next((name for name, answer in answers.items() if answer is True), None) if want == "one" else None
             # The scheduler stops at the first device that fails and names its error: one of gpudra's.
             errors = [f"CEL runtime error: {answer}" for answer in answers.values() if isinstance(answer, str)]
