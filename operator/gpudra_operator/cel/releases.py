@@ -14,8 +14,9 @@ the evaluator compiles, costs and runs a selector as the cluster's own release d
   costed by the list's size (library/cost.go).
 
 gpudra answers for the scheduler, so a selector compiles here as the scheduler compiles a stored
-one; the API server may refuse a new one that uses a gated function (``includes`` on 1.36 without
-``DRAListTypeAttributes``).
+one. The API server is stricter with a new selector: it gets the previous release's CEL (the CEL
+compatibility version) and honours feature gates, so it refuses ``includes`` on 1.36 without
+``DRAListTypeAttributes`` and on 1.37 ("undeclared reference to 'includes'").
 
 A cluster whose release is unknown is taken as the oldest supported one; one newer than gpudra
 knows, as the newest.
