@@ -14,6 +14,7 @@ import pytest_asyncio
 
 from counting import CountingKube
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_operator.cel.releases import release_of
 from gpudra_operator.events import EventRecorder
 from gpudra_operator.localcluster.controlplane import ControlPlane
 from gpudra_operator.localcluster.kubelet_sim import KubeletSimulator
@@ -347,6 +348,40 @@ async def test_spec_sharing_mps_runs_the_mps_supervisor_until_it_leaves_the_spec
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
+
+
+async def test_class_counts_run_the_selectors_as_the_clusters_release_does(
+        kube: Kube, configs, namespace: str, fake_nodes, suffix: str) -> None:
+    """A class matching the devices whose attribute is a URL: ``http://h:80:8080/`` is one on 1.35
+    and not from 1.36 (Kubernetes builds with Go 1.26's net/url defaults), so the operator's count
+    follows the release it reads from the API server, as the scheduler would allocate. (The
+    attribute is one the agent publishes, productName: the operator refuses a class naming any
+    other.)"""
+    await agent_namespace(kube, namespace)
+    node = (await fake_nodes("url", labels={"gpudra-test": suffix}))["metadata"]["name"]
+    name, driver, urls = f"rel-{suffix}", f"r{suffix}.gpudra.io", f"urls-{suffix}.gpudra.io"
+    selector = f'isURL(device.attributes["{driver}"].productName)'
+    inline = ("apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: {{ name }}\n"
+              f"spec:\n  selectors:\n  - cel:\n      expression: '{selector}'\n")
+    await configs(make_config(name, namespace, driver, [{"name": urls, "inline": inline}],
+                              nodeSelector={"gpudra-test": suffix}))
+    await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                       "metadata": {"name": f"{node}-{suffix}"},
+                       "spec": {"driver": driver, "nodeName": node,
+                                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                                "devices": [{"name": f"gpu-{i}", "attributes": {"productName": {"string": url}}}
+                                            for i, url in enumerate(("http://h:8080/", "http://h:80:8080/"))]}})
+    strict = release_of(await kube.server_minor()).strict_url_colons
+
+    async def counted() -> Obj | None:
+        config = await kube.get(CONFIG, name)
+        got = {c["name"]: c.get("devices") for c in (config.get("status") or {}).get("deviceClasses") or []}
+        return config if got == {urls: 1 if strict else 2} else None
+
+    try:
+        await wait_for(counted, timeout=60, what=f"{urls} counting {1 if strict else 2} devices")
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{((await kube.get(CONFIG, name)) or {}).get('status')}") from None
 
 
 async def test_class_counts_follow_slices_and_claims_and_a_class_that_matches_nothing_warns(
