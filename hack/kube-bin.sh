@@ -28,9 +28,12 @@ stamped_ok() {  # the apiserver in $1 reports the pinned version
 # whose net/url refuses an http(s) host with two colons), so that what we build behaves as the
 # released binaries do. The committed hack/kube-tools carries the pinned release's; any other's
 # comes from its go.mod on the Go module proxy.
+pinned_version() {
+  go -C "$HACK_DIR/kube-tools" list -m -f '{{.Version}}' k8s.io/kubernetes
+}
+
 upstream_go_mod() {
-  local pinned; pinned="$(go -C "$HACK_DIR/kube-tools" list -m -f '{{.Version}}' k8s.io/kubernetes)"
-  if [[ "$pinned" == "$KUBE_VERSION" ]]; then echo "$HACK_DIR/kube-tools/go.mod"; return; fi
+  if [[ "$(pinned_version)" == "$KUBE_VERSION" ]]; then echo "$HACK_DIR/kube-tools/go.mod"; return; fi
   (cd / && GOFLAGS= go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
 }
 
@@ -41,8 +44,8 @@ godebug_of() {  # the godebug directive(s) of the go.mod $1, one-line or block f
 # Binaries built before the stamp: the pinned release's recipe is unchanged, so only theirs count.
 recipe_ok() {  # $1 was built (or downloaded) with the release's own Go settings
   command -v go >/dev/null || return 0  # no Go, no build to redo: what is there serves
-  local want; want="$(godebug_of "$(upstream_go_mod)")" || return 1
-  if [[ ! -f "$1/.godebug" ]] && [[ "$(upstream_go_mod)" == "$HACK_DIR/kube-tools/go.mod" ]]; then
+  local go_mod want; go_mod="$(upstream_go_mod)" && want="$(godebug_of "$go_mod")" || return 1
+  if [[ ! -f "$1/.godebug" ]] && [[ "$go_mod" == "$HACK_DIR/kube-tools/go.mod" ]]; then
     printf '%s\n' "$want" > "$1/.godebug"
   fi
   [[ -f "$1/.godebug" && "$(cat "$1/.godebug")" == "$want" ]]
@@ -83,7 +86,7 @@ download() {
 # The committed hack/kube-tools pins KUBE_VERSION's default. For any other release, generate the
 # same module from that release's own go.mod: every `k8s.io/x => ./staging/...` becomes `k8s.io/x v0.MINOR.PATCH`.
 kube_tools_dir() {
-  local pinned; pinned="$(go -C "$HACK_DIR/kube-tools" list -m -f '{{.Version}}' k8s.io/kubernetes)"
+  local pinned; pinned="$(pinned_version)"
   if [[ "$pinned" == "$KUBE_VERSION" ]]; then echo "$HACK_DIR/kube-tools"; return; fi
   local dir="$CACHE_ROOT/kube-tools-$KUBE_VERSION" upstream staging="v0.${KUBE_VERSION#v1.}"
   log "KUBE_VERSION=$KUBE_VERSION is not the pinned $pinned: generating $dir from upstream's go.mod"

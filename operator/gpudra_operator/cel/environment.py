@@ -134,12 +134,11 @@ def _config(checker_only: list[dict[str, Any]], *, macros: bool) -> cel.EnvConfi
 
 
 @cache
-def _environment(running_form: bool, includes: str | None) -> cel.Env:
-    """The environment selectors compile in; ``running_form``: the one that runs what the first
-    cannot (:func:`.formatlib.running_form`'s trees, ``cel.@mapInsert``). ``includes``: none,
-    ``limited`` (1.36) or ``list`` (1.37, :func:`.listlib.includes_functions`)."""
+def _environment(running_form: bool, release: CelRelease) -> cel.Env:
+    """The environment ``release``'s selectors compile in; ``running_form``: the one that runs what
+    the first cannot (:func:`.formatlib.running_form`'s trees, ``cel.@mapInsert``)."""
     libraries = [*quantitylib.functions(), *semverlib.functions(), *listlib.functions(), *_orderings(),
-                 *(listlib.includes_functions(includes == "limited") if includes else []),
+                 *(listlib.includes_functions(release.limits_includes) if release.has_includes else []),
                  *urlslib.functions(), *iplib.functions(), *cidrlib.functions(), *regexlib.functions(),
                  *formatlib.functions(),
                  *(formatlib.running_functions() + comprehensionslib.functions() if running_form else [])]
@@ -183,16 +182,10 @@ class SelectorEnvironment:
 
     release: CelRelease = OLDEST
 
-    @property
-    def _includes(self) -> str | None:
-        if not self.release.has_includes:
-            return None
-        return "limited" if self.release.limits_includes else "list"
-
     def compile(self, expression: str) -> Any:
         """The program (``eval``, ``return_type``, ``serialize``, as cel-cpp's); an exception for a
         selector that does not compile or whose program cannot be created."""
-        program = _environment(False, self._includes).compile(expression)
+        program = _environment(False, self.release).compile(expression)
         checked = cost.checked_expression(program.serialize())
         error = regexlib.literal_error(checked)
         if error is not None:
@@ -203,7 +196,7 @@ class SelectorEnvironment:
         if running is None:
             return program
         serialized = any_pb2.Any(type_url=_CHECKED_EXPR_URL, value=running.SerializeToString())
-        running_environment = _environment(True, self._includes)
+        running_environment = _environment(True, self.release)
         return _RunningForm(program, running_environment.deserialize(serialized.SerializeToString()))
 
 

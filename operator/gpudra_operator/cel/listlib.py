@@ -154,15 +154,13 @@ def _includes(target: Any, element: Any) -> bool:
 
 
 def _includes_limited(target: Any, element: Any) -> bool:
-    """compile.go ``includesFunc`` (1.36): as :func:`_includes`, an error past the 48th value."""
-    if isinstance(target, list):
-        for index, item in enumerate(target):
-            if index >= MAX_ATTRIBUTE_VALUES:
-                raise ValueError(f"'includes' function cannot be applied to lists longer than {MAX_ATTRIBUTE_VALUES} values")
-            if cel_equal(item, element):
-                return True
-        return False
-    return cel_equal(target, element)
+    """compile.go ``includesFunc`` (1.36): as :func:`_includes`, but a list searched past its 48th
+    value is an error."""
+    if isinstance(target, list) and len(target) > MAX_ATTRIBUTE_VALUES:
+        if _includes(target[:MAX_ATTRIBUTE_VALUES], element):
+            return True
+        raise ValueError(f"'includes' function cannot be applied to lists longer than {MAX_ATTRIBUTE_VALUES} values")
+    return _includes(target, element)
 
 
 def includes_functions(limited: bool) -> list[tuple[str, list[cel.Overload]]]:
