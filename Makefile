@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv kube-bin helm-bin cdi-schema cdi-tools cel-oracle nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry test unit typecheck demo demo-down bench explain-diff protos images image-operator image-agent base-image clean
+.PHONY: help venv kube-bin helm-bin cdi-schema cdi-tools cel-oracle nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry test unit typecheck demo demo-down bench fuzz explain-diff protos images image-operator image-agent base-image clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
@@ -24,6 +24,7 @@ help:
 	@echo "make mock-nvidia-smi mock-mps-control  the fake driver roots' nvidia-smi and nvidia-cuda-mps-control (tests/mocknvml)"
 	@echo "make registry   build CNCF Distribution's registry (pinned, from the Go module proxy) the getting-started test pushes to"
 	@echo "make bench      benchmarks (not part of make test)"
+	@echo "make fuzz       the tenant-input fuzz suite (tests/fuzz) with many more examples than make test runs (FUZZ_EXAMPLES=...)"
 	@echo "make explain-diff  gpudra explain vs the real scheduler on 300 random cases (EXPLAIN_SEED=..., EXPLAIN_CASES=...)"
 	@echo "make protos     regenerate the kubelet plugin's gRPC stubs"
 	@echo "make images     build the operator and agent images (podman or docker; cached by content: hack/images.sh)"
@@ -128,6 +129,13 @@ demo-down:
 
 bench: venv
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && GPUDRA_KUBE_BIN="$$bin_dir" $(BIN)/python -m bench
+
+# The longer run of the fuzz suite over tenant input (make test runs it with the "ci" profile).
+FUZZ_EXAMPLES ?= 5000
+fuzz: venv cdi-schema mock-nvml mock-nvidia-smi mock-mps-control
+	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
+	  GPUDRA_KUBE_BIN="$$bin_dir" GPUDRA_FUZZ_PROFILE=long GPUDRA_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) \
+	  $(BIN)/pytest tests/fuzz $(PYTEST_ARGS)
 
 # The larger run of tests/integration/test_explain_differential.py (make test runs 80 cases).
 EXPLAIN_SEED ?= 2026
