@@ -114,12 +114,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _with_health(nvml: Any, devices: list[Any], driver: str) -> list[Any]:
-    import time
-
-    from gpudra_driver.health.core import Policy
+    from gpudra_driver.health.core import Moment, Policy
     from gpudra_driver.health.monitor import snapshot
 
-    return snapshot(nvml, devices, Policy(driver=driver), time.time())
+    return snapshot(nvml, devices, Policy(driver=driver), Moment.now())
 
 
 def _health(device: Any, driver: str) -> str:

@@ -7,10 +7,13 @@ server-side apply with one field manager per component."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
+import aiohttp
 from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -19,6 +22,71 @@ from yarl import URL
 Obj = dict[str, Any]
 _JSON_RESPONSES = {200: "object", 201: "object", 202: "object"}
 METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """How long any one API call may take, in seconds: every request gpudra makes has a deadline,
+    so a connection that a load balancer or NAT dropped without a word fails the call and the
+    caller's retry opens a new one, instead of waiting forever on bytes that never come.
+
+    ``connect``: TCP and TLS handshakes. Milliseconds on a healthy network; 10 s rides out two
+    lost SYNs (retransmitted after 1 s and 3 s) and a busy API server's TLS.
+    ``request``: a whole request that is not a watch, answer read. gpudra's requests are small
+    (one object, or a page of 500) and answer in well under a second; admission webhooks default
+    to a 10 s timeout. Past 30 s a dead connection is likelier than a slow answer, and a retry on
+    a fresh connection the better bet (the API server itself gives up at 60 s, --request-timeout).
+    ``watch``: the ``timeoutSeconds`` of each watch: the API server ends it then, and the caller
+    lists or watches again (client-go's reflectors pick 5 to 10 minutes).
+    ``watch_silence``: how far past ``watch`` a watch may go without a byte before it counts as
+    dead (the server closes it at ``watch``; the margin is for a slow close)."""
+
+    connect: float = 10.0
+    request: float = 30.0
+    watch: int = 300
+    watch_silence: float = 30.0
+
+    @classmethod
+    def from_environment(cls, value: str | None = None) -> Deadlines:
+        """The defaults, with ``$GPUDRA_API_DEADLINES`` (e.g. ``connect=1,request=2,watch=5``) in
+        their place: tests shorten them to exercise a black-holed API server in seconds."""
+        value = os.environ.get("GPUDRA_API_DEADLINES", "") if value is None else value
+        types = {f.name: (int if f.name == "watch" else float) for f in fields(cls)}
+        changes: dict[str, Any] = {}
+        for item in filter(None, (part.strip() for part in value.split(","))):
+            name, _, number = item.partition("=")
+            if name.strip() not in types:
+                raise ValueError(f"GPUDRA_API_DEADLINES: unknown deadline {name.strip()!r} (known: {', '.join(types)})")
+            changes[name.strip()] = types[name.strip()](number)
+        return replace(cls(), **changes)
+
+    def for_request(self) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=self.request, sock_connect=self.connect)
+
+    def for_watch(self, timeout_seconds: int) -> aiohttp.ClientTimeout:
+        """No total: a watch streams for up to ``timeout_seconds``; silence past it is a dead connection."""
+        return aiohttp.ClientTimeout(sock_connect=self.connect, sock_read=timeout_seconds + self.watch_silence)
+
+
+# TCP keepalive on every connection to the API server: an idle pooled connection (or a quiet
+# watch) that a middlebox dropped is found dead by the kernel after KEEPALIVE_IDLE +
+# KEEPALIVE_INTERVAL * KEEPALIVE_PROBES = 60 s, rather than on the next request's deadline; it
+# also keeps a NAT or load balancer from dropping an idle one (their idle timeouts are minutes).
+KEEPALIVE_IDLE = 30  # seconds of silence before the first probe
+KEEPALIVE_INTERVAL = 10  # seconds between unanswered probes
+KEEPALIVE_PROBES = 3  # unanswered probes before the connection is reset
+
+
+def keepalive_socket(addr_info: tuple[Any, ...]) -> socket.socket:
+    """aiohttp's ``socket_factory``: the socket aiohttp would make, with TCP keepalive on."""
+    family, type_, proto, _, _ = addr_info
+    sock = socket.socket(family=family, type=type_, proto=proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+                          ("TCP_KEEPCNT", KEEPALIVE_PROBES)):
+        if hasattr(socket, option):  # Linux names; macOS has TCP_KEEPALIVE for the idle time
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+    return sock
 
 
 @dataclass(frozen=True)
@@ -60,6 +128,7 @@ RESOURCE_TYPES = _types(
     ("apps/v1", "DaemonSet", "daemonsets", True),
     ("apps/v1", "Deployment", "deployments", True),
     ("batch/v1", "Job", "jobs", True),
+    ("coordination.k8s.io/v1", "Lease", "leases", True),
     ("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", False),
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings", False),
     ("rbac.authorization.k8s.io/v1", "Role", "roles", True),
@@ -132,28 +201,55 @@ def read_environment_once(api: client.ApiClient) -> client.ApiClient:
             if auth is not None:
                 rest.proxy_headers = {**(rest.proxy_headers or {}), "Proxy-Authorization": auth.encode()}
     rest.pool_manager._trust_env = False  # aiohttp has no public setter; tests check .trust_env
+    # kubernetes-asyncio builds its connector without socket options; aiohttp (>= 3.12) asks
+    # the connector's socket factory for each new connection's socket.
+    connector = rest.pool_manager.connector
+    assert isinstance(connector, aiohttp.TCPConnector), connector
+    connector._socket_factory = keepalive_socket
     return api
+
+
+def drop_idle_connections(api: client.ApiClient) -> None:
+    """Close every pooled connection not in use. Called when a deadline has passed: whatever
+    silently dropped that connection (a load balancer restarted, a NAT forgot its table) dropped
+    the idle ones with it, and aiohttp hands them out oldest first, so a retry would wait out one
+    deadline per dead connection before it got a fresh one. client-go's HTTP/2 transport does the
+    same with its health check (ReadIdleTimeout, PingTimeout): the connection goes, not just the
+    request. aiohttp has no public call for it; its pool is ``_conns``."""
+    connector = api.rest_client.pool_manager.connector
+    if connector is None:
+        return
+    for idle in connector._conns.values():
+        for protocol, _ in idle:
+            protocol.close()
+    connector._conns.clear()
 
 
 class Kube:
     """Dict-in, dict-out API calls. One instance per component; it carries the field manager."""
 
-    def __init__(self, api: client.ApiClient, field_manager: str) -> None:
+    def __init__(self, api: client.ApiClient, field_manager: str, deadlines: Deadlines | None = None) -> None:
         self.api = api
         self.field_manager = field_manager
+        self.deadlines = deadlines or Deadlines.from_environment()
 
     async def request(self, method: str, path: str, *, body: Any = None,
                       query: Mapping[str, Any] | None = None, content_type: str | None = None,
-                      timeout: float | None = None, accept: str = "application/json") -> Obj:
+                      accept: str = "application/json") -> Obj:
+        """One request, failing with :class:`asyncio.TimeoutError` past its deadline."""
         headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
-        return await self.api.call_api(
-            path, method, query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
-            header_params=headers, body=body, auth_settings=["BearerToken"],
-            response_types_map=_JSON_RESPONSES, _return_http_data_only=True, _preload_content=True,
-            _request_timeout=timeout,
-        )
+        try:
+            return await self.api.call_api(
+                path, method, query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
+                header_params=headers, body=body, auth_settings=["BearerToken"],
+                response_types_map=_JSON_RESPONSES, _return_http_data_only=True, _preload_content=True,
+                _request_timeout=self.deadlines.for_request(),
+            )
+        except TimeoutError:  # aiohttp's timeouts are TimeoutErrors too
+            drop_idle_connections(self.api)
+            raise
 
     async def server_minor(self) -> int | None:
         """The API server's Kubernetes minor version (/version, which every authenticated user may
@@ -239,19 +335,26 @@ class Kube:
     async def watch(self, rtype: ResourceType, namespace: str | None = None, *,
                     label_selector: str | None = None, field_selector: str | None = None,
                     resource_version: str | None = None,
-                    timeout_seconds: int = 300) -> AsyncIterator[tuple[str, Obj]]:
-        """Stream (event type, object) pairs from one watch request until the server closes it.
+                    timeout_seconds: int | None = None) -> AsyncIterator[tuple[str, Obj]]:
+        """Stream (event type, object) pairs from one watch request until the server closes it
+        (after ``timeout_seconds``, by default the deadlines' ``watch``), or until it has been
+        silent for longer than that (:class:`asyncio.TimeoutError`: a dead connection).
 
         Callers own the list-then-watch loop and handle ``ERROR`` events (410 Gone: relist); the
         operator's is gpudra_operator.listwatch.ListThenWatch."""
+        timeout_seconds = self.deadlines.watch if timeout_seconds is None else timeout_seconds
         query = {"watch": "true", "labelSelector": label_selector, "fieldSelector": field_selector,
                  "resourceVersion": resource_version, "allowWatchBookmarks": "true",
                  "timeoutSeconds": timeout_seconds}
-        response = await self.api.call_api(
-            rtype.path(namespace), "GET", query_params=[(k, v) for k, v in query.items() if v is not None],
-            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
-            _preload_content=False, _request_timeout=timeout_seconds + 30,
-        )
+        try:
+            response = await self.api.call_api(
+                rtype.path(namespace), "GET", query_params=[(k, v) for k, v in query.items() if v is not None],
+                header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+                _preload_content=False, _request_timeout=self.deadlines.for_watch(timeout_seconds),
+            )
+        except TimeoutError:
+            drop_idle_connections(self.api)
+            raise
         # One event per line, but a line can exceed aiohttp's readline limit (a slice of 128 MIG
         # devices is ~140 KiB), so split the byte stream ourselves.
         buffer = b""
@@ -263,6 +366,9 @@ class Kube:
                     if line.strip():
                         event = json.loads(line)
                         yield event["type"], event["object"]
+        except TimeoutError:
+            drop_idle_connections(self.api)
+            raise
         finally:
             response.release()
 

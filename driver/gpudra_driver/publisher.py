@@ -102,7 +102,7 @@ class SlicePublisher:
     async def _follow(self, version: str) -> None:
         """Keep the cache current from a watch until it ends (then relist)."""
         async for kind, obj in self.kube.watch(SLICE, field_selector=self._selector,
-                                               resource_version=version, timeout_seconds=300):
+                                               resource_version=version):
             if kind == "ERROR":  # e.g. 410 Gone: our resourceVersion expired; relist
                 return
             if kind == "BOOKMARK":

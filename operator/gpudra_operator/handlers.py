@@ -11,10 +11,11 @@ import logging
 import os
 from typing import Any
 
+import aiohttp
 import kopf
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpudra_driver.kubeapi import Kube, connect, error_message, resource_type
+from gpudra_driver.kubeapi import Deadlines, Kube, connect, error_message, resource_type
 
 from . import metrics
 from .events import EventRecorder
@@ -33,6 +34,7 @@ DRIFT_INTERVAL = float(os.environ.get("GPUDRA_DRIFT_INTERVAL", "60"))
 GC_DELETE_RATE = float(os.environ.get("GPUDRA_GC_DELETE_RATE", str(DEFAULT_DELETE_RATE)))
 POD = resource_type("v1", "Pod")
 OWNED = {LABEL_MANAGED_BY: MANAGED_BY}
+NETWORK_ERRORS = (OSError, asyncio.TimeoutError, aiohttp.ClientError)
 log = logging.getLogger("gpudra.operator")
 
 
@@ -44,8 +46,18 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="gpudra.io", key="last-handled-configuration")
     settings.posting.enabled = False  # Events go where `kubectl describe gdc` sees them: events.py
-    settings.watching.server_timeout = 300
-    settings.networking.request_timeout = 60
+    # kopf's own client under the same deadlines as ours (gpudra_driver.kubeapi.Deadlines): each
+    # request bounded, each watch ended by the server and, silent past that, by kopf.
+    deadlines = Deadlines.from_environment()
+    settings.networking.request_timeout = deadlines.request
+    settings.networking.connect_timeout = deadlines.connect
+    settings.watching.server_timeout = deadlines.watch
+    settings.watching.client_timeout = deadlines.watch + deadlines.watch_silence
+    settings.watching.connect_timeout = deadlines.connect
+    # kopf's own bound on a watch without an event (bookmarks included; 70 s): kept, unless the
+    # watch itself ends sooner (tests shorten it)
+    settings.watching.inactivity_timeout = min(settings.watching.inactivity_timeout,
+                                               deadlines.watch + deadlines.watch_silence)
     # HTTPS_PROXY/NO_PROXY for kopf's own client too, as for ours (kubeapi.read_environment_once)
     # and client-go; kopf's few requests can afford aiohttp's per-request lookups.
     settings.networking.trust_env = True
@@ -54,7 +66,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # Set when the operator stops (operator_cmd passes it; a plain kopf run gets one never set).
     memo.setdefault("stopping", asyncio.Event())
     memo.api = api
-    memo.kube = Kube(api, FIELD_MANAGER)
+    memo.kube = Kube(api, FIELD_MANAGER, deadlines)
     memo.device_counts = DeviceCounts(memo.kube, on_synced=lambda driver: memo.reconciler.refresh_driver(driver))
     memo.claims = ClaimWatch(memo.kube)
     memo.reconciler = Reconciler(memo.kube, EventRecorder(memo.kube), agent_image=configured_agent_image(),
@@ -76,6 +88,8 @@ async def _reconcile(memo: kopf.Memo, body: kopf.Body) -> None:
         await memo.reconciler.reconcile(dict(body))
     except ApiException as error:  # transient API trouble: kopf retries with backoff
         raise kopf.TemporaryError(f"API error: {error_message(error)}", delay=5) from error
+    except NETWORK_ERRORS as error:  # a deadline passed, a connection dropped: the same, soon
+        raise kopf.TemporaryError(f"API unreachable: {error!r}", delay=5) from error
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)

@@ -1,18 +1,23 @@
 """One active operator among its replicas: a coordination.k8s.io Lease (docs/ha.md).
 
-The Lease protocol (read the Lease, create it, or replace it under its resourceVersion once the
-holder's term has run out) is kubernetes-asyncio's ``leaderelection`` module. What it lacks for
-fencing is added here:
+The protocol is client-go's (k8s.io/client-go tools/leaderelection/leaderelection.go,
+``tryAcquireOrRenew``): read the Lease; create it if missing; replace it under the resourceVersion
+read (so that of two candidates only one succeeds) when :func:`may_take` allows. It is not
+kubernetes-asyncio's ``leaderelection`` module, which measures the holder's term on the wall clock
+(``time.time()``: a step of the clock forward by a few seconds lets a standby take a live Lease),
+and whose requests have no timeout, no release (tomplus/kubernetes_asyncio#411) and no watch.
+What fencing needs is here:
 
 * The holder acts only until ``renew_deadline`` after the start of its last successful renewal,
   measured on its own monotonic clock; a watchdog thread (:class:`Fence`) ends the process there.
-  A standby takes the Lease only ``lease_duration`` after it last saw the Lease change, on its own
-  clock. With ``renew_deadline < lease_duration`` the old holder is gone before a new one starts,
-  whatever the clocks read: client-go's scheme (k8s.io/client-go tools/leaderelection).
-* Every attempt is bounded by a timeout: the module's requests have none, so behind a partition a
-  renewal would hang past the deadline while the operator kept writing.
-* A graceful stop releases the Lease (client-go's ``ReleaseOnCancel``; the module has none,
-  tomplus/kubernetes_asyncio#411), so a standby takes over at once rather than at expiry.
+  A standby takes the Lease only ``lease_duration`` after it last saw the Lease change (client-go's
+  ``observedTime``), on its own monotonic clock. With ``renew_deadline < lease_duration`` the old
+  holder is gone before a new one starts, whatever the clocks read: only their rates matter.
+* Every attempt is bounded by the time left in the term (each request also by the API deadlines,
+  kubeapi.Deadlines), so behind a partition a renewal cannot hang past the renew deadline while
+  the operator keeps writing.
+* A graceful stop releases the Lease (client-go's ``ReleaseOnCancel``), so a standby takes over at
+  once rather than at expiry.
 * A standby watches the Lease: it tries again the moment the Lease is released, and exactly when
   the holder's term runs out, rather than on a polling period.
 """
@@ -31,17 +36,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import aiohttp
-from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
-from kubernetes_asyncio.leaderelection.electionconfig import Config
-from kubernetes_asyncio.leaderelection.leaderelection import LeaderElection
-from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
 
-from gpudra_driver.kubeapi import Kube, ResourceType, error_message
+from gpudra_driver.kubeapi import Kube, Obj, drop_idle_connections, error_message, is_status, resource_type
 
 from . import metrics
 
-LEASE = ResourceType("coordination.k8s.io/v1", "Lease", "leases", True)
+LEASE = resource_type("coordination.k8s.io/v1", "Lease")
 LEASE_NAME = "gpudra-operator"
 LOST_LEASE_EXIT = 3  # the exit status of a holder fenced off (its container restarts as a standby)
 NETWORK_ERRORS = (ApiException, OSError, asyncio.TimeoutError, aiohttp.ClientError)
@@ -67,8 +68,45 @@ class Timing:
             raise ValueError(f"the lease duration is whole seconds; got {self.lease_duration:g}s")
 
 
-async def _never() -> None:  # the module's Config wants callbacks; run_elected calls the work itself
-    raise AssertionError("unused")
+@dataclass(frozen=True)
+class Observed:
+    """What a replica saw of the Lease, as far as the holder's term goes (client-go's
+    ``observedRecord``). Any difference from the previous sight (a renewal, a new holder, a
+    release, any write) restarts the term on the observer's clock."""
+
+    holder: str | None
+    renew_time: str | None
+    acquire_time: str | None
+    transitions: int | None
+    resource_version: str | None
+    lease_duration: float | None  # seconds (spec.leaseDurationSeconds)
+
+    @classmethod
+    def of(cls, lease: Obj) -> Observed:
+        spec = lease.get("spec") or {}
+        return cls(spec.get("holderIdentity") or None, spec.get("renewTime"), spec.get("acquireTime"),
+                   spec.get("leaseTransitions"), (lease.get("metadata") or {}).get("resourceVersion"),
+                   spec.get("leaseDurationSeconds"))
+
+
+def may_take(observed: Observed, identity: str, unchanged_for: float, lease_duration: float) -> bool:
+    """Whether ``identity`` may write the Lease (client-go's rule): it holds it (a renewal), nobody
+    does (released), or the Lease has not changed for the holder's lease duration as this replica
+    measured it (``unchanged_for``: monotonic seconds since it last saw a change). No time written
+    in the Lease is compared with this replica's clock: another node's clock says nothing here."""
+    if not observed.holder or observed.holder == identity:
+        return True
+    return unchanged_for >= (observed.lease_duration or lease_duration)
+
+
+def lease_spec(current: Obj, identity: str, lease_duration: float, now: datetime) -> Obj:
+    """The spec this replica writes: itself as holder, renewed ``now``; acquired ``now`` and one
+    more transition unless it held the Lease already."""
+    renewal = current.get("holderIdentity") == identity
+    stamp = now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {**current, "holderIdentity": identity, "leaseDurationSeconds": int(lease_duration),
+            "renewTime": stamp, "acquireTime": current.get("acquireTime") if renewal else stamp,
+            "leaseTransitions": (current.get("leaseTransitions") or 0) + (0 if renewal or not current else 1)}
 
 
 def namespace_in_cluster(path: str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace") -> str | None:
@@ -125,29 +163,23 @@ def lost_lease_exit() -> None:
     os._exit(LOST_LEASE_EXIT)
 
 
-class LeaseElector(LeaderElection):
-    """kubernetes-asyncio's elector on a Lease, with bounded attempts, a term for the fence, a
-    watch to wake a standby, and release."""
+class LeaseElector:
+    """Candidate for the Lease: bounded attempts, a term for the fence, a watch to wake a standby,
+    and release."""
 
     def __init__(self, kube: Kube, namespace: str, identity: str, timing: Timing = Timing(),
                  name: str = LEASE_NAME, clock: Callable[[], float] = time.monotonic) -> None:
-        super().__init__(Config(LeaseLock(name, namespace, identity, kube.api), int(timing.lease_duration),
-                                timing.renew_deadline, timing.retry_period, _never, _never))
         self.kube, self.namespace, self.name, self.identity, self.timing = kube, namespace, name, identity, timing
         self.clock = clock
         self.valid_until = -math.inf  # the end of this replica's term as holder (monotonic)
+        self.observed: Observed | None = None  # the Lease as last read or written
+        self.observed_at = -math.inf  # when ``observed`` last changed (monotonic)
         self._changed = asyncio.Event()
-
-    @property
-    def lock(self) -> LeaseLock:
-        lock = self.election_config.lock
-        assert isinstance(lock, LeaseLock)
-        return lock
 
     @property
     def holder(self) -> str | None:
         """The holder as last seen (None: none, or not read yet)."""
-        return self.observed_record.holder_identity if self.observed_record else None
+        return self.observed.holder if self.observed else None
 
     @property
     def leading(self) -> bool:
@@ -159,13 +191,48 @@ class LeaseElector(LeaderElection):
         budget = self.valid_until - started if self.leading else self.timing.renew_deadline
         try:
             async with asyncio.timeout(max(budget, 0.05)):
-                ok = await super().try_acquire_or_renew()
+                ok = await self._acquire_or_renew()
         except NETWORK_ERRORS as error:
             log.debug("Lease %s/%s: attempt failed: %r", self.namespace, self.name, error)
+            if isinstance(error, TimeoutError):  # cut by the term, not by a request deadline
+                drop_idle_connections(self.kube.api)
             return False
         if ok:
             self.valid_until = started + self.timing.renew_deadline
         return ok
+
+    def _observe(self, lease: Obj) -> None:
+        observed = Observed.of(lease)
+        if observed != self.observed:
+            self.observed, self.observed_at = observed, self.clock()
+
+    async def _acquire_or_renew(self) -> bool:
+        """One read and, where :func:`may_take` allows, one write. A conflict (409: another
+        candidate wrote first) or a create that lost the race (409) is a failed attempt."""
+        lease = await self.kube.get(LEASE, self.name, self.namespace)
+        now = datetime.now(timezone.utc)  # only what the Lease shows people; never compared
+        try:
+            if lease is None:
+                created = await self.kube.create({
+                    "apiVersion": LEASE.api_version, "kind": LEASE.kind,
+                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "spec": lease_spec({}, self.identity, self.timing.lease_duration, now)})
+                self._observe(created)
+                return True
+            self._observe(lease)
+            assert self.observed is not None
+            if not may_take(self.observed, self.identity, self.clock() - self.observed_at,
+                            self.timing.lease_duration):
+                return False
+            written = {**lease, "spec": lease_spec(lease.get("spec") or {}, self.identity,
+                                                   self.timing.lease_duration, now)}
+            self._observe(await self.kube.request("PUT", LEASE.path(self.namespace, self.name), body=written))
+            return True
+        except ApiException as error:
+            if is_status(error, 409):
+                log.debug("Lease %s/%s: another candidate wrote first", self.namespace, self.name)
+                return False
+            raise
 
     async def acquire_or_stop(self, stop: asyncio.Event) -> bool:
         """Try until this replica holds the Lease (True) or ``stop`` is set (False). Between
@@ -194,17 +261,17 @@ class LeaseElector(LeaderElection):
                 task.cancel()
 
     def _until_next_try(self) -> float:
-        """Seconds to the end of the holder's term as this replica observed it (the module keeps
-        that moment in wall-clock milliseconds), at most the retry period."""
-        expires = self.observed_time_milliseconds / 1000 + self.timing.lease_duration - time.time()
+        """Seconds to the end of the holder's term as this replica observed it, at most the retry
+        period."""
+        duration = (self.observed.lease_duration if self.observed else None) or self.timing.lease_duration
+        expires = self.observed_at + duration - self.clock()
         return min(max(expires, 0.0), self.timing.retry_period) + 0.01
 
     async def _watch_lease(self) -> None:
         failing = False
         while True:
             try:
-                async for _ in self.kube.watch(LEASE, self.namespace, field_selector=f"metadata.name={self.name}",
-                                               timeout_seconds=300):
+                async for _ in self.kube.watch(LEASE, self.namespace, field_selector=f"metadata.name={self.name}"):
                     self._changed.set()
                     failing = False
             except asyncio.CancelledError:
@@ -234,14 +301,14 @@ class LeaseElector(LeaderElection):
         for it to expire. Only once this replica's work has stopped; True when released."""
         try:
             async with asyncio.timeout(self.timing.retry_period):
-                api = client.CoordinationV1Api(self.kube.api)
-                lease = await api.read_namespaced_lease(self.name, self.namespace)
-                if lease.spec is None or lease.spec.holder_identity != self.identity:
+                lease = await self.kube.get(LEASE, self.name, self.namespace)
+                spec = (lease or {}).get("spec") or {}
+                if lease is None or spec.get("holderIdentity") != self.identity:
                     return False
-                now = datetime.now(timezone.utc)
-                lease.spec = client.V1LeaseSpec(lease_duration_seconds=1, acquire_time=now, renew_time=now,
-                                                lease_transitions=lease.spec.lease_transitions)
-                await api.replace_namespaced_lease(self.name, self.namespace, lease)
+                now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                released = {"leaseDurationSeconds": 1, "acquireTime": now, "renewTime": now,
+                            **({"leaseTransitions": spec["leaseTransitions"]} if "leaseTransitions" in spec else {})}
+                await self.kube.request("PUT", LEASE.path(self.namespace, self.name), body={**lease, "spec": released})
         except NETWORK_ERRORS as error:
             log.warning("could not release Lease %s/%s (a standby takes over when it expires): %r",
                         self.namespace, self.name, error)

@@ -55,7 +55,7 @@ class ListThenWatch:
         if self.version is None:
             await self._list(state)
         async for kind, obj in self.kube.watch(self.rtype, field_selector=self.field_selector,
-                                               resource_version=self.version, timeout_seconds=300):
+                                               resource_version=self.version):
             if kind == "ERROR":  # 410 Gone: the version is too old to resume from
                 self.version = None
                 return

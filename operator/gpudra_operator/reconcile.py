@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
+import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpudra_driver.devicepluginguard import CONFLICT as DEVICE_PLUGIN_CONFLICT
@@ -43,6 +44,11 @@ FIRST_LIST_WAIT = 2.0  # seconds a reconcile waits for a watch's first list befo
 log = logging.getLogger("gpudra.operator")
 REUSE_TTL = 10.0  # seconds a read that reconciles in a row would repeat is reused
 DROPPED_FIELD_RECHECK = 3600.0  # seconds before a class whose field the API server dropped is applied again
+# A reconcile holds its config's lock for at most this many request deadlines (kubeapi.Deadlines):
+# each request has its deadline, but a reconcile is a few rounds of them in a row (the config
+# LIST, the reads, the dry runs, the applies, status), and a lock held without end would keep the
+# config from ever being reconciled again. A reconcile cut off is retried like a failed request.
+LOCK_HELD_AT_MOST = 4
 
 
 @dataclass
@@ -237,13 +243,17 @@ class Reconciler:
     def lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
 
+    def _bounded(self) -> asyncio.Timeout:
+        """The deadline of work done under a config's lock (:data:`LOCK_HELD_AT_MOST`)."""
+        return asyncio.timeout(LOCK_HELD_AT_MOST * self.kube.deadlines.request)
+
     async def reconcile_by_name(self, name: str) -> Outcome | None:
         """Reconcile after a child event. A burst of events (ten classes applied at once) needs one
         reconcile after the running one, not ten: a trigger that finds one already queued is dropped."""
         if name in self._queued:
             return None
         self._queued.add(name)
-        async with _queued_until_locked(self._queued, name, self.lock(name)):
+        async with _queued_until_locked(self._queued, name, self.lock(name)), self._bounded():
             return await self._reconcile_current(name)
 
     async def on_child_event(self, name: str, event_type: str | None, child: Obj) -> None:
@@ -281,6 +291,8 @@ class Reconciler:
             await self.on_child_event(name, event_type, child)
         except ApiException as error:
             log.warning("reconcile of GpuDraConfig %s after a child event failed: %s", name, error_message(error))
+        except (OSError, asyncio.TimeoutError, aiohttp.ClientError) as error:  # the drift check retries
+            log.warning("reconcile of GpuDraConfig %s after a child event failed: %r", name, error)
 
     async def refresh_driver(self, driver: str) -> None:
         """Status again for the configs of ``driver`` (its device count has just become known)."""
@@ -294,7 +306,7 @@ class Reconciler:
         if name in self._status_queued:
             return
         self._status_queued.add(name)
-        async with _queued_until_locked(self._status_queued, name, self.lock(name)):
+        async with _queued_until_locked(self._status_queued, name, self.lock(name)), self._bounded():
             body = await self.kube.get(CONFIG, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 return
@@ -310,7 +322,7 @@ class Reconciler:
 
     async def reconcile(self, body: Mapping[str, Any]) -> Outcome | None:
         name = body["metadata"]["name"]
-        async with self.lock(name):
+        async with self.lock(name), self._bounded():
             return await self._reconcile_current(name)
 
     async def _reconcile_current(self, name: str) -> Outcome | None:

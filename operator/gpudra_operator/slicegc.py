@@ -84,6 +84,20 @@ class GcResult:
         return ", ".join(f"{rule} {n}" for rule, n in sorted(counts.items()))
 
 
+def seconds_since(last_run: str | None, now: float, interval: float) -> float:
+    """How long ago the pass that ``status.gc.lastRun`` records ran, by the wall clock ``now``,
+    within [0, interval]: none recorded (or unreadable) is a pass long ago (run now); one in the
+    future (a clock that was ahead, or a hand edit) counts as just now, so it delays the next
+    pass by one interval at most instead of until that time comes."""
+    if not last_run:
+        return interval
+    try:
+        when = datetime.fromisoformat(last_run.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return interval
+    return min(max(now - when, 0.0), interval)
+
+
 def gc_ready(body: Mapping[str, Any]) -> str | None:
     """Why a pass must not run for this config now (None: it may). The GC acts only for a config
     the reconciler has seen at its current generation without a conflict: a newer config that
@@ -105,14 +119,16 @@ class SliceCollector:
 
     def __init__(self, kube: Kube, events: EventRecorder, *, delete_rate: float = DEFAULT_DELETE_RATE,
                  delete_burst: int = DEFAULT_DELETE_BURST, concurrency: int = DEFAULT_DELETE_CONCURRENCY,
-                 clock: Callable[[], float] = time.monotonic, page_size: int = 500) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
+                 page_size: int = 500) -> None:
         self.kube, self.events = kube, events
         self.limiter = delete_limiter(delete_rate, delete_burst)  # one for all configs
         self.concurrency = max(1, concurrency)
-        self.clock = clock  # grace periods only (tests pass a fake one)
+        self.clock = clock  # monotonic: grace periods and the schedule (tests pass fake ones)
+        self.wall_clock = wall_clock  # only to read the age of status.gc.lastRun once
         self.page_size = page_size
         self._first_seen: dict[str, dict[str, tuple[str, float]]] = {}
-        self._last_pass: dict[str, float] = {}  # config name -> wall-clock time of the last pass
+        self._last_pass: dict[str, float] = {}  # config name -> the last pass, on ``clock``
         self._skipped: dict[str, str | None] = {}  # config name -> why the last look ran no pass
 
     def forget(self, name: str) -> None:
@@ -120,17 +136,16 @@ class SliceCollector:
             memory.pop(name, None)
 
     def seconds_until_due(self, body: Mapping[str, Any]) -> float:
-        """Seconds until the next pass of this config is due (<= 0: now), from the later of this
-        process's last pass and ``status.gc.lastRun`` (so a restart does not rerun at once)."""
+        """Seconds until the next pass of this config is due (<= 0: now), counted on the monotonic
+        clock from this process's last pass. Before its first, from ``status.gc.lastRun`` (so a
+        restart does not rerun at once), read once and turned into a pass that many seconds ago."""
         config = GpuDraConfig.from_body(body)
-        last = self._last_pass.get(config.name, 0.0)
-        last_run = ((body.get("status") or {}).get("gc") or {}).get("lastRun")
-        if last_run:
-            try:
-                last = max(last, datetime.fromisoformat(last_run.replace("Z", "+00:00")).timestamp())
-            except ValueError:
-                pass
-        return last + config.spec.resource_slice_gc.interval - time.time()
+        interval = config.spec.resource_slice_gc.interval
+        if config.name not in self._last_pass:
+            last_run = ((body.get("status") or {}).get("gc") or {}).get("lastRun")
+            age = seconds_since(last_run, self.wall_clock(), interval)
+            self._last_pass[config.name] = self.clock() - age
+        return self._last_pass[config.name] + interval - self.clock()
 
     async def run_pass(self, body: Mapping[str, Any]) -> GcResult | None:
         """One pass for the config ``body``; None when the GC is disabled or must not run now."""
@@ -146,7 +161,7 @@ class SliceCollector:
                 log.info("GpuDraConfig %s: ResourceSlice GC waits: %s", config.name, why_not)
         if why_not:
             return None
-        self._last_pass[config.name] = time.time()
+        self._last_pass[config.name] = self.clock()
         driver = config.spec.driver_name
         result = GcResult(config.name, driver, gc.dry_run, datetime.now(timezone.utc))
         started = time.perf_counter()

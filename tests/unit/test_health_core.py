@@ -9,7 +9,7 @@ from gpudra_driver.devicemodel import AttrValue, Device, DeviceTaint
 from gpudra_driver.health import xids
 from gpudra_driver.health.apisupport import probe_slice, taints_dropped
 from gpudra_driver.health.core import (
-    MAX_FAULTS_PER_GPU, NO_INSTANCE, Ecc, Policy, Probe, Unmonitored, Xid, apply, carry_lost, expire, health_of,
+    MAX_FAULTS_PER_GPU, NO_INSTANCE, Ecc, Moment, Policy, Probe, Unmonitored, Xid, apply, carry_lost, expire, health_of,
     next_expiry, observe, rfc3339, taints, transitions,
 )
 from gpudra_driver.slices import build_slices
@@ -18,6 +18,11 @@ D = "gpu.example.com"
 POLICY = Policy(driver=D, quiet_period=60.0)
 GPU_A, GPU_B = "GPU-aaaa", "GPU-bbbb"
 T0 = 1_796_000_000.0  # 2026-11-30T...
+
+
+def at(t: float) -> Moment:
+    """Both clocks reading ``t`` (the tests below that step only one say so)."""
+    return Moment(monotonic=t, wall=t)
 
 
 def gpu(name: str, uuid: str) -> Device:
@@ -36,7 +41,7 @@ def keys(found: tuple[DeviceTaint, ...]) -> set[tuple[str, str, str]]:
 
 
 def test_a_fatal_xid_is_a_noschedule_taint_from_when_it_came() -> None:
-    state = observe({}, [Xid(GPU_A, 48)], POLICY, T0)
+    state = observe({}, [Xid(GPU_A, 48)], POLICY, at(T0))
     (taint,) = taints(state, gpu("gpu-0", GPU_A), POLICY)
     assert taint == DeviceTaint(f"{D}/xid", "48", "NoSchedule", rfc3339(T0))
     assert taints(state, gpu("gpu-1", GPU_B), POLICY) == ()
@@ -44,11 +49,11 @@ def test_a_fatal_xid_is_a_noschedule_taint_from_when_it_came() -> None:
 
 
 def test_informational_xids_are_taints_without_effect_and_the_list_is_configurable() -> None:
-    state = observe({}, [Xid(GPU_A, 13)], POLICY, T0)
+    state = observe({}, [Xid(GPU_A, 13)], POLICY, at(T0))
     assert keys(taints(state, gpu("gpu-0", GPU_A), POLICY)) == {(f"{D}/xid", "13", "None")}
     assert health_of(taints(state, gpu("gpu-0", GPU_A), POLICY), D) == "healthy"
     strict = Policy(driver=D, informational_xids=xids.parse_list(""))
-    state = observe({}, [Xid(GPU_A, 13)], strict, T0)
+    state = observe({}, [Xid(GPU_A, 13)], strict, at(T0))
     assert keys(taints(state, gpu("gpu-0", GPU_A), strict)) == {(f"{D}/xid", "13", "NoSchedule")}
     assert xids.parse_list("13, 31,43") == {13, 31, 43}
     with pytest.raises(ValueError):
@@ -57,64 +62,81 @@ def test_informational_xids_are_taints_without_effect_and_the_list_is_configurab
 
 def test_noexecute_only_when_asked_ecc_lost_and_recovery_action_taints() -> None:
     policy = Policy(driver=D, effect="NoExecute")
-    state = observe({}, [Ecc(GPU_A), Probe(GPU_B, lost=True)], policy, T0)
+    state = observe({}, [Ecc(GPU_A), Probe(GPU_B, lost=True)], policy, at(T0))
     assert keys(taints(state, gpu("gpu-0", GPU_A), policy)) == {(f"{D}/ecc", "double-bit", "NoExecute")}
     assert keys(taints(state, gpu("gpu-1", GPU_B), policy)) == {(f"{D}/gpu-lost", "", "NoExecute")}
-    state = observe(state, [Probe(GPU_B, lost=False, recovery_action=2)], policy, T0 + 5)
+    state = observe(state, [Probe(GPU_B, lost=False, recovery_action=2)], policy, at(T0 + 5))
     assert keys(taints(state, gpu("gpu-1", GPU_B), policy)) == {(f"{D}/recovery-action", "node-reboot", "NoExecute")}
 
 
 def test_mig_events_are_attributed_by_gpu_and_compute_instance() -> None:
     a, b, c = mig("gpu-0-mig-3g40gb-1-0", GPU_A, 1, 0), mig("gpu-0-mig-3g40gb-2-0", GPU_A, 2, 0), \
         mig("gpu-0-mig-1c3g40gb-2-1", GPU_A, 2, 1)
-    state = observe({}, [Xid(GPU_A, 94, gi=2, ci=1)], POLICY, T0)
+    state = observe({}, [Xid(GPU_A, 94, gi=2, ci=1)], POLICY, at(T0))
     assert [bool(taints(state, d, POLICY)) for d in (a, b, c)] == [False, False, True]
-    state = observe({}, [Xid(GPU_A, 94, gi=2, ci=NO_INSTANCE)], POLICY, T0)  # the whole GPU instance
+    state = observe({}, [Xid(GPU_A, 94, gi=2, ci=NO_INSTANCE)], POLICY, at(T0))  # the whole GPU instance
     assert [bool(taints(state, d, POLICY)) for d in (a, b, c)] == [False, True, True]
-    state = observe({}, [Xid(GPU_A, 79)], POLICY, T0)  # not tied to an instance: every MIG device
+    state = observe({}, [Xid(GPU_A, 79)], POLICY, at(T0))  # not tied to an instance: every MIG device
     assert [bool(taints(state, d, POLICY)) for d in (a, b, c)] == [True, True, True]
-    state = observe({}, [Probe(GPU_A, lost=True)], POLICY, T0)
+    state = observe({}, [Probe(GPU_A, lost=True)], POLICY, at(T0))
     assert all(keys(taints(state, d, POLICY)) == {(f"{D}/gpu-lost", "", "NoSchedule")} for d in (a, b, c))
 
 
 def test_recovery_after_the_quiet_period_only_once_the_gpu_is_back_and_needs_no_action() -> None:
-    state = observe({}, [Xid(GPU_A, 48), Probe(GPU_A, lost=False, recovery_action=1)], POLICY, T0)
+    state = observe({}, [Xid(GPU_A, 48), Probe(GPU_A, lost=False, recovery_action=1)], POLICY, at(T0))
     assert next_expiry(state, POLICY) == T0 + 60
-    state = observe(state, [], POLICY, T0 + 61)  # quiet, but the GPU still needs a reset
+    state = observe(state, [], POLICY, at(T0 + 61))  # quiet, but the GPU still needs a reset
     assert keys(taints(state, gpu("gpu-0", GPU_A), POLICY)) == {
         (f"{D}/xid", "48", "NoSchedule"), (f"{D}/recovery-action", "gpu-reset", "NoSchedule")}
-    state = observe(state, [Probe(GPU_A, lost=False, recovery_action=0)], POLICY, T0 + 62)  # reset done
+    state = observe(state, [Probe(GPU_A, lost=False, recovery_action=0)], POLICY, at(T0 + 62))  # reset done
     assert taints(state, gpu("gpu-0", GPU_A), POLICY) == () and state == {}
 
-    state = observe({}, [Xid(GPU_A, 48)], POLICY, T0)
-    state = observe(state, [Xid(GPU_A, 48)], POLICY, T0 + 50)  # a new one restarts the quiet period...
-    assert taints(observe(state, [], POLICY, T0 + 61), gpu("gpu-0", GPU_A), POLICY)
+    state = observe({}, [Xid(GPU_A, 48)], POLICY, at(T0))
+    state = observe(state, [Xid(GPU_A, 48)], POLICY, at(T0 + 50))  # a new one restarts the quiet period...
+    assert taints(observe(state, [], POLICY, at(T0 + 61)), gpu("gpu-0", GPU_A), POLICY)
     (taint,) = taints(state, gpu("gpu-0", GPU_A), POLICY)
     assert taint.time_added == rfc3339(T0)  # ...but the taint dates from the first
-    assert expire(state, POLICY, T0 + 110) == {}
+    assert expire(state, POLICY, at(T0 + 110)) == {}
 
-    state = observe({}, [Probe(GPU_A, lost=True), Xid(GPU_A, 79)], POLICY, T0)
-    assert taints(observe(state, [], POLICY, T0 + 600), gpu("gpu-0", GPU_A), POLICY)  # lost: kept
-    assert observe(state, [Probe(GPU_A, lost=False)], POLICY, T0 + 600) == {}  # back: all gone
+    state = observe({}, [Probe(GPU_A, lost=True), Xid(GPU_A, 79)], POLICY, at(T0))
+    assert taints(observe(state, [], POLICY, at(T0 + 600)), gpu("gpu-0", GPU_A), POLICY)  # lost: kept
+    assert observe(state, [Probe(GPU_A, lost=False)], POLICY, at(T0 + 600)) == {}  # back: all gone
+
+
+@pytest.mark.parametrize("wall_step", [+3600.0, -3600.0])
+def test_a_step_of_the_wall_clock_neither_clears_a_fatal_xid_early_nor_holds_it_late(wall_step: float) -> None:
+    """The quiet period counts on the monotonic clock: NTP stepping the clock (or a VM restored from
+    a snapshot) must not clear a fatal XID's taint while the GPU is still in its quiet period."""
+    mono = 5_000.0  # the monotonic clock counts from boot: nothing to do with the wall clock
+    state = observe({}, [Xid(GPU_A, 48)], POLICY, Moment(mono, T0))
+    (taint,) = taints(state, gpu("gpu-0", GPU_A), POLICY)
+    assert taint.time_added == rfc3339(T0)  # the date people read is the wall clock's
+
+    stepped = Moment(mono + 10, T0 + 10 + wall_step)  # 10 s later, the wall clock stepped
+    assert keys(taints(observe(state, [], POLICY, stepped), gpu("gpu-0", GPU_A), POLICY)) == {
+        (f"{D}/xid", "48", "NoSchedule")}
+    assert next_expiry(state, POLICY) == mono + 60
+    quiet = Moment(mono + 61, T0 + 61 + wall_step)  # the quiet period is over, whatever the wall says
+    assert observe(state, [], POLICY, quiet) == {}
 
 
 def test_a_storm_changes_values_never_the_size() -> None:
-    state = observe({}, [Xid(GPU_A, n) for n in range(1, 10_000)], POLICY, T0)
+    state = observe({}, [Xid(GPU_A, n) for n in range(1, 10_000)], POLICY, at(T0))
     assert len(state[GPU_A].faults) <= 2  # fatal and informational, one each
-    state = observe({}, [Xid(GPU_A, 48, gi=g, ci=c) for g in range(100) for c in range(10)], POLICY, T0)
+    state = observe({}, [Xid(GPU_A, 48, gi=g, ci=c) for g in range(100) for c in range(10)], POLICY, at(T0))
     assert len(state[GPU_A].faults) == MAX_FAULTS_PER_GPU
 
 
 def test_unmonitored_is_a_none_taint() -> None:
-    state = observe({}, [Unmonitored(GPU_A, "Not Supported")], POLICY, T0)
+    state = observe({}, [Unmonitored(GPU_A, "Not Supported")], POLICY, at(T0))
     found = taints(state, gpu("gpu-0", GPU_A), POLICY)
     assert keys(found) == {(f"{D}/unmonitored", "", "None")}
     assert health_of(found, D) == "unmonitored"
-    assert observe(state, [], POLICY, T0 + 10_000) == state  # not an event: it stays
+    assert observe(state, [], POLICY, at(T0 + 10_000)) == state  # not an event: it stays
 
 
 def test_omit_mode_leaves_unhealthy_devices_out_and_publishes_no_taints() -> None:
-    state = observe({}, [Xid(GPU_A, 48), Xid(GPU_B, 13)], POLICY, T0)
+    state = observe({}, [Xid(GPU_A, 48), Xid(GPU_B, 13)], POLICY, at(T0))
     devices = [gpu("gpu-0", GPU_A), gpu("gpu-1", GPU_B)]
     assert [(d.name, len(d.taints)) for d in apply(devices, state, POLICY, "taint")] == [("gpu-0", 1), ("gpu-1", 1)]
     assert [(d.name, d.taints) for d in apply(devices, state, POLICY, "omit")] == [("gpu-1", ())]
@@ -122,27 +144,27 @@ def test_omit_mode_leaves_unhealthy_devices_out_and_publishes_no_taints() -> Non
 
 def test_a_lost_gpu_that_discovery_no_longer_sees_stays_published_tainted() -> None:
     previous = [gpu("gpu-0", GPU_A), gpu("gpu-1", GPU_B)]
-    state = observe({}, [Probe(GPU_A, lost=True)], POLICY, T0)
+    state = observe({}, [Probe(GPU_A, lost=True)], POLICY, at(T0))
     assert [d.name for d in carry_lost(previous[1:], previous, state)] == ["gpu-1", "gpu-0"]
     assert [d.name for d in carry_lost(previous[1:], previous, {})] == ["gpu-1"]  # removed for real
 
 
 def test_transitions_name_the_xid_and_its_meaning() -> None:
     device = gpu("gpu-0", GPU_A)
-    sick = taints(observe({}, [Xid(GPU_A, 48)], POLICY, T0), device, POLICY)
+    sick = taints(observe({}, [Xid(GPU_A, 48)], POLICY, at(T0)), device, POLICY)
     (turned,) = transitions({"gpu-0": ()}, {"gpu-0": sick}, {"gpu-0": GPU_A}, D)
     assert turned.unhealthy and turned.message == (
         f"gpu-0 ({GPU_A}) is unhealthy: {D}/xid=48:NoSchedule (XID 48: double-bit ECC error)")
     (back,) = transitions({"gpu-0": sick}, {"gpu-0": ()}, {"gpu-0": GPU_A}, D)
     assert not back.unhealthy and back.message.startswith(f"gpu-0 ({GPU_A}) recovered")
-    informational = taints(observe({}, [Xid(GPU_A, 13)], POLICY, T0), device, POLICY)
+    informational = taints(observe({}, [Xid(GPU_A, 13)], POLICY, at(T0)), device, POLICY)
     assert transitions({"gpu-0": ()}, {"gpu-0": informational}, {}, D) == []
 
 
 def test_slices_with_taints_hold_at_most_64_devices_and_serialise_them() -> None:
     devices = [gpu(f"gpu-{i}", f"GPU-{i:04d}") for i in range(100)]
     assert [len(s["spec"]["devices"]) for s in build_slices(D, "n1", None, 1, devices)] == [100]
-    state = observe({}, [Xid("GPU-0007", 48)], POLICY, T0)
+    state = observe({}, [Xid("GPU-0007", 48)], POLICY, at(T0))
     slices = build_slices(D, "n1", None, 1, apply(devices, state, POLICY, "taint"))
     assert [len(s["spec"]["devices"]) for s in slices] == [64, 36]
     tainted = next(d for d in slices[0]["spec"]["devices"] if d["name"] == "gpu-7")

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+import pytest
 import pytest_asyncio
 
 from gpudra_driver.devicemodel import Device
@@ -153,3 +155,18 @@ async def test_a_gpu_without_events_is_unmonitored_and_still_probed(tmp_path: Pa
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_step_of_the_wall_clock_does_not_clear_a_fatal_xid_early(harness: Harness,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quiet period (600 s here) runs on the monotonic clock: the node's clock stepped an hour
+    forward (NTP, a restored VM) dates the next probe rounds, and the taint stays."""
+    await harness.until(lambda: harness.published, "the first publish")
+    mockstate.inject_xid(harness.root, harness.uuid["gpu-1"], 48)
+    await harness.until(lambda: harness.taints("gpu-1"), "gpu-1 tainted")
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 3600)
+    await harness.until(lambda: harness.feed.devices and harness.feed.devices[0].updated > real() + 3000,
+                        "a probe round on the stepped wall clock")
+    assert harness.taints("gpu-1") == {(f"{D}/xid", "48", "NoSchedule")}
+    assert {d.device: d.health for d in harness.feed.devices}["gpu-1"] == "UNHEALTHY"

@@ -14,7 +14,7 @@ from plugin_fixtures import DRIVER, NODE, fake_root
 
 from gpudra_driver.devicemodel import DeviceTaint
 from gpudra_driver.discovery import scan
-from gpudra_driver.health.core import Policy, Probe, Unmonitored, Xid, observe, taints
+from gpudra_driver.health.core import Moment, Policy, Probe, Unmonitored, Xid, observe, taints
 from gpudra_driver.health.feed import MESSAGE_MAX, HealthFeed, device_health
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 from gpudra_driver.plugin.gen import (dra_health_v1_pb2, dra_health_v1_pb2_grpc, dra_health_v1alpha1_pb2,
@@ -44,14 +44,14 @@ def test_health_follows_the_taints_and_the_message_says_why() -> None:
     gpu0, gpu1 = l4_devices()
     uuid0 = str(gpu0.attributes["uuid"].value)
     uuid1 = str(gpu1.attributes["uuid"].value)
-    state = observe({}, [Xid(uuid0, 79), Unmonitored(uuid1, "no XID events")], POLICY, 100.0)
+    state = observe({}, [Xid(uuid0, 79), Unmonitored(uuid1, "no XID events")], POLICY, Moment(100.0, 100.0))
     broken = device_health(NODE, gpu0, taints(state, gpu0, POLICY), DRIVER, 100.0)
     assert (broken.pool, broken.device, broken.health, broken.updated) == (NODE, gpu0.name, "UNHEALTHY", 100.0)
     assert broken.message == f"{DRIVER}/xid=79:NoSchedule (XID 79: GPU has fallen off the bus)"
     # no events to watch: only a lost GPU would be noticed, so the health is not known
     assert device_health(NODE, gpu1, taints(state, gpu1, POLICY), DRIVER, 100.0).health == "UNKNOWN"
     # an informational XID leaves the device healthy, and says so
-    state = observe({}, [Xid(uuid0, 13)], POLICY, 100.0)
+    state = observe({}, [Xid(uuid0, 13)], POLICY, Moment(100.0, 100.0))
     ok = device_health(NODE, gpu0, taints(state, gpu0, POLICY), DRIVER, 100.0)
     assert ok.health == "HEALTHY" and ok.message.startswith(f"{DRIVER}/xid=13:None (XID 13: ")
     assert device_health(NODE, gpu0, (), DRIVER, 1.0).message == ""
@@ -87,7 +87,7 @@ async def test_node_watch_resources_streams_the_complete_list_in_both_versions(r
                              d.health_check_timeout_seconds, d.message) for d in first.devices] == [
                         (NODE, d.name, pb.HEALTHY, 1000, 30, "") for d in devices]
 
-                state = observe({}, [Probe(uuid0, lost=True)], POLICY, 1001.0)
+                state = observe({}, [Probe(uuid0, lost=True)], POLICY, Moment(1001.0, 1001.0))
                 await feed.set(devices, computed(state, devices), DRIVER, 1001.5)
                 for version, stream in streams.items():
                     pb = API[version][0]

@@ -1,14 +1,22 @@
 """The API client connect() builds: the environment's proxy settings are read once, not on every
-request (no Kubernetes API server needed: building a client contacts nothing)."""
+request (no Kubernetes API server needed: building a client contacts nothing); every call has a
+deadline, against a listener on 127.0.0.1 that accepts and never answers (a black hole); every
+connection has TCP keepalive."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 import yaml
 
-from gpudra_driver.kubeapi import connect
+from gpudra_driver import kubeapi
+from gpudra_driver.kubeapi import Kube, connect, resource_type
 
 SERVER = "https://10.96.0.1:6443"
 
@@ -79,5 +87,136 @@ async def test_the_operators_kopf_client_follows_the_same_proxy_settings(tmp_pat
     await configure(settings=settings, memo=memo)
     try:
         assert settings.networking.trust_env is True
+    finally:
+        await close(memo=memo)
+
+
+# --- deadlines and keepalive ------------------------------------------------------------------------
+
+NODE = resource_type("v1", "Node")
+SHORT = "connect=0.5,request=0.5,watch=1,watch_silence=0.5"  # seconds: what the tests below wait for
+
+
+@pytest_asyncio.fixture
+async def black_hole() -> AsyncIterator[int]:
+    """A TCP listener on 127.0.0.1 that accepts every connection, reads what comes, never answers."""
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(65536):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+
+
+def black_hole_kubeconfig(tmp_path: Path, port: int, scheme: str) -> str:
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": f"{scheme}://127.0.0.1:{port}", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    return str(path)
+
+
+async def seconds_to_fail(call: object) -> float:
+    """How long ``call`` (an awaitable) took to fail with a timeout; a test failure, not a hang,
+    when it would wait on (5 s)."""
+    started = time.monotonic()
+    with pytest.raises(asyncio.TimeoutError):
+        async with asyncio.timeout(5):
+            try:
+                await call  # type: ignore[misc]
+            except asyncio.TimeoutError as error:
+                raise error  # the call's own deadline: the outer timeout was not reached
+    elapsed = time.monotonic() - started
+    assert elapsed < 4.5, "no deadline: the call waited until the test gave up"
+    return elapsed
+
+
+@pytest.mark.parametrize("scheme, deadline", [("http", "request"), ("https", "connect")])
+async def test_a_request_to_a_server_that_never_answers_fails_at_its_deadline(
+        tmp_path: Path, black_hole: int, monkeypatch: pytest.MonkeyPatch, scheme: str, deadline: str) -> None:
+    # http: the request goes out and no answer comes (the request deadline); https: the TLS
+    # handshake never completes (the connect deadline, with the request deadline far away).
+    monkeypatch.setenv("GPUDRA_API_DEADLINES", SHORT if deadline == "request" else "connect=0.5,request=30")
+    api = await connect(black_hole_kubeconfig(tmp_path, black_hole, scheme))
+    try:
+        elapsed = await seconds_to_fail(Kube(api, "tests").get(NODE, "n"))
+    finally:
+        await api.close()
+    assert 0.4 <= elapsed < 2
+
+
+async def test_a_watch_that_goes_silent_fails_once_past_its_server_timeout(
+        tmp_path: Path, black_hole: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUDRA_API_DEADLINES", SHORT)
+    api = await connect(black_hole_kubeconfig(tmp_path, black_hole, "http"))
+
+    async def follow() -> None:
+        async for _ in Kube(api, "tests").watch(NODE):
+            pass
+
+    try:
+        elapsed = await seconds_to_fail(follow())
+    finally:
+        await api.close()
+    assert 1.4 <= elapsed < 3  # timeoutSeconds (1) and the silence allowed past it (0.5)
+
+
+async def test_every_connection_to_the_api_server_has_tcp_keepalive(
+        tmp_path: Path, black_hole: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[tuple[int, int, int, int]] = []  # each new socket's options, read before aiohttp closes it
+    keepalive_socket = kubeapi.keepalive_socket
+
+    def recording(addr_info: tuple[object, ...]) -> socket.socket:
+        sock = keepalive_socket(addr_info)
+        made.append((sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                     sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                     sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+                     sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)))
+        return sock
+
+    monkeypatch.setattr(kubeapi, "keepalive_socket", recording)
+    monkeypatch.setenv("GPUDRA_API_DEADLINES", SHORT)
+    api = await connect(black_hole_kubeconfig(tmp_path, black_hole, "http"))
+    try:
+        await seconds_to_fail(Kube(api, "tests").get(NODE, "n"))
+    finally:
+        await api.close()
+    assert made == [(1, kubeapi.KEEPALIVE_IDLE, kubeapi.KEEPALIVE_INTERVAL, kubeapi.KEEPALIVE_PROBES)], \
+        "the request's connection was not made by the keepalive socket factory"
+
+
+def test_the_deadlines_default_to_what_a_healthy_api_server_needs_and_the_environment_shortens_them() -> None:
+    from gpudra_driver.kubeapi import Deadlines
+
+    default = Deadlines.from_environment("")
+    assert (default.connect, default.request, default.watch) == (10, 30, 300)
+    assert default.request < 60  # the API server's own --request-timeout: a retry comes before it would give up
+    short = Deadlines.from_environment("connect=1, request=2,watch=5")
+    assert (short.connect, short.request, short.watch, short.watch_silence) == (1, 2, 5, default.watch_silence)
+    with pytest.raises(ValueError, match="unknown deadline 'total'"):
+        Deadlines.from_environment("total=3")
+
+
+async def test_the_operators_kopf_client_has_the_same_deadlines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf's own requests and watches (GpuDraConfigs, children) are bounded like ours."""
+    import kopf
+
+    from gpudra_operator.handlers import close, configure
+
+    monkeypatch.setenv("KUBECONFIG", kubeconfig(tmp_path))
+    settings, memo = kopf.OperatorSettings(), kopf.Memo()
+    await configure(settings=settings, memo=memo)
+    try:
+        assert (settings.networking.connect_timeout, settings.networking.request_timeout) == (10, 30)
+        assert (settings.watching.connect_timeout, settings.watching.server_timeout,
+                settings.watching.client_timeout) == (10, 300, 330)
+        assert settings.watching.inactivity_timeout <= 330
+        assert memo.kube.deadlines.request == 30
     finally:
         await close(memo=memo)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime, timezone
 
 import pytest
 
-from gpudra_operator.leaderelection import Fence, Timing
+from gpudra_operator.leaderelection import Fence, Observed, Timing, lease_spec, may_take
 
 
 def test_the_defaults_fence_a_holder_before_a_standby_may_take_over() -> None:
@@ -50,3 +51,29 @@ def test_a_fence_whose_term_is_over_fires_at_once() -> None:
     fired = threading.Event()
     Fence(on_expiry=fired.set).start(time.monotonic() - 1)
     assert fired.wait(timeout=1)
+
+
+def _seen(holder: str | None, duration: float | None = 10) -> Observed:
+    return Observed(holder, "2026-12-06T00:00:00.000000Z", "2026-12-06T00:00:00.000000Z", 0, "42", duration)
+
+
+def test_a_standby_takes_the_lease_only_once_it_has_not_changed_for_the_lease_duration() -> None:
+    # The time is what this replica measured on its monotonic clock since it saw the Lease change;
+    # nothing written in the Lease (renewTime: another node's wall clock) enters the decision.
+    assert not may_take(_seen("a"), "b", unchanged_for=9.99, lease_duration=10)
+    assert may_take(_seen("a"), "b", unchanged_for=10.0, lease_duration=10)
+    assert may_take(_seen(None), "b", unchanged_for=0, lease_duration=10)  # released
+    assert may_take(_seen("b"), "b", unchanged_for=0, lease_duration=10)  # a renewal
+    # The holder's own term (the Lease's leaseDurationSeconds) counts, as client-go reads it.
+    assert not may_take(_seen("a", duration=15), "b", unchanged_for=12, lease_duration=10)
+
+
+def test_a_takeover_counts_a_transition_and_a_renewal_keeps_the_acquire_time() -> None:
+    now = datetime(2026, 12, 6, 1, 2, 3, 0, timezone.utc)  # zero microseconds still carry ".000000"
+    taken = lease_spec({"holderIdentity": "a", "acquireTime": "x", "leaseTransitions": 2}, "b", 10, now)
+    assert taken == {"holderIdentity": "b", "leaseDurationSeconds": 10, "acquireTime": "2026-12-06T01:02:03.000000Z",
+                     "renewTime": "2026-12-06T01:02:03.000000Z", "leaseTransitions": 3}
+    renewed = lease_spec(taken, "b", 10, now.replace(second=5))
+    assert (renewed["acquireTime"], renewed["renewTime"], renewed["leaseTransitions"]) == (
+        "2026-12-06T01:02:03.000000Z", "2026-12-06T01:02:05.000000Z", 3)
+    assert lease_spec({}, "a", 10, now)["leaseTransitions"] == 0  # created

@@ -257,3 +257,53 @@ def test_a_failed_list_decides_nothing_and_reports_one_error() -> None:
     gc = kube.patches[0]["status"]["gc"]
     assert (gc["found"], gc["deleted"], gc["errors"]) == (0, 0, 1)
     assert events.posted == [("Warning", "SliceGCFailed")]
+
+
+def gc_body(last_run: str | None, interval: str = "10m") -> dict[str, Any]:
+    return {"metadata": {"name": "c", "generation": 1},
+            "spec": {"driverName": DRIVER, "resourceSliceGC": {"interval": interval}},
+            "status": {"observedGeneration": 1, **({"gc": {"lastRun": last_run}} if last_run else {})}}
+
+
+def rfc3339(seconds: float) -> str:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_a_last_run_in_the_future_delays_the_gc_by_one_interval_at_most() -> None:
+    """status.gc.lastRun written by a clock that was ahead (or by hand) must not stop the GC until
+    that time comes: it counts as a pass just now, and the next one follows an interval later."""
+    from gpudra_operator.slicegc import SliceCollector
+
+    now = [1000.0]
+    collector = SliceCollector(None, None, clock=lambda: now[0])  # type: ignore[arg-type]
+    future = rfc3339(__import__("time").time() + 365 * 86400)
+    assert 0 < collector.seconds_until_due(gc_body(future)) <= 600
+    now[0] += 600
+    assert collector.seconds_until_due(gc_body(future)) <= 0
+
+
+@pytest.mark.parametrize("wall_step", [+3600.0, -3600.0])
+def test_the_gc_schedule_counts_on_the_monotonic_clock(wall_step: float) -> None:
+    """Read once, lastRun becomes a pass some seconds ago on the monotonic clock; a later step of
+    the wall clock neither runs the GC early nor holds it back."""
+    from gpudra_operator.slicegc import SliceCollector
+
+    mono, wall = [1000.0], [1_796_000_000.0]
+    collector = SliceCollector(None, None, clock=lambda: mono[0], wall_clock=lambda: wall[0])  # type: ignore[arg-type]
+    body = gc_body(rfc3339(wall[0] - 100))  # restarted 100 s after the last pass
+    assert collector.seconds_until_due(body) == pytest.approx(500)
+    wall[0] += wall_step
+    mono[0] += 10
+    assert collector.seconds_until_due(body) == pytest.approx(490)
+    mono[0] += 490
+    assert collector.seconds_until_due(body) <= 0
+
+
+def test_without_a_last_run_the_first_pass_is_due_at_once() -> None:
+    from gpudra_operator.slicegc import SliceCollector
+
+    collector = SliceCollector(None, None)  # type: ignore[arg-type]
+    assert collector.seconds_until_due(gc_body(None)) <= 0
+    assert collector.seconds_until_due(gc_body("not a time")) <= 0

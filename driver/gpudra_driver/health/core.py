@@ -34,6 +34,7 @@ the newest value winning, so a storm of events changes a value, never the size.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -61,6 +62,21 @@ class Policy:
     informational_xids: frozenset[int] = xid_catalogue.DEFAULT_INFORMATIONAL
     quiet_period: float = DEFAULT_QUIET_PERIOD
     effect: Literal["NoSchedule", "NoExecute"] = "NoSchedule"  # of every fault taint
+
+
+@dataclass(frozen=True)
+class Moment:
+    """One reading of both clocks. ``monotonic`` measures: a fault's quiet period counts on it, so
+    a step of the wall clock (NTP correcting it, a VM restored from a snapshot) neither clears a
+    fatal XID's taint early nor holds it late. ``wall`` dates: a taint's timeAdded, which people
+    read and the taint eviction controller counts tolerationSeconds from."""
+
+    monotonic: float
+    wall: float
+
+    @classmethod
+    def now(cls) -> Moment:
+        return cls(time.monotonic(), time.time())
 
 
 # -- observations ---------------------------------------------------------------------------------
@@ -107,8 +123,8 @@ class Fault:
     informational: bool
     gi: int
     ci: int
-    since: float  # first seen: the taint's timeAdded
-    last: float  # newest: the quiet period counts from here
+    since: float  # first seen, wall clock: the taint's timeAdded
+    last: float  # newest, monotonic clock: the quiet period counts from here
 
     @property
     def key(self) -> tuple[str, bool, int, int]:
@@ -118,7 +134,7 @@ class Fault:
 @dataclass(frozen=True)
 class GpuHealth:
     faults: tuple[Fault, ...] = ()
-    lost_since: float | None = None
+    lost_since: float | None = None  # wall clock, as every *_since: a taint's timeAdded
     recovery_action: int | None = None
     action_since: float | None = None
     unmonitored: str | None = None  # why
@@ -137,7 +153,7 @@ class GpuHealth:
 State: TypeAlias = Mapping[str, GpuHealth]  # by GPU UUID; never mutated, each step returns a new one
 
 
-def observe(state: State, observations: Iterable[Observation], policy: Policy, now: float) -> dict[str, GpuHealth]:
+def observe(state: State, observations: Iterable[Observation], policy: Policy, now: Moment) -> dict[str, GpuHealth]:
     """``state`` after ``observations`` (all at ``now``), faults past their quiet period dropped."""
     gpus = dict(state)
     for seen in observations:
@@ -145,20 +161,21 @@ def observe(state: State, observations: Iterable[Observation], policy: Policy, n
     return expire(gpus, policy, now)
 
 
-def _observe_one(gpu: GpuHealth, seen: Observation, policy: Policy, now: float) -> GpuHealth:
+def _observe_one(gpu: GpuHealth, seen: Observation, policy: Policy, now: Moment) -> GpuHealth:
     if isinstance(seen, Probe):
         if seen.lost:
-            return dataclasses.replace(gpu, lost_since=gpu.lost_since if gpu.lost_since is not None else now)
-        action_since = gpu.action_since if gpu.recovery_action == seen.recovery_action else now
+            return dataclasses.replace(gpu, lost_since=gpu.lost_since if gpu.lost_since is not None else now.wall)
+        action_since = gpu.action_since if gpu.recovery_action == seen.recovery_action else now.wall
         return dataclasses.replace(gpu, lost_since=None, recovery_action=seen.recovery_action,
                                    action_since=action_since if seen.recovery_action not in (None, 0) else None)
     if isinstance(seen, Unmonitored):
         return dataclasses.replace(gpu, unmonitored=seen.reason,
-                                   unmonitored_since=gpu.unmonitored_since or now)
+                                   unmonitored_since=gpu.unmonitored_since or now.wall)
     if isinstance(seen, Xid):
-        fault = Fault("xid", str(seen.xid), seen.xid in policy.informational_xids, seen.gi, seen.ci, now, now)
+        fault = Fault("xid", str(seen.xid), seen.xid in policy.informational_xids, seen.gi, seen.ci, now.wall,
+                      now.monotonic)
     else:
-        fault = Fault("ecc", "double-bit", False, seen.gi, seen.ci, now, now)
+        fault = Fault("ecc", "double-bit", False, seen.gi, seen.ci, now.wall, now.monotonic)
     faults = [f for f in gpu.faults if f.key != fault.key]
     earlier = next((f for f in gpu.faults if f.key == fault.key), None)
     if earlier is not None:
@@ -167,15 +184,15 @@ def _observe_one(gpu: GpuHealth, seen: Observation, policy: Policy, now: float) 
     return dataclasses.replace(gpu, faults=tuple(faults[-MAX_FAULTS_PER_GPU:]))
 
 
-def expire(state: State, policy: Policy, now: float) -> dict[str, GpuHealth]:
-    """Drop the faults whose quiet period has passed: informational ones always, fatal ones only
-    while the GPU is neither lost nor waiting for a recovery action. GPUs left with nothing to say
-    are dropped."""
+def expire(state: State, policy: Policy, now: Moment) -> dict[str, GpuHealth]:
+    """Drop the faults whose quiet period has passed (on the monotonic clock): informational ones
+    always, fatal ones only while the GPU is neither lost nor waiting for a recovery action. GPUs
+    left with nothing to say are dropped."""
     gpus: dict[str, GpuHealth] = {}
     for uuid, gpu in state.items():
         blocked = gpu.lost_since is not None or gpu.needs_action
         faults = tuple(f for f in gpu.faults
-                       if now - f.last < policy.quiet_period or (blocked and not f.informational))
+                       if now.monotonic - f.last < policy.quiet_period or (blocked and not f.informational))
         kept = dataclasses.replace(gpu, faults=faults) if faults != gpu.faults else gpu
         if kept != GpuHealth(recovery_action=kept.recovery_action) or kept.needs_action:
             gpus[uuid] = kept
@@ -183,7 +200,7 @@ def expire(state: State, policy: Policy, now: float) -> dict[str, GpuHealth]:
 
 
 def next_expiry(state: State, policy: Policy) -> float | None:
-    """When :func:`expire` may next drop something (None: nothing waits on time)."""
+    """When (monotonic clock) :func:`expire` may next drop something (None: nothing waits on time)."""
     return min((f.last + policy.quiet_period for g in state.values() for f in g.faults), default=None)
 
 

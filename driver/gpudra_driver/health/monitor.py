@@ -35,7 +35,8 @@ from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.health import apisupport
 from gpudra_driver.health.feed import HealthFeed
 from gpudra_driver.health.core import (
-    HEALTH_STATES, NO_INSTANCE, Ecc, GpuHealth, Mode, Observation, Policy, Probe, Transition, Unmonitored, Xid, apply,
+    HEALTH_STATES, NO_INSTANCE, Ecc, GpuHealth, Mode, Moment, Observation, Policy, Probe, Transition, Unmonitored,
+    Xid, apply,
     carry_lost, gpu_uuid, health_of, next_expiry, observe, taints, transitions,
 )
 from gpudra_driver.nvml import load_nvml
@@ -97,7 +98,7 @@ def event_support(nvml: Any, uuids: Sequence[str]) -> list[Observation]:
     return found
 
 
-def snapshot(nvml: Any, devices: Sequence[Device], policy: Policy, now: float) -> list[Device]:
+def snapshot(nvml: Any, devices: Sequence[Device], policy: Policy, now: Moment) -> list[Device]:
     """``devices`` with the taints one probe gives them (``gpudra discover``: no events to wait
     for, so what it shows is a GPU lost, a recovery action pending, or no events to monitor)."""
     uuids = sorted({u for u in (gpu_uuid(d) for d in devices) if u})
@@ -112,7 +113,7 @@ def snapshot(nvml: Any, devices: Sequence[Device], policy: Policy, now: float) -
 class HealthMonitor:
     def __init__(self, *, nvml_spec: str | None, driver_root: DriverRoot | None, policy: Policy,
                  publish: Publish, report: Report | None = None, probe_interval: float = 5.0,
-                 wait_timeout: float = 1.0, clock: Callable[[], float] = time.time,
+                 wait_timeout: float = 1.0, clock: Callable[[], Moment] = Moment.now,
                  feed: HealthFeed | None = None,
                  on_transition: Callable[[Transition], Awaitable[None]] | None = None) -> None:
         """``feed``: where each probe round's health of every device goes, for the kubelet (KEP-4680);
@@ -213,7 +214,7 @@ class HealthMonitor:
                 deadlines = [next_probe - now]
                 expiry = next_expiry(self.state, self.policy)
                 if expiry is not None:
-                    deadlines.append(expiry - self.clock())
+                    deadlines.append(expiry - self.clock().monotonic)
                 if not self._wake.is_set() and not self._probe_now:
                     try:
                         await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, min(deadlines)))
@@ -255,7 +256,7 @@ class HealthMonitor:
             return
         if {u for u in (gpu_uuid(d) for d in self.discovered) if u} - self.probed:
             return
-        await self.feed.set(self.discovered, self.computed, self.policy.driver, self.clock())
+        await self.feed.set(self.discovered, self.computed, self.policy.driver, self.clock().wall)
 
     async def _open(self) -> Any:
         """NVML, initialised for this monitor's lifetime; retried while it fails (the rescanner
