@@ -309,7 +309,7 @@ async def _main(args: argparse.Namespace) -> int:
             return 1
     tasks = [asyncio.create_task(publisher.run(), name="publisher"),
              asyncio.create_task(_rescan_loop(args, publisher, plugin, kube, events, root), name="rescan"),
-             asyncio.create_task(LeakSweeper(prepared=plugin.state.prepared_claims, get_claim=plugin.get_claim,
+             asyncio.create_task(LeakSweeper(prepared=plugin.state.held_claims, get_claim=plugin.get_claim,
                                              unprepare=plugin.unprepare, driver=args.driver, node=args.node_name,
                                              report=events.post, interval=args.checkpoint_sweep_interval).run(),
                                  name="checkpoint-sweep"),

@@ -517,6 +517,55 @@ async def test_a_claim_deleted_behind_the_agents_back_is_released_by_the_sweep(
         assert not plugin.spec_path(old["metadata"]["uid"]).exists()
 
 
+async def test_a_checkpoint_corrupted_under_the_running_agent_is_recovered_and_its_adopted_claims_swept(
+        kube: Kube, namespace: str, fake_nodes, plugin_agents, driver: str) -> None:
+    """A disk fault (or a hand edit) corrupts the checkpoint while the agent serves. The next call
+    sets it aside and adopts the CDI specs, as a start would, with no restart: prepare and
+    unprepare go on. An adopted claim deleted while its unprepare never comes is found by the sweep
+    under the name the agent knew it by, and its GPU freed."""
+    node = (await fake_nodes("corrupt"))["metadata"]["name"]
+    plugin = plugin_agents(node, driver, extra_args=("--checkpoint-sweep-interval", "1"))
+    await published_devices(kube, driver, node, 8)
+    registered = await plugin.registered()
+    kept = await allocated_claim(kube, namespace, "kept", driver, node, ["gpu-2"])
+    leaked = await allocated_claim(kube, namespace, "leaked", driver, node, ["gpu-3"])
+    path = plugin.workdir / "kubelet" / "plugins" / driver / CHECKPOINT_FILE
+    async with DraClient(registered.endpoint, registered.version) as kubelet:
+        first = await plugin.prepare(kubelet, [ref(kept), ref(leaked)])
+        assert all(c.error == "" for c in first.claims.values())
+        path.write_bytes(path.read_bytes().replace(b'"PrepareCompleted"', b'"PrepareCompletex"', 1))
+
+        fresh = await allocated_claim(kube, namespace, "fresh", driver, node, ["gpu-4"])
+        again = await plugin.prepare(kubelet, [ref(fresh)])
+        assert again.claims[fresh["metadata"]["uid"]].error == ""
+        assert plugin.agent.process.poll() is None  # no restart
+        assert plugin.checkpoint() == {fresh["metadata"]["uid"]: "PrepareCompleted"}
+        doc = json.loads(path.read_bytes())
+        assert set(doc["adopted"]) == {kept["metadata"]["uid"], leaked["metadata"]["uid"]}
+        assert any(n.startswith(f"{CHECKPOINT_FILE}.corrupt-") for n in os.listdir(path.parent))
+        taken = await allocated_claim(kube, namespace, "taken", driver, node, ["gpu-2"])
+        refused = await plugin.prepare(kubelet, [ref(taken)])
+        assert f"already prepared for claim {kept['metadata']['uid']}" in refused.claims[taken["metadata"]["uid"]].error
+
+        unprepared = await kubelet.unprepare([ref(kept)])
+        assert unprepared.claims[kept["metadata"]["uid"]].error == ""
+        assert not plugin.spec_path(kept["metadata"]["uid"]).exists()
+
+        await kube.delete(CLAIM, "leaked", namespace)  # its unprepare never reaches the agent
+
+        async def released() -> Obj | None:
+            events = [e for e in await events_about(kube, node) if e.get("reason") == "LeakedClaimReleased"]
+            return events[0] if events else None
+
+        event = await wait_for(released, timeout=30, what="the sweep to release the adopted, deleted claim")
+        assert f"UID {leaked['metadata']['uid']}" in event["message"] and "gpu-3" in event["message"]
+        assert not plugin.spec_path(leaked["metadata"]["uid"]).exists()
+        reuse = await allocated_claim(kube, namespace, "reuse", driver, node, ["gpu-3"])
+        freed = await plugin.prepare(kubelet, [ref(reuse)])
+        assert freed.claims[reuse["metadata"]["uid"]].error == ""
+        assert "adopted" not in json.loads(path.read_bytes())
+
+
 def time_slicing(driver: str, interval: str) -> list[Obj]:
     return [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": driver, "parameters": {
         "apiVersion": "gpudra.io/v1alpha1", "kind": "GpuConfig",

@@ -208,6 +208,24 @@ def test_reconcile_keeps_adopted_specs_and_forgets_adoptions_whose_spec_is_gone(
     assert r.rolled_back == (A,) and r.remove_specs == () and not r.checkpoint.claims
     assert dict(r.checkpoint.adopted) == {A: ((NODE, "gpu-0"), (NODE, "gpu-1")), C: ((NODE, "gpu-2"),)}
 
+def test_adopted_claims_names_round_trip_canonically_and_go_with_their_adoption() -> None:
+    """The names a running agent knew its adopted claims by: what the leak sweep looks them up by."""
+    cp = (Checkpoint("boot").started(prepared(A, "gpu-0")).completed(A)
+          .adopting({C: [(NODE, "gpu-5")], B: [(NODE, "gpu-6")]})
+          .naming({C: ("ns", "c"), A: ("ns", "a"), "unknown": ("ns", "x")}))
+    assert dict(cp.adopted_names) == {C: ("ns", "c")}  # only adopted claims are named
+    data = ckpt.encode(cp)
+    doc = json.loads(data)
+    body = {k: v for k, v in doc.items() if k != "checksum"}
+    assert data == b'{"checksum":' + json.dumps(doc["checksum"]).encode() + b"," + ckpt._canonical(body)[1:] + b"\n"
+    assert doc["adoptedNames"] == {C: ["ns", "c"]} and ckpt.decode(data) == cp
+    assert cp != cp.without(C).adopting({C: [(NODE, "gpu-5")]})  # the same adoption without its name
+    assert not cp.without(C).adopted_names and "adoptedNames" not in json.loads(ckpt.encode(cp.without(C)))
+    assert cp.rolled_back(C).adopted_names == cp.adopted_names  # a rollback keeps the adoption
+    assert not cp.started(prepared(C, "gpu-5")).completed(C).adopted_names  # prepared again: an entry
+    assert dict(ckpt.reconcile(cp, {B}).checkpoint.adopted_names) == {}  # its spec gone: forgotten
+
+
 def test_boot_id_is_read_from_the_kernel() -> None:
     boot_id = ckpt.read_boot_id()
     assert len(boot_id) == 36 and boot_id == ckpt.read_boot_id()

@@ -463,14 +463,67 @@ async def test_a_spec_that_cannot_be_removed_after_a_failed_commit_still_rolls_t
     assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims == {}  # rolled back all the same
 
 
-async def test_a_checkpoint_corrupted_while_running_is_an_error_for_each_claim(tmp_path: Path) -> None:
+def corrupt_copies(state: DeviceState) -> list[str]:
+    return [n for n in os.listdir(state.plugin_dir) if n.startswith("checkpoint.json.corrupt-")]
+
+
+@pytest.mark.parametrize("corruption", ["{not json", "checksum"])
+async def test_a_checkpoint_corrupted_while_running_is_recovered_in_place_as_at_start_up(
+        tmp_path: Path, corruption: str) -> None:
+    """No restart needed: the next call sets the file aside and adopts the specs, as a start does."""
     state = make(tmp_path)
     await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
-    state.checkpoint_path.write_text("{not json")
+    good = state.checkpoint_path.read_bytes()
+    state.checkpoint_path.write_bytes(b"{not json" if corruption == "{not json" else good.replace(b"boot-1", b"boot-x"))
     out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
-    assert "preparing on node" in (out[A].error or "") and state.cdi.claim_uids() == {B}
-    assert "unpreparing on node" in ((await state.unprepare([REF_B]))[B] or "")
-    assert state.checkpoint_path.read_text() == "{not json"  # left for start-up to set aside, not overwritten
+    assert out[A].error is None and state.cdi.claim_uids() == {A, B}
+    assert len(corrupt_copies(state)) == 1
+    saved = ckpt.load(state.checkpoint_path, "boot-1")[0]
+    assert saved.claims[A].state == ckpt.COMPLETED
+    # B's spec kept for its running containers and its GPU held, under the name this agent knew it by
+    assert dict(saved.adopted) == {B: ((NODE, "gpu-1"),)} and dict(saved.adopted_names) == {B: ("ns", "b")}
+    C = "0c1d2e3f-0000-4000-8000-00000000000c"
+    out = await state.prepare(items((ClaimRef("ns", "c", C), claim(C, name="c", results=[result("gpu-1")]))))
+    assert "already prepared for claim " + B in (out[C].error or "")
+    # corrupted again: an unprepare as the first call recovers too
+    state.checkpoint_path.write_text("{torn")
+    assert await state.unprepare([REF_B]) == {B: None}
+    assert state.cdi.claim_uids() == {A} and len(corrupt_copies(state)) == 2
+    saved = ckpt.load(state.checkpoint_path, "boot-1")[0]
+    assert dict(saved.adopted) == {A: ((NODE, "gpu-0"),)} and dict(saved.adopted_names) == {A: ("ns", "a")}
+    assert await state.unprepare([REF_A]) == {A: None}
+    assert spec_files(tmp_path) == [] and ckpt.load(state.checkpoint_path, "boot-1")[0] == ckpt.Checkpoint("boot-1")
+
+
+async def test_a_claim_adopted_while_running_is_released_by_the_leak_sweep_once_gone(tmp_path: Path) -> None:
+    """Adopted claims have no entry: the sweep looks them up by the name the agent knew."""
+    from gpudra_driver.plugin.sweep import LeakSweeper
+
+    state = make(tmp_path)
+    await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])),
+                              (REF_B, claim(B, name="b", results=[result("gpu-1")]))))
+    state.checkpoint_path.write_text("{torn")
+    assert await state.unprepare([ClaimRef("ns", "x", "0c1d2e3f-0000-4000-8000-0000000000ff")])  # recovers
+    assert set(ckpt.load(state.checkpoint_path, "boot-1")[0].adopted) == {A, B}
+    live = {("ns", "a"): claim(A, name="a", results=[result("gpu-0")])}  # B was deleted; no unprepare came
+
+    async def get_claim(namespace: str, name: str) -> dict | None:
+        return live.get((namespace, name))
+
+    sweeper = LeakSweeper(prepared=state.held_claims, get_claim=get_claim, unprepare=state.unprepare,
+                          driver=DRIVER, node=NODE, rate=1000.0)
+    assert await sweeper.sweep_once() == []  # the first look only suspects it
+    assert await sweeper.sweep_once() == [B]
+    assert state.cdi.claim_uids() == {A} and set(ckpt.load(state.checkpoint_path, "boot-1")[0].adopted) == {A}
+    out = await state.prepare(items((ClaimRef("ns", "c", "0c1d2e3f-0000-4000-8000-00000000000c"),
+                                     claim("0c1d2e3f-0000-4000-8000-00000000000c", name="c",
+                                           results=[result("gpu-1")]))))
+    assert all(r.error is None for r in out.values())  # B's GPU is free again
+
+
+async def test_claims_adopted_at_start_have_no_name_and_are_not_looked_up(tmp_path: Path) -> None:
+    state = await adopted_a(tmp_path)
+    assert state.held_claims() == []
 
 
 async def test_a_claim_of_unexpected_shape_is_its_own_error(tmp_path: Path) -> None:
@@ -478,7 +531,7 @@ async def test_a_claim_of_unexpected_shape_is_its_own_error(tmp_path: Path) -> N
     odd = claim(B, name="b", results=[result("gpu-1")])
     odd["status"]["allocation"]["devices"]["results"] = [["not", "a", "mapping"]]
     out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])), (REF_B, odd)))
-    assert out[A].error is None and "cannot be read" in (out[B].error or "")
+    assert out[A].error is None and "results[0]: a list is not an object" in (out[B].error or "")
     assert state.cdi.claim_uids() == {A}
 
 
@@ -940,3 +993,29 @@ async def test_a_reset_that_fails_stays_recorded_and_the_next_start_does_it(tmp_
     recover(restarted)
     assert control.applied[-1] == (gpu_uuid("gpu-6"), 0, 0)
     assert ckpt.load(restarted.checkpoint_path, "boot-1")[0].touched == frozenset()
+
+
+async def test_a_bad_claim_costs_its_neighbours_nothing_in_its_call_and_in_concurrent_calls(tmp_path: Path) -> None:
+    """Claims beyond the API's bounds are refused before any lock, each with its own error naming
+    the field: the good claims beside them and the calls queued behind them go on in normal time."""
+    import asyncio
+    import time
+
+    state = make(tmp_path)
+    C = "0c1d2e3f-0000-4000-8000-00000000000c"
+    D = "0c1d2e3f-0000-4000-8000-00000000000d"
+    huge = claim(C, name="c", results=[result("gpu-5", shareID=A, consumedCapacity={"memory": "1e300000"})])
+    padded = claim(D, name="d", results=[result("gpu-6")])
+    padded["status"]["allocation"]["devices"]["config"] = [
+        {"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {"x": ["y" * 100] * 1000}}}]
+    started = time.perf_counter()
+    out, behind = await asyncio.wait_for(asyncio.gather(
+        state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])),
+                            (ClaimRef("ns", "c", C), huge), (ClaimRef("ns", "d", D), padded))),
+        state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))), 10)
+    elapsed = time.perf_counter() - started
+    assert out[A].error is None and behind[B].error is None
+    assert "results[0].consumedCapacity.memory: '1e300000'" in (out[C].error or "")
+    assert "config[0].opaque.parameters: over 10240 bytes" in (out[D].error or "")
+    assert elapsed < 0.5, f"{elapsed:.2f}s"
+    assert state.cdi.claim_uids() == {A, B}

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import time
+import timeit
+
 import pytest
 from plugin_fixtures import DRIVER, NODE, claim, devices, result
 
+from gpudra_driver.plugin.allocation import ClaimAllocation, json_size_at_least, read_claim
 from gpudra_driver.plugin.checkpoint import Checkpoint
 from gpudra_driver.plugin.model import ClaimError, ClaimRef, PreparedClaim, PreparedDevice
 from gpudra_driver.plugin.prepare import plan_prepare
@@ -184,5 +189,139 @@ def test_a_share_of_a_device_held_whole_and_a_whole_device_held_in_shares_are_re
 
 
 def test_a_malformed_consumed_capacity_is_the_claims_error() -> None:
-    with pytest.raises(ClaimError, match="consumedCapacity memory"):
+    with pytest.raises(ClaimError, match=r"results\[0\]\.consumedCapacity\.memory: 'lots' is not a quantity"):
         plan(claim(results=[result("gpu-3", shareID="s", consumedCapacity={"memory": "lots"})]))
+
+
+# -- tenant input: bounded before any lock (allocation.read_claim) ------------------------------------
+
+def gpu_config(**sharing: object) -> dict:  # type: ignore[type-arg]
+    return {"apiVersion": "gpudra.io/v1alpha1", "kind": "GpuConfig", "sharing": sharing}
+
+
+def config(parameters: object, *, source: str = "FromClaim", requests: list[str] | None = None) -> dict:  # type: ignore[type-arg]
+    entry: dict = {"source": source, "opaque": {"driver": DRIVER, "parameters": parameters}}  # type: ignore[type-arg]
+    if requests is not None:
+        entry["requests"] = requests
+    return entry
+
+
+def edited(change):  # type: ignore[no-untyped-def]
+    """claim() with ``change(allocation.devices, claim)`` applied."""
+    obj = claim()
+    change(obj["status"]["allocation"]["devices"], obj)
+    return obj
+
+
+def nested(depth: int) -> list:  # type: ignore[type-arg]
+    value: list = []  # type: ignore[type-arg]
+    for _ in range(depth):  # built without recursion: deeper than any recursive walk could go
+        value = [value]
+    return value
+
+
+TOO_BIG = "x" * (10 * 1024)
+
+
+@pytest.mark.parametrize(("obj", "field"), [
+    (edited(lambda d, c: d.update(results=[result("gpu-3")] * 33)),
+     "status.allocation.devices.results: 33 entries; the API allows at most 32"),
+    (edited(lambda d, c: d.update(config=[config(gpu_config())] * 65)),
+     "status.allocation.devices.config: 65 entries; the API allows at most 64"),
+    (edited(lambda d, c: d.update(config=[config(gpu_config(), requests=["gpu"] * 33)])),
+     "status.allocation.devices.config[0].requests: 33 entries"),
+    (edited(lambda d, c: d.update(config=[config(gpu_config(), requests=["gpu/" + "x" * 10**6])])),
+     "status.allocation.devices.config[0].requests[0]: 'gpu/xxxxxx"),
+    (edited(lambda d, c: d["results"][0].update(request="r" * 64)), "results[0].request: 'rrrr"),
+    (edited(lambda d, c: d["results"][0].update(request="a/b/c")), "results[0].request: 'a/b/c' is not a request name"),
+    (edited(lambda d, c: d["results"][0].update(device="GPU_3")), "results[0].device: 'GPU_3' is not a device name"),
+    (edited(lambda d, c: d["results"][0].update(device="g" * 10**6)), "results[0].device: 'gggg"),
+    (edited(lambda d, c: d["results"][0].update(pool="p" * 254)), "results[0].pool: 'pppp"),
+    (edited(lambda d, c: d["results"][0].update(driver="d" * 10**6)), "results[0].driver: 'dddd"),
+    (edited(lambda d, c: d["results"][0].update(shareID="../../x")), "results[0].shareID: '../../x' is not a UID"),
+    (edited(lambda d, c: d["results"][0].update(shareID=OTHER, consumedCapacity={"memory": "1e300000"})),
+     "results[0].consumedCapacity.memory: '1e300000' is not a quantity"),
+    (edited(lambda d, c: d["results"][0].update(consumedCapacity={f"c{i}": "1" for i in range(33)})),
+     "results[0].consumedCapacity: 33 entries"),
+    (edited(lambda d, c: d.update(config=[config({"padding": TOO_BIG})])),
+     "status.allocation.devices.config[0].opaque.parameters: over 10240 bytes of JSON"),
+    (edited(lambda d, c: d.update(config=[config(nested(10**6))])),
+     "status.allocation.devices.config[0].opaque.parameters: over 10240 bytes of JSON"),
+    (edited(lambda d, c: d.update(config=[config({"n": 10**100000})])),
+     "status.allocation.devices.config[0].opaque.parameters: over 10240 bytes of JSON"),
+    (edited(lambda d, c: c["metadata"].update(uid="u" * 10**6)), "the API server has UID 'uuuu"),
+    (edited(lambda d, c: d["results"].append("not a result")), "results[1]: 'not a result' is not an object"),
+])
+def test_a_claim_beyond_the_apis_bounds_is_refused_cheaply_naming_the_field(obj, field: str) -> None:
+    started = time.perf_counter()
+    with pytest.raises(ClaimError) as info:
+        plan(obj)
+    assert time.perf_counter() - started < 0.05
+    assert field in str(info.value) and "ns/c1" in str(info.value)
+    assert len(str(info.value)) < 300  # whatever the claim holds, the message stays a line
+
+
+def test_a_claim_at_the_apis_bounds_is_read_and_each_config_decoded_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """32 results under 32 longest request names, 64 configs of 10 KiB each applying to all of them:
+    the API server accepts it, so the agent does; decoding each config once per request would be
+    2,048 decodes."""
+    from gpudra_driver import gpuconfig
+
+    label = "r" * 61
+    requests = [f"{label}{i:02d}/{'s' * 63}" for i in range(32)]
+    # as big as a GpuConfig gets: one perDevice entry per device of the claim, by 64-character UUID
+    per_device = {f"GPU-{i:060d}": {"activeThreadPercentage": 50, "pinnedMemoryLimit": "1" + "0" * 17}
+                  for i in range(32)}
+    parameters = gpu_config(strategy="MPS", mps={"pinnedMemoryLimit": "10Gi", "perDevice": per_device})
+    assert 4 * 1024 < len(json.dumps(parameters, separators=(",", ":"))) <= 10 * 1024
+    names = [r.split("/")[0] for r in requests]
+    obj = claim(results=[result(f"gpu-{i % 8}", request=r) for i, r in enumerate(requests)])
+    obj["status"]["allocation"]["devices"]["config"] = [
+        config(json.loads(json.dumps(parameters)), source=source, requests=names)
+        for source in ("FromClass", "FromClaim") for _ in range(32)]
+    decodes = 0
+    decode = gpuconfig.decode
+
+    def counting(value: object) -> gpuconfig.GpuConfig:
+        nonlocal decodes
+        decodes += 1
+        return decode(value)
+
+    monkeypatch.setattr(gpuconfig, "decode", counting)
+    started = time.perf_counter()
+    read = read_claim(REF, obj, driver=DRIVER)
+    elapsed = time.perf_counter() - started
+    assert isinstance(read, ClaimAllocation), read
+    assert len(read.devices) == 32 and set(read.configs) == set(requests)
+    assert all(isinstance(c, gpuconfig.GpuConfig) and c.sharing.strategy is gpuconfig.Strategy.MPS
+               for c in read.configs.values())
+    assert decodes == 64 and elapsed < 0.5
+
+
+def test_parameters_of_exactly_the_apis_10_kib_pass_the_size_bound() -> None:
+    padding = {**gpu_config(), "padding": ""}
+    padding["padding"] = "x" * (10 * 1024 - len(json.dumps(padding, separators=(",", ":"))))
+    assert len(json.dumps(padding, separators=(",", ":"))) == 10 * 1024
+    obj = edited(lambda d, c: d.update(config=[config(padding)]))
+    with pytest.raises(ClaimError) as info:
+        plan(obj)
+    assert "padding: unknown field" in str(info.value)  # the decoder's refusal, not the size bound's
+
+
+def test_a_normal_claim_is_read_in_microseconds() -> None:
+    obj = claim(results=[result("gpu-3")])
+    obj["status"]["allocation"]["devices"]["config"] = [
+        config(gpu_config(strategy="TimeSlicing", timeSlicing={"interval": "Long"}))]
+    read = read_claim(REF, obj, driver=DRIVER)
+    assert isinstance(read, ClaimAllocation) and read.shares_gpus
+    # the best of a few rounds: what the check costs, not what the machine's other load does
+    per_claim = min(timeit.repeat(lambda: read_claim(REF, obj, driver=DRIVER), number=500, repeat=5)) / 500
+    assert per_claim < 200e-6, f"{per_claim * 1e6:.0f} µs per claim"
+
+
+def test_json_size_is_a_lower_bound_of_what_the_api_server_measured() -> None:
+    for value in ({"a": [1, 2.5, "é", None, True, False, {"b": "\u2028"}]}, [], {}, "x" * 100, -12345678901234567890,
+                  [[[]]], {"k": 1e300}):
+        raw = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        assert json_size_at_least(value, 10**9) <= len(raw)
+    assert 100 < json_size_at_least(nested(10**6), 100) <= 102  # stops at the limit, whatever the depth

@@ -10,17 +10,17 @@ from plugin_fixtures import DRIVER, NODE, claim, devices, result
 
 from gpudra_driver import metrics
 from gpudra_driver.plugin.checkpoint import Checkpoint
-from gpudra_driver.plugin.model import ClaimRef, PreparedClaim
+from gpudra_driver.plugin.model import ClaimRef
 from gpudra_driver.plugin.prepare import plan_prepare
-from gpudra_driver.plugin.sweep import LeakSweeper, leak_reason
+from gpudra_driver.plugin.sweep import HeldClaim, LeakSweeper, leak_reason
 
 A = "0c1d2e3f-0000-4000-8000-00000000000a"
 B = "0c1d2e3f-0000-4000-8000-00000000000b"
 
 
-def prepared(uid: str, name: str, device: str) -> PreparedClaim:
-    return plan_prepare(ClaimRef("ns", name, uid), claim(uid, name=name, results=[result(device)]), devices(),
-                        Checkpoint("b"), node=NODE, driver=DRIVER).claim
+def prepared(uid: str, name: str, device: str) -> HeldClaim:
+    return HeldClaim.of(plan_prepare(ClaimRef("ns", name, uid), claim(uid, name=name, results=[result(device)]),
+                                     devices(), Checkpoint("b"), node=NODE, driver=DRIVER).claim)
 
 
 def test_only_a_gone_recreated_or_deallocated_claim_is_leaked() -> None:

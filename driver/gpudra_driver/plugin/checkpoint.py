@@ -9,7 +9,9 @@ State machine per claim (keyed by claim UID)::
 The file is JSON: ``{"version", "checksum", "bootID", "claims": {uid: {"state", "namespace",
 "name", "devices"}}}``, plus ``"adopted": {uid: [[pool, device], ...]}`` when a corrupt checkpoint
 was set aside: claims whose CDI spec was kept for running containers without an entry (nothing
-else about them survived), with the devices their spec names; kept until unprepared.
+else about them survived), with the devices their spec names; kept until unprepared; and
+``"adoptedNames": {uid: [namespace, name]}`` for those whose name the agent that adopted them knew
+(for the leak sweep; an older agent drops it, which only keeps those claims until unprepared).
 ``checksum`` is ``sha256:<hex>`` over the canonical JSON of everything else, so a torn or
 hand-edited file is detected. ``bootID`` is the node's
 ``/proc/sys/kernel/random/boot_id`` when it was written: after a reboot no container holds a
@@ -88,6 +90,8 @@ class Checkpoint:
     claims: Mapping[str, Entry] = field(default_factory=lambda: MappingProxyType({}))
     # claim UID -> the (pool, device) pairs its kept spec names (see the module docstring)
     adopted: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=lambda: MappingProxyType({}))
+    # adopted claim UID -> (namespace, name), where known: what the leak sweep looks it up by
+    adopted_names: Mapping[str, tuple[str, str]] = field(default_factory=lambda: MappingProxyType({}))
     # UUIDs of GPUs whose sharing settings the agent changed and has not put back yet: recorded
     # before a change, dropped once the defaults are back (see gpusettings), so a crash or a failed
     # reset anywhere leaves the reset for the next start to do.
@@ -111,6 +115,13 @@ class Checkpoint:
             return self
         return replace(self, adopted=MappingProxyType({**self.adopted, **kept}))
 
+    def naming(self, names: Mapping[str, tuple[str, str]]) -> Checkpoint:
+        """Record the (namespace, name) of adopted claims (a UID names one object forever)."""
+        known = {uid: (namespace, name) for uid, (namespace, name) in names.items() if uid in self.adopted}
+        if not known:
+            return self
+        return replace(self, adopted_names=MappingProxyType({**self.adopted_names, **known}))
+
     def started(self, claim: PreparedClaim) -> Checkpoint:
         """An adopted claim prepared again stays adopted until its prepare completes: a rollback
         keeps its spec."""
@@ -122,15 +133,18 @@ class Checkpoint:
 
     def without(self, *uids: str) -> Checkpoint:
         """Unprepared: entries and adoptions go."""
-        return replace(self.rolled_back(*uids), adopted=self._adopted_without(uids))
+        return replace(self.rolled_back(*uids), adopted=self._adopted_without(uids),
+                       adopted_names=self._names_without(uids))
 
     def rolled_back(self, *uids: str) -> Checkpoint:
         """Half-done prepares undone: their entries go, adoptions stay."""
         return replace(self, claims=MappingProxyType({u: e for u, e in self.claims.items() if u not in uids}))
 
     def _with(self, uid: str, entry: Entry) -> Checkpoint:
-        adopted = self._adopted_without((uid,)) if entry.state == COMPLETED else self.adopted
-        after = Checkpoint(self.boot_id, MappingProxyType({**self.claims, uid: entry}), adopted, self.touched)
+        completed = entry.state == COMPLETED
+        adopted = self._adopted_without((uid,)) if completed else self.adopted
+        names = self._names_without((uid,)) if completed else self.adopted_names
+        after = Checkpoint(self.boot_id, MappingProxyType({**self.claims, uid: entry}), adopted, names, self.touched)
         if "_owners" in self.__dict__ and uid not in self.claims and uid not in self.adopted:
             owners = dict(self._owners)  # keep the index, not rebuild it
             _add_holders(owners, uid, entry)
@@ -148,6 +162,11 @@ class Checkpoint:
         if not self.adopted or not any(uid in self.adopted for uid in uids):
             return self.adopted
         return MappingProxyType({u: pairs for u, pairs in self.adopted.items() if u not in uids})
+
+    def _names_without(self, uids: Iterable[str]) -> Mapping[str, tuple[str, str]]:
+        if not self.adopted_names or not any(uid in self.adopted_names for uid in uids):
+            return self.adopted_names
+        return MappingProxyType({u: n for u, n in self.adopted_names.items() if u not in uids})
 
     # -- queries ------------------------------------------------------------------------------
     def completed_count(self) -> int:
@@ -191,7 +210,7 @@ class Checkpoint:
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Checkpoint) and self.boot_id == other.boot_id
                 and dict(self.claims) == dict(other.claims) and dict(self.adopted) == dict(other.adopted)
-                and self.touched == other.touched)
+                and dict(self.adopted_names) == dict(other.adopted_names) and self.touched == other.touched)
 
 
 # A device's holder: the claim UID and its device entry (None for an adopted claim's kept spec).
@@ -212,9 +231,9 @@ def _canonical(body: Mapping[str, Any]) -> bytes:
 
 
 def encode(checkpoint: Checkpoint) -> bytes:
-    # Exactly _canonical() of {("adopted",) "bootID", "claims", ("touched",) "version"}, assembled
-    # from each entry's cached canonical JSON (keys in sorted order: adopted < bootID < claims <
-    # touched < version;
+    # Exactly _canonical() of {("adopted",) ("adoptedNames",) "bootID", "claims", ("touched",)
+    # "version"}, assembled from each entry's cached canonical JSON (keys in sorted order: adopted
+    # < adoptedNames < bootID < claims < touched < version;
     # claims by UID), because the commit of every prepare encodes the whole checkpoint on the
     # kubelet's critical path. "adopted" only when there are any: other files stay as they were.
     entries = checkpoint.claims
@@ -222,6 +241,8 @@ def encode(checkpoint: Checkpoint) -> bytes:
     adopted = ""
     if checkpoint.adopted:
         adopted = '"adopted":' + _canonical({u: [list(p) for p in pairs] for u, pairs in checkpoint.adopted.items()}).decode() + ","
+    if checkpoint.adopted_names:
+        adopted += '"adoptedNames":' + _canonical({u: list(n) for u, n in checkpoint.adopted_names.items()}).decode() + ","
     version = max([3 if checkpoint.touched else 2 if checkpoint.adopted else 1,
                    *(entry.version for entry in entries.values())])
     touched = f'"touched":{json.dumps(sorted(checkpoint.touched), separators=(",", ":"))},' if checkpoint.touched else ""
@@ -260,8 +281,9 @@ def decode(data: bytes) -> Checkpoint:
         touched = doc.get("touched") or []
         if not isinstance(touched, list) or not all(isinstance(u, str) for u in touched):
             raise CheckpointError(f"touched: {touched!r} is not a list of GPU UUIDs")
-        return Checkpoint(str(doc["bootID"]), MappingProxyType(claims), _adopted_from_json(doc.get("adopted") or {}),
-                          frozenset(touched))
+        adopted = _adopted_from_json(doc.get("adopted") or {})
+        return Checkpoint(str(doc["bootID"]), MappingProxyType(claims), adopted,
+                          _adopted_names_from_json(doc.get("adoptedNames") or {}, adopted), frozenset(touched))
     except (KeyError, TypeError, AttributeError, ValueError) as error:
         raise CheckpointError(f"malformed content: {error!r}") from None
 
@@ -275,6 +297,13 @@ def _adopted_from_json(raw: Any) -> Mapping[str, tuple[tuple[str, str], ...]]:
     if not isinstance(raw, dict) or not all(isinstance(pairs, list) for pairs in raw.values()):
         raise CheckpointError("adopted: not an object of claim UID -> [[pool, device], ...]")
     return MappingProxyType({uid: tuple(pair(item) for item in pairs) for uid, pairs in raw.items()})
+
+
+def _adopted_names_from_json(raw: Any, adopted: Mapping[str, Any]) -> Mapping[str, tuple[str, str]]:
+    if not isinstance(raw, dict) or not all(
+            isinstance(n, list) and len(n) == 2 and all(isinstance(x, str) for x in n) for n in raw.values()):
+        raise CheckpointError("adoptedNames: not an object of claim UID -> [namespace, name]")
+    return MappingProxyType({uid: (n[0], n[1]) for uid, n in raw.items() if uid in adopted})
 
 
 # -- reconciliation (pure) -----------------------------------------------------------------------

@@ -11,7 +11,8 @@ CDI directory are reconciled, the DRA socket is served; the registration socket 
 devices have been discovered, so the kubelet never prefers an instance that cannot prepare yet.
 Stop (SIGTERM): registration socket first (deregistration), then the DRA server after in-flight
 calls finish, then our socket files. Prepare GETs each claim (concurrently, before taking any
-lock), then hands them to :class:`DeviceState`, which changes the node's state one call at a time."""
+lock), then hands them to :class:`DeviceState`, which reads each (bounded, its configs decoded,
+still before any lock: :mod:`.allocation`) and changes the node's state one call at a time."""
 
 from __future__ import annotations
 

@@ -1,21 +1,22 @@
 """Deciding what preparing one claim means (pure).
 
-``plan_prepare`` takes the claim as the API server returned it, this node's devices, and the
-checkpoint; it returns the :class:`PreparedClaim` to write, or raises :class:`ClaimError` with a
-message that names the claim and the reason. Nothing here does I/O."""
+``plan_prepare`` takes the claim as :func:`.allocation.read_claim` read it (before the node lock:
+bounded, its configs decoded), this node's devices, and the checkpoint; it returns the
+:class:`PreparedClaim` to write, or raises :class:`ClaimError` with a message that names the claim
+and the reason. Nothing here does I/O, and nothing costs more than a look at the claim's devices."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpudra_driver.plugin.allocation import ClaimAllocation, read_claim
 from gpudra_driver.plugin.cdi import cdi_device_id
-from gpudra_driver.quantity import format_quantity, parse_quantity
+from gpudra_driver.quantity import format_quantity
 from gpudra_driver.plugin.checkpoint import COMPLETED, Checkpoint
 from gpudra_driver.plugin.devicenodes import NodeDevice
-from gpudra_driver.gpuconfig import GpuConfigError, Mps, Strategy, config_for_request
+from gpudra_driver.gpuconfig import GpuConfig, GpuConfigError, Mps, Strategy
 from gpudra_driver.plugin import gpusettings
 from gpudra_driver.plugin.model import (MPS, NOT_SHARED, TIME_SLICING, ClaimError, ClaimRef, DeviceSharing,
                                         PreparedClaim, PreparedDevice)
@@ -30,71 +31,61 @@ class Plan:
     done: bool  # already prepared (checkpoint says PrepareCompleted): answer again, write nothing
 
 
-def plan_prepare(ref: ClaimRef, claim: Mapping[str, Any] | ClaimError | None, devices: Mapping[str, NodeDevice] | None,
-                 checkpoint: Checkpoint, *, node: str, driver: str) -> Plan:
-    """What to prepare for ``ref``. ``claim`` is the GET result (None: not found); ``devices`` are
-    this node's discovered devices by name (None: discovery has not finished yet). A GET that
-    failed arrives as its :class:`ClaimError`; it matters only if the claim is not prepared yet."""
+def plan_prepare(ref: ClaimRef, claim: ClaimAllocation | Mapping[str, Any] | ClaimError | None,
+                 devices: Mapping[str, NodeDevice] | None, checkpoint: Checkpoint, *, node: str, driver: str) -> Plan:
+    """What to prepare for ``ref``. ``claim`` is the claim as read (:func:`read_claim`; the GET
+    result is read here: None is not found); ``devices`` are this node's discovered devices by
+    name (None: discovery has not finished yet). A claim that could not be read or was refused
+    arrives as its :class:`ClaimError`; it matters only if the claim is not prepared yet."""
     ref.check()
+    read = claim if isinstance(claim, ClaimAllocation) else read_claim(ref, claim, driver=driver)
     entry = checkpoint.claims.get(ref.uid)
-    if entry is not None and entry.state == COMPLETED and not _reallocated(entry.claim, claim, driver):
+    if entry is not None and entry.state == COMPLETED and not _reallocated(entry.claim, read):
         # Idempotent: the kubelet retries after timeouts and restarts; answer what we answered.
         return Plan(entry.claim, done=True)
-    if isinstance(claim, ClaimError):
-        raise claim
-    if claim is None:
-        raise ClaimError(f"{ref}: not found")
-    meta = claim.get("metadata") or {}
-    if meta.get("uid") != ref.uid:
-        raise ClaimError(f"{ref}: the API server has UID {meta.get('uid')!r}; the claim was replaced")
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not allocation:
-        raise ClaimError(f"{ref}: not allocated")
-    _check_node_selector(ref, allocation, node)
-    results = _driver_results(allocation, driver)
+    if isinstance(read, ClaimError):
+        raise read
+    _check_node_selector(ref, read.node_names, node)
+    results = read.devices
     if not results:  # the kubelet only asks the drivers named in the allocation
         raise ClaimError(f"{ref}: no device of driver {driver} is allocated to it")
-    if results and devices is None:
+    if devices is None:
         raise ClaimError(f"{ref}: this node's devices are not discovered yet; retry")
     by_device: dict[str, list[str]] = {}
     full_requests: dict[str, list[str]] = {}  # device -> the results' request names as allocated
     exclusive: set[str] = set()  # devices with at least one result without adminAccess
     shares: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {}  # device -> (shareID, consumed)
     for result in results:
-        pool, name = result.get("pool"), result.get("device")
-        if pool != node:
-            raise ClaimError(f"{ref}: device {name!r} is allocated from pool {pool!r}, not this node's "
+        name = result.device
+        if result.pool != node:
+            raise ClaimError(f"{ref}: device {name!r} is allocated from pool {result.pool!r}, not this node's "
                              f"pool {node!r}")
-        assert devices is not None
         if name not in devices:
             raise ClaimError(f"{ref}: device {name!r} is not a device of node {node}")
-        full_request = str(result.get("request") or "")
-        request = full_request.split("/", 1)[0]  # "req/sub" -> "req"
-        full_requests.setdefault(name, []).append(full_request)
+        request = result.request.split("/", 1)[0]  # "req/sub" -> "req"
+        full_requests.setdefault(name, []).append(result.request)
         requests = by_device.setdefault(name, [])
-        if request and request not in requests:
+        if request not in requests:
             requests.append(request)
-        if not result.get("adminAccess"):
+        if not result.admin_access:
             exclusive.add(name)
-        if result.get("shareID") is not None:
+        if result.share_id is not None:
             if name in shares:  # one Device per (device, share) would be needed to answer it
                 raise ClaimError(f"{ref}: it holds two shares of device {name}; one share per device and "
                                  "claim is supported")
-            shares[name] = (str(result["shareID"]), _consumed(ref, name, result.get("consumedCapacity")))
-    assert devices is not None or not by_device
+            shares[name] = (result.share_id, result.consumed)
     for name in exclusive:
-        _check_holders(ref, devices[name], node, checkpoint, shares.get(name))  # type: ignore[index]
-    configs = list((allocation.get("devices") or {}).get("config") or [])
+        _check_holders(ref, devices[name], node, checkpoint, shares.get(name))
     by_request: dict[str, list[NodeDevice]] = {}  # full request name -> its devices
     for name, names in full_requests.items():
         for full_request in names:
-            by_request.setdefault(full_request, []).append(devices[name])  # type: ignore[index]
+            by_request.setdefault(full_request, []).append(devices[name])
     prepared = tuple(
-        PreparedDevice(tuple(requests), node, name, devices[name].uuid, devices[name].device_nodes,  # type: ignore[index]
+        PreparedDevice(tuple(requests), node, name, devices[name].uuid, devices[name].device_nodes,
                        cdi_device_id(driver, ref.uid, name), admin_access=name not in exclusive,
                        share_id=shares[name][0] if name in shares else None,
                        consumed=shares[name][1] if name in shares else (),
-                       sharing=_sharing(ref, configs, driver, full_requests[name], devices[name],  # type: ignore[index]
+                       sharing=_sharing(ref, read.configs, full_requests[name], devices[name],
                                         by_request, dict(shares[name][1]) if name in shares else None))
         for name, requests in by_device.items())
     _check_one_mps_daemon(ref, prepared)
@@ -106,15 +97,18 @@ def plan_prepare(ref: ClaimRef, claim: Mapping[str, Any] | ClaimError | None, de
     return Plan(PreparedClaim(ref, prepared), done=False)
 
 
-def _sharing(ref: ClaimRef, configs: list[Any], driver: str, requests: list[str], device: NodeDevice,
+def _sharing(ref: ClaimRef, configs: Mapping[str, GpuConfig | ClaimError], requests: list[str], device: NodeDevice,
              by_request: Mapping[str, list[NodeDevice]], consumed: Mapping[str, int] | None) -> DeviceSharing:
     """How the claim's containers share ``device``: its GpuConfig (class config, then claim
-    config) for the request(s) the device serves. ``consumed``: what the claim's share of the
-    device consumes (consumable capacity), None when it holds the whole device."""
-    try:
-        chosen = [config_for_request(configs, driver, request) for request in requests]
-    except GpuConfigError as error:
-        raise ClaimError(f"{ref}: {error}") from None
+    config, decoded by :func:`read_claim`) for the request(s) the device serves. ``consumed``:
+    what the claim's share of the device consumes (consumable capacity), None when it holds the
+    whole device."""
+    chosen: list[GpuConfig] = []
+    for request in requests:
+        config = configs[request]
+        if isinstance(config, ClaimError):
+            raise config
+        chosen.append(config)
     if any(config != chosen[0] for config in chosen):
         raise ClaimError(f"{ref}: device {device.name} serves requests {', '.join(requests)}, whose GpuConfigs "
                          "ask for different sharing")
@@ -151,7 +145,8 @@ def _mps_sharing(ref: ClaimRef, config: Mps, request: str, device: NodeDevice,
         granted, part = share_limits(consumed["memory"], device.memory)
         limit = granted if limit is None else min(limit, granted)
         percentage = part if percentage is None else min(percentage, part)
-    return DeviceSharing(MPS, active_thread_percentage=percentage, pinned_memory_limit=limit)
+    return DeviceSharing(MPS, active_thread_percentage=percentage, pinned_memory_limit=limit,
+                         shm_size=config.shm_size)
 
 
 def _check_one_mps_daemon(ref: ClaimRef, prepared: tuple[PreparedDevice, ...]) -> None:
@@ -168,21 +163,6 @@ def _version(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split(".")[:2])
     except ValueError:
         return (99,)
-
-
-def _consumed(ref: ClaimRef, device: str, raw: Any) -> tuple[tuple[str, int], ...]:
-    """``consumedCapacity`` of a shared allocation result: capacity name -> base units."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, Mapping):
-        raise ClaimError(f"{ref}: device {device}: consumedCapacity {raw!r} is not a map")
-    consumed = []
-    for name, value in raw.items():
-        try:
-            consumed.append((str(name), math.ceil(parse_quantity(str(value)))))
-        except (ValueError, ArithmeticError) as error:
-            raise ClaimError(f"{ref}: device {device}: consumedCapacity {name}: {error}") from None
-    return tuple(sorted(consumed))
 
 
 def _check_holders(ref: ClaimRef, device: NodeDevice, node: str, checkpoint: Checkpoint,
@@ -211,27 +191,19 @@ def _check_holders(ref: ClaimRef, device: NodeDevice, node: str, checkpoint: Che
                 f"claim(s) {', '.join(sorted(uid for uid, _ in others))}")
 
 
-def _reallocated(prepared: PreparedClaim, claim: Mapping[str, Any] | ClaimError | None, driver: str) -> bool:
+def _reallocated(prepared: PreparedClaim, claim: ClaimAllocation | ClaimError) -> bool:
     """True when the API server shows the claim (same UID) allocated to other devices of ours than
     those it was prepared with: deallocated and allocated again while an unprepare never reached
-    us. Answering the old devices would hand the container the wrong GPU. A failed GET, a missing
-    or unallocated claim is no evidence: the prepared answer stands."""
-    if not isinstance(claim, Mapping) or (claim.get("metadata") or {}).get("uid") != prepared.uid:
+    us. Answering the old devices would hand the container the wrong GPU. A failed GET, a missing,
+    replaced, unallocated or unreadable claim is no evidence: the prepared answer stands."""
+    if isinstance(claim, ClaimError):
         return False
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    now = {(r.get("pool"), r.get("device"), r.get("shareID")) for r in _driver_results(allocation, driver)}
+    now = {(d.pool, d.device, d.share_id) for d in claim.devices}
     return bool(now) and now != {(d.pool, d.device, d.share_id) for d in prepared.devices}
 
 
-def _driver_results(allocation: Mapping[str, Any], driver: str) -> list[Any]:
-    """The allocation's results for ``driver`` (the kubelet asks each driver about its own)."""
-    return [r for r in ((allocation.get("devices") or {}).get("results") or []) if r.get("driver") == driver]
-
-
-def _check_node_selector(ref: ClaimRef, allocation: Mapping[str, Any], node: str) -> None:
+def _check_node_selector(ref: ClaimRef, names: tuple[frozenset[str], ...], node: str) -> None:
     """The scheduler pins node-local allocations with ``matchFields metadata.name In [node]``."""
-    terms = ((allocation.get("nodeSelector") or {}).get("nodeSelectorTerms")) or []
-    names = [set(expr.get("values") or []) for term in terms for expr in term.get("matchFields") or []
-             if expr.get("key") == "metadata.name" and expr.get("operator") == "In"]
     if names and not any(node in values for values in names):
-        raise ClaimError(f"{ref}: allocated to node {sorted(set().union(*names))}, not {node}")
+        shown = sorted(set().union(*names))
+        raise ClaimError(f"{ref}: allocated to node {shown[:3]}{' and more' if len(shown) > 3 else ''}, not {node}")

@@ -1,7 +1,9 @@
 """Start-up recovery: make the checkpoint and the CDI directory agree before any kubelet call.
 
 Runs once per agent start, under the node lock (a peer instance may be serving during a rolling
-update). What a crash at any point can leave, and what happens to it, is decided by the pure
+update), and again, under the lock a call holds, when a call finds the checkpoint corrupt
+(:meth:`.state.DeviceState._load`): the same path, so a corruption while the agent runs costs no
+restart. What a crash at any point can leave, and what happens to it, is decided by the pure
 :func:`checkpoint.reconcile`; this module reads the disk, applies the decision and writes the result:
 
 * half-done prepares (PrepareStarted) are rolled back: their specs go, the kubelet prepares again;
@@ -16,7 +18,10 @@ update). What a crash at any point can leave, and what happens to it, is decided
 
 A corrupt checkpoint (a failed checksum: a disk fault or a hand edit) is copied aside, and every
 spec of ours is adopted with the devices it names, so running containers keep their devices and
-nobody else is given them until the kubelet unprepares those claims.
+nobody else is given them until the kubelet unprepares those claims. Found by a running agent, the
+adopted claims keep the namespace and name it knew them by (a UID names one object forever), so
+the leak sweep can look them up; found at start, nothing names them, and they stay adopted until
+their unprepare comes or the node reboots.
 """
 
 from __future__ import annotations
@@ -26,64 +31,73 @@ import logging
 import os
 import shutil
 import time
+from typing import TYPE_CHECKING
 
 from gpudra_driver.plugin import checkpoint as ckpt
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.driverfiles import DriverFilesError
 from gpudra_driver.plugin.locking import node_lock
-from gpudra_driver.plugin.state import DeviceState
+
+if TYPE_CHECKING:  # state.py calls recover_locked: no import at run time
+    from gpudra_driver.plugin.state import DeviceState
 
 log = logging.getLogger(__name__)
 
 
 def recover(state: DeviceState) -> ckpt.Reconciliation:
     """Reconcile ``state``'s checkpoint with its CDI directory (blocking: run it off the event loop)."""
-    store, cdi = state.checkpoint, state.cdi
     state.plugin_dir.mkdir(parents=True, exist_ok=True)
     with node_lock(state.lock_path, state.lock_timeout):
-        read = _read(store)
-        on_disk, listed = _list_specs(cdi)
-        loaded = read if read is not None else _adopt_kept_specs(state, on_disk, listed)
-        # an adopted spec is forgotten only when the directory was read and it is not there
-        result = ckpt.reconcile(loaded, on_disk if listed else on_disk | set(loaded.adopted))
-        if listed and read is not None and result.checkpoint.adopted:
-            # what kept specs name now: a crashed prepare of an adopted claim may have rewritten one
-            # (a start that just adopted them has read them already)
-            adopted = result.checkpoint.adopted
-            result = dataclasses.replace(result, checkpoint=result.checkpoint.adopting(
-                {uid: state.spec_devices(uid, pairs) for uid, pairs in adopted.items()}))
-        for uid in result.remove_specs:
-            cdi.remove(uid)
-        stale = [e.claim for u, e in result.checkpoint.claims.items()
-                 if e.claim.devices and u in on_disk and not cdi.matches(e.claim)]
-        result = dataclasses.replace(result, rewrite_specs=result.rewrite_specs + tuple(stale))
-        for claim in result.rewrite_specs:
-            try:
-                cdi.write(claim)
-            except DriverFilesError as error:  # the driver is being (re)loaded: never crash-loop on
-                # it (running pods need their unprepare); a missing spec is written again when the
-                # kubelet next asks to prepare the claim
-                kept = "is kept as it is" if cdi.exists(claim.uid) else "is missing"
-                log.warning("%s: its CDI spec %s; it cannot be brought up to date now: %s", claim.ref, kept, error)
-        if on_disk or cdi.path.is_dir():
-            cdi.remove_temp_files()
-        # MPS daemons: those of claims gone or rolled back stop, those of prepared claims run
-        for uid, problem in state._converge_mps(result.checkpoint).items():
-            log.warning("claim %s: %s", uid, problem)
-        # GPUs recorded as touched get what their remaining holders ask, or their defaults back
-        # (a claim rolled back, a crash between a checkpoint write and a reset, a reset that failed)
-        settled = result.checkpoint
-        if settled.touched:
-            settled = settled.untouched(state._converge(settled))
-            result = dataclasses.replace(result, checkpoint=settled)
-        if result.checkpoint != read or not store.is_cached:
-            # no file, or not one this boot can use (another boot's is replaced too: read once,
-            # warned once): write the reconciled one
-            store.save(result.checkpoint)
-        for leftover in store.leftovers():
-            os.unlink(leftover)
+        return recover_locked(state)
+
+
+def recover_locked(state: DeviceState, known: ckpt.Checkpoint | None = None) -> ckpt.Reconciliation:
+    """:func:`recover`, for a caller holding the node lock. ``known``: the checkpoint this
+    instance last read or wrote, whose claims' names the adopted ones keep."""
+    store, cdi = state.checkpoint, state.cdi
+    read = _read(store)
+    on_disk, listed = _list_specs(cdi)
+    loaded = read if read is not None else _adopt_kept_specs(state, on_disk, listed, known)
+    # an adopted spec is forgotten only when the directory was read and it is not there
+    result = ckpt.reconcile(loaded, on_disk if listed else on_disk | set(loaded.adopted))
+    if listed and read is not None and result.checkpoint.adopted:
+        # what kept specs name now: a crashed prepare of an adopted claim may have rewritten one
+        # (a start that just adopted them has read them already)
+        adopted = result.checkpoint.adopted
+        result = dataclasses.replace(result, checkpoint=result.checkpoint.adopting(
+            {uid: state.spec_devices(uid, pairs) for uid, pairs in adopted.items()}))
+    for uid in result.remove_specs:
+        cdi.remove(uid)
+    stale = [e.claim for u, e in result.checkpoint.claims.items()
+             if e.claim.devices and u in on_disk and not cdi.matches(e.claim)]
+    result = dataclasses.replace(result, rewrite_specs=result.rewrite_specs + tuple(stale))
+    for claim in result.rewrite_specs:
+        try:
+            cdi.write(claim)
+        except DriverFilesError as error:  # the driver is being (re)loaded: never crash-loop on
+            # it (running pods need their unprepare); a missing spec is written again when the
+            # kubelet next asks to prepare the claim
+            kept = "is kept as it is" if cdi.exists(claim.uid) else "is missing"
+            log.warning("%s: its CDI spec %s; it cannot be brought up to date now: %s", claim.ref, kept, error)
+    if on_disk or cdi.path.is_dir():
+        cdi.remove_temp_files()
+    # MPS daemons: those of claims gone or rolled back stop, those of prepared claims run
+    for uid, problem in state._converge_mps(result.checkpoint).items():
+        log.warning("claim %s: %s", uid, problem)
+    # GPUs recorded as touched get what their remaining holders ask, or their defaults back
+    # (a claim rolled back, a crash between a checkpoint write and a reset, a reset that failed)
+    settled = result.checkpoint
+    if settled.touched:
+        settled = settled.untouched(state._converge(settled))
+        result = dataclasses.replace(result, checkpoint=settled)
+    if result.checkpoint != read or not store.is_cached:
+        # no file, or not one this boot can use (another boot's is replaced too: read once,
+        # warned once): write the reconciled one
+        store.save(result.checkpoint)
+    for leftover in store.leftovers():
+        os.unlink(leftover)
     if result.changed:
-        log.info("start-up reconciliation: rolled back %s, removed orphan specs %s, rewrote specs %s",
+        log.info("reconciliation: rolled back %s, removed orphan specs %s, rewrote specs %s",
                  list(result.rolled_back), list(result.remove_specs), [c.uid for c in result.rewrite_specs])
     return result
 
@@ -97,7 +111,7 @@ def _read(store: ckpt.CheckpointFile) -> ckpt.Checkpoint | None:
     except ckpt.NewerCheckpoint as error:
         raise RuntimeError(f"{store.path}: {error}") from None
     except ckpt.CheckpointError as error:
-        aside = store.path.with_name(f"{store.path.name}.corrupt-{int(time.time())}")
+        aside = store.path.with_name(f"{store.path.name}.corrupt-{time.time_ns()}")  # one per corruption
         shutil.copyfile(store.path, aside)
         log.error("checkpoint %s is unusable (%s); a copy is in %s. Existing CDI specs are kept for "
                   "running containers, and their devices held, until the kubelet unprepares their "
@@ -115,10 +129,11 @@ def _list_specs(cdi: CdiDir) -> tuple[set[str], bool]:
         return set(), False
 
 
-def _adopt_kept_specs(state: DeviceState, on_disk: set[str], listed: bool) -> ckpt.Checkpoint:
-    """In place of a corrupt checkpoint: every spec of ours adopted, with the devices it names.
-    Where that cannot be told, the start stops (the next one tries again) rather than forget a
-    spec or a device a running container may use."""
+def _adopt_kept_specs(state: DeviceState, on_disk: set[str], listed: bool,
+                      known: ckpt.Checkpoint | None) -> ckpt.Checkpoint:
+    """In place of a corrupt checkpoint: every spec of ours adopted, with the devices it names,
+    and the name ``known`` gives its claim. Where the devices cannot be told, the start stops
+    (the next one tries again) rather than forget a spec or a device a running container may use."""
     path, cdi = state.checkpoint.path, state.cdi
     if not listed:
         raise RuntimeError(f"{path} is unusable and the CDI directory {cdi.path} "
@@ -128,4 +143,13 @@ def _adopt_kept_specs(state: DeviceState, on_disk: set[str], listed: bool) -> ck
         raise RuntimeError(f"{path} is unusable and the CDI specs of claim(s) {', '.join(unreadable)} "
                            "cannot be read: cannot tell which devices running containers hold")
     return ckpt.Checkpoint(state.boot_id).adopting(
-        {uid: [(state.node, device) for device in names or ()] for uid, names in named.items()})
+        {uid: [(state.node, device) for device in names or ()] for uid, names in named.items()}).naming(
+        _known_names(known, on_disk))
+
+
+def _known_names(known: ckpt.Checkpoint | None, uids: set[str]) -> dict[str, tuple[str, str]]:
+    """The (namespace, name) ``known`` records for ``uids``: its entries' and its adoptions'."""
+    if known is None:
+        return {}
+    names = {uid: (e.claim.ref.namespace, e.claim.ref.name) for uid, e in known.claims.items() if uid in uids}
+    return {**{uid: n for uid, n in known.adopted_names.items() if uid in uids}, **names}

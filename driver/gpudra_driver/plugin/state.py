@@ -1,12 +1,16 @@
 """Prepare and unprepare on this node: the checkpoint and the CDI specs, changed only under the
 node lock (the role of dra-example-driver's device_state.go). Start-up is :mod:`.recovery`.
 
-One call at a time per agent (an asyncio lock), and one agent instance at a time per node (the
-node lock, a flock: during a rolling update two instances serve side by side). Under both, a
-prepare of a batch of claims (one kubelet call):
+Each claim is read first (:func:`.allocation.read_claim`: tenant input, bounded and decoded
+before any lock, so a bad claim costs its neighbours nothing). Then one call at a time per agent
+(an asyncio lock), and one agent instance at a time per node (the node lock, a flock: during a
+rolling update two instances serve side by side). Under both, a prepare of a batch of claims (one
+kubelet call):
 
 1. reads the checkpoint (another instance may have changed it) and rolls back half-done prepares
    a crashed instance left (found under the lock, PrepareStarted entries cannot be a live one's);
+   a checkpoint found corrupt is set aside and the CDI specs adopted, as at start-up
+   (:func:`.recovery.recover_locked`), so the node serves on without a restart;
 2. plans each claim (pure, :func:`plan_prepare`); an already completed claim is answered again;
 3. writes the checkpoint with the new claims as PrepareStarted;
 4. writes one CDI spec per claim;
@@ -36,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from gpudra_driver.plugin import checkpoint as ckpt
-from gpudra_driver.plugin import gpusettings, mps
+from gpudra_driver.plugin import gpusettings, mps, recovery
+from gpudra_driver.plugin.allocation import ClaimAllocation, read_claim
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.devicenodes import NodeDevice
 from gpudra_driver.plugin.driverfiles import DriverFilesError
@@ -46,6 +51,7 @@ from gpudra_driver.plugin.locking import LOCK_FILE, LOCK_TIMEOUT, LockTimeout, n
 from gpudra_driver.plugin.model import ClaimError, ClaimRef, PreparedClaim
 from gpudra_driver.plugin.mpsdaemons import MpsDaemons
 from gpudra_driver.plugin.prepare import plan_prepare
+from gpudra_driver.plugin.sweep import HeldClaim
 
 log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "checkpoint.json"
@@ -59,6 +65,8 @@ class PrepareResult:
 
 # What the plugin hands over per claim: the GET result, or the reason the GET failed.
 Fetched = Mapping[str, Any] | None | ClaimError
+# A claim as read before the locks: what planning needs from it, or why it is refused.
+Read = ClaimAllocation | ClaimError
 
 
 class DeviceState:
@@ -94,8 +102,16 @@ class DeviceState:
         self.devices = dict(devices)
 
     def prepared_claims(self) -> list[PreparedClaim]:
-        """The claims the checkpoint holds as prepared (PrepareCompleted), for the leak sweep."""
+        """The claims the checkpoint holds as prepared (PrepareCompleted)."""
         return [entry.claim for entry in self.checkpoint.load().claims.values() if entry.state == ckpt.COMPLETED]
+
+    def held_claims(self) -> list[HeldClaim]:
+        """What the leak sweep looks up: the prepared claims, and the adopted ones whose name is
+        known (an adoption at start-up knows none: see :func:`.recovery.recover_locked`)."""
+        checkpoint = self.checkpoint.load()
+        held = [HeldClaim.of(e.claim) for e in checkpoint.claims.values() if e.state == ckpt.COMPLETED]
+        return held + [HeldClaim(ClaimRef(namespace, name, uid), checkpoint.adopted[uid])
+                       for uid, (namespace, name) in checkpoint.adopted_names.items() if uid in checkpoint.adopted]
 
     def busy_for(self) -> float:
         """Seconds the call holding the node lock has taken so far; 0 when none does (the liveness
@@ -141,7 +157,9 @@ class DeviceState:
         Calls that queued while another call held the node are done as one batch by the first of
         them to get its turn (one checkpoint write per phase for all of them); nothing waits for
         calls to arrive."""
-        call = _QueuedPrepare(list(claims), deadline)
+        # tenant input, before any lock: each claim bounded and its configs decoded, or refused
+        call = _QueuedPrepare([(ref, read_claim(ref, fetched, driver=self.driver)) for ref, fetched in claims],
+                              deadline)
         self._queued.append(call)
         try:
             async with self._one_at_a_time(deadline) as lock_timeout:
@@ -179,18 +197,18 @@ class DeviceState:
         for call in batch:
             call.results = {ref.uid: results[ref.uid] for ref, _ in call.claims}
 
-    def _prepare_locked(self, claims: Sequence[tuple[ClaimRef, Fetched]], results: dict[str, PrepareResult]) -> None:
-        checkpoint = self.checkpoint.load()
+    def _prepare_locked(self, claims: Sequence[tuple[ClaimRef, Read]], results: dict[str, PrepareResult]) -> None:
+        checkpoint = self._load()
         if checkpoint.half_done and (rolled := self._roll_back_half_done(checkpoint)) != checkpoint:
             checkpoint = rolled
             self.checkpoint.save(checkpoint)
         original = checkpoint
         planned: list[PreparedClaim] = []
-        for ref, fetched in claims:
+        for ref, read in claims:
             if ref.uid in results or any(c.uid == ref.uid for c in planned):
                 continue  # the same claim twice in one call: one answer
             try:
-                plan = plan_prepare(ref, fetched, self.devices, checkpoint, node=self.node, driver=self.driver)
+                plan = plan_prepare(ref, read, self.devices, checkpoint, node=self.node, driver=self.driver)
             except ClaimError as error:
                 results[ref.uid] = PrepareResult(error=str(error))
                 continue
@@ -243,18 +261,37 @@ class DeviceState:
         for claim in written:
             results[claim.uid] = PrepareResult(claim)
 
-    def _may_change_gpus(self, claims: Sequence[tuple[ClaimRef, Fetched]]) -> bool:
-        """Whether this call may call into the driver: a claim with a config of ours, or a
-        checkpoint with GPU settings (an unprepare or a rollback may reset them). Judged on the
-        checkpoint last seen, not read again: a peer's change seen late only decides whether the
-        call runs on the loop or a thread."""
+    def _may_change_gpus(self, claims: Sequence[tuple[ClaimRef, Read]]) -> bool:
+        """Whether this call may call into the driver or block: a claim asking for GPU sharing, a
+        checkpoint with GPU settings (an unprepare or a rollback may reset them), or one to
+        recover. Judged on the checkpoint last seen, not read again: a peer's change seen late
+        only decides whether the call runs on the loop or a thread."""
         try:
             known = self.checkpoint.last or self.checkpoint.load()
         except ckpt.CheckpointError:
-            return False  # the call fails on it anyway
+            return True  # recovering from it stops MPS daemons and resets GPUs, as a start does
         if known.changes_gpus:
             return True
-        return any(_configs_for(fetched, self.driver) for _, fetched in claims)
+        return any(isinstance(read, ClaimAllocation) and read.shares_gpus for _, read in claims)
+
+    def _load(self) -> ckpt.Checkpoint:
+        """The checkpoint, under the node lock. A corrupt one is handled as at start-up: set aside,
+        every CDI spec adopted (:func:`.recovery.recover_locked`), so claims go on being prepared
+        and unprepared without a restart; the claims this instance knew keep their names, for the
+        leak sweep. Raises what leaves the node unusable: a newer agent's checkpoint, a CDI
+        directory or spec that cannot be read (the start would stop on it too)."""
+        known = self.checkpoint.last  # load() forgets it when the file changed
+        try:
+            return self.checkpoint.load()
+        except ckpt.NewerCheckpoint:
+            raise
+        except ckpt.CheckpointError as error:
+            log.error("checkpoint %s turned unusable while the agent runs (%s); recovering as at start-up",
+                      self.checkpoint.path, error)
+        try:
+            return recovery.recover_locked(self, known).checkpoint
+        except RuntimeError as error:
+            raise ckpt.CheckpointError(str(error)) from None
 
     def _apply_settings(self, before: ckpt.Checkpoint, planned: Sequence[PreparedClaim],
                         results: dict[str, PrepareResult]) -> tuple[ckpt.Checkpoint, list[PreparedClaim]]:
@@ -429,7 +466,7 @@ class DeviceState:
 
     def _unprepare_locked(self, uids: Sequence[str]) -> dict[str, str | None]:
         results: dict[str, str | None] = dict.fromkeys(uids)
-        checkpoint = self.checkpoint.load()
+        checkpoint = self._load()
         remaining = checkpoint.without(*uids)
         if remaining.half_done:
             remaining = self._roll_back_half_done(remaining)
@@ -450,7 +487,7 @@ class DeviceState:
 
 @dataclass(eq=False)  # identity: two calls with the same claims are still two callers
 class _QueuedPrepare:
-    claims: list[tuple[ClaimRef, Fetched]]
+    claims: list[tuple[ClaimRef, Read]]
     deadline: float | None
     results: dict[str, PrepareResult] | None = None  # set once done, by whichever call ran its batch
 
@@ -461,12 +498,4 @@ class _QueuedPrepare:
             results.setdefault(ref.uid, (answered or {}).get(ref.uid) or PrepareResult(
                 error=f"{ref}: preparing on node {node} failed: {error}"))
         self.results = results
-
-
-def _configs_for(fetched: Fetched, driver: str) -> bool:
-    """The claim (as fetched) has an opaque config of ``driver`` in its allocation."""
-    if not isinstance(fetched, Mapping):
-        return False
-    configs = (((fetched.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("config") or []
-    return any(isinstance(c, Mapping) and (c.get("opaque") or {}).get("driver") == driver for c in configs)
 

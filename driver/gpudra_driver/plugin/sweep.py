@@ -2,10 +2,11 @@
 
 The kubelet unprepares a claim when its last pod is gone. That call is lost when the kubelet's
 own state is lost, or when a claim is deleted while its node is away. The checkpoint then keeps
-the claim prepared, and its GPU stays refused ("already prepared for claim X") on this node,
+the claim prepared (or adopted: its spec kept when a corrupt checkpoint was set aside), and its GPU stays refused ("already prepared for claim X") on this node,
 while the scheduler, which sees the claim gone, allocates the GPU again and the new pod hangs in
 ContainerCreating. So, at start and every ``interval`` seconds (NVIDIA's driver has the same
-cleanup), each prepared claim is looked up by namespace/name:
+cleanup), each prepared claim, and each adopted one whose name is known, is looked up by
+namespace/name (:meth:`.state.DeviceState.held_claims`):
 
 * gone (404), or re-created (another UID): leaked;
 * no longer allocated any device of ours on this node: leaked;
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpudra_driver.plugin.model import ClaimRef, PreparedClaim
@@ -37,7 +39,23 @@ Report = Callable[[str, str, str], Awaitable[None]]
 DEFAULT_INTERVAL = 300.0
 
 
-def leak_reason(prepared: PreparedClaim, live: Mapping[str, Any] | None, *, driver: str, node: str) -> str | None:
+@dataclass(frozen=True)
+class HeldClaim:
+    """A claim this node holds devices for, prepared or adopted: what the sweep looks up."""
+
+    ref: ClaimRef
+    devices: tuple[tuple[str, str], ...]  # (pool, device)
+
+    @property
+    def uid(self) -> str:
+        return self.ref.uid
+
+    @classmethod
+    def of(cls, claim: PreparedClaim) -> HeldClaim:
+        return cls(claim.ref, tuple((d.pool, d.device) for d in claim.devices))
+
+
+def leak_reason(prepared: HeldClaim, live: Mapping[str, Any] | None, *, driver: str, node: str) -> str | None:
     """Why ``prepared`` is leaked given the API server's ``live`` claim (None: not found), or None
     when it is still this node's to hold."""
     if live is None:
@@ -47,13 +65,13 @@ def leak_reason(prepared: PreparedClaim, live: Mapping[str, Any] | None, *, driv
     allocation = (live.get("status") or {}).get("allocation") or {}
     ours = {(r.get("pool"), r.get("device")) for r in (allocation.get("devices") or {}).get("results") or []
             if r.get("driver") == driver and r.get("pool") == node}
-    if not ours & {(d.pool, d.device) for d in prepared.devices} and prepared.devices:
+    if not ours & set(prepared.devices) and prepared.devices:
         return "no longer allocated any of its devices on this node"
     return None
 
 
 class LeakSweeper:
-    def __init__(self, *, prepared: Callable[[], Sequence[PreparedClaim]], get_claim: GetClaim,
+    def __init__(self, *, prepared: Callable[[], Sequence[HeldClaim]], get_claim: GetClaim,
                  unprepare: Unprepare, driver: str, node: str, report: Report | None = None,
                  interval: float = DEFAULT_INTERVAL, rate: float = 10.0) -> None:
         self.prepared, self.get_claim, self.unprepare = prepared, get_claim, unprepare
@@ -73,7 +91,7 @@ class LeakSweeper:
 
     async def sweep_once(self) -> list[str]:
         """Release the leaked claims; returns their UIDs."""
-        leaked: list[tuple[PreparedClaim, str]] = []
+        leaked: list[tuple[HeldClaim, str]] = []
         for index, claim in enumerate(self.prepared()):
             if index:
                 await asyncio.sleep(1 / self.rate)  # the rate limit of the GETs
@@ -98,7 +116,7 @@ class LeakSweeper:
                 log.warning("checkpoint sweep: releasing %s failed: %s", claim.ref, failure)
                 continue
             released.append(claim.uid)
-            devices = ", ".join(d.device for d in claim.devices) or "none"
+            devices = ", ".join(device for _, device in claim.devices) or "none"
             message = (f"released {claim.ref} ({reason}): its unprepare never came; device(s) {devices} "
                        "can be prepared again")
             log.warning("checkpoint sweep: %s", message)
