@@ -265,7 +265,9 @@ def render_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_IMAG
                   {"name": "health", "containerPort": AGENT_HEALTH_PORT, "protocol": "TCP"}],
         "volumeMounts": [
             {"name": "plugins-registry", "mountPath": registry_dir},
-            {"name": "plugin", "mountPath": plugin_dir},
+            # HostToContainer: the MPS supervisor's /dev/shm tmpfs under mps/ come and go on the
+            # host; a private copy here would keep an unmounted one (and its pages) alive
+            {"name": "plugin", "mountPath": plugin_dir, "mountPropagation": "HostToContainer"},
             {"name": "cdi", "mountPath": agent.cdi_dir},
             {"name": "driver-root", "mountPath": DRIVER_ROOT_MOUNT, "readOnly": True,
              "mountPropagation": "HostToContainer"},
@@ -322,28 +324,38 @@ def _place_like_the_agents(pod_spec: Obj, agent: AgentSpec) -> None:
 
 def render_mps_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_IMAGE) -> Obj:
     """The MPS supervisor (gpudra_driver.mpssupervisor) on every node that runs an agent: the same
-    image, placement and plugin directory. Never rolled with the agents: replacing its pod stops
-    the MPS daemons of that node's claims, so it is replaced only when its pod is deleted
-    (OnDelete). No API access (no token); its process namespace is shared with the pod's pause
-    container, which reaps the daemons' exited children."""
+    image and placement. Never rolled with the agents: replacing its pod stops the MPS daemons of
+    that node's claims, so it is replaced only when its pod is deleted (OnDelete). No API access
+    (no token); its process namespace is shared with the pod's pause container, which reaps the
+    daemons' exited children.
+
+    Of the plugin directory it sees only ``mps/`` (the agent's checkpoint and the kubelet's sockets
+    stay out of reach of a process that runs tenants' daemons), at the host's path, with
+    Bidirectional propagation: the claims' /dev/shm tmpfs it mounts there must reach the host,
+    where the container runtime binds them into the claims' containers (the CDI specs name them by
+    host path). Its own file system is read-only: the daemons write only under ``mps/``."""
     spec = config.spec
+    mps = spec.sharing.mps
+    assert mps is not None
     agent = spec.agent
     labels = {LABEL_NAME: MPS_NAME, **child_labels(config.name)}
     plugin_dir = posixpath.join(agent.kubelet_dir, "plugins", spec.driver_name)
+    mps_dir = posixpath.join(plugin_dir, "mps")
     container: Obj = {
         "name": MPS_CONTAINER,
         "image": agent.image or agent_image,
         "imagePullPolicy": agent.image_pull_policy,
         "command": ["gpudra"],
-        "args": ["mps-supervisor", "--plugin-dir", plugin_dir, "--driver-root", DRIVER_ROOT_MOUNT, "--isolate-shm"],
+        "args": ["mps-supervisor", "--plugin-dir", plugin_dir, "--driver-root", DRIVER_ROOT_MOUNT, "--isolate-shm",
+                 "--shm-size", mps.shm_size, "--max-shm-size", mps.max_shm_size],
         "env": [{"name": name, "value": value} for name, value in AGENT_CONTAINER_ENV.items()],
-        # the daemons open the GPUs' device nodes and get a mount namespace of their own (/dev/shm)
-        "securityContext": {"privileged": True},
-        "readinessProbe": {"exec": {"command": ["test", "-S", posixpath.join(plugin_dir, "mps", "supervisor.sock")]},
+        # the daemons open the GPUs' device nodes and get a mount namespace of their own (/dev/shm);
+        # the claims' /dev/shm are tmpfs it mounts, propagated to the host (Bidirectional needs privileged)
+        "securityContext": {"privileged": True, "readOnlyRootFilesystem": True},
+        "readinessProbe": {"exec": {"command": ["test", "-S", posixpath.join(mps_dir, "supervisor.sock")]},
                            "periodSeconds": 5},
         "volumeMounts": [
-            # the same path as on the host: the CDI specs give containers these directories by host path
-            {"name": "plugin", "mountPath": plugin_dir},
+            {"name": "mps", "mountPath": mps_dir, "mountPropagation": "Bidirectional"},
             {"name": "driver-root", "mountPath": DRIVER_ROOT_MOUNT, "readOnly": True,
              "mountPropagation": "HostToContainer"},
         ],
@@ -353,7 +365,7 @@ def render_mps_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_
         "shareProcessNamespace": True,
         "priorityClassName": agent.priority_class_name,
         "containers": [container],
-        "volumes": [_host_volume("plugin", plugin_dir, "DirectoryOrCreate"),
+        "volumes": [_host_volume("mps", mps_dir, "DirectoryOrCreate"),
                     _host_volume("driver-root", agent.driver_root, "Directory")],
     }
     _place_like_the_agents(pod_spec, agent)
@@ -397,6 +409,6 @@ def render(config_body: Mapping[str, Any], *, agent_image: str = DEFAULT_AGENT_I
     config = GpuDraConfig.from_body(config_body)
     classes, errors = render_device_classes(config.spec.device_classes, config.spec.driver_name)
     objects = [render_daemonset(config, agent_image, consumable_capacity=consumable_capacity),
-               *([render_mps_daemonset(config, agent_image)] if config.spec.sharing.mps else []),
+               *([render_mps_daemonset(config, agent_image)] if config.spec.sharing.mps is not None else []),
                *(_finish_device_class(config, doc) for doc in classes)]
     return Rendered(objects=objects, errors=errors)

@@ -289,23 +289,56 @@ class ConsumableCapacitySpec:
 
 
 @dataclass(frozen=True)
+class MpsSpec:
+    """spec.sharing.mps: the MPS supervisor runs. ``shm_size``: the size of an MPS claim's /dev/shm
+    tmpfs unless its GpuConfig asks (``sharing.mps.shmSize``), ``max_shm_size`` the most it may ask
+    for; quantities as written."""
+
+    shm_size: str = "64Mi"
+    max_shm_size: str = "1Gi"
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str) -> MpsSpec:
+        d = _map(data, path)
+        spec = cls(shm_size=_str(d.get("shmSize"), f"{path}.shmSize", cls.shm_size),
+                   max_shm_size=_str(d.get("maxShmSize"), f"{path}.maxShmSize", cls.max_shm_size))
+        # the CRD's CEL refuses these too; a file given to `gpudra render` has not been through it
+        sizes = {name: _shm_bytes(value, f"{path}.{name}")
+                 for name, value in (("shmSize", spec.shm_size), ("maxShmSize", spec.max_shm_size))}
+        if sizes["shmSize"] > sizes["maxShmSize"]:
+            raise SpecError(f"{path}.shmSize", f"{spec.shm_size} is more than maxShmSize ({spec.max_shm_size})")
+        return spec
+
+
+def _shm_bytes(text: str, path: str) -> int:
+    try:
+        size = parse_memory_step(text)
+    except ValueError as error:
+        raise SpecError(path, str(error)) from None
+    if size < MIN_SHM_SIZE:
+        raise SpecError(path, f"{text!r} is less than 1Mi")
+    return size
+
+
+MIN_SHM_SIZE = 2**20  # below a MiB, MPS's own files in /dev/shm would not fit
+
+
+@dataclass(frozen=True)
 class SharingSpec:
     """spec.sharing: how GPUs may be shared between ResourceClaims. ``consumable_capacity`` None:
     not at all (one claim per device). ``mps``: the MPS supervisor DaemonSet runs, so that claims
-    may ask for MPS (their GpuConfig); without it they are refused, saying so."""
+    may ask for MPS (their GpuConfig); None: they are refused, saying so."""
 
     consumable_capacity: ConsumableCapacitySpec | None = None
-    mps: bool = False
+    mps: MpsSpec | None = None
 
     @classmethod
     def from_dict(cls, data: Any, path: str = "spec.sharing") -> SharingSpec:
         d = _map(data, path)
         consumable = d.get("consumableCapacity")
-        if d.get("mps") is not None:
-            _map(d["mps"], f"{path}.mps")  # an object: room for settings; none yet
         return cls(consumable_capacity=None if consumable is None else
                    ConsumableCapacitySpec.from_dict(consumable, f"{path}.consumableCapacity"),
-                   mps=d.get("mps") is not None)
+                   mps=None if d.get("mps") is None else MpsSpec.from_dict(d["mps"], f"{path}.mps"))
 
 
 @dataclass(frozen=True)

@@ -622,12 +622,13 @@ async def test_an_mps_claims_daemon_outlives_a_rolling_update_of_the_agent_pods(
         mps_dir = node.kubelet_dir / "plugins" / node.driver / "mps" / uid
         assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in output.splitlines(), output
         assert "control" in output.splitlines(), f"no control socket in the pod's /tmp/nvidia-mps:\n{output}"
-        assert (mps_dir / "shm" / "written-by-pod").read_text() == "from-the-pod\n"  # one /dev/shm
         [daemon] = host_mps_daemons(mps_dir / "pipe")
-        # the daemon's /dev/shm is the claim's shm directory too (--isolate-shm): where MPS meets its clients
+        # one /dev/shm, where MPS meets its clients: the pod's file is in the daemon's (--isolate-shm),
+        # the claim's tmpfs of the default size (mounted in the node's mount namespace, not the host's)
+        assert Path(f"/proc/{daemon}/root/dev/shm/written-by-pod").read_text() == "from-the-pod\n"
         mounts = [line.split() for line in Path(f"/proc/{daemon}/mountinfo").read_text().splitlines()]
-        shm_root = [fields[3] for fields in mounts if fields[4] == "/dev/shm"][-1]  # the top of the stack
-        assert shm_root.endswith(f"/mps/{uid}/shm"), (shm_root, mounts)
+        shm = [fields for fields in mounts if fields[4] == "/dev/shm"][-1]  # the top of the stack
+        assert shm[shm.index("-") + 1] == "tmpfs" and "size=65536k" in shm[-1], (shm, mounts)
         assert mockstate.compute_mode(node.driver_root, gpu) == 3  # EXCLUSIVE_PROCESS
 
         # The rolling update: a new agent pod replaces the old one. The daemon and the pod stay.

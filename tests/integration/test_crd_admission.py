@@ -102,6 +102,14 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("sharing-step-negative", sharing(memoryStep="-1Gi"), "should match"),
     ("sharing-shares-too-many", sharing(shares=1001), "should be less than or equal to 1000"),
     ("sharing-shares-negative", sharing(shares=-1), "should be greater than or equal to 0"),
+    ("mps-shm-below-1mi", {"sharing": {"mps": {"shmSize": "512Ki"}}},
+     "sharing.mps.shmSize must be a whole number of bytes of at least 1Mi, such as 64Mi or 1Gi"),
+    ("mps-shm-fraction", {"sharing": {"mps": {"shmSize": "1500001m"}}}, "sharing.mps.shmSize must be a whole number"),
+    ("mps-shm-not-a-quantity", {"sharing": {"mps": {"shmSize": "64 Mi"}}}, "should match"),
+    ("mps-shm-above-its-bound", {"sharing": {"mps": {"shmSize": "2Gi"}}},  # maxShmSize: 1Gi by default
+     "sharing.mps.shmSize must be at most sharing.mps.maxShmSize"),
+    ("mps-max-shm-below-1mi", {"sharing": {"mps": {"shmSize": "1Mi", "maxShmSize": "1Ki"}}},
+     "sharing.mps.maxShmSize must be a whole number of bytes of at least 1Mi"),
 ]
 
 
@@ -137,6 +145,8 @@ async def test_server_defaults_equal_the_python_defaulter(crd_installed: Obj, ku
     shared = await kube.create(config({"sharing": {"consumableCapacity": {}}}, name="shared"), dry_run=True)
     assert shared["spec"]["sharing"] == {"consumableCapacity": {"memoryStep": "1Gi", "shares": 0}}
     assert shared["spec"] == crd.default_object(config({"sharing": {"consumableCapacity": {}}}))["spec"]
+    mps = await kube.create(config({"sharing": {"mps": {}}}, name="mps"), dry_run=True)
+    assert mps["spec"]["sharing"] == {"mps": {"shmSize": "64Mi", "maxShmSize": "1Gi"}}  # each MPS claim's /dev/shm
 
 
 async def test_printer_columns_are_served(crd_installed: Obj) -> None:

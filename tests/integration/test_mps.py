@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,14 @@ async def test_an_mps_claim_gets_its_own_daemon_that_outlives_the_agent_and_goes
         f"mps-control {pipe} set_default_device_pinned_mem_limit {uuid_of['gpu-1']} 8192M",
         f"mps-control {pipe} set_default_device_pinned_mem_limit {uuid_of['gpu-3']} 16384M"])
     assert {mockstate.compute_mode(driver_root, uuid_of[g]) for g in ("gpu-1", "gpu-3")} == {EXCLUSIVE_PROCESS}
+    # What holds: a process of the claim that ignores the pipe directory gets no context of its own
+    # on the claim's whole GPU (EXCLUSIVE_PROCESS, the claim's server holds it); through the pipe
+    # directory, the daemon's limits. A GPU no MPS claim holds is another process's to open.
+    bypass = cuda_context(driver_root, uuid_of["gpu-1"], pipe_dir=None)
+    assert (bypass.returncode, bypass.stdout) == (2, "busy\n"), bypass
+    assert "busy or unavailable" in bypass.stderr
+    assert cuda_context(driver_root, uuid_of["gpu-3"], pipe_dir=pipe).stdout == "mps 40.0 16384M\n"
+    assert cuda_context(driver_root, uuid_of["gpu-2"], pipe_dir=None).stdout == "direct unlimited\n"
     spec = json.loads(first.spec_path(uid).read_text())
     assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in spec["containerEdits"]["env"]
     mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
@@ -116,6 +125,16 @@ async def test_an_mps_claim_gets_its_own_daemon_that_outlives_the_agent_and_goes
         assert (await kubelet.unprepare([ref(claim)])).claims[uid].error == ""
     assert daemons_of(driver_root, uid) == [] and not pipe.parent.exists()
     assert {mockstate.compute_mode(driver_root, uuid_of[g]) for g in ("gpu-1", "gpu-3")} == {0}
+
+
+def cuda_context(root: Path, uuid: str, *, pipe_dir: Path | None) -> subprocess.CompletedProcess[str]:
+    """A CUDA process of the claim opening a context on ``uuid`` (the mock's --mock-cuda-context):
+    through the daemon on ``pipe_dir``, or, with None, ignoring MPS (an empty pipe directory)."""
+    empty = root / "run" / "no-mps-here"
+    empty.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir or empty)}
+    return subprocess.run([str(root / mockstate.MPS_CONTROL), "--mock-cuda-context", uuid], env=env,
+                          capture_output=True, text=True, timeout=20)
 
 
 async def _limits_set(root: Path, pipe: Path, times: int) -> bool:
@@ -182,6 +201,35 @@ async def test_mps_refusals_name_the_reason_and_change_nothing_on_the_gpu(
     assert mockstate.mps_daemons(driver_root) == [] and plugin.checkpoint() == {}
 
 
+async def test_an_mps_claims_dev_shm_is_the_size_it_asks_for_within_the_platforms_bound(
+        kube: Kube, namespace: str, fake_nodes, plugin_agents, driver: str, driver_root: Path) -> None:
+    node = (await fake_nodes("h100"))["metadata"]["name"]
+    plugin = plugin_agents(node, driver, nvml="mock:dgx-h100", driver_root=driver_root)
+    supervisor(plugin, driver_root)  # the defaults: 64Mi unless a claim asks, at most 1Gi
+    devices = await published_devices(kube, driver, node, 8)
+    gpu = devices["gpu-6"]["attributes"]["uuid"]["string"]
+    sized = await allocated_claim(kube, namespace, "sized", driver, node, ["gpu-5"],
+                                  config=mps_config(driver, shmSize="256Mi"))
+    too_big = await allocated_claim(kube, namespace, "too-big", driver, node, ["gpu-6"],
+                                    config=mps_config(driver, shmSize="2Gi"))
+    uid, refused = sized["metadata"]["uid"], too_big["metadata"]["uid"]
+    async with DraClient((await plugin.registered()).endpoint) as kubelet:
+        response = await plugin.prepare(kubelet, [ref(sized), ref(too_big)])
+        assert response.claims[uid].error == ""
+        error = response.claims[refused].error
+        assert "sharing.mps.shmSize: 2Gi is more than 1Gi" in error and "spec.sharing.mps.maxShmSize" in error
+        [daemon] = daemons_of(driver_root, uid)
+        shm = daemon.pipe_dir.parent / "shm"
+        [mount] = [line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines()
+                   if line.split()[4] == str(shm)]
+        assert mount[mount.index("-") + 1] == "tmpfs" and f"size={256 * 1024}k" in mount[-1], mount
+        # the refused claim: no daemon, no directory, its GPU put back, not in the checkpoint
+        assert daemons_of(driver_root, refused) == [] and not (shm.parent.parent / refused).exists()
+        assert mockstate.compute_mode(driver_root, gpu) == 0 and refused not in plugin.checkpoint()
+        assert (await kubelet.unprepare([ref(sized)])).claims[uid].error == ""
+    assert not shm.parent.exists() and str(shm) not in Path("/proc/self/mountinfo").read_text()
+
+
 async def test_mps_claims_sharing_a_gpu_by_consumable_capacity_get_what_the_scheduler_granted_as_limits(
         kube: Kube, namespace: str, fake_nodes, plugin_agents, driver: str, tmp_path: Path) -> None:
     """Beyond NVIDIA's driver (which refuses MPS with consumable capacity): the real scheduler packs
@@ -224,6 +272,11 @@ async def test_mps_claims_sharing_a_gpu_by_consumable_capacity_get_what_the_sche
                 assert f"mps-control {pipe} set_default_active_thread_percentage {percentage}" in \
                     mockstate.calls(root, "mps-control"), name
             assert mockstate.compute_mode(root, gpu) == 0  # the claims' servers share the GPU
+            # so the limits are cooperative: a process that ignores its pipe directory gets a
+            # context of its own on the GPU, with no limit (docs/sharing.md says so)
+            assert cuda_context(root, gpu, pipe_dir=None).stdout == "direct unlimited\n"
+            pipe = daemons[refs[0][2]][0].pipe_dir
+            assert cuda_context(root, gpu, pipe_dir=pipe).stdout.startswith("mps ")
             # the GPU is full (its 79Gi in 1Gi steps, 60Gi granted, 20Gi asked): not allocated
             third = await allocated_or_pending(kube, namespace, node, claim("third", namespace, driver, "20Gi"))
             assert third is None

@@ -335,8 +335,9 @@ async def test_spec_sharing_mps_runs_the_mps_supervisor_until_it_leaves_the_spec
     assert pod["automountServiceAccountToken"] is False and pod["shareProcessNamespace"] is True
     plugin_dir = f"/var/lib/kubelet/plugins/mps-{suffix}.gpudra.io"
     assert pod["containers"][0]["args"] == ["mps-supervisor", "--plugin-dir", plugin_dir, "--driver-root",
-                                            "/driver-root", "--isolate-shm"]
-    assert {v["hostPath"]["path"] for v in pod["volumes"]} == {plugin_dir, "/"}
+                                            "/driver-root", "--isolate-shm", "--shm-size", "64Mi",
+                                            "--max-shm-size", "1Gi"]
+    assert {v["hostPath"]["path"] for v in pod["volumes"]} == {f"{plugin_dir}/mps", "/"}  # not the checkpoint
     agents = await kube.get(DAEMONSET, "gpudra-agent", ns)
     assert agents is not None and agents["spec"]["updateStrategy"]["type"] == "RollingUpdate"
 

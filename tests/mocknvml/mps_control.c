@@ -15,6 +15,18 @@
  *   nvidia-cuda-mps-control       the client: one command per line of stdin, each sent to the daemon,
  *                                 its reply printed; exit 1 when no daemon answers ("Cannot find MPS
  *                                 control daemon process") or (the mock's choice) a command failed
+ *   nvidia-cuda-mps-control --mock-cuda-context <uuid>
+ *                                 the mock's own, no NVIDIA tool: a CUDA process opening a context on
+ *                                 GPU <uuid>, to show what a claim's limits hold against. As CUDA does,
+ *                                 it goes through MPS when a daemon answers on CUDA_MPS_PIPE_DIRECTORY
+ *                                 (default /tmp/nvidia-mps), and prints `mps <percentage> <limit>M`,
+ *                                 the daemon's defaults for it; otherwise it opens a context of its
+ *                                 own, which the GPU's compute mode (the mock NVML's state) decides:
+ *                                 EXCLUSIVE_PROCESS while an MPS server holds the GPU, or PROHIBITED:
+ *                                 refused, exit 2, "all CUDA-capable devices are busy or unavailable"
+ *                                 (cudaErrorDevicesUnavailable); else `direct unlimited` (no MPS limit
+ *                                 applies to it). The mock's simplification: a running control daemon
+ *                                 holds its GPUs as its MPS server would once its first client came.
  *
  * Environment, as the real tool reads it:
  *   CUDA_MPS_PIPE_DIRECTORY  (default /tmp/nvidia-mps): the daemon's unix socket `control`, its lock
@@ -63,6 +75,7 @@
 #include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <dirent.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -519,8 +532,9 @@ static int start_background(void) {
 
 /* -- the client ------------------------------------------------------------------------------- */
 
-/* Send one command; print the reply. 0 ok, 1 an error reply, -1 no daemon. */
-static int send_command(const char *command) {
+/* Send one command; its reply text into `answer` (when not NULL) or printed. 0 ok, 1 an error
+ * reply, -1 no daemon. */
+static int exchange(const char *command, char *answer, size_t size) {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     snprintf(addr.sun_path, sizeof addr.sun_path, "%s", SOCKET_NAME); /* relative: we are in the pipe dir */
@@ -549,10 +563,17 @@ static int send_command(const char *command) {
     char *text = strchr(reply, '\n');
     if (!text) return -1; /* the daemon went away without answering */
     *text++ = '\0';
-    fputs(text, stdout);
-    fflush(stdout);
+    if (answer) {
+        snprintf(answer, size, "%s", text);
+        answer[strcspn(answer, "\n")] = '\0';
+    } else {
+        fputs(text, stdout);
+        fflush(stdout);
+    }
     return strcmp(reply, "OK") == 0 ? 0 : 1;
 }
+
+static int send_command(const char *command) { return exchange(command, NULL, 0); }
 
 static int client(void) {
     char pipe_dir[MOCK_PATH_LEN];
@@ -584,8 +605,69 @@ static int client(void) {
     return rc;
 }
 
+/* -- the mock CUDA process -------------------------------------------------------------------- */
+
+/* Whether a running mock control daemon (the registry, <state>/mps/<pid>) serves GPU `uuid`. */
+static int held_by_mps_server(const char *state, const char *uuid) {
+    char registry[MOCK_PATH_LEN + 8];
+    snprintf(registry, sizeof registry, "%s/mps", state);
+    DIR *dir = opendir(registry);
+    if (!dir) return 0;
+    int held = 0;
+    for (struct dirent *e; !held && (e = readdir(dir));) {
+        if (strspn(e->d_name, "0123456789") != strlen(e->d_name) || !*e->d_name) continue;
+        long pid = strtol(e->d_name, NULL, 10);
+        if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) continue; /* exited without its cleanup */
+        char path[MOCK_PATH_LEN + 40], line[MAX_DEVICES * DEVICE_LEN + 16];
+        snprintf(path, sizeof path, "%s/%s", registry, e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        while (!held && fgets(line, sizeof line, f)) {
+            if (strncmp(line, "serves ", 7) != 0) continue;
+            line[strcspn(line, "\n")] = '\0';
+            if (!strcmp(line + 7, "all")) held = 1;
+            char *save = NULL;
+            for (char *u = strtok_r(line + 7, ",", &save); u && !held; u = strtok_r(NULL, ",", &save))
+                held = !strcmp(u, uuid);
+        }
+        fclose(f);
+    }
+    closedir(dir);
+    return held;
+}
+
+static int cuda_context(const char *uuid) {
+    char pipe_dir[MOCK_PATH_LEN], state[MOCK_PATH_LEN];
+    if (directory_from_env("CUDA_MPS_PIPE_DIRECTORY", DEFAULT_PIPE_DIR, pipe_dir, sizeof pipe_dir) == 0 &&
+        chdir(pipe_dir) == 0) {
+        char command[CMD_LEN], percentage[REPLY_LEN] = "", limit[REPLY_LEN] = "";
+        snprintf(command, sizeof command, "get_default_device_pinned_mem_limit %s", uuid);
+        int rc = exchange("get_default_active_thread_percentage", percentage, sizeof percentage);
+        if (rc >= 0) { /* a daemon answers: CUDA goes through MPS */
+            if (rc == 0) rc = exchange(command, limit, sizeof limit);
+            if (rc != 0) {
+                fprintf(stderr, "the MPS daemon refused: %s\n", rc < 0 ? "no answer" : *limit ? limit : percentage);
+                return 1;
+            }
+            printf("mps %s %s\n", percentage, limit);
+            return 0;
+        }
+    }
+    if (mock_tool_state_dir(state, sizeof state) != 0) return 1;
+    int mode = 0;
+    mock_get_value(state, uuid, "compute_mode", 0, &mode);
+    if (mode == 2 || (mode == 3 && held_by_mps_server(state, uuid))) {
+        printf("busy\n");
+        fprintf(stderr, "all CUDA-capable devices are busy or unavailable\n");
+        return 2;
+    }
+    printf("direct unlimited\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc == 1) return client();
+    if (argc == 3 && strcmp(argv[1], "--mock-cuda-context") == 0) return cuda_context(argv[2]);
     if (argc == 2 && strcmp(argv[1], "-d") == 0) return start_background();
     if (argc == 2 && strcmp(argv[1], "-f") == 0) {
         int rc = open_endpoint(1);

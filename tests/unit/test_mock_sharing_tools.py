@@ -405,3 +405,31 @@ def test_mps_binary_is_static_and_installed_with_the_inventory(root: Path) -> No
     assert data[:4] == b"\x7fELF" and data.endswith(b"GPUDRAIN")
     interp = subprocess.run(["readelf", "-l", str(binary)], capture_output=True, text=True).stdout
     assert "INTERP" not in interp  # static: CDI may mount it where the host's libc is not
+
+
+def test_a_mock_cuda_context_goes_through_mps_or_meets_the_compute_mode(root: Path, tmp_path: Path) -> None:
+    """What a claim's MPS limits hold against: a process that uses the pipe directory gets the
+    daemon's limits; one that ignores it gets a context of its own unless the GPU is
+    EXCLUSIVE_PROCESS with an MPS server on it (or PROHIBITED)."""
+    gpu1 = PROF.gpus[1].uuid
+    bypass = mps_env(tmp_path, "nobody")  # a pipe directory no daemon answers on: CUDA goes without MPS
+    Path(bypass["CUDA_MPS_PIPE_DIRECTORY"]).mkdir(parents=True)
+
+    def context(env: dict[str, str], uuid: str = GPU0.uuid) -> tuple[int, str]:
+        done = mps(root, env, "--mock-cuda-context", uuid)
+        return done.returncode, done.stdout
+
+    assert context(bypass) == (0, "direct unlimited\n")
+    assert nvml(root, ("set", GPU0.uuid, 3)) == {f"set {GPU0.uuid} 3": None}
+    assert context(bypass) == (0, "direct unlimited\n")  # EXCLUSIVE_PROCESS, but nobody holds the GPU
+    env = mps_env(tmp_path, devices=f"{GPU0.uuid},{gpu1}")
+    pid = start(root, env)
+    assert mps(root, env, stdin=f"set_default_active_thread_percentage 40\n"
+                                f"set_default_device_pinned_mem_limit {GPU0.uuid} 8G\n").returncode == 0
+    assert context(bypass) == (2, "busy\n")  # the MPS server holds it
+    assert context(env) == (0, "mps 40.0 8192M\n")
+    assert context(bypass, gpu1) == (0, "direct unlimited\n")  # DEFAULT: any process opens a context
+    assert nvml(root, ("set", gpu1, 2)) == {f"set {gpu1} 2": None}
+    assert context(bypass, gpu1) == (2, "busy\n")  # PROHIBITED
+    assert mps(root, env, stdin="quit\n").returncode == 0 and mockstate.wait_exited(pid, timeout=10)
+    assert context(bypass) == (0, "direct unlimited\n")

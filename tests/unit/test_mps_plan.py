@@ -93,6 +93,21 @@ def test_the_checkpoint_names_the_daemons_and_a_claim_without_mps_asks_for_none(
     assert all(d.sharing.strategy == MPS for d in prepared.devices)
 
 
+def test_a_claims_shm_size_goes_to_its_daemon_and_survives_the_checkpoint() -> None:
+    from gpudra_driver.plugin.model import DeviceSharing
+
+    prepared = plan(with_mps(claim(UID, results=[result("gpu-0"), result("gpu-1")]), shmSize="256Mi"))
+    assert {d.sharing.shm_size for d in prepared.devices} == {256 * 2**20}
+    spec = mps.daemon_for(prepared)
+    assert spec is not None and spec.shm_size == 256 * 2**20
+    sharing = prepared.devices[0].sharing
+    assert DeviceSharing.from_json(sharing.to_json()) == sharing
+    # a claim that does not ask leaves it to the platform, and its checkpoint entry as it was
+    unsized = plan(with_mps(claim(UID, results=[result("gpu-0")])))
+    assert mps.daemon_for(unsized).shm_size is None  # type: ignore[union-attr]
+    assert "shmSize" not in unsized.devices[0].sharing.to_json()
+
+
 def test_cdi_edits_point_the_clients_at_the_claims_pipe_and_shm() -> None:
     edits = mps.cdi_edits(Path("/var/lib/kubelet/plugins/gpu.gpudra.io/mps"), UID)
     assert edits["env"] == ["CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"]

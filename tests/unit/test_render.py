@@ -3,6 +3,7 @@ owner references and labels on every child, and nothing of the CR's own metadata
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -130,8 +131,10 @@ def test_host_paths_a_kubelet_plugin_needs() -> None:
     assert mounts["cdi"]["mountPath"] == "/etc/cdi"
     assert mounts["driver-root"] == {"name": "driver-root", "mountPath": DRIVER_ROOT_MOUNT, "readOnly": True,
                                      "mountPropagation": "HostToContainer"}
-    for name in ("plugins-registry", "plugin", "cdi"):  # writable, private
+    for name in ("plugins-registry", "cdi"):  # writable, private
         assert "readOnly" not in mounts[name] and "mountPropagation" not in mounts[name]
+    # writable; the MPS supervisor's tmpfs under mps/ are unmounted on the host: no private copy keeps one
+    assert "readOnly" not in mounts["plugin"] and mounts["plugin"]["mountPropagation"] == "HostToContainer"
     args = container(ds)["args"]
     assert args[args.index("--driver") + 1] == "gpu.example.com"
     assert args[args.index("--kubelet-dir") + 1] == "/data/kubelet"
@@ -346,13 +349,36 @@ def test_spec_sharing_mps_adds_the_mps_supervisor_placed_like_the_agents() -> No
     assert pod["tolerations"] == agent["spec"]["template"]["spec"]["tolerations"]
     assert container(mps)["image"] == container(agent)["image"] == "reg/gpudra:1"
     assert "serviceAccountName" not in pod and pod["automountServiceAccountToken"] is False
-    # the plugin directory at the host's path, as the agent's: CDI gives it to containers by that path
+    # of the plugin directory only mps/, at the host's path (CDI gives containers its directories by
+    # that path), its tmpfs mounts propagated to the host; no checkpoint, no kubelet socket
     agent_mounts = {m["name"]: m["mountPath"] for m in container(agent)["volumeMounts"]}
-    assert {m["name"]: m["mountPath"] for m in container(mps)["volumeMounts"]}["plugin"] == agent_mounts["plugin"]
+    mps_dir = agent_mounts["plugin"] + "/mps"
+    assert container(mps)["volumeMounts"][0] == {"name": "mps", "mountPath": mps_dir,
+                                                 "mountPropagation": "Bidirectional"}
+    assert [v["hostPath"]["path"] for v in pod["volumes"]] == [mps_dir, "/"]
+    assert not any(m["mountPath"] == agent_mounts["plugin"] or agent_mounts["plugin"].startswith(m["mountPath"])
+                   for m in container(mps)["volumeMounts"] if m["mountPath"] != mps_dir)
+    assert container(mps)["securityContext"] == {"privileged": True, "readOnlyRootFilesystem": True}
     # what the supervisor makes of its arguments
     import argparse
 
     parser = argparse.ArgumentParser(prog="gpudra")
     mpssupervisor.add_parser(parser.add_subparsers())
     parsed = parser.parse_args(container(mps)["args"])
+    assert parsed.shm_size == 64 * 2**20 and parsed.max_shm_size == 2**30  # a claim's /dev/shm, and its bound
     assert str(parsed.plugin_dir) == agent_mounts["plugin"] and parsed.isolate_shm
+    assert parsed.plugin_dir / "mps" == Path(mps_dir)  # where the supervisor works: what it is given
+
+
+def test_spec_sharing_mps_shm_size_is_each_claims_dev_shm() -> None:
+    from gpudra_operator.spec import SpecError
+
+    mps = render(config({"sharing": {"mps": {"shmSize": "1Gi", "maxShmSize": "4Gi"}}})).mps_daemonset
+    assert mps is not None
+    args = container(mps)["args"]
+    assert args[args.index("--shm-size") + 1] == "1Gi" and args[args.index("--max-shm-size") + 1] == "4Gi"
+    for bad in ("512Ki", "1048576001m", "-1Gi", "2Gi"):  # under 1Mi; not whole bytes; negative; above the bound
+        with pytest.raises(SpecError, match="spec.sharing.mps.shmSize"):
+            render(config({"sharing": {"mps": {"shmSize": bad}}}))
+    with pytest.raises(SpecError, match="spec.sharing.mps.maxShmSize"):
+        render(config({"sharing": {"mps": {"shmSize": "1Mi", "maxShmSize": "1Ki"}}}))

@@ -62,11 +62,12 @@ class DeviceSharing:
     timeslice: int | None = None  # TimeSlicing: nvidia-smi's --set-timeslice level, 0..3
     active_thread_percentage: int | None = None  # MPS
     pinned_memory_limit: int | None = None  # MPS, bytes
+    shm_size: int | None = None  # MPS, bytes: the claim's /dev/shm as its config asks (None: the platform's)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"strategy": self.strategy}
         for key, value in (("timeslice", self.timeslice), ("activeThreadPercentage", self.active_thread_percentage),
-                           ("pinnedMemoryLimit", self.pinned_memory_limit)):
+                           ("pinnedMemoryLimit", self.pinned_memory_limit), ("shmSize", self.shm_size)):
             if value is not None:
                 data[key] = value
         return data
@@ -75,7 +76,7 @@ class DeviceSharing:
     def from_json(cls, data: Any) -> DeviceSharing:
         if not isinstance(data, dict) or data.get("strategy") not in (EXCLUSIVE, TIME_SLICING, MPS):
             raise ValueError(f"sharing: {data!r} is not a device sharing setting")
-        values = [data.get(k) for k in ("timeslice", "activeThreadPercentage", "pinnedMemoryLimit")]
+        values = [data.get(k) for k in ("timeslice", "activeThreadPercentage", "pinnedMemoryLimit", "shmSize")]
         if not all(v is None or type(v) is int for v in values):
             raise ValueError(f"sharing: {data!r} has a non-integer setting")
         return cls(data["strategy"], *values)

@@ -6,8 +6,14 @@ directories under the plugin directory, ``<plugin-dir>/mps/<claimUID>/``:
 
 * ``pipe``: the daemon's control socket; mounted into the claim's containers at
   ``/tmp/nvidia-mps``, the path ``CUDA_MPS_PIPE_DIRECTORY`` names for them;
-* ``shm``: the daemon's and the clients' ``/dev/shm``, where the MPS server and its clients meet;
+* ``shm``: the daemon's and the clients' ``/dev/shm``, where the MPS server and its clients meet:
+  a tmpfs the supervisor mounts, of the size the claim's GpuConfig asks (``sharing.mps.shmSize``,
+  at most the platform's ``spec.sharing.mps.maxShmSize``) or else the platform's default
+  (``spec.sharing.mps.shmSize``, :data:`DEFAULT_SHM_SIZE`): bounded, and never on the kubelet's disk;
 * ``log``: ``control.log`` and ``server.log``;
+* ``supervisor/`` (beside the claims' directories, not in them): the supervisor's own records of
+  the daemons it started. The ``pipe`` and ``shm`` directories are mounted read-write into the
+  claim's containers, so nothing in them is trusted;
 * ``daemon.json``: what the daemon must be (:class:`DaemonSpec`), written by the agent and read by
   the MPS supervisor (:mod:`gpudra_driver.mpssupervisor`), which runs the daemons outside the
   agent's container so that they outlive it (docs/sharing.md, "MPS").
@@ -39,18 +45,27 @@ ROOT = "mps"  # under the plugin directory
 CONTAINER_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # the MPS clients' default CUDA_MPS_PIPE_DIRECTORY
 SPEC_FILE = "daemon.json"
 MIB = 2**20
+# A claim's /dev/shm: what containerd, CRI-O and Docker give a container's /dev/shm (64 MiB), so a
+# workload gets no less with MPS than without. MPS itself needs little of it.
+DEFAULT_SHM_SIZE = 64 * MIB
+# The most a claim may ask for (GpuConfig sharing.mps.shmSize) unless the platform team says otherwise
+# (spec.sharing.mps.maxShmSize): the pages count against the writer's memory limit, but a claim
+# whose pods set none would otherwise size the tmpfs by the node's memory.
+DEFAULT_MAX_SHM_SIZE = 1024 * MIB
 
 
 @dataclass(frozen=True)
 class DaemonSpec:
     """One claim's control daemon: the GPUs it serves (UUIDs, the order of CUDA_VISIBLE_DEVICES),
     its default active thread percentage (None: MPS's own, 100) and pinned memory limits per GPU
-    (UUID -> MiB; absent: none)."""
+    (UUID -> MiB; absent: none), and the size of its /dev/shm tmpfs in bytes (None: the
+    supervisor's default)."""
 
     claim_uid: str
     gpus: tuple[str, ...]
     active_thread_percentage: int | None = None
     pinned_memory_mib: tuple[tuple[str, int], ...] = ()
+    shm_size: int | None = None
 
     def commands(self) -> list[str]:
         """The control commands that set the limits (nvidia-cuda-mps-control's stdin, a line each)."""
@@ -61,9 +76,12 @@ class DaemonSpec:
         return lines
 
     def to_json(self) -> dict[str, Any]:
-        return {"claimUID": self.claim_uid, "gpus": list(self.gpus),
+        data = {"claimUID": self.claim_uid, "gpus": list(self.gpus),
                 "activeThreadPercentage": self.active_thread_percentage,
                 "pinnedMemoryMiB": dict(self.pinned_memory_mib)}
+        if self.shm_size is not None:  # only when set: a spec without it stays byte-identical
+            data["shmBytes"] = self.shm_size
+        return data
 
     def encode(self) -> bytes:
         return (json.dumps(self.to_json(), sort_keys=True, indent=1) + "\n").encode()
@@ -80,7 +98,10 @@ class DaemonSpec:
             raise ValueError(f"activeThreadPercentage {percentage!r} is not an integer between 1 and 100")
         if not isinstance(pinned, dict) or not all(k in gpus and type(v) is int and v > 0 for k, v in pinned.items()):
             raise ValueError(f"pinnedMemoryMiB {pinned!r} is not a map of its GPUs to a positive number of MiB")
-        return cls(data["claimUID"], tuple(gpus), percentage, tuple(sorted(pinned.items())))
+        shm = data.get("shmBytes")
+        if shm is not None and (type(shm) is not int or not 0 < shm < 2**63):
+            raise ValueError(f"shmBytes {shm!r} is not a positive number of bytes")
+        return cls(data["claimUID"], tuple(gpus), percentage, tuple(sorted(pinned.items())), shm)
 
 
 def daemon_for(claim: PreparedClaim) -> DaemonSpec | None:
@@ -92,7 +113,10 @@ def daemon_for(claim: PreparedClaim) -> DaemonSpec | None:
     percentages = {p for d in devices if (p := d.sharing.active_thread_percentage) is not None}
     pinned = tuple(sorted((d.uuid, math.ceil(d.sharing.pinned_memory_limit / MIB))
                           for d in devices if d.sharing.pinned_memory_limit is not None))
-    return DaemonSpec(claim.uid, tuple(d.uuid for d in devices), min(percentages) if percentages else None, pinned)
+    # one /dev/shm per claim: the largest its requests' configs ask for (the supervisor bounds it)
+    shm = max((size for d in devices if (size := d.sharing.shm_size) is not None), default=None)
+    return DaemonSpec(claim.uid, tuple(d.uuid for d in devices), min(percentages) if percentages else None, pinned,
+                      shm)
 
 
 def wanted(claims: Mapping[str, PreparedClaim]) -> dict[str, DaemonSpec]:

@@ -1,0 +1,261 @@
+"""The MPS supervisor against a tenant that is root in its containers (docs/sharing.md, "What a
+tenant can and cannot do"). A claim's pipe and shm directories are mounted read-write into its
+containers, so here the test plays the tenant: it writes into them, plants links, quits the
+claim's daemon and runs a daemon of its own, as a root process in a container could.
+
+The supervisor runs as a process (as in its DaemonSet, but in this machine's mount namespace),
+driven like the agent drives it (spec files and its socket, :class:`MpsDaemons`), against a fake
+driver root's mock ``nvidia-cuda-mps-control``: real daemons, real signals, real tmpfs mounts.
+No API server: none of this goes through it."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpudra_driver import mpssupervisor
+from gpudra_driver.plugin.mps import DaemonSpec
+from gpudra_driver.plugin.mpsdaemons import MpsDaemons, MpsUnavailable
+from gpudra_operator.localcluster import mockstate
+from gpudra_operator.localcluster.agents import AgentProcess, start_mps_supervisor
+from gpudra_operator.localcluster.driverroot import make_driver_root
+from gpudra_operator.localcluster.processes import stop_process
+from gpudra_operator.localcluster.waiting import wait_for
+
+CLAIM_A = "0c1d2e3f-0000-4000-8000-00000000000a"
+CLAIM_B = "0c1d2e3f-0000-4000-8000-00000000000b"
+GPU_0, GPU_1 = "GPU-00000000-0000-0000-0000-000000000000", "GPU-00000000-0000-0000-0000-000000000001"
+
+
+@dataclass
+class Node:
+    root: Path  # the fake driver root
+    plugin_dir: Path
+    workdir: Path
+    supervisors: list[AgentProcess]
+
+    @property
+    def mps(self) -> Path:
+        return self.plugin_dir / "mps"
+
+    def start_supervisor(self, *extra: str) -> AgentProcess:
+        process = start_mps_supervisor(plugin_dir=self.plugin_dir, driver_root=self.root, workdir=self.workdir,
+                                       extra_args=extra)
+        self.supervisors.append(process)
+        return process
+
+    async def converge(self, specs: dict[str, DaemonSpec]) -> dict[str, str]:
+        """As the agent does it at prepare and unprepare, once the supervisor listens."""
+        async def listening() -> bool:
+            try:
+                await asyncio.to_thread(MpsDaemons(self.mps, timeout=5).sync)
+                return True
+            except MpsUnavailable:
+                return False
+
+        await wait_for(listening, timeout=20, what="the MPS supervisor to listen")
+        return await asyncio.to_thread(MpsDaemons(self.mps).converge, specs)
+
+    async def status(self, uid: str) -> dict[str, object]:
+        return dict((await asyncio.to_thread(MpsDaemons(self.mps, timeout=30).sync))[uid])
+
+    def daemons_of(self, uid: str) -> list[int]:
+        return [d.pid for d in mockstate.mps_daemons(self.root) if d.pipe_dir == self.mps / uid / "pipe"]
+
+    def control(self, uid: str, *commands: str) -> subprocess.CompletedProcess[str]:
+        """nvidia-cuda-mps-control as a client in the claim's container: its pipe directory."""
+        return subprocess.run([str(self.root / mockstate.MPS_CONTROL)], input="".join(f"{c}\n" for c in commands),
+                              env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(self.mps / uid / "pipe")},
+                              capture_output=True, text=True, timeout=20)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    root = make_driver_root(tmp_path / "driver-root", "dgx-h100")
+    node = Node(root, tmp_path / "kubelet" / "plugins" / "gpu.gpudra.io", tmp_path, [])
+    try:
+        yield node
+    finally:
+        for process in node.supervisors:
+            process.stop()
+        mockstate.kill_mps_daemons(root)  # they outlive the supervisor by design
+        for shm in node.mps.glob("*/shm"):
+            mpssupervisor.unmount(shm)  # a failed test's: tmp_path's removal would stop at it
+
+
+@pytest.fixture
+def bystander() -> Iterator[subprocess.Popen[bytes]]:
+    """A process the tenant would like killed: it must outlive every test."""
+    process = subprocess.Popen(["sleep", "3600"])
+    yield process
+    stop_process(process)
+
+
+def spec(uid: str, gpu: str, **kwargs: object) -> DaemonSpec:
+    return DaemonSpec(uid, (gpu,), **kwargs)  # type: ignore[arg-type]
+
+
+def tenant_daemon(node: Node, uid: str) -> subprocess.Popen[bytes]:
+    """A control daemon the tenant starts in its container on the claim's pipe directory."""
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(node.mps / uid / "pipe"),
+           "CUDA_MPS_LOG_DIRECTORY": str(node.workdir / "tenant-log")}
+    return subprocess.Popen([str(node.root / mockstate.MPS_CONTROL), "-f"], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+async def test_a_restarted_supervisor_adopts_only_its_own_daemon_and_signals_no_pid_a_tenant_names(
+        node: Node, bystander: subprocess.Popen[bytes]) -> None:
+    first = node.start_supervisor()
+    assert await node.converge({CLAIM_A: spec(CLAIM_A, GPU_0, active_thread_percentage=40)}) == {}
+    [ours] = node.daemons_of(CLAIM_A)
+    pipe = node.mps / CLAIM_A / "pipe"
+
+    # The supervisor goes (killed, restarted in place); meanwhile the tenant quits the claim's
+    # daemon, runs its own on the control socket and names a bystander in the PID file.
+    first.stop(signal.SIGKILL)
+    assert node.control(CLAIM_A, "quit").returncode == 0 and mockstate.wait_exited(ours, 10)
+    impostor = tenant_daemon(node, CLAIM_A)
+    try:
+        await wait_for(lambda: _answers(node, CLAIM_A), timeout=10, what="the tenant's daemon to answer")
+        (pipe / mockstate.MPS_PID_FILE).write_text(f"{bystander.pid}\n")
+
+        node.start_supervisor()
+        status = await wait_for(lambda: _ready(node, CLAIM_A), timeout=30, what="the claim's daemon Ready again")
+        # not adopted: a daemon of the supervisor's own, started afresh, holds the claim's limits
+        assert status["pid"] not in (bystander.pid, impostor.pid, ours)
+        assert sorted(node.daemons_of(CLAIM_A)) == sorted([status["pid"], impostor.pid])  # the tenant's keeps running
+        assert node.control(CLAIM_A, "get_default_active_thread_percentage").stdout.strip() == "40.0"
+        record = json.loads((node.mps / mpssupervisor.STATE_DIR / f"{CLAIM_A}.json").read_text())
+        assert record["pid"] == status["pid"]
+        assert oct(os.stat(node.mps / mpssupervisor.STATE_DIR).st_mode & 0o777) == "0o700"
+
+        # The claim is unprepared: its daemon goes; nothing the tenant named is signalled.
+        (pipe / mockstate.MPS_PID_FILE).write_text(f"{bystander.pid}\n")
+        assert await node.converge({}) == {}
+        assert mockstate.wait_exited(int(status["pid"]), 10)  # type: ignore[call-overload]
+        assert bystander.poll() is None and impostor.poll() is None
+        assert not (node.mps / CLAIM_A).exists()
+    finally:
+        stop_process(impostor)
+
+
+async def test_a_supervisor_restarted_after_its_daemon_was_replaced_does_not_adopt_a_reused_record(
+        node: Node, bystander: subprocess.Popen[bytes]) -> None:
+    """A record whose PID now belongs to another process (the daemon died, the PID was reused) is
+    not adopted, and that process is not signalled when the claim goes."""
+    first = node.start_supervisor()
+    assert await node.converge({CLAIM_A: spec(CLAIM_A, GPU_0)}) == {}
+    [ours] = node.daemons_of(CLAIM_A)
+    first.stop(signal.SIGKILL)
+    records = node.mps / mpssupervisor.STATE_DIR
+    forged = json.loads((records / f"{CLAIM_A}.json").read_text()) | {"pid": bystander.pid}
+    (records / f"{CLAIM_A}.json").write_text(json.dumps(forged))  # same start time and exe: another process
+    node.control(CLAIM_A, "quit")
+    assert mockstate.wait_exited(ours, 10)
+
+    node.start_supervisor()
+    status = await wait_for(lambda: _ready(node, CLAIM_A), timeout=30, what="the claim's daemon Ready again")
+    assert status["pid"] != bystander.pid
+    assert await node.converge({}) == {}
+    assert bystander.poll() is None
+
+
+async def test_a_control_link_planted_in_one_claims_pipe_directory_reaches_no_other_claims_daemon(
+        node: Node) -> None:
+    node.start_supervisor()
+    specs = {CLAIM_A: spec(CLAIM_A, GPU_0), CLAIM_B: spec(CLAIM_B, GPU_1, active_thread_percentage=30)}
+    assert await node.converge(specs) == {}
+    [theirs] = node.daemons_of(CLAIM_B)
+    [ours] = node.daemons_of(CLAIM_A)
+    # Claim A's tenant points its control socket at claim B's (by its host path, as the supervisor
+    # sees it), then A is unprepared: the supervisor's quit must not reach B's daemon.
+    control = node.mps / CLAIM_A / "pipe" / "control"
+    control.unlink()
+    control.symlink_to(node.mps / CLAIM_B / "pipe" / "control")
+    assert await node.converge({CLAIM_B: specs[CLAIM_B]}) == {}
+    assert mockstate.wait_exited(ours, 10)  # A's own daemon, unreachable by its socket, was killed
+    assert node.daemons_of(CLAIM_B) == [theirs]
+    assert node.control(CLAIM_B, "get_default_active_thread_percentage").stdout.strip() == "30.0"
+    assert (await node.status(CLAIM_B))["state"] == "Ready"
+
+
+async def test_a_claims_dev_shm_is_a_tmpfs_of_its_size_that_fills_up_without_touching_the_plugin_directory(
+        node: Node) -> None:
+    node.start_supervisor("--shm-size", "4Mi")
+    assert await node.converge({CLAIM_A: spec(CLAIM_A, GPU_0), CLAIM_B: spec(CLAIM_B, GPU_1, shm_size=8 * 2**20)}) \
+        == {}
+    for uid, size in ((CLAIM_A, 4 * 2**20), (CLAIM_B, 8 * 2**20)):
+        shm = node.mps / uid / "shm"
+        [mount] = [line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines()
+                   if line.split()[4] == str(shm)]
+        fstype = mount[mount.index("-") + 1]
+        assert fstype == "tmpfs" and f"size={size // 1024}k" in mount[-1], mount
+        assert {"nosuid", "nodev", "noexec"} <= set(mount[5].split(","))
+        assert os.stat(shm).st_mode & 0o7777 == 0o1777
+        assert os.stat(shm).st_dev != os.stat(node.plugin_dir).st_dev  # not the kubelet's file system
+    # the tenant fills its /dev/shm: ENOSPC at its size, the plugin directory's file system untouched
+    shm = node.mps / CLAIM_A / "shm"
+    written = 0
+    with pytest.raises(OSError) as raised, open(shm / "filler", "wb") as filler:
+        chunk = b"\0" * 2**20
+        for _ in range(16):
+            written += os.write(filler.fileno(), chunk)
+    assert raised.value.errno == errno.ENOSPC and written <= 4 * 2**20
+    # a daemon started again keeps the claim's tmpfs and what is in it (its containers use it): none stacked
+    (node.mps / CLAIM_B / "shm" / "kept").write_text("kept\n")
+    [before] = node.daemons_of(CLAIM_B)
+    os.kill(before, signal.SIGKILL)
+    assert mockstate.wait_exited(before, 10)
+
+    async def restarted() -> dict[str, object] | None:
+        status = await _ready(node, CLAIM_B)
+        return status if status and status["pid"] != before else None
+
+    await wait_for(restarted, timeout=30, what="the supervisor to start claim B's daemon again")
+    assert (node.mps / CLAIM_B / "shm" / "kept").read_text() == "kept\n"
+    assert Path("/proc/self/mountinfo").read_text().count(f" {node.mps / CLAIM_B / 'shm'} ") == 1
+    # unprepared: unmounted, then removed, also from the other daemons' mount namespaces (which
+    # would otherwise keep its pages)
+    [other] = node.daemons_of(CLAIM_B)
+    assert f" {node.mps / CLAIM_A / 'shm'} " in Path(f"/proc/{other}/mountinfo").read_text()
+    assert await node.converge({CLAIM_B: spec(CLAIM_B, GPU_1, shm_size=8 * 2**20)}) == {}
+    assert not (node.mps / CLAIM_A).exists()
+    assert f" {node.mps / CLAIM_A / 'shm'} " not in Path(f"/proc/{other}/mountinfo").read_text()
+    assert str(node.mps / CLAIM_A / "shm") not in Path("/proc/self/mountinfo").read_text()
+    assert await node.converge({}) == {}
+    assert str(node.mps) not in Path("/proc/self/mountinfo").read_text()
+
+
+async def _answers(node: Node, uid: str) -> bool:
+    result = await asyncio.to_thread(node.control, uid, "get_default_active_thread_percentage")
+    return result.returncode == 0
+
+
+async def _ready(node: Node, uid: str) -> dict[str, object] | None:
+    try:
+        status = await node.status(uid)
+    except (MpsUnavailable, KeyError):
+        return None
+    return status if status.get("state") == "Ready" else None
+
+
+async def test_a_claim_asking_for_more_dev_shm_than_the_platform_allows_gets_no_daemon_and_a_reason(
+        node: Node) -> None:
+    node.start_supervisor("--shm-size", "4Mi", "--max-shm-size", "8Mi")
+    problems = await node.converge({CLAIM_A: spec(CLAIM_A, GPU_0, shm_size=16 * 2**20),
+                                    CLAIM_B: spec(CLAIM_B, GPU_1, shm_size=8 * 2**20)})
+    assert list(problems) == [CLAIM_A]
+    assert "sharing.mps.shmSize: 16Mi is more than 8Mi" in problems[CLAIM_A]
+    assert "spec.sharing.mps.maxShmSize" in problems[CLAIM_A]
+    assert node.daemons_of(CLAIM_A) == [] and not os.path.ismount(node.mps / CLAIM_A / "shm")
+    assert len(node.daemons_of(CLAIM_B)) == 1 and os.path.ismount(node.mps / CLAIM_B / "shm")
+    assert await node.converge({}) == {}
