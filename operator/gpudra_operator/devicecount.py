@@ -102,6 +102,16 @@ class DriverSlices:
             except Exception as error:
                 log.warning("status refresh after matching the classes of driver %s failed: %r", self.driver, error)
 
+    def cancel(self) -> list[asyncio.Task[None]]:
+        """Cancel the matching of classes in progress or pending (and the status refresh that
+        would follow it); the tasks cancelled, to be awaited. The watch (:meth:`run`) is the
+        caller's to stop."""
+        task, self._reclassifying = self._reclassifying, None
+        if task is None or task.done():
+            return []
+        task.cancel()
+        return [task]
+
     def _keep(self, slices: dict[str, SliceMatches], obj: Obj, classes: tuple[ClassSelectors, ...]) -> None:
         name = obj["metadata"]["name"]
         devices = (obj.get("spec") or {}).get("devices") or []
@@ -193,11 +203,18 @@ class DeviceCounts:
     def forget(self, driver: str) -> None:
         entry = self._drivers.pop(driver, None)
         if entry is not None:
+            entry[0].cancel()
             entry[1].cancel()
 
     async def close(self) -> None:
-        tasks = [task for _, task in self._drivers.values()]
+        """Stop every watch, and every matching of classes still waiting out its debounce with
+        the status refresh that would follow it. Nothing here may write once the operator stops,
+        nor hold up its stop: kopf waits for the tasks left running (up to 5 s) before the
+        Lease is released, and a pending match would keep a SIGTERM's handover waiting for
+        RECLASSIFY_AFTER."""
+        entries = list(self._drivers.values())
         self._drivers.clear()
+        tasks = [task for slices, run in entries for task in (run, *slices.cancel())]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -78,6 +78,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
+    # Background work first (a pending status refresh, a child event being judged): it would
+    # only fail on the closed client, and kopf would hold the Lease's release until it had.
+    await memo.reconciler.close()
     await memo.device_counts.close()
     await memo.claims.close()
     await memo.api.close()

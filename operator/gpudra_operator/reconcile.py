@@ -286,6 +286,15 @@ class Reconciler:
         self._child_tasks.add(task)
         task.add_done_callback(self._child_tasks.discard)
 
+    async def close(self) -> None:
+        """Cancel the child events still being judged (:meth:`on_child_event_soon`): the operator
+        is stopping, its client is about to close, and kopf would wait for these tasks (up to 5 s)
+        before the Lease is released. The next active replica reconciles every config anyway."""
+        tasks = list(self._child_tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     async def _on_child_event_logged(self, name: str, event_type: str | None, child: Obj) -> None:
         try:
             await self.on_child_event(name, event_type, child)
