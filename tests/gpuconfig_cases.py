@@ -47,6 +47,12 @@ GOOD: dict[str, Obj] = {
     "mps, 100%": mps(activeThreadPercentage=100, pinnedMemoryLimit="80G"),
     "mps, limit in bytes as an integer": mps(pinnedMemoryLimit=1048576),
     "mps, limit as an exponent": mps(pinnedMemoryLimit="1e9"),
+    "mps, exponent with leading zeros": mps(pinnedMemoryLimit="2e0006"),
+    "mps, limit at the int64 maximum": mps(pinnedMemoryLimit="9223372036854775807"),
+    # ParseQuantity caps a binary-suffixed value at the int64 maximum; the decoder reads it so too
+    # (prepare then refuses a limit above the device's memory).
+    "mps, binary limit the API server caps": mps(pinnedMemoryLimit="16Ei"),
+    "mps, limit of 64 characters": mps(pinnedMemoryLimit="0" * 61 + "1Gi"),
     "mps, per device by name and UUID": mps(
         activeThreadPercentage=50, pinnedMemoryLimit="10Gi",
         perDevice={"gpu-0": {"pinnedMemoryLimit": "20Gi", "activeThreadPercentage": 75},
@@ -56,6 +62,10 @@ GOOD: dict[str, Obj] = {
     # A number key is a DNS label: syntactically a device name. Only prepare can tell that no
     # device is called "0" (NVIDIA's API takes indexes here; ours does not).
     "mps, per-device key that names no real device": per_device(**{"0": {"pinnedMemoryLimit": "1Gi"}}),
+    # the claim's /dev/shm; whether it is within the platform's maxShmSize only the node can tell
+    "mps, shm size": mps(shmSize="256Mi"),
+    "mps, shm size in bytes": mps(shmSize=1048576),
+    "mps, shm size above any platform bound": mps(shmSize="1Ti"),
 }
 
 
@@ -68,11 +78,15 @@ class Bad(NamedTuple):
 STRATEGIES = "must be one of Exclusive, TimeSlicing, MPS"
 INTERVALS = "must be one of Default, Short, Medium, Long"
 PERCENT = "must be an integer between 1 and 100"
-MEMORY = "must be a quantity of at least 1Mi (e.g. 10Gi)"
+MEMORY = ("must be a quantity from 1Mi to the int64 maximum (e.g. 10Gi), "
+          "at most 64 characters with an exponent of at most 2 digits")
 DEVICE_KEY = "must be a device name in the pool (gpu-0) or a GPU UUID"
 OBJECT = "must be an object"
 UNKNOWN = "unknown field"
+FIELDS = "must have at most 8 fields"
+ENTRIES = "must have at most 32 entries, one per device of the claim"
 LONG_NAME = "gpu-" + "a" * 60  # 64 characters: one too many for a DNS label
+NINE_FIELDS = {f"x{i}": i for i in range(7)}  # with two known fields, one more than an object may have
 
 BAD: dict[str, Bad] = {
     "no apiVersion": Bad({"kind": "GpuConfig"}, "apiVersion", "must be gpudra.io/v1alpha1"),
@@ -126,6 +140,21 @@ BAD: dict[str, Bad] = {
     "limit a float": Bad(mps(pinnedMemoryLimit=1073741824.0), "sharing.mps.pinnedMemoryLimit", MEMORY),
     "limit beyond int64": Bad(mps(pinnedMemoryLimit=10**20), "sharing.mps.pinnedMemoryLimit", MEMORY),
     "limit a boolean": Bad(mps(pinnedMemoryLimit=True), "sharing.mps.pinnedMemoryLimit", MEMORY),
+    # Parsed at once, but its integer has 300,001 digits: seconds to build, with the node's lock held.
+    "limit with a huge exponent": Bad(mps(pinnedMemoryLimit="1e300000"), "sharing.mps.pinnedMemoryLimit", MEMORY),
+    "limit with an int32 exponent": Bad(mps(pinnedMemoryLimit="1e2147483647"), "sharing.mps.pinnedMemoryLimit",
+                                        MEMORY),
+    "limit with a tiny exponent": Bad(mps(pinnedMemoryLimit="1e-2147483648"), "sharing.mps.pinnedMemoryLimit",
+                                      MEMORY),
+    "limit with a 3-digit exponent": Bad(mps(pinnedMemoryLimit="1e100"), "sharing.mps.pinnedMemoryLimit", MEMORY),
+    # ParseQuantity keeps the exponent as an int32, so this one is 2e6; three digits are refused all the same.
+    "limit with an exponent that wraps": Bad(mps(pinnedMemoryLimit="2e4294967302"), "sharing.mps.pinnedMemoryLimit",
+                                             MEMORY),
+    "limit beyond int64 as a string": Bad(mps(pinnedMemoryLimit="9223372036854775808"),
+                                          "sharing.mps.pinnedMemoryLimit", MEMORY),
+    "limit beyond int64 as an exponent": Bad(mps(pinnedMemoryLimit="1e19"), "sharing.mps.pinnedMemoryLimit", MEMORY),
+    "limit of 65 characters": Bad(mps(pinnedMemoryLimit="0" * 62 + "1Gi"), "sharing.mps.pinnedMemoryLimit", MEMORY),
+    "limit a long digit string": Bad(mps(pinnedMemoryLimit="9" * 9000), "sharing.mps.pinnedMemoryLimit", MEMORY),
     "perDevice a list": Bad(mps(perDevice=["gpu-0"]), "sharing.mps.perDevice", OBJECT),
     "perDevice key not a name": Bad(per_device(Bad_Key={}), "sharing.mps.perDevice.Bad_Key", DEVICE_KEY),
     "perDevice key too long": Bad(per_device(**{LONG_NAME: {}}), f"sharing.mps.perDevice.{LONG_NAME}", DEVICE_KEY),
@@ -136,9 +165,36 @@ BAD: dict[str, Bad] = {
                                    UNKNOWN),
     "perDevice percentage": Bad(per_device(**{"gpu-0": {"activeThreadPercentage": 0}}),
                                 "sharing.mps.perDevice.gpu-0.activeThreadPercentage", PERCENT),
+    "shm size below 1Mi": Bad(mps(shmSize="1Ki"), "sharing.mps.shmSize", MEMORY),
+    "shm size a float": Bad(mps(shmSize=67108864.0), "sharing.mps.shmSize", MEMORY),
+    "shm size with a huge exponent": Bad(mps(shmSize="1e300000"), "sharing.mps.shmSize", MEMORY),
+    "shm size per device": Bad(per_device(**{"gpu-0": {"shmSize": "1Gi"}}),  # one /dev/shm per claim
+                               "sharing.mps.perDevice.gpu-0.shmSize", UNKNOWN),
     "perDevice limit": Bad(per_device(**{"GPU-4f5e6d7c": {"pinnedMemoryLimit": "1Ki"}}),
                            "sharing.mps.perDevice.GPU-4f5e6d7c.pinnedMemoryLimit", MEMORY),
+    "perDevice limit with a huge exponent": Bad(per_device(**{"gpu-0": {"pinnedMemoryLimit": "1e1000000"}}),
+                                                "sharing.mps.perDevice.gpu-0.pinnedMemoryLimit", MEMORY),
+    # A path shows at most 64 characters of a key.
+    "perDevice key of 200 characters": Bad(per_device(**{"g" * 200: {}}), "sharing.mps.perDevice." + "g" * 61 + "...",
+                                           DEVICE_KEY),
+    "perDevice with an entry per device and one more": Bad(
+        per_device(**{f"gpu-{i}": {} for i in range(33)}), "sharing.mps.perDevice", ENTRIES),
+    "too many top-level fields": Bad(gpu_config(**NINE_FIELDS), "parameters", FIELDS),
+    "too many sharing fields": Bad(gpu_config({"strategy": "MPS", "mps": {}, **NINE_FIELDS}), "sharing", FIELDS),
+    "too many timeSlicing fields": Bad(gpu_config({"strategy": "TimeSlicing", "timeSlicing": {
+        "interval": "Long", "y": 0, **NINE_FIELDS}}), "sharing.timeSlicing", FIELDS),
+    "too many mps fields": Bad(mps(activeThreadPercentage=50, pinnedMemoryLimit="1Gi", **NINE_FIELDS),
+                               "sharing.mps", FIELDS),
+    "too many fields in a perDevice entry": Bad(per_device(**{"gpu-0": {"activeThreadPercentage": 5, "y": 0,
+                                                                        **NINE_FIELDS}}),
+                                                "sharing.mps.perDevice.gpu-0", FIELDS),
 }
+
+
+def policy_error(at: str, field: str, reason: str) -> str:
+    """How the admission policy words a decoder error in the parameters at ``at``: the decoder
+    calls the whole parameters "parameters", the policy names them by their path."""
+    return f"{at if field == 'parameters' else f'{at}.{field}'}: {reason}"
 
 
 # --- the examples in docs/sharing.md ------------------------------------------------------------

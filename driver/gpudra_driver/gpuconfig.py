@@ -13,26 +13,32 @@ sharing:
     activeThreadPercentage: 1..100
     pinnedMemoryLimit: 10Gi                                       # per device
     perDevice: {gpu-0: {pinnedMemoryLimit: 20Gi, activeThreadPercentage: 50}}  # name or UUID
+    shmSize: 256Mi                       # the claim's /dev/shm, up to the platform's maxShmSize
 ```
 
 Decoding is strict, like NVIDIA's StrictDecoder for its GpuConfig
 (k8s-dra-driver-gpu api/nvidia.com/resource/v1beta1/api.go, sharing.go): an unknown field, a wrong
 type or a field of the other strategy is an error that names the field's path. A typo must not
-quietly give a pod an exclusive GPU it was meant to share, or the reverse."""
+quietly give a pod an exclusive GPU it was meant to share, or the reverse.
+
+Every value is a tenant's, decoded on the prepare path, so each is bounded in size and in the work
+it costs before it is used: an object has at most :data:`MAX_FIELDS` fields, ``perDevice`` at most
+one entry per device a claim can get, a quantity at most 64 characters with an exponent of at most
+two digits, and nothing outside the known fields is walked (an error shows at most 60 characters
+of a value). A decode costs the same for any input, whatever its size or depth."""
 
 from __future__ import annotations
 
 import json
-import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
-from gpudra_driver.quantity import parse_quantity
+from gpudra_driver import limits
+from gpudra_driver.quantity import int64_value
 
 API_VERSION = "gpudra.io/v1alpha1"
 KIND = "GpuConfig"
@@ -41,6 +47,18 @@ KIND = "GpuConfig"
 # set_default_device_pinned_mem_limit <uuid> <N>M): less would round to no limit at all.
 MIN_PINNED_MEMORY = 2**20
 _INT64 = range(-(2**63), 2**63)  # what the API server decodes a JSON integer into; beyond it, a float
+# A quantity's text, bounded before it is parsed: the grammar of a Kubernetes quantity with an
+# exponent of at most two digits (leading zeros aside). A value from 1Mi to the int64 maximum
+# never needs more within 64 characters, and ParseQuantity (which the admission policy's
+# isQuantity runs in the API server) costs time that grows with the exponent: it computes
+# 10**exponent, for minutes at e2000000000. The policy matches the same pattern.
+QUANTITY_FORM = r"^[+-]?[0-9]*([.][0-9]*)?([eE][+-]?0*[0-9]{1,2}|[KMGTPE]i|[numkMGTPE])?$"
+_QUANTITY_FORM = re.compile(QUANTITY_FORM)
+# Fields of one object of a config (the parameters, sharing, timeSlicing, mps, a perDevice entry),
+# known or not: each knows at most 4, and up to 8 still lets an error name every typo.
+MAX_FIELDS = 8
+# perDevice: one entry per device of the claim at most (each names one, by name or by UUID).
+MAX_PER_DEVICE = limits.MAX_ALLOCATION_RESULTS
 
 # perDevice keys: a device's name in the pool (a DNS label, devicemodel) or an NVML UUID
 # (GPU-<uuid>, MIG-<uuid>, or the older MIG-GPU-<uuid>/<gi>/<ci>). Which device a key names, and
@@ -94,6 +112,7 @@ class Mps:
     defaults: MpsSettings = MpsSettings()
     # key (a device name or UUID, as written) -> its overrides, field by field
     per_device: Mapping[str, MpsSettings] = field(default_factory=lambda: MappingProxyType({}))
+    shm_size: int | None = None  # bytes: the claim's /dev/shm (one per claim); None: the platform's default
 
     def for_devices(self, devices: Iterable[tuple[str, str]]) -> dict[str, MpsSettings]:
         """Each of a request's devices (``(name, uuid)`` pairs) -> its settings: the overrides of
@@ -147,9 +166,79 @@ class GpuConfigError(ValueError):
         return GpuConfigError(self.field, self.reason, got=self.got, where=where)
 
 
+_SHOWN = 60  # characters of a value an error shows
+
+
 def _show(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True, default=str)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """``value`` as JSON, cut to 60 characters. Built piece by piece and stopped once long enough,
+    so a huge or deep value costs no more than what is shown."""
+    text = ""
+    for piece in _json_pieces(value):
+        text += piece
+        if len(text) > _SHOWN:
+            return text[:_SHOWN - 3] + "..."
+    return text
+
+
+def _json_pieces(value: Any) -> Iterator[str]:
+    """The JSON text of ``value`` in pieces (object keys in their order), lazily: a depth-first
+    walk on an explicit stack, each piece short however long the string or integer it shows."""
+    stack: list[Iterator[Any]] = [iter((value,))]
+    while stack:
+        item = next(stack[-1], _END)
+        if item is _END:
+            stack.pop()
+        elif isinstance(item, _Piece):
+            yield item.text
+        elif isinstance(item, Mapping):
+            stack.append(_members(item))
+        elif isinstance(item, (list, tuple)):
+            stack.append(_elements(item))
+        else:
+            yield _scalar(item)
+
+
+class _Piece:
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+_END = object()
+
+
+def _members(mapping: Mapping[Any, Any]) -> Iterator[Any]:
+    yield _Piece("{")
+    for index, (key, member) in enumerate(mapping.items()):
+        yield _Piece(("," if index else "") + _scalar(key) + ":")
+        yield member
+    yield _Piece("}")
+
+
+def _elements(items: Sequence[Any]) -> Iterator[Any]:
+    yield _Piece("[")
+    for index, item in enumerate(items):
+        if index:
+            yield _Piece(",")
+        yield item
+    yield _Piece("]")
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, str):
+        return json.dumps(value[:_SHOWN])
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"<an integer of {value.bit_length() * 3 // 10} digits>"  # str() of it: slow, or refused
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return f"<{type(value).__name__}>"
+
+
+def _key(key: str) -> str:
+    """An object key as a path shows it: at most 64 characters (the policy cuts it alike)."""
+    return key if len(key) <= 64 else key[:61] + "..."
 
 
 def _mapping(value: Any, path: str) -> Mapping[str, Any]:
@@ -159,11 +248,15 @@ def _mapping(value: Any, path: str) -> Mapping[str, Any]:
 
 
 def _object(value: Any, path: str, known: Sequence[str]) -> Mapping[str, Any]:
-    """``value`` as an object with no fields but ``known``."""
-    for key in sorted(_mapping(value, path)):
+    """``value`` as an object with no fields but ``known`` (at most :data:`MAX_FIELDS`, counted
+    before any is looked at)."""
+    body = _mapping(value, path)
+    if len(body) > MAX_FIELDS:
+        raise GpuConfigError(path or "parameters", f"must have at most {MAX_FIELDS} fields", got=str(len(body)))
+    for key in sorted(body):
         if key not in known:
-            raise GpuConfigError(f"{path}.{key}" if path else str(key), "unknown field")
-    return value
+            raise GpuConfigError(f"{path}.{_key(key)}" if path else _key(key), "unknown field")
+    return body
 
 
 def _enum(value: Any, path: str, enum: type[Strategy] | type[Interval]) -> Any:
@@ -179,20 +272,26 @@ def _percentage(value: Any, path: str) -> int:
     return value
 
 
+MEMORY_RULE = ("must be a quantity from 1Mi to the int64 maximum (e.g. 10Gi), "
+               "at most 64 characters with an exponent of at most 2 digits")
+
+
 def _memory(value: Any, path: str) -> int:
     """Bytes, rounded up to a whole byte like apimachinery's Quantity.Value(). JSON carries a
-    quantity as a string or an integer; a float is neither."""
-    amount: Decimal | int | None = None
+    quantity as a string or an integer; a float is neither. A string is bounded (length, then
+    form) before it is parsed, and its value before it is made an integer (:func:`int64_value`)."""
+    amount: int | None = None
     if isinstance(value, str):
-        try:
-            amount = parse_quantity(value)
-        except ValueError:
-            pass
+        if len(value) <= limits.MAX_QUANTITY_LENGTH and _QUANTITY_FORM.fullmatch(value):
+            try:
+                amount = int64_value(value)
+            except ValueError:
+                pass
     elif isinstance(value, int) and not isinstance(value, bool) and value in _INT64:
         amount = value
     if amount is None or amount < MIN_PINNED_MEMORY:
-        raise GpuConfigError(path, "must be a quantity of at least 1Mi (e.g. 10Gi)", got=_show(value))
-    return math.ceil(amount)
+        raise GpuConfigError(path, MEMORY_RULE, got=_show(value))
+    return amount
 
 
 _MPS_SETTINGS = ("activeThreadPercentage", "pinnedMemoryLimit")
@@ -207,16 +306,20 @@ def _mps_settings(body: Mapping[str, Any], path: str) -> MpsSettings:
 
 
 def _mps(value: Any) -> Mps:
-    body = _object(value, "sharing.mps", (*_MPS_SETTINGS, "perDevice"))
+    body = _object(value, "sharing.mps", (*_MPS_SETTINGS, "perDevice", "shmSize"))
     per_device: dict[str, MpsSettings] = {}
     if "perDevice" in body:
         entries = _mapping(body["perDevice"], "sharing.mps.perDevice")
+        if len(entries) > MAX_PER_DEVICE:
+            raise GpuConfigError("sharing.mps.perDevice", f"must have at most {MAX_PER_DEVICE} entries, "
+                                 "one per device of the claim", got=str(len(entries)))
         for key in sorted(entries):
-            path = f"sharing.mps.perDevice.{key}"
+            path = f"sharing.mps.perDevice.{_key(key)}"
             if not (len(key) <= 63 and _DEVICE_NAME.fullmatch(key) or len(key) <= 64 and _DEVICE_UUID.fullmatch(key)):
                 raise GpuConfigError(path, "must be a device name in the pool (gpu-0) or a GPU UUID")
             per_device[key] = _mps_settings(_object(entries[key], path, _MPS_SETTINGS), f"{path}.")
-    return Mps(_mps_settings(body, "sharing.mps."), MappingProxyType(per_device))
+    shm_size = _memory(body["shmSize"], "sharing.mps.shmSize") if "shmSize" in body else None
+    return Mps(_mps_settings(body, "sharing.mps."), MappingProxyType(per_device), shm_size)
 
 
 def decode(parameters: object) -> GpuConfig:
@@ -260,7 +363,8 @@ def _applies(requests: Sequence[str] | None, request: str) -> bool:
     return not requests or any(r == request or request.startswith(r + "/") for r in requests)
 
 
-def config_for_request(configs: Sequence[Mapping[str, Any]], driver: str, request: str) -> GpuConfig:
+def config_for_request(configs: Sequence[Mapping[str, Any]], driver: str, request: str, *,
+                       decode: Callable[[object], GpuConfig] = decode) -> GpuConfig:
     """The GpuConfig for one request of an allocated claim, from its ``status.allocation.devices.config``.
 
     Only opaque configs of ``driver`` that apply to ``request`` count; others' configs are none of
@@ -272,7 +376,9 @@ def config_for_request(configs: Sequence[Mapping[str, Any]], driver: str, reques
 
     Every config that applies is decoded, also one a later config overrides, so a broken class
     config is reported rather than hidden behind claims that override it. Errors name the
-    config's index in the allocation, its source and, for a claim's, its index in the claim."""
+    config's index in the allocation, its source and, for a claim's, its index in the claim.
+    ``decode``: :func:`decode`, or a memo of it (a caller asking for every request of a claim
+    decodes each config once)."""
     candidates: list[tuple[int, str, str, Any]] = []
     claim_index = 0
     for index, config in enumerate(configs):

@@ -34,6 +34,22 @@ MAX_CEL_EXPRESSION_LENGTH = 10 * 1024  # CELSelectorExpressionMaxLength
 MAX_CEL_COST = 1_000_000  # CELSelectorExpressionMaxCost
 MAX_SELECTORS = 32
 
+# ResourceClaim status.allocation (k8s.io/api resource/v1 types.go and validation.go's
+# validateDeviceAllocationResult, 1.35): what the node agent reads from a claim. Bounds checked
+# before any lock on the node (plugin/allocation.py); a claim the API server accepted is within them.
+MAX_ALLOCATION_RESULTS = 32  # AllocationResultsMaxSize
+MAX_ALLOCATION_CONFIGS = 2 * 32  # 2 * DeviceConfigMaxSize: the class's configs and the claim's
+MAX_CONFIG_REQUESTS = 32  # DeviceRequestsMaxSize: the requests one config names
+MAX_OPAQUE_PARAMETERS_LENGTH = 10 * 1024  # OpaqueParametersMaxLength: bytes of the raw JSON
+# "<request>" or "<request>/<subrequest>", each a DNS label (validateRequestNameRef)
+MAX_REQUEST_REFERENCE_LENGTH = 2 * 63 + 1
+# consumedCapacity: one entry per capacity of the device, which has at most 32 attributes and
+# capacities together; each value a Quantity within int64 for every device we publish
+MAX_CONSUMED_CAPACITIES = 32  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
+# A quantity's characters. No upstream constant: apimachinery's canonical form of an int64 value
+# takes at most 23, so this is generous, and parsing what it admits costs microseconds.
+MAX_QUANTITY_LENGTH = 64
+
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 # Used with fullmatch: with match, "$" also matches before a trailing newline ("name\n" would pass).

@@ -182,6 +182,23 @@ def parse_quantity(text: str) -> Decimal:
     return value if value else Decimal(0)
 
 
+def int64_value(text: str) -> int:
+    """``text`` as apimachinery's ``Quantity.Value()`` gives it: the value ParseQuantity stores
+    (BinarySI capped at the int64 maximum), rounded up away from zero to a whole number;
+    ``ValueError`` when ``text`` is not a quantity or its value lies beyond int64.
+
+    The range is judged on the exact value's digits and exponent (a Decimal compared with an int
+    looks at the exponent of the most significant digit first), and an integer is built only for
+    a value known to fit: building one for ``1e300000`` takes seconds, for ``1e2147483647`` it
+    never ends. Parsing itself costs time linear in the text, so callers bound its length."""
+    value = parse_quantity(text)
+    if text.endswith("i") and abs(value) > INT64_MAX:  # quantity.go: "The max is just a simple cap"
+        value = Decimal(INT64_MAX).copy_sign(value)
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ValueError(f"{text[:40]!r} is beyond the int64 range of a quantity's value")
+    return int(value.to_integral_value(ROUND_UP))
+
+
 def is_quantity(text: str) -> bool:
     """True when ``text`` parses as a quantity."""
     try:

@@ -3,7 +3,9 @@ server: it type-checks clean; good configs pass in claims, templates and classes
 examples included; every bad example of tests/gpuconfig_cases.py is refused with exactly the
 field and reason the agent's decoder gives (the unit tests decode the same examples), which also
 proves no wrong type makes the CEL fail, since the policy fails open; other drivers' configs are
-left alone; updates are checked only when they change the configs.
+left alone; updates are checked only when they change the configs; and the worst configs a
+tenant can write are refused in bounded time (the policy neither fails open nor makes the API
+server compute what the decoder refuses to).
 
 Each test names its own driver, with a GpuDraConfig of it created for the test: the API server
 reads GpuDraConfigs through an informer, so a test waits until its driver is enforced."""
@@ -13,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -21,9 +24,10 @@ import pytest
 import pytest_asyncio
 import yaml
 from admissionpolicy import type_check_warnings
-from gpuconfig_cases import BAD, DOC_DRIVER, GOOD, doc_objects, gpu_config, opaque_configs
+from gpuconfig_cases import BAD, DOC_DRIVER, GOOD, doc_objects, gpu_config, mps, opaque_configs, policy_error
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from gpudra_driver import limits
 from gpudra_driver.gpuconfig import GpuConfigError, decode
 from gpudra_driver.kubeapi import Kube, Obj, error_message, resource_type
 from gpudra_operator.localcluster.waiting import wait_for
@@ -165,7 +169,7 @@ async def test_each_bad_config_is_refused_with_the_decoders_field_and_reason(
         with pytest.raises(GpuConfigError) as decoded:
             decode(case.parameters)
         at = "spec.devices.config[2].opaque.parameters"
-        expected = refusal(mine, f"{at}.{decoded.value.field}: {decoded.value.reason}")
+        expected = refusal(mine, policy_error(at, decoded.value.field, decoded.value.reason))
         configs = [config(mine, GOOD["mps, per device by name and UUID"]), config("gpu.nvidia.com", NVIDIA_CONFIG),
                    config(mine, case.parameters)]
         got = await verdict(kube.create(claim(namespace, "bad", configs), dry_run=True))
@@ -238,7 +242,12 @@ async def test_updates_are_checked_only_when_they_change_the_configs(
         kube: Kube, driver: DriverFactory, namespace: str, suffix: str) -> None:
     """A claim and a class written before their driver's GpuDraConfig existed keep working: the
     finalizer and label updates that allocation and GitOps make are admitted. A class update that
-    changes its configs is checked."""
+    changes its configs is checked.
+
+    The class is created as this client writes JSON (with spaces) and its labels merge-patched,
+    which re-encodes the stored parameters without them: from 1.37 the API server gives CEL the
+    typed objects, whose equality compares a RawExtension's bytes, so the policy compares each
+    config's parameters as JSON values (this test failed on 1.37 while it compared the configs)."""
     later = f"later-{suffix}.gpudra.io"
     broken = [config(later, gpu_config({"strategy": "MPS", "mps": {"activeThreadPercentage": 0}}))]
     class_name = f"early-{suffix}"
@@ -274,3 +283,60 @@ async def test_updates_are_checked_only_when_they_change_the_configs(
         await kube.delete(CLAIM, "early", namespace)
         await kube.delete(DEVICE_CLASS, class_name)
         await kube.delete(CONFIG, f"later-{suffix}")
+
+
+# --- bounded work ------------------------------------------------------------------------------------
+def entries(value: Any, count: int = 32, key: str = "gpu-{}") -> dict[str, Any]:
+    return {key.format(i): value for i in range(count)}
+
+
+def unknown(count: int) -> dict[str, Any]:
+    return {f"unknown-field-{i:02}": 0 for i in range(count)}
+
+
+# Each is one config's parameters, under the API's 10 KiB; a claim holds 32 of them.
+WORST: dict[str, Obj] = {
+    # ParseQuantity computes 10**exponent: minutes for each of these before the policy bounded them
+    "huge exponents": mps(pinnedMemoryLimit="1e2000000000", perDevice=entries({"pinnedMemoryLimit": "1e2000000000"})),
+    "huge negative exponents": mps(pinnedMemoryLimit="1e-2000000000",
+                                   perDevice=entries({"pinnedMemoryLimit": "-1e-2000000000"})),
+    "exponents of 300000": mps(pinnedMemoryLimit="1e300000", perDevice=entries({"pinnedMemoryLimit": "1e300000"})),
+    "a long digit string": mps(pinnedMemoryLimit="9" * 9000),
+    "long digit strings per device": mps(perDevice=entries({"pinnedMemoryLimit": "9" * 250})),
+    # every object at its 8 fields, each field wrong: about 300 errors per config
+    "every error the bounds allow": gpu_config(
+        {"strategy": "MPS", **unknown(6), "mps": {
+            "activeThreadPercentage": 0, "pinnedMemoryLimit": "1e99", **unknown(5),
+            "perDevice": entries({"activeThreadPercentage": 101, "pinnedMemoryLimit": "x", **unknown(6)},
+                                 key="Bad_{}")}},
+        **unknown(5)),
+    "a wide perDevice": mps(perDevice=entries({}, count=700, key="g{}")),
+    "a wide object": gpu_config({"strategy": "MPS", **entries(0, count=900, key="f{}")}),
+    "a key of 9000 characters": mps(perDevice={"k" * 9000: {"pinnedMemoryLimit": "1e2000000000"}}),
+    # (the client recurses to send them, so not deeper; the policy never walks a value it does not know)
+    "deep values": gpu_config({"strategy": "MPS", "deep": json.loads("[" * 200 + "]" * 200)}),
+}
+ADMISSION_BUDGET_S = 2.0  # the policy's own CEL budget is about 1 s of the API server's CPU
+
+
+async def test_the_worst_configs_are_refused_in_bounded_time(
+        kube: Kube, driver: DriverFactory, namespace: str) -> None:
+    mine = await driver()
+    baseline = [config(mine, GOOD["mps, per device by name and UUID"])] * 32
+    started = time.perf_counter()
+    assert await verdict(kube.create(claim(namespace, "baseline", baseline), dry_run=True)) == ALLOWED
+    times = {"32 good configs": time.perf_counter() - started}
+    admitted = []
+    for name, parameters in WORST.items():
+        assert len(json.dumps(parameters)) <= limits.MAX_OPAQUE_PARAMETERS_LENGTH, name
+        with pytest.raises(GpuConfigError):
+            decode(parameters)
+        started = time.perf_counter()
+        got = await verdict(kube.create(claim(namespace, "worst", [config(mine, parameters)] * 32), dry_run=True))
+        times[name] = time.perf_counter() - started
+        if got == ALLOWED or "denied request" not in got:  # the policy failed open, or something else refused it
+            admitted.append(f"{name}: {got[:300]}")
+    print("\nadmission times (32 configs each): " + ", ".join(f"{n} {t * 1000:.0f} ms" for n, t in times.items()))
+    assert admitted == []
+    worst = max(times, key=lambda n: times[n])
+    assert times[worst] < ADMISSION_BUDGET_S, f"{worst}: {times[worst]:.2f} s"

@@ -5,16 +5,23 @@ admission policy's test (tests/gpuconfig_cases.py), docs/sharing.md's included."
 from __future__ import annotations
 
 import dataclasses
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
-from gpuconfig_cases import BAD, GOOD, Bad, doc_examples, doc_objects, gpu_config, mps
+from gpuconfig_cases import BAD, GOOD, Bad, doc_examples, doc_objects, gpu_config, mps, per_device
 
-from gpudra_driver.gpuconfig import (DEFAULT, GpuConfig, GpuConfigError, Interval, Mps, MpsSettings, Sharing,
-                                     Strategy, TimeSlicing, config_for_request, decode)
+from gpudra_driver import limits
+from gpudra_driver.gpuconfig import (DEFAULT, MAX_FIELDS, MAX_PER_DEVICE, MEMORY_RULE, QUANTITY_FORM, GpuConfig,
+                                     GpuConfigError, Interval, Mps, MpsSettings, Sharing, Strategy, TimeSlicing,
+                                     config_for_request, decode)
 
 DRIVER = "gpu.gpudra.io"
 GiB, MiB = 2**30, 2**20
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("parameters", GOOD.values(), ids=GOOD.keys())
@@ -56,6 +63,76 @@ def test_decoded_values() -> None:
     assert decode(mps(pinnedMemoryLimit=1048576)).sharing.mps == Mps(MpsSettings(None, MiB))
     # Whole bytes, rounded up as apimachinery's Quantity.Value() does.
     assert decode(mps(pinnedMemoryLimit="1048576.5")).sharing.mps == Mps(MpsSettings(None, MiB + 1))
+
+
+def test_limits_are_whole_bytes_within_int64() -> None:
+    def limit(value: Any) -> int | None:
+        config = decode(mps(pinnedMemoryLimit=value)).sharing.mps
+        assert config is not None
+        return config.defaults.pinned_memory_limit
+
+    assert limit("9223372036854775807") == limits.INT64_MAX
+    assert limit("16Ei") == limit("8Ei") == limits.INT64_MAX  # ParseQuantity's cap of BinarySI values
+    assert limit("2e0006") == 2 * 10**6 and limit("1Mi") == MiB
+    assert limit("0.5Gi") == GiB // 2 and limit(" 1Gi".strip()) == GiB
+
+
+# --- bounded work: every input a tenant can write costs the same small time to decode -----------
+def nested(depth: int) -> Any:
+    value: Any = "x"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+HOSTILE: dict[str, Callable[[], Any]] = {
+    # each of these took seconds (or forever) to build an integer from, with the node's lock held
+    "limit 1e300000": lambda: mps(pinnedMemoryLimit="1e300000"),
+    "limit 1e2147483647": lambda: mps(pinnedMemoryLimit="1e2147483647"),
+    "per-device limit 1e1000000": lambda: per_device(**{"gpu-0": {"pinnedMemoryLimit": "1e1000000"}}),
+    "limit of a million digits": lambda: mps(pinnedMemoryLimit="7" * 10**6),
+    "limit of a million digits and a suffix": lambda: mps(pinnedMemoryLimit="7" * 10**6 + "Ei"),
+    "percentage of 300,000 digits": lambda: mps(activeThreadPercentage=10**300000),
+    "perDevice of 100,000 entries": lambda: per_device(**{f"gpu-{i}": {} for i in range(100_000)}),
+    "100,000 unknown fields": lambda: gpu_config(**{f"x{i}": i for i in range(100_000)}),
+    "100,000 unknown fields in an entry": lambda: per_device(**{"gpu-0": {f"x{i}": i for i in range(100_000)}}),
+    "sharing nested 100,000 deep": lambda: gpu_config(nested(100_000)),
+    "strategy a deep list": lambda: gpu_config({"strategy": nested(100_000)}),
+    "strategy a wide object": lambda: gpu_config({"strategy": {f"k{i}": "v" * 100 for i in range(100_000)}}),
+    "apiVersion of ten million characters": lambda: gpu_config(apiVersion="v" * 10**7),
+    "interval of ten million characters": lambda: gpu_config({"strategy": "TimeSlicing",
+                                                              "timeSlicing": {"interval": "\u00e9" * 10**7}}),
+    "per-device key of a million characters": lambda: per_device(**{"gpu-" + "0" * 10**6: {}}),
+}
+DECODE_BUDGET_S = 0.010
+
+
+@pytest.mark.parametrize("make", HOSTILE.values(), ids=HOSTILE.keys())
+def test_any_input_decodes_in_under_10ms_to_a_config_error(make: Callable[[], Any]) -> None:
+    """CPU time of this thread (other processes on the machine do not count), the best of three."""
+    parameters = make()
+    spent = []
+    for _ in range(3):
+        started = time.thread_time()
+        with pytest.raises(GpuConfigError) as caught:
+            decode(parameters)
+        spent.append(time.thread_time() - started)
+        assert len(str(caught.value)) < 400  # the value shown is cut short
+    assert min(spent) < DECODE_BUDGET_S, f"{min(spent) * 1000:.1f} ms"
+
+
+def test_the_bounds_are_the_policys() -> None:
+    """The admission policy states the same bounds: the quantity's form, its length, the fields
+    per object, the entries of perDevice (tests/integration/test_claim_config_admission.py holds
+    their verdicts to the same examples)."""
+    policy = (REPO / "manifests" / "base" / "claim-config-admission-policy.yaml").read_text()
+    assert f'.matches("{QUANTITY_FORM}")' in policy
+    assert f"pinnedMemoryLimit.size() <= {limits.MAX_QUANTITY_LENGTH} &&" in policy
+    assert f"o.v.size() > {MAX_FIELDS})" in policy and f"o.v.size() <= {MAX_FIELDS} &&" in policy
+    assert f"o.v.size() > {MAX_PER_DEVICE})" in policy and f"o.v.size() <= {MAX_PER_DEVICE})" in policy
+    assert MEMORY_RULE in policy
+    # RE2 (the API server's CEL) and Python read the pattern alike: ASCII classes, no lookaround.
+    assert not re.search(r"\\[dswb]|\(\?", QUANTITY_FORM)
 
 
 def test_intervals_are_nvidia_smis_timeslice_values() -> None:

@@ -3,11 +3,12 @@ the one formatter (the canonical form it returns)."""
 
 from __future__ import annotations
 
+import time
 from decimal import Decimal
 
 import pytest
 
-from gpudra_driver.quantity import format_quantity, is_quantity, parse_quantity, quantity_value
+from gpudra_driver.quantity import format_quantity, int64_value, is_quantity, parse_quantity, quantity_value
 
 
 @pytest.mark.parametrize(("text", "value"), [
@@ -83,3 +84,20 @@ def test_quantity_is_canonical(amount: int, binary: bool, expected: str) -> None
 def test_negative_amounts_are_not_formatted() -> None:
     with pytest.raises(ValueError):
         format_quantity(-1, binary=True)
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("1Gi", 2**30), ("1048576.5", 2**20 + 1), ("-1.5", -2), ("500m", 1), ("9223372036854775807", 2**63 - 1),
+    ("-9223372036854775808", -(2**63)), ("8Ei", 2**63 - 1), ("16Ei", 2**63 - 1), ("-16Ei", -(2**63 - 1)),
+])
+def test_int64_value_is_quantity_value_with_the_binarysi_cap(text: str, value: int) -> None:
+    assert int64_value(text) == value
+
+
+@pytest.mark.parametrize("text", ["9223372036854775808", "1e19", "1e300000", "1e2147483647", "-1e300000", "1E1000000",
+                                  "99999999999999999999E", "lots"])
+def test_int64_value_refuses_beyond_int64_without_building_the_integer(text: str) -> None:
+    started = time.thread_time()
+    with pytest.raises(ValueError):
+        int64_value(text)
+    assert time.thread_time() - started < 0.01  # math.ceil of 1e300000 alone takes seconds
