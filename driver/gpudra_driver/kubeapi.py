@@ -6,11 +6,14 @@ server-side apply with one field manager per component."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import os
 import socket
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, fields, replace
+from datetime import datetime, timezone
 from typing import Any
 
 import aiohttp
@@ -46,6 +49,14 @@ class Deadlines:
     watch: int = 300
     watch_silence: float = 30.0
 
+    def __post_init__(self) -> None:
+        # aiohttp reads a timeout of 0 as "no timeout", and kubernetes-asyncio a watch's
+        # timeoutSeconds of 0 as "the server's default": either would undo the point of a deadline.
+        for f in fields(self):
+            seconds = getattr(self, f.name)
+            if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+                raise ValueError(f"the {f.name} deadline must be a positive, finite number of seconds, not {seconds!r}")
+
     @classmethod
     def from_environment(cls, value: str | None = None) -> Deadlines:
         """The defaults, with ``$GPUDRA_API_DEADLINES`` (e.g. ``connect=1,request=2,watch=5``) in
@@ -54,11 +65,18 @@ class Deadlines:
         types = {f.name: (int if f.name == "watch" else float) for f in fields(cls)}
         changes: dict[str, Any] = {}
         for item in filter(None, (part.strip() for part in value.split(","))):
-            name, _, number = item.partition("=")
-            if name.strip() not in types:
-                raise ValueError(f"GPUDRA_API_DEADLINES: unknown deadline {name.strip()!r} (known: {', '.join(types)})")
-            changes[name.strip()] = types[name.strip()](number)
-        return replace(cls(), **changes)
+            name, _, number = (part.strip() for part in item.partition("="))
+            if name not in types:
+                raise ValueError(f"GPUDRA_API_DEADLINES: unknown deadline {name!r} (known: {', '.join(types)})")
+            try:
+                changes[name] = types[name](number)
+            except ValueError:
+                unit = "whole seconds" if types[name] is int else "seconds"
+                raise ValueError(f"GPUDRA_API_DEADLINES: {name}={number!r} is not a number of {unit}") from None
+        try:
+            return replace(cls(), **changes)
+        except ValueError as error:  # __post_init__'s refusal, which names the deadline
+            raise ValueError(f"GPUDRA_API_DEADLINES: {error}") from None
 
     def for_request(self) -> aiohttp.ClientTimeout:
         return aiohttp.ClientTimeout(total=self.request, sock_connect=self.connect)
@@ -154,6 +172,26 @@ def resource_type(api_version: str, kind: str) -> ResourceType:
 
 def type_of(obj: Mapping[str, Any]) -> ResourceType:
     return resource_type(obj["apiVersion"], obj["kind"])
+
+
+# What a call to the API server raises when it got no answer: a deadline passed (asyncio's
+# TimeoutError, which aiohttp's timeouts are), the connection failed or dropped (OSError,
+# aiohttp's ClientError). Callers retry these as they would an error the server answered
+# (ApiException), usually soon; API_ERRORS is both.
+NETWORK_ERRORS: tuple[type[Exception], ...] = (OSError, asyncio.TimeoutError, aiohttp.ClientError)
+API_ERRORS: tuple[type[Exception], ...] = (ApiException, *NETWORK_ERRORS)
+
+
+def rfc3339(when: datetime | float, *, microseconds: bool = False) -> str:
+    """``when`` (a datetime, naive ones read as UTC, or seconds since the epoch) as the API server
+    writes times: UTC with a ``Z``. Whole seconds, truncated, by default (metav1.Time: what the
+    server stores, so a value written again compares equal); ``microseconds`` for metav1.MicroTime
+    (a Lease's renewTime and acquireTime), always six digits, as client-go writes them."""
+    if not isinstance(when, datetime):
+        when = datetime.fromtimestamp(when if microseconds else int(when), timezone.utc)
+    elif when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ" if microseconds else "%Y-%m-%dT%H:%M:%SZ")
 
 
 def is_status(error: BaseException, *codes: int) -> bool:
@@ -380,9 +418,7 @@ def core_event(involved: Obj, type_: str, reason: str, message: str, *, componen
                host: str | None = None) -> Obj:
     """A core/v1 Event about ``involved`` (its object reference), in the ``default`` namespace where
     ``kubectl describe`` finds a cluster-scoped object's Events, posted once (count 1)."""
-    from datetime import datetime, timezone
-
-    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = rfc3339(datetime.now(timezone.utc))
     source = {"component": component, **({"host": host} if host else {})}
     return {"apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{involved['name']}.", "namespace": EVENT_NAMESPACE},

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -57,7 +56,6 @@ class SlicePublisher:
         self.devices: list[Device] | None = None  # None: nothing discovered yet, publish nothing
         self.observed: dict[str, Obj] = {}
         self.synced = asyncio.Event()  # set once the cache holds a full list
-        self.last_publish: float | None = None  # wall time of the last successful write or no-op
         self.published = asyncio.Event()  # set once the pool was first confirmed current
         self.generation = 0
         self._wake = asyncio.Event()
@@ -142,7 +140,6 @@ class SlicePublisher:
                             self.generation)
         if plan.empty:
             self.generation = plan.generation
-            self.last_publish = time.time()
             self.published.set()
             log.debug("pool %s generation %d is up to date", self.node_name, plan.generation)
             return
@@ -156,7 +153,6 @@ class SlicePublisher:
             if self.on_taints_dropped is not None and taints_dropped(desired, self.observed[name]):
                 self.on_taints_dropped()
         self.generation = plan.generation
-        self.last_publish = time.time()
         self.published.set()
         count = sum(len(s["spec"].get("devices") or []) for s in plan.apply)
         log.info("published %d device(s) in %d ResourceSlice(s), pool %s generation %d",

@@ -31,8 +31,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
+
+from gpudra_driver.kubeapi import rfc3339
 
 READY = "Ready"
 AGENTS_READY = "AgentsReady"
@@ -80,12 +82,8 @@ class ApplyError:
 
 
 def format_time(now: datetime | str) -> str:
-    """RFC 3339 in UTC with second precision, as metav1.Time serialises."""
-    if isinstance(now, str):
-        return now
-    if now.tzinfo is None:
-        now = now.replace(tzinfo=timezone.utc)
-    return now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """A condition's time as metav1.Time serialises (a string is one already)."""
+    return now if isinstance(now, str) else rfc3339(now)
 
 
 def find_condition(conditions: Iterable[Mapping[str, Any]] | None, type_: str) -> Mapping[str, Any] | None:

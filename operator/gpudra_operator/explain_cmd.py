@@ -68,11 +68,10 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         print("gpudra explain: the CEL library is not installed: pip install 'gpudra[operator]'", file=sys.stderr)
         return 1
-    import aiohttp
     import yaml
     from kubernetes_asyncio.config import ConfigException
 
-    from gpudra_driver.kubeapi import error_message
+    from gpudra_driver.kubeapi import NETWORK_ERRORS, error_message
     from gpudra_operator.explain import ExplainInputError
 
     import os
@@ -88,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigException, yaml.YAMLError) as error:
         print(f"gpudra explain: no usable kubeconfig: {' '.join(str(error).split())}", file=sys.stderr)
         return 1
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:
+    except NETWORK_ERRORS as error:
         print(f"gpudra explain: cannot reach the API server: {error_message(error) or type(error).__name__}", file=sys.stderr)
         return 1
     except Exception as error:  # noqa: BLE001 - a user's command says what failed in one line, never a traceback

@@ -11,11 +11,10 @@ import logging
 import os
 from typing import Any
 
-import aiohttp
 import kopf
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpudra_driver.kubeapi import Deadlines, Kube, connect, error_message, resource_type
+from gpudra_driver.kubeapi import NETWORK_ERRORS, Deadlines, Kube, connect, error_message, resource_type
 
 from . import metrics
 from .events import EventRecorder
@@ -34,7 +33,6 @@ DRIFT_INTERVAL = float(os.environ.get("GPUDRA_DRIFT_INTERVAL", "60"))
 GC_DELETE_RATE = float(os.environ.get("GPUDRA_GC_DELETE_RATE", str(DEFAULT_DELETE_RATE)))
 POD = resource_type("v1", "Pod")
 OWNED = {LABEL_MANAGED_BY: MANAGED_BY}
-NETWORK_ERRORS = (OSError, asyncio.TimeoutError, aiohttp.ClientError)
 log = logging.getLogger("gpudra.operator")
 
 

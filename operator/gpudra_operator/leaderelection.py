@@ -35,17 +35,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpudra_driver.kubeapi import Kube, Obj, drop_idle_connections, error_message, is_status, resource_type
+from gpudra_driver.kubeapi import (API_ERRORS, Kube, Obj, drop_idle_connections, error_message, is_status,
+                                   resource_type, rfc3339)
 
 from . import metrics
 
 LEASE = resource_type("coordination.k8s.io/v1", "Lease")
 LEASE_NAME = "gpudra-operator"
 LOST_LEASE_EXIT = 3  # the exit status of a holder fenced off (its container restarts as a standby)
-NETWORK_ERRORS = (ApiException, OSError, asyncio.TimeoutError, aiohttp.ClientError)
 log = logging.getLogger("gpudra.operator.election")
 
 
@@ -103,7 +102,7 @@ def lease_spec(current: Obj, identity: str, lease_duration: float, now: datetime
     """The spec this replica writes: itself as holder, renewed ``now``; acquired ``now`` and one
     more transition unless it held the Lease already."""
     renewal = current.get("holderIdentity") == identity
-    stamp = now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    stamp = rfc3339(now, microseconds=True)  # renewTime and acquireTime are MicroTimes
     return {**current, "holderIdentity": identity, "leaseDurationSeconds": int(lease_duration),
             "renewTime": stamp, "acquireTime": current.get("acquireTime") if renewal else stamp,
             "leaseTransitions": (current.get("leaseTransitions") or 0) + (0 if renewal or not current else 1)}
@@ -192,7 +191,7 @@ class LeaseElector:
         try:
             async with asyncio.timeout(max(budget, 0.05)):
                 ok = await self._acquire_or_renew()
-        except NETWORK_ERRORS as error:
+        except API_ERRORS as error:
             log.debug("Lease %s/%s: attempt failed: %r", self.namespace, self.name, error)
             if isinstance(error, TimeoutError):  # cut by the term, not by a request deadline
                 drop_idle_connections(self.kube.api)
@@ -268,8 +267,16 @@ class LeaseElector:
         return min(max(expires, 0.0), self.timing.retry_period) + 0.01
 
     async def _watch_lease(self) -> None:
+        """Wake the standby on every event of the Lease. A watch starts at most once per retry
+        period (monotonic clock): one the server ends at once, with an error or without (a proxy
+        that closes it, an API server shutting down), is started again a retry period after the
+        last start, not in a tight loop of requests; one that ran its course (the deadlines' watch
+        timeout) is followed at once."""
         failing = False
+        started = -math.inf
         while True:
+            await asyncio.sleep(max(started + self.timing.retry_period - self.clock(), 0.0))
+            started = self.clock()
             try:
                 async for _ in self.kube.watch(LEASE, self.namespace, field_selector=f"metadata.name={self.name}"):
                     self._changed.set()
@@ -281,7 +288,6 @@ class LeaseElector:
                                                         error_message(error) if isinstance(error, ApiException)
                                                         else repr(error))
                 failing = True
-                await asyncio.sleep(self.timing.retry_period)
 
     async def keep_renewing(self, fence: Fence) -> None:
         """Renew every retry period while leading and move the fence with each renewal. Another
@@ -305,11 +311,11 @@ class LeaseElector:
                 spec = (lease or {}).get("spec") or {}
                 if lease is None or spec.get("holderIdentity") != self.identity:
                     return False
-                now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                now = rfc3339(datetime.now(timezone.utc), microseconds=True)
                 released = {"leaseDurationSeconds": 1, "acquireTime": now, "renewTime": now,
                             **({"leaseTransitions": spec["leaseTransitions"]} if "leaseTransitions" in spec else {})}
                 await self.kube.request("PUT", LEASE.path(self.namespace, self.name), body={**lease, "spec": released})
-        except NETWORK_ERRORS as error:
+        except API_ERRORS as error:
             log.warning("could not release Lease %s/%s (a standby takes over when it expires): %r",
                         self.namespace, self.name, error)
             return False

@@ -15,14 +15,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
-import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpudra_driver.devicepluginguard import CONFLICT as DEVICE_PLUGIN_CONFLICT
 from gpudra_driver.devicepluginguard import RESOLVED as DEVICE_PLUGIN_RESOLVED
 from gpudra_driver.diff import contains, dropped_fields
 from gpudra_driver.nodeevents import event_source
-from gpudra_driver.kubeapi import Kube, Obj, error_message, is_status, resource_type
+from gpudra_driver.kubeapi import NETWORK_ERRORS, Kube, Obj, error_message, is_status, resource_type
 
 from .conditions import (ApplyError, Unsupported, agents_status, apply_conditions, class_matches_no_device,
                          summarize)
@@ -300,7 +299,7 @@ class Reconciler:
             await self.on_child_event(name, event_type, child)
         except ApiException as error:
             log.warning("reconcile of GpuDraConfig %s after a child event failed: %s", name, error_message(error))
-        except (OSError, asyncio.TimeoutError, aiohttp.ClientError) as error:  # the drift check retries
+        except NETWORK_ERRORS as error:  # the drift check retries
             log.warning("reconcile of GpuDraConfig %s after a child event failed: %r", name, error)
 
     async def refresh_driver(self, driver: str) -> None:

@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-import aiohttp
 from aiolimiter import AsyncLimiter
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpudra_driver.kubeapi import Kube, error_message, is_status, resource_type
+from gpudra_driver.kubeapi import API_ERRORS, NETWORK_ERRORS, Kube, error_message, is_status, resource_type, rfc3339
 
 from .events import EventRecorder
 from .render import agent_selector
@@ -73,7 +72,7 @@ class GcResult:
         return len(self.condemned)
 
     def status(self) -> dict[str, Any]:
-        return {"lastRun": self.started.strftime("%Y-%m-%dT%H:%M:%SZ"), "found": self.found,
+        return {"lastRun": rfc3339(self.started), "found": self.found,
                 "deleted": len(self.deleted), "errors": len(self.errors), "pending": len(self.pending),
                 "skipped": len(self.skipped), "dryRun": self.dry_run}
 
@@ -169,7 +168,7 @@ class SliceCollector:
             await self._decide(config, result)
             if not gc.dry_run:
                 await self._delete_all(result)
-        except (ApiException, OSError, asyncio.TimeoutError, aiohttp.ClientError) as error:
+        except API_ERRORS as error:
             # A list failed: decide nothing, report, try again next interval.
             message = error_message(error) if isinstance(error, ApiException) else repr(error)
             result.condemned, result.pending = [], []
@@ -216,7 +215,7 @@ class SliceCollector:
                     else:
                         result.errors.append(f"ResourceSlice {s.name}: {error_message(error)}")
                     return
-                except (OSError, asyncio.TimeoutError, aiohttp.ClientError) as error:
+                except NETWORK_ERRORS as error:
                     result.errors.append(f"ResourceSlice {s.name}: {error!r}")
                     return
                 (result.deleted if gone else result.skipped).append(verdict)

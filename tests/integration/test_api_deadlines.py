@@ -22,12 +22,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiohttp
 import pytest
 import pytest_asyncio
 
 from gpudra_driver.devicemodel import AttrValue, Device
-from gpudra_driver.kubeapi import Deadlines, Kube, Obj, connect, resource_type
+from gpudra_driver.kubeapi import NETWORK_ERRORS, Deadlines, Kube, Obj, connect, resource_type
 from gpudra_driver.publisher import SlicePublisher
 from gpudra_operator.events import EventRecorder
 from gpudra_operator.leaderelection import LEASE, Fence, LeaseElector, Timing
@@ -43,7 +42,6 @@ SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 DEADLINES = Deadlines(connect=1.0, request=2.0, watch=5, watch_silence=1.0)
 MARGIN = 3.0  # seconds for retries' backoff and the work itself, on a busy 2-core machine
-NETWORK_ERRORS = (asyncio.TimeoutError, aiohttp.ClientError, OSError)
 T = TypeVar("T")
 
 

@@ -405,3 +405,42 @@ def test_the_worker_serves_many_renders_whatever_cpu_it_has_used_in_all() -> Non
     WORKER.close()  # a fresh worker, so its CPU so far is this test's
     for _ in range(40):  # seconds of CPU in one worker, well past the 2 s a single render may use
         assert render_device_class("busy.gpudra.io", "gpu.gpudra.io", inline=busy)["metadata"]["name"] == "busy.gpudra.io"
+
+
+GOOD = ("apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nspec:\n  selectors:\n  - cel:\n"
+        "      expression: {{ driver_match | yaml_string }}\n")
+
+
+def test_a_cpu_bound_bomb_fails_by_its_cpu_bound_however_slowly_the_machine_runs_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wall clock is for a render that computes nothing: a child still computing is left to its
+    CPU bound. A wall limit far below the CPU's stands in for a machine so loaded that 2 s of CPU
+    take longer than the wall limit (a flaky "took longer than 5 s" on a busy 2-core CI machine)."""
+    from gpudra_operator.deviceclasses import worker
+
+    monkeypatch.setattr(worker, "WALL_LIMIT", 0.2)
+    with pytest.raises(RenderError) as raised:
+        render_device_class("bomb.gpudra.io", DRIVER, inline="{{ 7 ** 200000000 }}" + GOOD)
+    assert "more than 2 s of CPU" in raised.value.message, raised.value.message
+    assert render_device_class("ok.gpudra.io", DRIVER, inline=GOOD)["metadata"]["name"] == "ok.gpudra.io"
+
+
+def test_a_worker_that_computes_nothing_is_ended_by_the_wall_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blocked render (here: a stopped worker) is what the wall clock is for; the next render gets
+    a fresh worker."""
+    import os
+    import signal
+    import time
+
+    from gpudra_operator.deviceclasses import worker
+
+    render_device_class("ok.gpudra.io", DRIVER, inline=GOOD)  # the worker runs
+    assert worker.WORKER._child is not None
+    os.kill(worker.WORKER._child.pid, signal.SIGSTOP)
+    monkeypatch.setattr(worker, "WALL_LIMIT", 0.3)
+    started = time.monotonic()
+    with pytest.raises(RenderError) as raised:
+        render_device_class("ok.gpudra.io", DRIVER, inline=GOOD)
+    assert 0.3 <= time.monotonic() - started < 3
+    assert "used no CPU and gave no answer for 0.3 s" in raised.value.message, raised.value.message
+    assert render_device_class("ok.gpudra.io", DRIVER, inline=GOOD)["metadata"]["name"] == "ok.gpudra.io"

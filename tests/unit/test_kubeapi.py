@@ -203,6 +203,34 @@ def test_the_deadlines_default_to_what_a_healthy_api_server_needs_and_the_enviro
         Deadlines.from_environment("total=3")
 
 
+@pytest.mark.parametrize("setting, key", [("request=0", "request"), ("request=-1", "request"), ("connect=0", "connect"),
+                                          ("watch=0", "watch"), ("watch_silence=-0.5", "watch_silence"),
+                                          ("request=inf", "request"), ("connect=nan", "connect"),
+                                          ("watch=2.5", "watch"), ("request=soon", "request")])
+def test_a_deadline_that_is_no_deadline_is_refused_naming_the_variable_and_the_key(setting: str, key: str) -> None:
+    """aiohttp reads a total of 0 as no deadline at all: the setting fails at start, saying where."""
+    from gpudra_driver.kubeapi import Deadlines
+
+    with pytest.raises(ValueError) as refused:
+        Deadlines.from_environment(f"connect=1,{setting}")
+    assert str(refused.value).startswith("GPUDRA_API_DEADLINES: ") and key in str(refused.value), str(refused.value)
+    with pytest.raises(ValueError, match=key):
+        Deadlines(**{key: 0})
+
+
+def test_times_are_written_as_the_api_server_writes_them() -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from gpudra_driver.kubeapi import rfc3339
+
+    when = datetime(2026, 12, 6, 1, 2, 3, 456789, timezone(timedelta(hours=2)))
+    assert rfc3339(when) == "2026-12-05T23:02:03Z"  # metav1.Time: UTC, whole seconds, truncated
+    assert rfc3339(when, microseconds=True) == "2026-12-05T23:02:03.456789Z"  # metav1.MicroTime
+    assert rfc3339(when.replace(microsecond=0), microseconds=True) == "2026-12-05T23:02:03.000000Z"
+    assert rfc3339(datetime(2026, 1, 1)) == "2026-01-01T00:00:00Z"  # naive: UTC
+    assert rfc3339(when.timestamp()) == rfc3339(when.timestamp() + 0.5) == "2026-12-05T23:02:03Z"
+
+
 async def test_the_operators_kopf_client_has_the_same_deadlines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """kopf's own requests and watches (GpuDraConfigs, children) are bounded like ours."""
     import kopf

@@ -1,16 +1,20 @@
 """The leader election's own pieces (the Lease protocol against a real API server is in
-tests/integration/test_operator_ha.py): the timing rules that make fencing safe, and the fence
-that ends a holder's term."""
+tests/integration/test_operator_ha.py): the timing rules that make fencing safe, the fence
+that ends a holder's term, and the standby's watch of the Lease."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
+from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 
 import pytest
+import virtualtime
 
-from gpudra_operator.leaderelection import Fence, Observed, Timing, lease_spec, may_take
+from gpudra_operator.leaderelection import Fence, LeaseElector, Observed, Timing, lease_spec, may_take
 
 
 def test_the_defaults_fence_a_holder_before_a_standby_may_take_over() -> None:
@@ -77,3 +81,65 @@ def test_a_takeover_counts_a_transition_and_a_renewal_keeps_the_acquire_time() -
     assert (renewed["acquireTime"], renewed["renewTime"], renewed["leaseTransitions"]) == (
         "2026-12-06T01:02:03.000000Z", "2026-12-06T01:02:05.000000Z", 3)
     assert lease_spec({}, "a", 10, now)["leaseTransitions"] == 0  # created
+
+
+class _ClosingWatches:
+    """A Kube whose Lease watch the server ends at once, every time: without an event, or with
+    an error. Each start is recorded on the loop's (virtual) clock."""
+
+    def __init__(self, failing: bool) -> None:
+        self.failing = failing
+        self.starts: list[float] = []
+
+    async def watch(self, *_: object, **__: object) -> AsyncIterator[tuple[str, dict[str, object]]]:
+        self.starts.append(asyncio.get_running_loop().time())
+        if len(self.starts) > 100:  # a tight loop of starts: hold it here (the test's assertion tells)
+            await asyncio.Event().wait()
+        await asyncio.sleep(0)  # a real watch does I/O: the loop runs between two of them
+        if self.failing:
+            raise OSError("connection reset by peer")
+        return
+        yield  # an async generator that ends without an event
+
+
+@pytest.mark.parametrize("failing", [False, True], ids=["closed", "failed"])
+def test_a_lease_watch_the_server_keeps_ending_is_started_at_most_once_per_retry_period(failing: bool) -> None:
+    kube = _ClosingWatches(failing)
+
+    async def scenario() -> None:
+        timing = Timing()
+        elector = LeaseElector(kube, "ns", "me", timing, clock=asyncio.get_running_loop().time)
+        watching = asyncio.create_task(elector._watch_lease())
+        await asyncio.sleep(10 * timing.retry_period)
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
+
+    virtualtime.run(scenario())
+    assert kube.starts[0] == pytest.approx(0, abs=1e-6)  # the first watch starts at once
+    assert len(kube.starts) <= 11, f"{len(kube.starts)} watches in {10 * Timing().retry_period:g} s"
+    assert min(b - a for a, b in zip(kube.starts, kube.starts[1:])) >= Timing().retry_period - 1e-6
+
+
+def test_a_lease_watch_that_ran_its_course_is_followed_at_once() -> None:
+    """The normal path: the server ends each watch at its timeout (minutes); the next starts then."""
+
+    class Long(_ClosingWatches):
+        async def watch(self, *_: object, **__: object) -> AsyncIterator[tuple[str, dict[str, object]]]:
+            self.starts.append(asyncio.get_running_loop().time())
+            await asyncio.sleep(300)
+            return
+            yield
+
+    kube = Long(failing=False)
+
+    async def scenario() -> None:
+        elector = LeaseElector(kube, "ns", "me", clock=asyncio.get_running_loop().time)
+        watching = asyncio.create_task(elector._watch_lease())
+        await asyncio.sleep(650)
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
+
+    virtualtime.run(scenario())
+    assert kube.starts == pytest.approx([0, 300, 600], abs=1e-3)

@@ -325,3 +325,13 @@ def test_json_size_is_a_lower_bound_of_what_the_api_server_measured() -> None:
         raw = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
         assert json_size_at_least(value, 10**9) <= len(raw)
     assert 100 < json_size_at_least(nested(10**6), 100) <= 102  # stops at the limit, whatever the depth
+
+
+@pytest.mark.parametrize("wide", [dict.fromkeys(map(str, range(10**6)), 0), [0] * 10**6, ["x"] * 10**6 + [{"k": 1}]],
+                         ids=["object", "array", "mixed"])
+def test_json_size_stops_at_the_limit_whatever_the_width(wide: object) -> None:
+    """A million members are not read to learn that their count alone passes the limit."""
+    assert json_size_at_least(wide, 10 * 1024) > 10 * 1024
+    # the best of a few rounds: what the walk costs, not what the machine's other load does
+    seconds = min(timeit.repeat(lambda: json_size_at_least(wide, 10 * 1024), number=1, repeat=5))
+    assert seconds < 0.01, f"{seconds * 1e3:.1f} ms"

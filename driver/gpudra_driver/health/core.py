@@ -37,11 +37,11 @@ import dataclasses
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Literal, TypeAlias
 
 from gpudra_driver.devicemodel import Device, DeviceTaint, TaintEffect
 from gpudra_driver.health import xids as xid_catalogue
+from gpudra_driver.kubeapi import rfc3339  # whole seconds: a republished taint compares equal
 
 NO_INSTANCE = 0xFFFFFFFF  # NVML's GPU/compute instance ID of an event not tied to a MIG device
 MAX_FAULTS_PER_GPU = 32
@@ -205,11 +205,6 @@ def next_expiry(state: State, policy: Policy) -> float | None:
 
 
 # -- taints ---------------------------------------------------------------------------------------
-
-def rfc3339(when: float) -> str:
-    """Whole seconds, UTC: what the API server stores, so a republished taint compares equal."""
-    return datetime.fromtimestamp(int(when), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
 
 def gpu_uuid(device: Device) -> str | None:
     """The physical GPU a device lives on: itself, or a MIG device's parent."""

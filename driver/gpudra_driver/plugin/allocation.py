@@ -225,7 +225,10 @@ def _node_names(ref: ClaimRef, raw: Any) -> tuple[frozenset[str], ...]:
 def json_size_at_least(value: object, limit: int) -> int:
     """A lower bound of the bytes ``value`` takes as JSON (the API server measures the raw JSON it
     was sent, escapes and spaces included, which is never less), counted only until it passes
-    ``limit``: the walk costs at most ``limit`` steps, whatever the value's size or depth."""
+    ``limit``: the walk costs O(``limit``) steps, whatever the value's size or depth. Each value
+    taken from the stack adds at least one byte, and an object's or array's members are read only
+    while its own punctuation (a byte or two per member) has not passed the limit, so all members
+    read add up to at most ``limit``."""
     total, stack = 0, [value]
     while stack and total <= limit:
         item: Any = stack.pop()
@@ -234,11 +237,15 @@ def json_size_at_least(value: object, limit: int) -> int:
             total += len(item) + 2  # a code point is at least one byte; the quotes
         elif type(item) is dict or isinstance(item, Mapping):
             total += 1 + 2 * len(item)  # braces, commas, colons (at least as many as entries)
+            if total > limit:  # a million keys are not read to learn what their count says
+                break
             for key, member in item.items():
                 total += len(key) + 2 if isinstance(key, str) else 1
                 stack.append(member)
         elif isinstance(item, (list, tuple)):
             total += 1 + len(item)  # brackets and commas
+            if total > limit:
+                break
             stack.extend(item)
         elif isinstance(item, bool) or item is None:
             total += 4

@@ -25,7 +25,9 @@ from gpudra_operator.deviceclasses.errors import TemplateValueError
 from gpudra_operator.deviceclasses.escape import cel_string, yaml_string
 
 MAX_RENDERED_CHARS = 64 * 1024
-MAX_RENDER_SECONDS = 2.0  # CPU a template may take (a loop that prints nothing is not size-capped)
+MAX_RENDER_SECONDS = 2.0  # wall time a render may take (a loop that prints nothing is not size-capped);
+# in the worker it fires before the 2 to 3 s of CPU the kernel allows there (worker.CPU_LIMIT), and stops
+# what runs bytecode; a computation in C, which no signal interrupts, meets that CPU limit instead
 _TEMPLATE_NAME = "<template>"
 
 
