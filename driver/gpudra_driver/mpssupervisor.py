@@ -10,19 +10,28 @@ of the plugin directory only ``mps/``.
 The desired state is files: the agent writes ``<plugin-dir>/mps/<claimUID>/daemon.json``
 (:class:`gpudra_driver.plugin.mps.DaemonSpec`) and removes it; this process converges on them:
 
-* a spec without a running daemon: the claim's ``shm`` directory becomes a tmpfs of the spec's
-  size (the claim's ``/dev/shm``: bounded, and charged to the memory of whoever writes it, not to
-  the kubelet's disk), then ``nvidia-cuda-mps-control -f`` from the driver root, with
+* a spec without a running daemon: the claim's ``pipe`` directory becomes a small tmpfs
+  (``nosymfollow``; emptied when it already is one) and its ``shm`` directory a tmpfs of the spec's
+  size (the claim's ``/dev/shm``), both bounded in bytes and inodes and charged to the memory of
+  whoever writes them, not to the kubelet's disk (:mod:`gpudra_driver.mpsmounts`); then
+  ``nvidia-cuda-mps-control -f`` from the driver root, with
   ``CUDA_VISIBLE_DEVICES`` the claim's GPUs and the claim's pipe and log directories; ready once
   its control socket answers; then the limits, through the control socket;
-* a running daemon without a spec (the claim was unprepared, or rolled back): ``quit``, killed if
-  it does not go, its tmpfs unmounted and its directory removed;
+* a running daemon without a spec (the claim was unprepared, or rolled back): ``quit``, killed
+  (with its process group: the MPS servers it started) if it does not go, its tmpfs mounts
+  unmounted and its directory removed;
+* a spec that changed: the daemon stops and starts again with the new spec, in the same
+  directories (the claim's containers hold its mounts);
 * a daemon that died while its claim is prepared: started again with its limits (counted in
-  ``restarts``, which the agent turns into an Event on the claim), at most once per
-  :data:`RESTART_BACKOFF` seconds.
+  ``restarts``, which the agent turns into an Event on the claim), after a backoff that doubles
+  from :data:`RESTART_BACKOFF` to :data:`MAX_RESTART_BACKOFF` seconds while it keeps dying young.
 
-It converges every :data:`TICK` seconds and whenever the agent asks (``supervisor.sock``, one JSON
-line each way: ``{"sync": true}`` -> ``{"daemons": {uid: status}}``).
+Each claim converges on its own (a task per pass, one pass of a claim at a time), so a claim whose
+daemon is slow to start or stop, or whose tenant answers on its control socket and never says
+more, delays no other claim; a failure in one claim's pass fails that claim only. It converges
+every :data:`TICK` seconds and whenever the agent asks (``supervisor.sock``, one JSON line each way:
+``{"sync": true, "claims": [uid, ...]}`` -> ``{"daemons": {uid: status}}``, once the named claims'
+passes are done, at most :data:`SYNC_WAIT` seconds).
 
 **The pipe and shm directories belong to the tenant.** They are mounted read-write into the
 claim's containers, whose processes may run as root: anything in them (the daemon's PID file, its
@@ -30,15 +39,17 @@ control socket, a symlink) may be forged. So the supervisor takes no decision fr
 
 * it keeps its own record of each daemon it starts, in :data:`STATE_DIR` (``mps/supervisor/``,
   mode 0700, never mounted into a container): PID, start time (``/proc/<pid>/stat`` field 22) and
-  executable (``/proc/<pid>/exe``). A supervisor started again in place (possible where it is not
-  a container of its own, e.g. in the local cluster) adopts a running daemon only if the record
-  matches the process now behind that PID, and signals a process only through a pidfd opened on
-  it and checked against the record: a reused PID, or a PID a tenant wrote down, is never hit;
-* the daemon's and the control client's view of the pipe directory (and the daemon's of
-  ``/dev/shm``) is a ``nosymfollow`` bind mount in a mount namespace of their own, so a symlink a
-  tenant plants (``control`` pointing at another claim's socket, the PID file at a file of the
-  supervisor's) is not followed;
-* a (re)started daemon gets an emptied pipe directory: what a tenant left there goes.
+  executable (:mod:`gpudra_driver.processrecords`), written before the daemon's program runs (the
+  helper that execs it waits for the record), so no daemon runs unrecorded. A supervisor started
+  again in place (possible where it is not a container of its own, e.g. in the local cluster)
+  adopts a running daemon only if the record matches the process now behind that PID and names
+  the control daemon's executable, and signals a process only through a pidfd opened on it and
+  checked against the record: a reused PID, or a PID a tenant wrote down, is never hit;
+* the pipe directory is mounted ``nosymfollow`` (and the daemon's ``/dev/shm`` bound so in a mount
+  namespace of its own), so a symlink a tenant plants (``control`` pointing at another claim's
+  socket, the PID file at a file of the supervisor's) is not followed;
+* a (re)started daemon gets an emptied pipe directory: what a tenant left there goes, removed
+  without recursion (a bounded tmpfs holds at most :data:`~gpudra_driver.mpsmounts.PIPE_INODES`).
 
 What a tenant can still do is its own claim's business: quit its daemon (the supervisor starts it
 again, and the agent reports it), or answer the supervisor's limit commands with a daemon of its
@@ -54,99 +65,43 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import json
 import logging
 import os
-import select
-import shutil
 import signal
-import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpudra_driver.mpsmounts import (PIPE_INODES, PIPE_SIZE, VIEW_FAILED, empty_directory, helper_command,
+                                     mount_tmpfs, remove_tree, shm_inodes, unmount)
 from gpudra_driver.plugin.fsutil import remove, write_atomic
 from gpudra_driver.plugin.model import is_uid
-from gpudra_driver.plugin.mps import DEFAULT_MAX_SHM_SIZE, DEFAULT_SHM_SIZE, SPEC_FILE, DaemonSpec
+from gpudra_driver.plugin.mps import (DEFAULT_MAX_SHM_SIZE, DEFAULT_SHM_SIZE, SPEC_FILE, STATUS_FILE,
+                                      SUPERVISOR_SOCKET, DaemonSpec)
 from gpudra_driver.plugin.sockets import SocketAddress
+from gpudra_driver.processrecords import ProcessRecord, exited, kill_group, observe, open_recorded, wait_exited
 from gpudra_driver.quantity import format_quantity, parse_quantity
 
 log = logging.getLogger(__name__)
 
-SOCKET = "supervisor.sock"
-STATUS_FILE = "status.json"
 STATE_DIR = "supervisor"  # under the MPS root: this process's own records, one <claimUID>.json per daemon
 TICK = 1.0  # seconds between liveness checks
 READY_TIMEOUT = 20.0  # seconds for a started daemon to answer on its control socket
 CLIENT_TIMEOUT = 10.0  # seconds for one nvidia-cuda-mps-control client call
+QUIT_CLIENT_TIMEOUT = 3.0  # seconds for the answer to quit: a daemon that is there answers at once, a
+# tenant's socket may never answer, and an unprepare waits for the stop under the agent's node lock
 QUIT_TIMEOUT = 10.0  # seconds for a daemon to go after quit, before it is killed
-RESTART_BACKOFF = 5.0  # seconds between two starts of one claim's daemon
+KILL_TIMEOUT = 5.0  # seconds for a killed daemon to go (one stuck in the driver may never)
+SYNC_WAIT = 25.0  # seconds a sync waits for the claims it names: inside the agent's 30 s
+RESTART_BACKOFF = 5.0  # seconds from a daemon's start to its restart, doubled per death before ...
+STABLE_AFTER = 60.0  # ... it ran this long
+MAX_RESTART_BACKOFF = 300.0
 LEFTOVER_AGE = 60.0  # seconds a directory without a spec or a daemon is left to the agent writing it
+MAX_SYNC_CLAIMS = 4096  # claim UIDs in one sync request
 READY, STARTING, FAILED = "Ready", "Starting", "Failed"
-
-
-# -- which process is which (pure) ----------------------------------------------------------------
-@dataclass(frozen=True)
-class ProcessRecord:
-    """A process as the supervisor saw it when it started it: what makes it that process and no
-    other. A PID is reused; a PID with the same start time (clock ticks since boot) is not."""
-
-    pid: int
-    start_time: int
-    exe: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "startTime": self.start_time, "exe": self.exe}
-
-    @classmethod
-    def from_json(cls, data: Any) -> ProcessRecord:
-        if not isinstance(data, dict) or type(data.get("pid")) is not int or data["pid"] <= 0 \
-                or type(data.get("startTime")) is not int or not isinstance(data.get("exe"), str):
-            raise ValueError(f"{data!r} is not a process record")
-        return cls(data["pid"], data["startTime"], data["exe"])
-
-
-def start_time_of(stat: bytes) -> int:
-    """Field 22 (starttime) of a ``/proc/<pid>/stat`` line. The command name (field 2) may hold
-    spaces and parentheses, so fields are counted after its last ')'."""
-    return int(stat.rsplit(b")", 1)[1].split()[19])  # fields 3.. follow: 22 is the 20th of them
-
-
-def same_process(record: ProcessRecord, observed: ProcessRecord | None) -> bool:
-    """Whether ``observed`` (the process now behind ``record.pid``) is the one recorded. An
-    executable replaced on disk since (a driver upgrade) still names the same process."""
-    return observed is not None and observed.pid == record.pid and observed.start_time == record.start_time \
-        and observed.exe.removesuffix(" (deleted)") == record.exe.removesuffix(" (deleted)")
-
-
-def observe(pid: int) -> ProcessRecord | None:
-    """The process now behind ``pid``; None when there is none (or a zombie, which has exited)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            line = stat.read()
-        exe = os.readlink(f"/proc/{pid}/exe")
-        if line.rsplit(b")", 1)[1].split()[0] == b"Z":
-            return None
-        return ProcessRecord(pid, start_time_of(line), exe)
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def open_recorded(record: ProcessRecord) -> int | None:
-    """A pidfd on the recorded process, or None if it is gone (or the PID is another process's
-    now). Checked after the pidfd is open: the pidfd pins the process it was opened on, so a
-    match then means every signal sent through it reaches the recorded process."""
-    try:
-        fd = os.pidfd_open(record.pid)
-    except OSError:  # ProcessLookupError: gone
-        return None
-    if same_process(record, observe(record.pid)):
-        return fd
-    os.close(fd)
-    return None
 
 
 def shm_size_of(spec: DaemonSpec, default: int, bound: int) -> int:
@@ -162,25 +117,30 @@ def shm_size_of(spec: DaemonSpec, default: int, bound: int) -> int:
     return spec.shm_size
 
 
-def _exited(pidfd: int) -> bool:
-    return bool(select.select([pidfd], [], [], 0)[0])  # a pidfd is readable once its process exited
+def restart_at(started_at: float, noticed_at: float, failures: int) -> tuple[float, int]:
+    """(when to start a dead daemon again, its count of deaths in a row): at once after one that
+    ran :data:`STABLE_AFTER` seconds; else :data:`RESTART_BACKOFF` after its start, doubled per
+    earlier death in a row, at most :data:`MAX_RESTART_BACKOFF`."""
+    if noticed_at - started_at >= STABLE_AFTER:
+        return noticed_at, 0
+    return started_at + min(MAX_RESTART_BACKOFF, RESTART_BACKOFF * 2.0 ** min(failures, 16)), failures + 1
 
 
 @dataclass
 class Daemon:
     spec: DaemonSpec
     pid: int | None = None
-    process: asyncio.subprocess.Process | None = None  # ours, started by this process
-    pidfd: int | None = None  # an earlier supervisor's, adopted: a pidfd checked against its record
+    pidfd: int | None = None  # on the daemon, ours or adopted: every signal goes through it
+    process: asyncio.subprocess.Process | None = None  # ours, started by this process: reaped by asyncio
     state: str = STARTING
     message: str = ""
     restarts: int = 0
     started_at: float = 0.0
+    failures: int = 0  # deaths in a row, each soon after its start
+    retry_at: float | None = None  # when a dead daemon is started again
 
     def alive(self) -> bool:
-        if self.process is not None:
-            return self.process.returncode is None
-        return self.pidfd is not None and not _exited(self.pidfd)
+        return self.pidfd is not None and not exited(self.pidfd)
 
     def forget(self) -> None:
         """Drop the handle on the process (gone, or to be started again)."""
@@ -188,23 +148,20 @@ class Daemon:
             os.close(self.pidfd)
         self.process, self.pidfd, self.pid = None, None, None
 
-    async def killed(self) -> None:
-        """SIGKILL, to the process itself and never to a PID's later owner: our child cannot have
-        been reaped yet (its group with it: the MPS servers it started), an adopted one is reached
-        through its pidfd; then wait until it has gone."""
-        if self.process is not None:
-            if self.process.returncode is None:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            await self.process.wait()
-        elif self.pidfd is not None:
-            try:
-                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                return
-            await asyncio.to_thread(select.select, [self.pidfd], [], [], QUIT_TIMEOUT)
+    async def killed(self) -> bool:
+        """SIGKILL, through the pidfd (never to a PID's later owner), with its process group: the
+        MPS servers it started. Whether it has gone within :data:`KILL_TIMEOUT`."""
+        if self.pidfd is None or self.pid is None:
+            return True
+        kill_group(self.pidfd, self.pid)
+        return await wait_exited(self.pidfd, KILL_TIMEOUT)
 
     def status(self) -> dict[str, Any]:
         return {"state": self.state, "pid": self.pid, "restarts": self.restarts, "message": self.message}
+
+
+def _failed(message: str) -> dict[str, Any]:
+    return {"state": FAILED, "pid": None, "restarts": 0, "message": message}
 
 
 @dataclass
@@ -218,7 +175,11 @@ class Supervisor:
     daemons: dict[str, Daemon] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._lock = asyncio.Lock()
+        self._locks: dict[str, asyncio.Lock] = {}  # claim UID -> held by its pass
+        self._queued: dict[str, asyncio.Task[None]] = {}  # claim UID -> its next pass, not begun
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._statuses: dict[str, dict[str, Any]] = {}
+        self._first_seen: dict[str, float] = {}  # directory without a spec -> when first seen (monotonic)
 
     @property
     def state_dir(self) -> Path:
@@ -229,14 +190,17 @@ class Supervisor:
         self.root.mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(mode=0o700, exist_ok=True)
         os.chmod(self.state_dir, 0o700)
-        path = self.root / SOCKET
+        path = self.root / SUPERVISOR_SOCKET
         path.unlink(missing_ok=True)
         with SocketAddress(path) as address:  # a deep plugin directory: bound through /proc/self/fd
             server = await asyncio.start_unix_server(self._answer, path=address.address)
         log.info("MPS supervisor on %s (control daemon %s)", path, self.control)
         try:
             while not stop.is_set():
-                await self.converge()
+                try:
+                    await self.converge()
+                except Exception:  # noqa: BLE001 (listing the root failed: the next tick tries again)
+                    log.exception("MPS supervisor pass failed")
                 try:
                     await asyncio.wait_for(stop.wait(), TICK)
                 except TimeoutError:
@@ -244,14 +208,18 @@ class Supervisor:
         finally:
             server.close()
             path.unlink(missing_ok=True)
+            for task in list(self._tasks):
+                task.cancel()
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request = json.loads(await asyncio.wait_for(reader.readline(), CLIENT_TIMEOUT) or b"{}")
-            if not isinstance(request, dict) or request.get("sync") is not True:
-                reply: dict[str, Any] = {"error": "expected {\"sync\": true}"}
-            else:
-                reply = {"daemons": await self.converge()}
+            claims = request.get("claims", []) if isinstance(request, dict) else None
+            if not isinstance(request, dict) or request.get("sync") is not True or not isinstance(claims, list) \
+                    or len(claims) > MAX_SYNC_CLAIMS or not all(isinstance(u, str) and is_uid(u) for u in claims):
+                reply: dict[str, Any] = {"error": "expected {\"sync\": true, \"claims\": [claim UID, ...]}"}
+            else:  # an agent that names no claims (an older one) waits for all, as it did
+                reply = {"daemons": await self.converge(claims if "claims" in request else None)}
         except (ValueError, TimeoutError) as error:
             reply = {"error": f"bad request: {error}"}
         writer.write(json.dumps(reply).encode() + b"\n")
@@ -260,70 +228,129 @@ class Supervisor:
         finally:
             writer.close()
 
-    async def converge(self) -> dict[str, dict[str, Any]]:
-        """One pass over the specs on disk; every spec's status (also written to its directory)."""
-        async with self._lock:
-            wanted, invalid = self._specs()
-            for uid in [u for u in self.daemons if u not in wanted or self.daemons[u].spec != wanted[u]]:
-                await self._stop(uid, self.daemons.pop(uid))
-            for uid in self._leftovers(wanted, invalid):
-                await self._stop_leftover(uid)
-            statuses = {uid: {"state": FAILED, "pid": None, "restarts": 0, "message": problem}
-                        for uid, problem in invalid.items()}
-            for uid, spec in wanted.items():
-                daemon = self.daemons.get(uid)
-                if daemon is None:
-                    daemon = self.daemons[uid] = Daemon(spec)
-                    await self._start(uid, daemon)
-                elif not daemon.alive() and time.monotonic() - daemon.started_at >= RESTART_BACKOFF:
-                    daemon.restarts += 1
-                    log.warning("MPS control daemon of claim %s (PID %s) is gone; starting it again (restart %d)",
-                                uid, daemon.pid, daemon.restarts)
-                    await self._start(uid, daemon)
-                elif not daemon.alive():
-                    daemon.state, daemon.message = STARTING, f"the daemon (PID {daemon.pid}) exited; restarting"
-                statuses[uid] = daemon.status()
-            for uid, status in statuses.items():
+    async def converge(self, wait_for: Iterable[str] | None = ()) -> dict[str, dict[str, Any]]:
+        """A pass over every claim (each its own task); once those of ``wait_for`` (None: all)
+        are done, at most :data:`SYNC_WAIT` seconds, every claim's status. A claim still
+        converging then is Starting, whatever it was before."""
+        claims = self._claims()
+        waited = claims if wait_for is None else set(wait_for)
+        passes = {uid: self._schedule(uid) for uid in sorted(claims | waited)}
+        pending: set[asyncio.Task[None]] = set()
+        if waited:
+            _, pending = await asyncio.wait([passes[uid] for uid in waited], timeout=SYNC_WAIT)
+        statuses = dict(self._statuses)
+        for uid in waited:
+            if passes[uid] in pending:
+                statuses[uid] = {**statuses.get(uid, _failed("")), "state": STARTING,
+                                 "message": f"its daemon is still converging after {SYNC_WAIT:g}s"}
+        return statuses
+
+    def _claims(self) -> set[str]:
+        """Every claim with something to converge: a directory, a record, a daemon."""
+        try:
+            dirs = {n for n in os.listdir(self.root) if is_uid(n)}
+        except FileNotFoundError:
+            dirs = set()
+        return dirs | set(self._recorded()) | set(self.daemons)
+
+    def _schedule(self, uid: str) -> asyncio.Task[None]:
+        """The claim's next pass: one not yet begun (it reads the spec when it begins), or a new one."""
+        task = self._queued.get(uid)
+        if task is None:
+            task = self._queued[uid] = asyncio.create_task(self._pass(uid), name=f"mps-claim-{uid}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _pass(self, uid: str) -> None:
+        lock = self._locks.setdefault(uid, asyncio.Lock())
+        async with lock:
+            del self._queued[uid]  # begun: a request from now on may have changed the spec, and gets a pass of its own
+            try:
+                status = await self._converge_claim(uid)
+            except Exception as error:  # noqa: BLE001 (one claim's failure is that claim's: never the supervisor's)
+                log.exception("MPS claim %s: its pass failed", uid)
+                status = _failed(f"the MPS supervisor failed on this claim: {error!r}")
+            if status is None:
+                self._statuses.pop(uid, None)
+            else:
+                self._statuses[uid] = status
                 self._write_status(uid, status)
-            return statuses
+        if uid not in self._queued and uid not in self.daemons and not lock.locked():
+            self._locks.pop(uid, None)
+
+    async def _converge_claim(self, uid: str) -> dict[str, Any] | None:
+        """One claim: its daemon as its spec says (None: it has none, nothing to report)."""
+        spec, problem = self._spec(uid)
+        daemon = self.daemons.get(uid)
+        if problem is not None:
+            if daemon is not None:
+                await self._stop(uid, self.daemons.pop(uid), remove=False)
+            return _failed(problem)
+        if spec is None:
+            if daemon is not None:
+                await self._stop(uid, self.daemons.pop(uid))
+            elif self._leftover(uid):
+                await self._stop_leftover(uid)
+            else:
+                return None
+            self._first_seen.pop(uid, None)
+            return None
+        self._first_seen.pop(uid, None)
+        if daemon is not None and daemon.spec != spec:
+            log.info("MPS claim %s: its daemon spec changed; starting its daemon again with it", uid)
+            await self._stop(uid, daemon, remove=False)  # the directories stay: the claim's containers hold them
+            daemon = self.daemons[uid] = Daemon(spec, restarts=daemon.restarts)
+            await self._start(uid, daemon)
+        elif daemon is None:
+            daemon = self.daemons[uid] = Daemon(spec)
+            await self._start(uid, daemon)
+        elif not daemon.alive():
+            now = time.monotonic()
+            if daemon.retry_at is None:
+                daemon.retry_at, daemon.failures = restart_at(daemon.started_at, now, daemon.failures)
+            if now >= daemon.retry_at:
+                daemon.restarts += 1
+                log.warning("MPS control daemon of claim %s (PID %s) is gone; starting it again (restart %d)",
+                            uid, daemon.pid, daemon.restarts)
+                await self._start(uid, daemon)
+            elif daemon.state != FAILED:
+                daemon.state, daemon.message = STARTING, f"the daemon (PID {daemon.pid}) exited; restarting " \
+                                                         f"in {daemon.retry_at - now:.0f}s"
+        return daemon.status()
 
     # -- specs ----------------------------------------------------------------------------------
-    def _specs(self) -> tuple[dict[str, DaemonSpec], dict[str, str]]:
-        wanted: dict[str, DaemonSpec] = {}
-        invalid: dict[str, str] = {}
-        for uid in self._claim_dirs():
-            try:
-                data = (self.root / uid / SPEC_FILE).read_bytes()
-            except FileNotFoundError:
-                continue
-            try:
-                spec = DaemonSpec.from_json(json.loads(data))
-                if spec.claim_uid != uid:
-                    raise ValueError(f"claimUID {spec.claim_uid} is not its directory's")
-                wanted[uid] = spec
-            except ValueError as error:
-                invalid[uid] = f"{self.root / uid / SPEC_FILE}: {error}"
-        return wanted, invalid
-
-    def _claim_dirs(self) -> list[str]:
+    def _spec(self, uid: str) -> tuple[DaemonSpec | None, str | None]:
+        """The claim's spec (None: none on disk), or why it is not one."""
+        path = self.root / uid / SPEC_FILE
         try:
-            return sorted(n for n in os.listdir(self.root) if is_uid(n) and (self.root / n).is_dir())
-        except FileNotFoundError:
-            return []
+            data = path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None, None
+        try:
+            spec = DaemonSpec.from_json(json.loads(data))
+            if spec.claim_uid != uid:
+                raise ValueError(f"claimUID {spec.claim_uid} is not its directory's")
+            return spec, None
+        except ValueError as error:
+            return None, f"{path}: {error}"
 
-    def _leftovers(self, wanted: Mapping[str, DaemonSpec], invalid: Mapping[str, str]) -> list[str]:
-        """Claims without a spec whose daemon (an earlier supervisor's) is recorded or whose
-        directory a daemon ran in, or whose directory was left without a spec for a while; not one
+    def _leftover(self, uid: str) -> bool:
+        """A claim without a spec whose daemon (an earlier supervisor's) is recorded or whose
+        directory a daemon ran in, or whose directory has been without a spec for a while; not one
         the agent has just made and is writing the spec into."""
-        now = time.time()
-        dirs = [uid for uid in self._claim_dirs() if uid not in wanted and uid not in invalid
-                and ((self.root / uid / "pipe").exists() or now - _mtime(self.root / uid) > LEFTOVER_AGE)]
-        return sorted({*dirs, *(uid for uid in self._recorded() if uid not in wanted and uid not in self.daemons)})
+        base = self.root / uid
+        if (self.state_dir / f"{uid}.json").exists() or (base / "pipe").exists():
+            return True
+        if not base.is_dir():
+            return False
+        now = time.monotonic()
+        return now - self._first_seen.setdefault(uid, now) > LEFTOVER_AGE
 
     def _write_status(self, uid: str, status: Mapping[str, Any]) -> None:
         try:
             write_atomic(self.root / uid / STATUS_FILE, (json.dumps(status, sort_keys=True) + "\n").encode())
-        except OSError as error:  # the directory went meanwhile (unprepared): nothing to report
+        except OSError as error:  # the directory went meanwhile (unprepared), or no room: nothing to report
             log.debug("status of %s not written: %s", uid, error)
 
     # -- records: which daemons this supervisor (or an earlier one) started ----------------------
@@ -352,9 +379,9 @@ class Supervisor:
         remove(self.state_dir / f"{uid}.json")
 
     def _adopt(self, uid: str, daemon: Daemon) -> bool:
-        """Take over the recorded daemon of ``uid`` if that very process still runs."""
+        """Take over the recorded daemon of ``uid`` if that very process, a control daemon, still runs."""
         record = self._record(uid)
-        pidfd = open_recorded(record) if record is not None else None
+        pidfd = open_recorded(record, str(self.control)) if record is not None else None
         if record is None or pidfd is None:
             return False
         daemon.pidfd, daemon.pid = pidfd, record.pid
@@ -373,43 +400,35 @@ class Supervisor:
         return env
 
     def _prepare_dirs(self, uid: str, spec: DaemonSpec) -> None:
-        """The claim's directories for a fresh daemon: an empty pipe directory (nothing a tenant
-        left there survives), the log directory, and the shm tmpfs (kept if already mounted: the
-        claim's containers may be using it)."""
+        """The claim's directories for a fresh daemon (in a thread: a plain pipe directory an older
+        version left may hold anything): an empty pipe tmpfs (nothing a tenant left there
+        survives; kept mounted if it is, the claim's containers hold it), the log directory, and
+        the shm tmpfs (kept if already mounted: the claim's containers may be using it)."""
         base = self.root / uid
+        size = shm_size_of(spec, self.shm_size, self.max_shm_size)
         for name, mode in (("pipe", 0o755), ("log", 0o755), ("shm", 0o1777)):
             (base / name).mkdir(mode=mode, exist_ok=True)
-            os.chmod(base / name, mode)  # mkdir's mode is masked by the umask
-        _empty(base / "pipe")
+        empty_directory(base / "pipe")
+        if not os.path.ismount(base / "pipe"):
+            mount_tmpfs(base / "pipe", PIPE_SIZE, PIPE_INODES, 0o755, nosymfollow=True)
+        os.chmod(base / "log", 0o755)  # mkdir's mode is masked by the umask
         if not os.path.ismount(base / "shm"):
-            mount_shm(base / "shm", shm_size_of(spec, self.shm_size, self.max_shm_size))
+            mount_tmpfs(base / "shm", size, shm_inodes(size), 0o1777)
 
     async def _start(self, uid: str, daemon: Daemon) -> None:
-        base = self.root / uid
-        daemon.started_at = time.monotonic()
+        daemon.started_at, daemon.retry_at = time.monotonic(), None
         daemon.forget()
         if not self._adopt(uid, daemon):
             self._forget(uid)
             try:
-                self._prepare_dirs(uid, daemon.spec)
+                await asyncio.to_thread(self._prepare_dirs, uid, daemon.spec)
             except (ValueError, OSError) as error:  # more than the platform allows; a mount refused
                 daemon.state, daemon.message = FAILED, str(error)
                 log.error("claim %s: %s", uid, daemon.message)
                 return
-            try:
-                daemon.process = await asyncio.create_subprocess_exec(
-                    str(self.control), "-f", env=self._env(uid, daemon.spec), stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
-                    preexec_fn=_private_view(base / "pipe", base / "shm" if self.isolate_shm else None))
-            except (OSError, subprocess.SubprocessError) as error:  # a preexec failure is the latter
-                daemon.state, daemon.message = FAILED, f"starting {self.control} failed: {error}"
-                log.error("claim %s: %s", uid, daemon.message)
-                return
-            daemon.pid = daemon.process.pid
-            record = observe(daemon.pid)  # our unreaped child: the PID cannot be another's yet
-            if record is not None:
-                self._remember(uid, record)
-            problem = await self._wait_ready(uid, daemon)
+            problem = await self._spawn(uid, daemon)
+            if problem is None:
+                problem = await self._wait_ready(uid, daemon)
             if problem is not None:
                 daemon.state, daemon.message = FAILED, problem
                 log.error("claim %s: %s", uid, problem)
@@ -424,34 +443,77 @@ class Supervisor:
         daemon.state, daemon.message = READY, ""
         log.info("MPS control daemon of claim %s ready (PID %s, GPUs %s)", uid, daemon.pid, ",".join(daemon.spec.gpus))
 
+    async def _spawn(self, uid: str, daemon: Daemon) -> str | None:
+        """Start the daemon through the helper (:mod:`gpudra_driver.mpsmounts`), in a session of its
+        own; it runs the control daemon only once this process has recorded it. None, or why not."""
+        base = self.root / uid
+        command = helper_command(str(self.control), ["-f"], base / "shm" if self.isolate_shm else None)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *command, env=self._env(uid, daemon.spec), stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+        except OSError as error:
+            return f"starting {self.control} failed: {error}"
+        daemon.process, daemon.pid = process, process.pid
+        try:
+            daemon.pidfd = os.pidfd_open(process.pid)  # our unreaped child: the PID is still its own
+            seen = observe(process.pid)
+            if seen is None:
+                raise OSError(f"the helper (PID {process.pid}) exited at once")
+            # what the helper becomes: the same PID and start time, the control daemon's executable
+            self._remember(uid, ProcessRecord(seen.pid, seen.start_time, os.path.realpath(self.control)))
+            assert process.stdin is not None
+            process.stdin.write(b"go\n")
+            await process.stdin.drain()
+            process.stdin.close()
+        except (OSError, ConnectionError) as error:  # ENOSPC on the record included: this claim fails, alone
+            if daemon.pidfd is not None:
+                kill_group(daemon.pidfd, process.pid)
+            return f"starting {self.control} failed: {error}"
+        return None
+
     async def _wait_ready(self, uid: str, daemon: Daemon) -> str | None:
         deadline = time.monotonic() + READY_TIMEOUT
         while time.monotonic() < deadline:
             if not daemon.alive():
-                return f"{self.control} -f exited with {daemon.process.returncode if daemon.process else '?'}" \
-                       f" before it answered; see {self.root / uid / 'log' / 'control.log'}"
+                code = await self._exit_status(daemon)
+                if code == VIEW_FAILED:
+                    return f"the daemon's mount namespace could not be set up (--isolate-shm, {self.root / uid / 'shm'})"
+                return f"{self.control} -f exited with {code} before it answered; " \
+                       f"see {self.root / uid / 'log' / 'control.log'}"
             if await self._client(uid, ["get_default_active_thread_percentage"]) is None:
                 return None
             await asyncio.sleep(0.05)  # polling the control socket: the daemon gives no other signal
         return f"the daemon did not answer on its control socket within {READY_TIMEOUT:g}s"
 
-    async def _client(self, uid: str, commands: list[str]) -> str | None:
-        """Run control commands; None when every one succeeded, else what failed. The client sees
-        the pipe directory without symlinks: a planted ``control`` link reaches no other daemon."""
+    @staticmethod
+    async def _exit_status(daemon: Daemon) -> int | str:
+        if daemon.process is None:
+            return "?"
+        try:
+            return await asyncio.wait_for(daemon.process.wait(), 1.0)
+        except TimeoutError:
+            return "?"
+
+    async def _client(self, uid: str, commands: list[str], timeout: float = CLIENT_TIMEOUT) -> str | None:
+        """Run control commands; None when every one succeeded, else what failed. The pipe
+        directory follows no symlink: a planted ``control`` link reaches no other daemon."""
         try:
             process = await asyncio.create_subprocess_exec(
                 str(self.control), env=self._env(uid), stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                preexec_fn=_private_view(self.root / uid / "pipe", None))
-        except (OSError, subprocess.SubprocessError) as error:
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        except OSError as error:
             return f"{self.control}: {error}"
         try:
             out, _ = await asyncio.wait_for(process.communicate("".join(f"{c}\n" for c in commands).encode()),
-                                            CLIENT_TIMEOUT)
+                                            timeout)
         except TimeoutError:
             process.kill()
-            await process.wait()
-            return f"{self.control} did not answer within {CLIENT_TIMEOUT:g}s"
+            try:
+                await asyncio.wait_for(process.wait(), KILL_TIMEOUT)
+            except TimeoutError:
+                pass
+            return f"{self.control} did not answer within {timeout:g}s"
         if process.returncode != 0:
             lines = out.decode(errors="replace").strip().splitlines()
             return f"exit {process.returncode}" + (f": {lines[-1]}" if lines else "")
@@ -459,30 +521,26 @@ class Supervisor:
 
     async def _stop(self, uid: str, daemon: Daemon, *, remove: bool = True) -> None:
         if daemon.alive():
-            # The socket may be a tenant's (its own daemon, a planted link the view does not follow):
-            # a quit that reached nobody, or not ours, ends in the kill below.
-            if await self._client(uid, ["quit"]) is None:
-                await self._wait_gone(daemon)
+            # The socket may be a tenant's (its own daemon, one that never answers): a quit that
+            # reached nobody, or not ours, ends in the kill below.
+            if await self._client(uid, ["quit"], QUIT_CLIENT_TIMEOUT) is None and daemon.pidfd is not None:
+                await wait_exited(daemon.pidfd, QUIT_TIMEOUT)
             if daemon.alive():
                 log.warning("MPS control daemon of claim %s (PID %s) did not quit; killing it", uid, daemon.pid)
-                await daemon.killed()
+                if not await daemon.killed():
+                    log.error("MPS control daemon of claim %s (PID %s) did not go within %gs of SIGKILL",
+                              uid, daemon.pid, KILL_TIMEOUT)
         daemon.forget()
         self._forget(uid)
         if remove:
-            unmount(self.root / uid / "shm")
-            shutil.rmtree(self.root / uid, ignore_errors=True)
+            await asyncio.to_thread(self._remove_dir, uid)
             log.info("MPS control daemon of claim %s stopped", uid)
 
-    async def _wait_gone(self, daemon: Daemon) -> None:
-        deadline = time.monotonic() + QUIT_TIMEOUT
-        while daemon.alive() and time.monotonic() < deadline:
-            if daemon.process is not None:
-                try:
-                    await asyncio.wait_for(daemon.process.wait(), max(0.0, deadline - time.monotonic()))
-                except TimeoutError:
-                    break
-            else:
-                await asyncio.sleep(0.05)  # not our child: its pidfd says when it has gone
+    def _remove_dir(self, uid: str) -> None:
+        """The claim's directory, its tmpfs mounts first: what a tenant wrote goes with them, unwalked."""
+        unmount(self.root / uid / "pipe")
+        unmount(self.root / uid / "shm")
+        remove_tree(self.root / uid)
 
     async def _stop_leftover(self, uid: str) -> None:
         """A claim without a spec: it is gone. Its daemon, if an earlier supervisor's record names a
@@ -492,75 +550,7 @@ class Supervisor:
             await self._stop(uid, daemon)
         else:
             self._forget(uid)
-            unmount(self.root / uid / "shm")
-            shutil.rmtree(self.root / uid, ignore_errors=True)
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return time.time()
-
-
-def _empty(directory: Path) -> None:
-    """Remove what ``directory`` holds, following no symlink."""
-    for entry in os.scandir(directory):
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path, ignore_errors=True)
-        else:
-            remove(Path(entry.path))
-
-
-# -- mounts -------------------------------------------------------------------------------------
-_CLONE_NEWNS = 0x20000
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 0x2, 0x4, 0x8, 0x20
-_MS_NOSYMFOLLOW, _MS_BIND, _MS_REC, _MS_SLAVE = 0x100, 0x1000, 0x4000, 0x80000
-_MNT_DETACH = 0x2
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _check(ok: bool, what: str) -> None:
-    if not ok:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"{what}: {os.strerror(errno)}")
-
-
-def mount_shm(path: Path, size: int) -> None:
-    """A tmpfs of ``size`` bytes at ``path``, as a container runtime mounts /dev/shm (world-writable,
-    sticky; no devices, set-user-ID or executables)."""
-    options = f"size={size},mode=1777".encode()
-    _check(_libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, options) == 0,
-           f"mounting a tmpfs of {size} bytes at {path}")
-
-
-def unmount(path: Path) -> None:
-    """Unmount what is mounted at ``path`` (lazily: a container may still hold it open)."""
-    for _ in range(8):  # a stack, should one have formed; each round takes the top
-        if not os.path.ismount(path):
-            return
-        if _libc.umount2(os.fsencode(path), _MNT_DETACH) != 0:
-            log.warning("unmounting %s failed: %s", path, os.strerror(ctypes.get_errno()))
-            return
-
-
-def _private_view(pipe: Path, shm: Path | None) -> Callable[[], None]:
-    """A preexec function: a private mount namespace in which ``pipe`` follows no symlink and, with
-    ``shm``, /dev/shm is ``shm`` (following none either)."""
-    def bind(source: bytes, target: bytes, flags: int) -> None:
-        _check(_libc.mount(source, target, None, _MS_BIND, None) == 0, f"binding {source!r} to {target!r}")
-        _check(_libc.mount(None, target, None, _MS_REMOUNT | _MS_BIND | _MS_NOSYMFOLLOW | flags, None) == 0,
-               f"remounting {target!r} nosymfollow")
-
-    def enter() -> None:
-        _check(_libc.unshare(_CLONE_NEWNS) == 0, "unshare(CLONE_NEWNS)")
-        # a slave: what this namespace mounts stays in it, and a claim's tmpfs the supervisor
-        # unmounts goes from it at once (a private copy would hold its pages until the directory went)
-        _check(_libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None) == 0, "making / a slave")
-        bind(os.fsencode(pipe), os.fsencode(pipe), _MS_NOSUID | _MS_NODEV)
-        if shm is not None:
-            bind(os.fsencode(shm), b"/dev/shm", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-    return enter
+            await asyncio.to_thread(self._remove_dir, uid)
 
 
 def _size(text: str) -> int:

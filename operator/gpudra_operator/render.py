@@ -62,6 +62,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudra_driver.plugin.mps import SUPERVISOR_SOCKET
 from gpudra_operator.deviceclasses import RenderError, render_device_classes
 from gpudra_operator.spec import AgentSpec, ConsumableCapacitySpec, GpuDraConfig, thaw
 
@@ -352,7 +353,7 @@ def render_mps_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_
         # the daemons open the GPUs' device nodes and get a mount namespace of their own (/dev/shm);
         # the claims' /dev/shm are tmpfs it mounts, propagated to the host (Bidirectional needs privileged)
         "securityContext": {"privileged": True, "readOnlyRootFilesystem": True},
-        "readinessProbe": {"exec": {"command": ["test", "-S", posixpath.join(mps_dir, "supervisor.sock")]},
+        "readinessProbe": {"exec": {"command": ["test", "-S", posixpath.join(mps_dir, SUPERVISOR_SOCKET)]},
                            "periodSeconds": 5},
         "volumeMounts": [
             {"name": "mps", "mountPath": mps_dir, "mountPropagation": "Bidirectional"},

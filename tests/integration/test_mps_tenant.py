@@ -15,16 +15,19 @@ import errno
 import json
 import os
 import signal
+import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from gpudra_driver import mpssupervisor
+from gpudra_driver import mpsmounts, mpssupervisor
 from gpudra_driver.plugin.mps import DaemonSpec
 from gpudra_driver.plugin.mpsdaemons import MpsDaemons, MpsUnavailable
+from gpudra_driver.plugin.sockets import SocketAddress
 from gpudra_operator.localcluster import mockstate
 from gpudra_operator.localcluster.agents import AgentProcess, start_mps_supervisor
 from gpudra_operator.localcluster.driverroot import make_driver_root
@@ -88,8 +91,8 @@ def node(tmp_path: Path) -> Iterator[Node]:
         for process in node.supervisors:
             process.stop()
         mockstate.kill_mps_daemons(root)  # they outlive the supervisor by design
-        for shm in node.mps.glob("*/shm"):
-            mpssupervisor.unmount(shm)  # a failed test's: tmp_path's removal would stop at it
+        for mount in [*node.mps.glob("*/shm"), *node.mps.glob("*/pipe")]:
+            mpsmounts.unmount(mount)  # a failed test's: tmp_path's removal would stop at it
 
 
 @pytest.fixture
@@ -199,6 +202,7 @@ async def test_a_claims_dev_shm_is_a_tmpfs_of_its_size_that_fills_up_without_tou
                    if line.split()[4] == str(shm)]
         fstype = mount[mount.index("-") + 1]
         assert fstype == "tmpfs" and f"size={size // 1024}k" in mount[-1], mount
+        assert f"nr_inodes={size // 4096}" in mount[-1], mount  # empty files are bounded too
         assert {"nosuid", "nodev", "noexec"} <= set(mount[5].split(","))
         assert os.stat(shm).st_mode & 0o7777 == 0o1777
         assert os.stat(shm).st_dev != os.stat(node.plugin_dir).st_dev  # not the kubelet's file system
@@ -259,3 +263,130 @@ async def test_a_claim_asking_for_more_dev_shm_than_the_platform_allows_gets_no_
     assert node.daemons_of(CLAIM_A) == [] and not os.path.ismount(node.mps / CLAIM_A / "shm")
     assert len(node.daemons_of(CLAIM_B)) == 1 and os.path.ismount(node.mps / CLAIM_B / "shm")
     assert await node.converge({}) == {}
+
+
+def _mount_of(path: Path) -> list[str]:
+    [mount] = [line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines()
+               if line.split()[4] == str(path)]
+    return mount
+
+
+async def test_a_tenant_cannot_fill_the_nodes_disk_or_crash_the_supervisor_through_its_pipe_directory(
+        node: Node) -> None:
+    """The pipe directory is a small tmpfs: a tenant that writes into it until it is full, or
+    builds a tree deeper than Python's stack, fills its own bound; the supervisor empties it
+    (the daemon restarted) and removes it (the claim unprepared), and goes on for every claim."""
+    supervisor = node.start_supervisor()
+    assert await node.converge({CLAIM_A: spec(CLAIM_A, GPU_0), CLAIM_B: spec(CLAIM_B, GPU_1)}) == {}
+    [theirs] = node.daemons_of(CLAIM_B)
+    pipe = node.mps / CLAIM_A / "pipe"
+    # a tree as deep as it can make it (3000 levels would crash a recursive removal)
+    depth, fd = 0, os.open(pipe, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for depth in range(3000):  # noqa: B007 (the depth reached is the point)
+            os.mkdir("d", dir_fd=fd)
+            deeper = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+    except OSError as error:
+        assert error.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+
+    # it quits its daemon: the supervisor starts it again in an emptied pipe directory
+    [ours] = node.daemons_of(CLAIM_A)
+    assert node.control(CLAIM_A, "quit").returncode == 0 and mockstate.wait_exited(ours, 10)
+
+    async def restarted() -> dict[str, object] | None:
+        status = await _ready(node, CLAIM_A)
+        return status if status and status["pid"] != ours else None
+
+    await wait_for(restarted, timeout=30, what="claim A's daemon started again")
+    assert not (pipe / "d").exists() and supervisor.process.poll() is None
+    assert node.daemons_of(CLAIM_B) == [theirs] and (await node.status(CLAIM_B))["state"] == "Ready"
+    mount = _mount_of(pipe)
+    assert mount[mount.index("-") + 1] == "tmpfs" and f"size={mpsmounts.PIPE_SIZE // 1024}k" in mount[-1]
+    assert f"nr_inodes={mpsmounts.PIPE_INODES}" in mount[-1]
+    assert {"nosuid", "nodev", "noexec", "nosymfollow"} <= set(mount[5].split(","))
+    assert os.stat(pipe).st_dev != os.stat(node.plugin_dir).st_dev
+    assert 0 < depth < mpsmounts.PIPE_INODES  # the tree was as deep as the tmpfs's inodes, no deeper
+
+    # the tenant writes until it cannot: its bound, not the kubelet's disk
+    written = 0
+    with pytest.raises(OSError) as full, open(pipe / "filler", "wb") as filler:
+        for _ in range(4 * mpsmounts.PIPE_SIZE // 2**16):
+            written += os.write(filler.fileno(), b"\0" * 2**16)
+    assert full.value.errno == errno.ENOSPC and written <= mpsmounts.PIPE_SIZE
+    (pipe / "filler").unlink()
+
+    # a new tree, then the claim is unprepared: its directory goes, unwalked; B's daemon runs on
+    os.makedirs(pipe / "/".join(["d"] * 100))
+    assert await node.converge({CLAIM_B: spec(CLAIM_B, GPU_1)}) == {}
+    assert not (node.mps / CLAIM_A).exists() and str(pipe) not in Path("/proc/self/mountinfo").read_text()
+    assert supervisor.process.poll() is None and node.daemons_of(CLAIM_B) == [theirs]
+
+
+@pytest.mark.parametrize("answer", [None, b"OK\n"], ids=["never-answers", "lies"])
+async def test_a_claim_whose_control_socket_is_the_tenants_delays_no_other_claims_prepare(
+        node: Node, answer: bytes | None) -> None:
+    """Claim A's tenant replaces its control socket with one that accepts and never answers (the
+    supervisor's quit waits for its client's timeout), or that answers OK to quit while the
+    daemon stays (the supervisor waits for the daemon to go, then kills it); A is unprepared.
+    Claim B is prepared meanwhile: its daemon is up and its sync answered while A's stop still
+    waits."""
+    node.start_supervisor()
+    assert await node.converge({CLAIM_A: spec(CLAIM_A, GPU_0)}) == {}
+    control = node.mps / CLAIM_A / "pipe" / "control"
+    control.unlink()
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    accepted: list[socket.socket] = []
+    try:
+        with SocketAddress(control) as address:
+            silent.bind(address.address)
+        silent.listen(8)
+
+        def accept() -> None:
+            try:
+                connection = silent.accept()[0]
+                accepted.append(connection)
+                if answer is not None:
+                    connection.recv(1024)
+                    connection.sendall(answer)
+                    connection.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+        acceptor = threading.Thread(target=accept, daemon=True)
+        acceptor.start()
+        unprepare = asyncio.ensure_future(asyncio.to_thread(MpsDaemons(node.mps).converge, {}))
+        await wait_for(lambda: _true(bool(accepted)), timeout=20, what="the supervisor's quit on A's socket")
+
+        assert await node.converge({CLAIM_B: spec(CLAIM_B, GPU_1)}) == {}
+        assert len(node.daemons_of(CLAIM_B)) == 1
+        assert not unprepare.done()  # A's stop still waits on its tenant's socket: B did not wait for it
+        assert await unprepare == {}
+        assert node.daemons_of(CLAIM_A) == [] and not (node.mps / CLAIM_A).exists()
+    finally:
+        for connection in accepted:
+            connection.close()
+        silent.close()
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_a_changed_daemon_spec_restarts_the_daemon_in_the_same_directories(node: Node) -> None:
+    node.start_supervisor()
+    assert await node.converge({CLAIM_A: spec(CLAIM_A, GPU_0, active_thread_percentage=40)}) == {}
+    [before] = node.daemons_of(CLAIM_A)
+    shm = node.mps / CLAIM_A / "shm"
+    (shm / "kept").write_text("kept\n")  # the claim's containers' /dev/shm: it stays
+    assert await node.converge({CLAIM_A: spec(CLAIM_A, GPU_0, active_thread_percentage=30)}) == {}
+    [after] = node.daemons_of(CLAIM_A)
+    assert after != before and mockstate.wait_exited(before, 10)
+    assert node.control(CLAIM_A, "get_default_active_thread_percentage").stdout.strip() == "30.0"
+    assert (shm / "kept").read_text() == "kept\n" and os.path.ismount(shm)
+    assert (node.mps / CLAIM_A / "daemon.json").exists()
+    assert await node.converge({}) == {}
+    assert not (node.mps / CLAIM_A).exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cdispec import load_and_validate
@@ -1019,3 +1020,74 @@ async def test_a_bad_claim_costs_its_neighbours_nothing_in_its_call_and_in_concu
     assert "config[0].opaque.parameters: over 10240 bytes" in (out[D].error or "")
     assert elapsed < 0.5, f"{elapsed:.2f}s"
     assert state.cdi.claim_uids() == {A, B}
+
+
+async def test_recovering_a_corrupt_checkpoint_in_place_keeps_the_mps_daemons_of_the_adopted_claims(
+        tmp_path: Path) -> None:
+    """Claims adopted from a corrupt checkpoint are still held by their pods: the daemon spec of
+    one that had an MPS daemon stays (the supervisor keeps it running) until it is unprepared."""
+    from gpudra_driver.plugin.mps import DaemonSpec
+
+    state = make(tmp_path)
+    await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
+    spec = state.plugin_dir / "mps" / B / "daemon.json"  # B's daemon, as the agent wrote it for an MPS claim
+    spec.parent.mkdir(parents=True)
+    spec.write_bytes(DaemonSpec(B, ("GPU-1",)).encode())
+    state.checkpoint_path.write_bytes(b"{not json")
+    out = await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+    assert out[A].error is None and len(corrupt_copies(state)) == 1 and B in state.cdi.claim_uids()
+    assert spec.exists(), "the adopted claim's MPS daemon spec was removed: the supervisor would stop it"
+    assert await state.unprepare([REF_B]) == {B: None}
+    assert not spec.exists()  # unprepared: now it goes
+
+
+async def test_the_mps_restart_reports_go_on_through_a_corrupt_checkpoint(tmp_path: Path) -> None:
+    """The agent's restart-report task outlives a failure to read the prepared claims (a
+    checkpoint corrupted under it): the agent recovers in place instead of exiting."""
+    import asyncio
+
+    from gpudra_driver.plugin.mps import STATUS_FILE, DaemonSpec
+    from gpudra_driver.plugin.mpsdaemons import report_restarts
+    from gpudra_operator.localcluster.waiting import wait_for
+
+    state = make(tmp_path)
+    await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
+    base = state.plugin_dir / "mps" / B
+    base.mkdir(parents=True)
+    (base / "daemon.json").write_bytes(DaemonSpec(B, ("GPU-1",)).encode())
+    restarts = 0
+
+    def restarted() -> None:  # as the supervisor reports a restart of B's daemon
+        nonlocal restarts
+        restarts += 1
+        (base / STATUS_FILE).write_text(json.dumps({"state": "Ready", "restarts": restarts}))
+
+    reported: list[str] = []
+
+    async def report(kind: str, reason: str, message: str) -> None:
+        reported.append(message)
+
+    failures: list[Exception] = []
+
+    def claims() -> list[Any]:
+        try:
+            return list(state.prepared_claims())
+        except Exception as error:
+            failures.append(error)
+            raise
+
+    task = asyncio.create_task(report_restarts(state.mps, claims, report, interval=0.01))
+    try:
+        state.checkpoint_path.write_bytes(b"{not json")  # prepared_claims() now raises
+
+        async def met(seen: list[Any]) -> bool:
+            restarted()  # a restart each look: the task reports it, and reads the claims to name it
+            return bool(seen)
+
+        await wait_for(lambda: met(failures), timeout=10, what="the task to meet the corrupt checkpoint")
+        assert isinstance(failures[0], ckpt.CheckpointError) and not task.done()
+        await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))  # recovered in place
+        await wait_for(lambda: met(reported), timeout=10, what="a restart reported after the recovery")
+        assert B in reported[-1] and not task.done()
+    finally:
+        task.cancel()

@@ -114,6 +114,8 @@ def test_cdi_edits_point_the_clients_at_the_claims_pipe_and_shm() -> None:
     assert [(m["hostPath"], m["containerPath"]) for m in edits["mounts"]] == [
         (f"/var/lib/kubelet/plugins/gpu.gpudra.io/mps/{UID}/pipe", "/tmp/nvidia-mps"),
         (f"/var/lib/kubelet/plugins/gpu.gpudra.io/mps/{UID}/shm", "/dev/shm")]
+    # /dev/shm as container runtimes mount it: nothing executed from it
+    assert edits["mounts"][1]["options"] == ["rbind", "rw", "nosuid", "nodev", "noexec"]
 
 
 @pytest.mark.parametrize("bad", [{"claimUID": UID, "gpus": []}, {"claimUID": UID, "gpus": ["GPU-1"],

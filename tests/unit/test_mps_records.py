@@ -1,18 +1,25 @@
-"""The MPS supervisor's records of its daemons (pure parts): what makes a process the one it
-started, and the daemon spec's /dev/shm size. The supervisor against a tenant runs in
+"""The MPS supervisor's records of its daemons and its parts that need no daemon: what makes a
+process the one it started, how it starts and kills one (real processes), its restart backoff,
+the removal of a tenant's tree, and the daemon spec's /dev/shm size. The supervisor against a tenant runs in
 tests/integration/test_mps_tenant.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from gpudra_driver.mpssupervisor import (ProcessRecord, observe, open_recorded, same_process, shm_size_of,
-                                         start_time_of)
+from gpudra_driver import mpssupervisor
+from gpudra_driver.mpsmounts import empty_directory, helper_command
+from gpudra_driver.mpssupervisor import Daemon, Supervisor, restart_at, shm_size_of
+from gpudra_driver.processrecords import ProcessRecord, observe, open_recorded, same_process, start_time_of
+from gpudra_operator.localcluster.waiting import wait_for
 from gpudra_driver.plugin.mps import DEFAULT_SHM_SIZE, DaemonSpec
 
 UID = "0c1d2e3f-0000-4000-8000-0000000000aa"
@@ -75,3 +82,145 @@ def test_a_claims_shm_size_is_its_own_within_the_bound_or_the_platforms_default(
     assert shm_size_of(DaemonSpec(UID, ("GPU-1",), shm_size=1024 * mib), 64 * mib, 1024 * mib) == 1024 * mib
     with pytest.raises(ValueError, match=r"sharing\.mps\.shmSize: 2Gi is more than 1Gi, .*spec\.sharing\.mps\.maxShmSize"):
         shm_size_of(DaemonSpec(UID, ("GPU-1",), shm_size=2048 * mib), 64 * mib, 1024 * mib)
+
+
+def test_only_a_record_of_the_control_daemons_executable_is_opened() -> None:
+    process = subprocess.Popen(["sleep", "60"])
+    try:
+        seen = observe(process.pid)
+        assert seen is not None
+        assert open_recorded(seen, "/usr/bin/nvidia-cuda-mps-control") is None  # a record naming another program
+        fd = open_recorded(seen, shutil.which("sleep"))
+        assert fd is not None
+        os.close(fd)
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_the_helper_runs_the_daemon_only_once_told_to_and_as_the_same_process(tmp_path: Path) -> None:
+    """What closes the gap between starting a daemon and recording it: a supervisor that dies
+    before its record is written closes the helper's stdin, and nothing runs."""
+    ran = tmp_path / "ran"
+    script = ["-c", f'echo $$ > {ran}']
+    told_nothing = subprocess.run(helper_command("/bin/sh", script, None), input=b"", timeout=30)
+    assert told_nothing.returncode == 1 and not ran.exists()
+    helper = subprocess.Popen(helper_command("/bin/sh", script, None), stdin=subprocess.PIPE)
+    start = observe(helper.pid)
+    assert start is not None
+    helper.communicate(b"go\n", timeout=30)
+    assert helper.returncode == 0 and ran.read_text() == f"{helper.pid}\n"  # the PID the record names
+
+
+async def test_a_killed_daemon_takes_its_process_group_along(tmp_path: Path) -> None:
+    """An adopted daemon (reached through a pidfd on its record) is killed with the MPS servers it
+    started: they would keep its GPUs in EXCLUSIVE_PROCESS."""
+    child = tmp_path / "child"
+    leader = subprocess.Popen(["sh", "-c", f"sleep 600 & echo $! > {child}; wait"], start_new_session=True)
+    daemon = Daemon(mpssupervisor.DaemonSpec(UID, ("GPU-1",)), pid=leader.pid)
+    try:
+        await wait_for(lambda: _nonempty(child), timeout=10, what="the daemon's child to start")
+        server = int(child.read_text())
+        record = observe(leader.pid)
+        assert record is not None
+        daemon.pidfd = open_recorded(record)
+        assert daemon.alive() and await daemon.killed()
+        await wait_for(lambda: _gone(server), timeout=10, what="the daemon's child to go with it")
+    finally:
+        leader.kill()
+        leader.wait()
+        daemon.forget()
+
+
+async def _nonempty(path: Path) -> bool:
+    return path.exists() and path.read_text().strip() != ""
+
+
+async def _gone(pid: int) -> bool:
+    return observe(pid) is None
+
+
+def test_a_dead_daemon_is_restarted_after_a_backoff_that_doubles_while_it_keeps_dying_young() -> None:
+    assert restart_at(100.0, 100.0 + mpssupervisor.STABLE_AFTER, 3) == (100.0 + mpssupervisor.STABLE_AFTER, 0)
+    at, failures = 100.0, 0
+    delays = []
+    for _ in range(10):
+        at, failures = restart_at(100.0, 101.0, failures)
+        delays.append(at - 100.0)
+    assert delays[:4] == [5.0, 10.0, 20.0, 40.0] and delays[-1] == mpssupervisor.MAX_RESTART_BACKOFF
+
+
+def test_a_tenants_tree_deeper_than_pythons_stack_is_removed_following_no_link(tmp_path: Path) -> None:
+    pipe, outside = tmp_path / "pipe", tmp_path / "outside"
+    pipe.mkdir()
+    outside.mkdir()
+    (outside / "kept").write_text("kept")
+    fd = os.open(pipe, os.O_RDONLY)
+    for _ in range(sys.getrecursionlimit() + 500):
+        os.mkdir("d", dir_fd=fd)
+        os.symlink(outside, "link", dir_fd=fd)
+        deeper = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = deeper
+    os.close(fd)
+    empty_directory(pipe)
+    assert os.listdir(pipe) == [] and (outside / "kept").read_text() == "kept"
+
+
+def test_a_directory_without_a_spec_is_a_leftover_by_how_long_this_process_has_seen_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not by its mtime: a wall clock stepped forward (or an old mtime) does not make a directory
+    the agent is writing into a leftover."""
+    supervisor = Supervisor(tmp_path / "mps", Path("/nonexistent"))
+    (tmp_path / "mps" / UID).mkdir(parents=True)
+    os.utime(tmp_path / "mps" / UID, (0, 0))  # as old as can be
+    now = [1000.0]
+    monkeypatch.setattr(mpssupervisor.time, "monotonic", lambda: now[0])
+    assert not supervisor._leftover(UID)
+    now[0] += mpssupervisor.LEFTOVER_AGE + 1
+    assert supervisor._leftover(UID)
+
+
+async def test_a_pass_that_fails_on_one_claim_fails_that_claim_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever one claim's pass raises (a RecursionError is no OSError) is that claim's Failed
+    status: the supervisor and the other claims go on."""
+    other = UID.replace("aa", "bb")
+    supervisor = Supervisor(tmp_path / "mps", Path("/nonexistent"))
+    for uid in (UID, other):
+        (tmp_path / "mps" / uid).mkdir(parents=True)
+        (tmp_path / "mps" / uid / "daemon.json").write_bytes(mpssupervisor.DaemonSpec(uid, ("GPU-1",)).encode())
+
+    async def start(uid: str, daemon: Daemon) -> None:
+        if uid == UID:
+            raise RecursionError("maximum recursion depth exceeded")
+        daemon.state = mpssupervisor.READY
+
+    monkeypatch.setattr(supervisor, "_start", start)
+    statuses = await supervisor.converge([UID, other])
+    assert statuses[UID]["state"] == mpssupervisor.FAILED and "RecursionError" in statuses[UID]["message"]
+    assert statuses[other]["state"] == mpssupervisor.READY
+    assert json.loads((tmp_path / "mps" / UID / "status.json").read_text())["state"] == mpssupervisor.FAILED
+
+
+async def test_a_sync_waits_for_the_claims_it_names_and_no_other(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    other = UID.replace("aa", "bb")
+    supervisor = Supervisor(tmp_path / "mps", Path("/nonexistent"))
+    for uid in (UID, other):
+        (tmp_path / "mps" / uid).mkdir(parents=True)
+        (tmp_path / "mps" / uid / "daemon.json").write_bytes(mpssupervisor.DaemonSpec(uid, ("GPU-1",)).encode())
+    stuck = asyncio.Event()  # claim UID's daemon start: set by no one until the end
+
+    async def start(uid: str, daemon: Daemon) -> None:
+        if uid == UID:
+            await stuck.wait()
+        daemon.state = mpssupervisor.READY
+
+    monkeypatch.setattr(supervisor, "_start", start)
+    statuses = await asyncio.wait_for(supervisor.converge([other]), 5)
+    assert statuses[other]["state"] == mpssupervisor.READY and UID not in statuses
+    again = await asyncio.wait_for(supervisor.converge([other]), 5)  # the stuck claim's pass is not queued twice
+    assert again[other]["state"] == mpssupervisor.READY
+    stuck.set()
+    assert (await asyncio.wait_for(supervisor.converge([UID]), 5))[UID]["state"] == mpssupervisor.READY

@@ -4,8 +4,9 @@ A claim whose devices are shared with strategy MPS gets one control daemon of it
 (``nvidia-cuda-mps-control``) serving exactly its GPUs (``CUDA_VISIBLE_DEVICES``), with its own
 directories under the plugin directory, ``<plugin-dir>/mps/<claimUID>/``:
 
-* ``pipe``: the daemon's control socket; mounted into the claim's containers at
-  ``/tmp/nvidia-mps``, the path ``CUDA_MPS_PIPE_DIRECTORY`` names for them;
+* ``pipe``: the daemon's control socket; a small tmpfs the supervisor mounts (``nosymfollow``,
+  :mod:`gpudra_driver.mpsmounts`), mounted into the claim's containers at ``/tmp/nvidia-mps``, the
+  path ``CUDA_MPS_PIPE_DIRECTORY`` names for them;
 * ``shm``: the daemon's and the clients' ``/dev/shm``, where the MPS server and its clients meet:
   a tmpfs the supervisor mounts, of the size the claim's GpuConfig asks (``sharing.mps.shmSize``,
   at most the platform's ``spec.sharing.mps.maxShmSize``) or else the platform's default
@@ -43,7 +44,9 @@ from gpudra_driver.plugin.model import MPS, PreparedClaim
 
 ROOT = "mps"  # under the plugin directory
 CONTAINER_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # the MPS clients' default CUDA_MPS_PIPE_DIRECTORY
-SPEC_FILE = "daemon.json"
+SPEC_FILE = "daemon.json"  # in a claim's directory: written by the agent
+STATUS_FILE = "status.json"  # in a claim's directory: written by the supervisor
+SUPERVISOR_SOCKET = "supervisor.sock"  # in the MPS root: the supervisor's (one JSON line each way)
 MIB = 2**20
 # A claim's /dev/shm: what containerd, CRI-O and Docker give a container's /dev/shm (64 MiB), so a
 # workload gets no less with MPS than without. MPS itself needs little of it.
@@ -145,4 +148,4 @@ def cdi_edits(root: Path, claim_uid: str) -> dict[str, Any]:
             "mounts": [{"hostPath": str(base / "pipe"), "containerPath": CONTAINER_PIPE_DIRECTORY,
                         "options": ["rbind", "rw", "nosuid", "nodev"]},
                        {"hostPath": str(base / "shm"), "containerPath": "/dev/shm",
-                        "options": ["rbind", "rw", "nosuid", "nodev"]}]}
+                        "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]}]}  # as runtimes mount /dev/shm

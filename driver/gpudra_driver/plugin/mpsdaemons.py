@@ -1,6 +1,7 @@
 """The agent's side of the MPS daemons (I/O): the spec files the MPS supervisor converges on, and
 its answer (:mod:`gpudra_driver.mpssupervisor`). Called under the node lock, off the event loop
-(the calls block on the supervisor, which starts a daemon in well under its timeout)."""
+(the calls block on the supervisor, which waits only for the claims named in the call: another
+claim's slow daemon does not hold the node lock)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,17 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from gpudra_driver.plugin.fsutil import remove, write_atomic
 from gpudra_driver.plugin.model import PreparedClaim, is_uid
-from gpudra_driver.plugin.mps import SPEC_FILE, DaemonSpec
+from gpudra_driver.plugin.mps import SPEC_FILE, STATUS_FILE, SUPERVISOR_SOCKET, DaemonSpec
 from gpudra_driver.plugin.sockets import SocketAddress
 
 log = logging.getLogger(__name__)
 
-SOCKET = "supervisor.sock"  # the supervisor's, in the MPS root
 SYNC_TIMEOUT = 30.0  # seconds: starting a daemon and setting its limits, inside the kubelet's 45 s
 
 
@@ -48,14 +48,16 @@ class MpsDaemons:
                     continue
         return specs
 
-    def converge(self, wanted: Mapping[str, DaemonSpec]) -> dict[str, str]:
-        """Make the spec files exactly ``wanted`` and, when that changed anything, have the
-        supervisor converge. Returns claim UID -> why, for each wanted daemon that is not running
-        (the supervisor unreachable included). Daemons no longer wanted only have their spec
-        removed when the supervisor cannot be reached: it stops them when it is back."""
+    def converge(self, wanted: Mapping[str, DaemonSpec], keep: Collection[str] = ()) -> dict[str, str]:
+        """Make the spec files ``wanted``, leaving those of ``keep`` (claims adopted from a corrupt
+        checkpoint: their pods still hold their daemons) as they are, and, when that changed
+        anything, have the supervisor converge those claims. Returns claim UID -> why, for each
+        wanted daemon that is not running (the supervisor unreachable included). Daemons no longer
+        wanted only have their spec removed when the supervisor cannot be reached: it stops them
+        when it is back."""
         present = self.present()
         added = {uid: spec for uid, spec in wanted.items() if present.get(uid) != spec.encode()}
-        removed = [uid for uid in present if uid not in wanted]
+        removed = [uid for uid in present if uid not in wanted and uid not in keep]
         for uid in removed:
             remove(self.root / uid / SPEC_FILE)
         for uid, spec in added.items():
@@ -64,7 +66,7 @@ class MpsDaemons:
         if not added and not removed:
             return {}
         try:
-            statuses = self.sync()
+            statuses = self.sync([*added, *removed])
         except MpsUnavailable as error:
             if removed:
                 log.warning("MPS daemons of claim(s) %s: %s; it stops them when it is back", removed, error)
@@ -76,15 +78,15 @@ class MpsDaemons:
                 problems[uid] = f"its MPS control daemon is not running: {status.get('message') or 'no status'}"
         return problems
 
-    def sync(self) -> dict[str, Mapping[str, Any]]:
-        """The supervisor's converge, now; claim UID -> status."""
-        path = self.root / SOCKET
+    def sync(self, claims: Sequence[str] = ()) -> dict[str, Mapping[str, Any]]:
+        """The supervisor's converge, now, waiting for ``claims`` only; claim UID -> status."""
+        path = self.root / SUPERVISOR_SOCKET
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
             with SocketAddress(path) as address:
                 sock.connect(address.address)
-            sock.sendall(b'{"sync": true}\n')
+            sock.sendall(json.dumps({"sync": True, "claims": list(claims)}).encode() + b"\n")
             data = b""
             while not data.endswith(b"\n"):
                 chunk = sock.recv(65536)
@@ -109,7 +111,7 @@ class MpsDaemons:
         counts = {}
         for uid in self.present():
             try:
-                status = json.loads((self.root / uid / "status.json").read_bytes())
+                status = json.loads((self.root / uid / STATUS_FILE).read_bytes())
                 counts[uid] = int(status.get("restarts") or 0)
             except (OSError, ValueError, TypeError, AttributeError):
                 continue
@@ -126,16 +128,27 @@ async def report_restarts(daemons: MpsDaemons, claims: Callable[[], Sequence[Pre
     restarted a claim's daemon: the claim's processes lost their MPS server and must start again."""
     seen: dict[str, int] | None = None
     while True:
-        counts = await asyncio.to_thread(daemons.restarts)
-        if seen is not None:
-            names = {c.uid: c.ref for c in claims()}
-            for uid, count in counts.items():
-                if count > seen.get(uid, 0):
-                    claim = names.get(uid)
-                    what = f"ResourceClaim {claim.namespace}/{claim.name} (UID {uid})" if claim else f"claim {uid}"
-                    await report("Warning", "MPSDaemonRestarted",
-                                 f"the MPS control daemon of {what} exited and was started again (restart {count}, "
-                                 "limits set again); processes that were using it lost their MPS server and must "
-                                 "be restarted")
-        seen = counts
+        try:
+            counts = await asyncio.to_thread(daemons.restarts)
+            if seen is not None:
+                await _report_new(counts, seen, claims, report)
+            seen = counts
+        except Exception:  # noqa: BLE001 (a corrupt checkpoint, an API error: the agent goes on, recovering in place)
+            log.exception("looking at the MPS daemons' restarts failed; trying again in %gs", interval)
         await asyncio.sleep(interval)
+
+
+async def _report_new(counts: Mapping[str, int], seen: Mapping[str, int],
+                      claims: Callable[[], Sequence[PreparedClaim]],
+                      report: Callable[[str, str, str], Awaitable[None]]) -> None:
+    if not any(count > seen.get(uid, 0) for uid, count in counts.items()):
+        return
+    names = {c.uid: c.ref for c in claims()}
+    for uid, count in counts.items():
+        if count > seen.get(uid, 0):
+            claim = names.get(uid)
+            what = f"ResourceClaim {claim.namespace}/{claim.name} (UID {uid})" if claim else f"claim {uid}"
+            await report("Warning", "MPSDaemonRestarted",
+                         f"the MPS control daemon of {what} exited and was started again (restart {count}, "
+                         "limits set again); processes that were using it lost their MPS server and must "
+                         "be restarted")

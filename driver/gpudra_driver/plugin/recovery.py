@@ -81,7 +81,8 @@ def recover_locked(state: DeviceState, known: ckpt.Checkpoint | None = None) -> 
             log.warning("%s: its CDI spec %s; it cannot be brought up to date now: %s", claim.ref, kept, error)
     if on_disk or cdi.path.is_dir():
         cdi.remove_temp_files()
-    # MPS daemons: those of claims gone or rolled back stop, those of prepared claims run
+    # MPS daemons: those of claims gone or rolled back stop, those of prepared claims run, those of
+    # adopted claims stay as they are
     for uid, problem in state._converge_mps(result.checkpoint).items():
         log.warning("claim %s: %s", uid, problem)
     # GPUs recorded as touched get what their remaining holders ask, or their defaults back

@@ -320,9 +320,11 @@ class DeviceState:
         return current, ready
 
     def _converge_mps(self, checkpoint: ckpt.Checkpoint) -> dict[str, str]:
-        """The MPS daemons ``checkpoint``'s claims ask for, and no others (:mod:`.mps`); claim UID ->
-        why its daemon is not running."""
-        return self.mps.converge(mps.wanted({uid: entry.claim for uid, entry in checkpoint.claims.items()}))
+        """The MPS daemons ``checkpoint``'s claims ask for, and no others (:mod:`.mps`), except that
+        the daemons of adopted claims (a checkpoint recovered: their devices are unknown, their pods
+        still run) stay as they are; claim UID -> why its daemon is not running."""
+        return self.mps.converge(mps.wanted({uid: entry.claim for uid, entry in checkpoint.claims.items()}),
+                                 keep=checkpoint.adopted.keys())
 
     def _settle(self, before: ckpt.Checkpoint, after: ckpt.Checkpoint) -> set[str]:
         """Best effort: the GPU settings of ``after`` where they differ from ``before``'s. Returns

@@ -1,0 +1,132 @@
+"""Which process is which: a record of a process the MPS supervisor started (PID, start time,
+executable), checked against the process now behind that PID, and signals sent only through a
+pidfd opened on the recorded process (:mod:`gpudra_driver.mpssupervisor`). A PID a tenant wrote
+down, or a PID reused since, is never signalled."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """A process as the supervisor saw it when it started it: what makes it that process and no
+    other. A PID is reused; a PID with the same start time (clock ticks since boot) is not."""
+
+    pid: int
+    start_time: int
+    exe: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "startTime": self.start_time, "exe": self.exe}
+
+    @classmethod
+    def from_json(cls, data: Any) -> ProcessRecord:
+        if not isinstance(data, dict) or type(data.get("pid")) is not int or data["pid"] <= 0 \
+                or type(data.get("startTime")) is not int or not isinstance(data.get("exe"), str):
+            raise ValueError(f"{data!r} is not a process record")
+        return cls(data["pid"], data["startTime"], data["exe"])
+
+
+def _fields(stat: bytes) -> list[bytes]:
+    """The fields of a ``/proc/<pid>/stat`` line after the command name (field 2), which may hold
+    spaces and parentheses: they are counted after its last ')'. Field n is index n - 3."""
+    return stat.rsplit(b")", 1)[1].split()
+
+
+def start_time_of(stat: bytes) -> int:
+    """Field 22 (starttime) of a ``/proc/<pid>/stat`` line."""
+    return int(_fields(stat)[19])
+
+
+def _executable(path: str) -> str:
+    return path.removesuffix(" (deleted)")  # replaced on disk since (a driver upgrade): still that file's process
+
+
+def same_process(record: ProcessRecord, observed: ProcessRecord | None) -> bool:
+    """Whether ``observed`` (the process now behind ``record.pid``) is the one recorded."""
+    return observed is not None and observed.pid == record.pid and observed.start_time == record.start_time \
+        and _executable(observed.exe) == _executable(record.exe)
+
+
+def observe(pid: int) -> ProcessRecord | None:
+    """The process now behind ``pid``; None when there is none (or a zombie, which has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            line = stat.read()
+        exe = os.readlink(f"/proc/{pid}/exe")
+        if _fields(line)[0] == b"Z":
+            return None
+        return ProcessRecord(pid, start_time_of(line), exe)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def open_recorded(record: ProcessRecord, executable: str | None = None) -> int | None:
+    """A pidfd on the recorded process, or None if it is gone (or the PID is another process's
+    now, or, with ``executable``, the record names another program). Checked after the pidfd is
+    open: the pidfd pins the process it was opened on, so a match then means every signal sent
+    through it reaches the recorded process."""
+    if executable is not None and _executable(record.exe) != os.path.realpath(executable):
+        return None
+    try:
+        fd = os.pidfd_open(record.pid)
+    except OSError:  # ProcessLookupError: gone
+        return None
+    if same_process(record, observe(record.pid)):
+        return fd
+    os.close(fd)
+    return None
+
+
+def exited(pidfd: int) -> bool:
+    return bool(select.select([pidfd], [], [], 0)[0])  # a pidfd is readable once its process exited
+
+
+async def wait_exited(pidfd: int, timeout: float) -> bool:
+    """Whether the process of ``pidfd`` exited within ``timeout`` seconds (on the event loop: no thread)."""
+    if exited(pidfd):
+        return True
+    loop = asyncio.get_running_loop()
+    gone: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not gone.done():
+            gone.set_result(None)
+
+    loop.add_reader(pidfd, readable)
+    try:
+        await asyncio.wait_for(gone, timeout)
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(pidfd)
+
+
+def kill_group(pidfd: int, pid: int) -> None:
+    """SIGKILL to the process of ``pidfd`` (whose PID is ``pid``) and, when it leads a process
+    group of its own (a session leader: the supervisor starts each daemon in a new session), to
+    that group: the MPS servers a control daemon started, which would otherwise keep its GPUs.
+    The group is signalled only while its leader is alive and is that process (the pidfd says
+    so), so the group ID cannot be another's: a PID in use as a group ID is never handed out."""
+    if not exited(pidfd):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                group = int(_fields(stat.read())[2])  # field 5: pgrp
+        except (OSError, IndexError, ValueError):
+            group = 0
+        if group == pid and not exited(pidfd):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
