@@ -17,10 +17,10 @@ The desired state is files: the agent writes ``<plugin-dir>/mps/<claimUID>/daemo
   ``nvidia-cuda-mps-control -f`` from the driver root, with
   ``CUDA_VISIBLE_DEVICES`` the claim's GPUs and the claim's pipe and log directories; ready once
   its control socket answers; then the limits, through the control socket;
-* a running daemon without a spec (the claim was unprepared, or rolled back): ``quit``, killed
-  (with its process group: the MPS servers it started) if it does not go, its tmpfs mounts
-  unmounted and its directory removed;
-* a spec that changed: the daemon stops and starts again with the new spec, in the same
+* a running daemon without a spec (the claim was unprepared, or rolled back): killed at once with
+  its process group (the MPS servers it started), its tmpfs mounts unmounted and its directory
+  removed;
+* a spec that changed: the daemon is killed so too, and started again with the new spec, in the same
   directories (the claim's containers hold its mounts);
 * a daemon that died while its claim is prepared: started again with its limits (counted in
   ``restarts``, which the agent turns into an Event on the claim), after a backoff that doubles
@@ -32,6 +32,17 @@ more, delays no other claim; a failure in one claim's pass fails that claim only
 every :data:`TICK` seconds and whenever the agent asks (``supervisor.sock``, one JSON line each way:
 ``{"sync": true, "claims": [uid, ...]}`` -> ``{"daemons": {uid: status}}``, once the named claims'
 passes are done, at most :data:`SYNC_WAIT` seconds).
+
+**A daemon is stopped by SIGKILL, never by ``quit``.** Its control socket may be the tenant's
+(below), so a ``quit`` could wait for an answer that never comes, or be answered while the daemon
+stays; and the agent waits for the stop under its node lock (an unprepare: the GPUs go back to
+``DEFAULT`` only after it), so that wait must not be the tenant's to choose. A graceful ``quit``
+would buy nothing: a claim is unprepared only once the kubelet has stopped every
+container using it, so no client is left; a rolled-back prepare never had containers; and a daemon
+restarted for a changed spec takes the claim's MPS server from its clients either way (MPS clients
+cannot reconnect, and ``quit`` waits for them to exit). The kill goes through the daemon's pidfd,
+to it and its process group, and the stop waits at most :data:`KILL_TIMEOUT` for it to go: what
+the agent waits for is bounded by the process's exit, not by the tenant.
 
 **The pipe and shm directories belong to the tenant.** They are mounted read-write into the
 claim's containers, whose processes may run as root: anything in them (the daemon's PID file, its
@@ -79,7 +90,7 @@ from gpudra_driver.mpsmounts import (PIPE_INODES, PIPE_SIZE, VIEW_FAILED, empty_
                                      mount_tmpfs, remove_tree, shm_inodes, unmount)
 from gpudra_driver.plugin.fsutil import remove, write_atomic
 from gpudra_driver.plugin.model import is_uid
-from gpudra_driver.plugin.mps import (DEFAULT_MAX_SHM_SIZE, DEFAULT_SHM_SIZE, SPEC_FILE, STATUS_FILE,
+from gpudra_driver.plugin.mps import (DEFAULT_MAX_SHM_SIZE, DEFAULT_SHM_SIZE, KILL_WAIT, SPEC_FILE, STATUS_FILE,
                                       SUPERVISOR_SOCKET, DaemonSpec)
 from gpudra_driver.plugin.sockets import SocketAddress
 from gpudra_driver.processrecords import ProcessRecord, exited, kill_group, observe, open_recorded, wait_exited
@@ -91,10 +102,7 @@ STATE_DIR = "supervisor"  # under the MPS root: this process's own records, one 
 TICK = 1.0  # seconds between liveness checks
 READY_TIMEOUT = 20.0  # seconds for a started daemon to answer on its control socket
 CLIENT_TIMEOUT = 10.0  # seconds for one nvidia-cuda-mps-control client call
-QUIT_CLIENT_TIMEOUT = 3.0  # seconds for the answer to quit: a daemon that is there answers at once, a
-# tenant's socket may never answer, and an unprepare waits for the stop under the agent's node lock
-QUIT_TIMEOUT = 10.0  # seconds for a daemon to go after quit, before it is killed
-KILL_TIMEOUT = 5.0  # seconds for a killed daemon to go (one stuck in the driver may never)
+KILL_TIMEOUT = KILL_WAIT  # seconds for a killed daemon to go (one stuck in the driver may never)
 SYNC_WAIT = 25.0  # seconds a sync waits for the claims it names: inside the agent's 30 s
 RESTART_BACKOFF = 5.0  # seconds from a daemon's start to its restart, doubled per death before ...
 STABLE_AFTER = 60.0  # ... it ran this long
@@ -520,16 +528,12 @@ class Supervisor:
         return None
 
     async def _stop(self, uid: str, daemon: Daemon, *, remove: bool = True) -> None:
-        if daemon.alive():
-            # The socket may be a tenant's (its own daemon, one that never answers): a quit that
-            # reached nobody, or not ours, ends in the kill below.
-            if await self._client(uid, ["quit"], QUIT_CLIENT_TIMEOUT) is None and daemon.pidfd is not None:
-                await wait_exited(daemon.pidfd, QUIT_TIMEOUT)
-            if daemon.alive():
-                log.warning("MPS control daemon of claim %s (PID %s) did not quit; killing it", uid, daemon.pid)
-                if not await daemon.killed():
-                    log.error("MPS control daemon of claim %s (PID %s) did not go within %gs of SIGKILL",
-                              uid, daemon.pid, KILL_TIMEOUT)
+        """Kill the daemon and its process group at once, through its pidfd (never through its
+        control socket, which may be the tenant's: module docstring), and wait at most
+        :data:`KILL_TIMEOUT` for it to go; then, with ``remove``, its mounts and directory."""
+        if daemon.alive() and not await daemon.killed():
+            log.error("MPS control daemon of claim %s (PID %s) did not go within %gs of SIGKILL",
+                      uid, daemon.pid, KILL_TIMEOUT)
         daemon.forget()
         self._forget(uid)
         if remove:
@@ -544,7 +548,7 @@ class Supervisor:
 
     async def _stop_leftover(self, uid: str) -> None:
         """A claim without a spec: it is gone. Its daemon, if an earlier supervisor's record names a
-        process that still runs, quits; nothing else is signalled."""
+        process that still runs, is killed; nothing else is signalled."""
         daemon = Daemon(DaemonSpec(uid, ("?",)))
         if self._adopt(uid, daemon):
             await self._stop(uid, daemon)

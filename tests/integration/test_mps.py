@@ -121,7 +121,7 @@ async def test_an_mps_claim_gets_its_own_daemon_that_outlives_the_agent_and_goes
                        what="the new supervisor to answer, with the claim's daemon adopted")
         assert [d.pid for d in daemons_of(driver_root, uid)] == [replacement.pid]
 
-        # The last unprepare: the daemon quits, its directory goes, the GPUs are DEFAULT again.
+        # The last unprepare: the daemon is killed, its directory goes, the GPUs are DEFAULT again.
         assert (await kubelet.unprepare([ref(claim)])).claims[uid].error == ""
     assert daemons_of(driver_root, uid) == [] and not pipe.parent.exists()
     assert {mockstate.compute_mode(driver_root, uuid_of[g]) for g in ("gpu-1", "gpu-3")} == {0}

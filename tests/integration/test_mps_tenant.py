@@ -6,7 +6,8 @@ claim's daemon and runs a daemon of its own, as a root process in a container co
 The supervisor runs as a process (as in its DaemonSet, but in this machine's mount namespace),
 driven like the agent drives it (spec files and its socket, :class:`MpsDaemons`), against a fake
 driver root's mock ``nvidia-cuda-mps-control``: real daemons, real signals, real tmpfs mounts.
-No API server: none of this goes through it."""
+No API server: none of this goes through it, except in the last tests, where the agent drives the
+supervisor as on a node (an unprepare waits for the claim's daemon under the agent's node lock)."""
 
 from __future__ import annotations
 
@@ -15,16 +16,21 @@ import errno
 import json
 import os
 import signal
-import socket
 import subprocess
-import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from seedobjects import published_devices
+from test_kubelet_plugin import allocated_claim, driver, plugin_agents, ref  # noqa: F401 (fixtures)
+from test_mps import EXCLUSIVE_PROCESS, mps_config
 
 from gpudra_driver import mpsmounts, mpssupervisor
+from gpudra_driver.kubeapi import Kube
+from gpudra_driver.plugin.kubelet_client import DraClient
 from gpudra_driver.plugin.mps import DaemonSpec
 from gpudra_driver.plugin.mpsdaemons import MpsDaemons, MpsUnavailable
 from gpudra_driver.plugin.sockets import SocketAddress
@@ -327,53 +333,73 @@ async def test_a_tenant_cannot_fill_the_nodes_disk_or_crash_the_supervisor_throu
 
 
 @pytest.mark.parametrize("answer", [None, b"OK\n"], ids=["never-answers", "lies"])
-async def test_a_claim_whose_control_socket_is_the_tenants_delays_no_other_claims_prepare(
-        node: Node, answer: bytes | None) -> None:
-    """Claim A's tenant replaces its control socket with one that accepts and never answers (the
-    supervisor's quit waits for its client's timeout), or that answers OK to quit while the
-    daemon stays (the supervisor waits for the daemon to go, then kills it); A is unprepared.
-    Claim B is prepared meanwhile: its daemon is up and its sync answered while A's stop still
-    waits."""
-    node.start_supervisor()
-    assert await node.converge({CLAIM_A: spec(CLAIM_A, GPU_0)}) == {}
-    control = node.mps / CLAIM_A / "pipe" / "control"
-    control.unlink()
-    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    accepted: list[socket.socket] = []
+async def test_unpreparing_a_claim_whose_control_socket_is_the_tenants_delays_neither_it_nor_other_claims_prepare(
+        kube: Kube, namespace: str, fake_nodes, plugin_agents, driver: str, tmp_path: Path,  # noqa: F811
+        answer: bytes | None) -> None:
+    """Claim A's tenant replaces its control socket with one that accepts and never answers, or
+    that answers OK to anything (a ``quit`` would leave the daemon running). The kubelet unprepares
+    A (its containers are gone: no MPS client is left) while it prepares B, on another GPU, through
+    the agent, whose node lock both calls take. Both answer within 2 s: A's daemon is killed with
+    its process group at once, through its pidfd, and nothing talks to the tenant's socket; A's GPU
+    is back to DEFAULT only once the group is gone; B's daemon is up, its GPU EXCLUSIVE_PROCESS."""
+    root = make_driver_root(tmp_path / "driver-root", "dgx-h100")
+    node = (await fake_nodes("h100"))["metadata"]["name"]
+    agent = plugin_agents(node, driver, nvml="mock:dgx-h100", driver_root=root)
+    plugin_dir = agent.workdir / "kubelet" / "plugins" / driver
+    supervisor = start_mps_supervisor(plugin_dir=plugin_dir, driver_root=root, workdir=agent.workdir)
+    connections: list[asyncio.StreamWriter] = []
+
+    async def tenant(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)  # held open: a client waits for an answer that never comes
+        if answer is not None:
+            await reader.read(1024)
+            writer.write(answer)
+            await writer.drain()
+            writer.close()
+
     try:
-        with SocketAddress(control) as address:
-            silent.bind(address.address)
-        silent.listen(8)
+        uuid_of = {name: d["attributes"]["uuid"]["string"]
+                   for name, d in (await published_devices(kube, driver, node, 8)).items()}
+        a = await allocated_claim(kube, namespace, "tenant", driver, node, ["gpu-0"], config=mps_config(driver))
+        b = await allocated_claim(kube, namespace, "neighbour", driver, node, ["gpu-1"], config=mps_config(driver))
+        async with DraClient((await agent.registered()).endpoint) as kubelet:
+            assert (await agent.prepare(kubelet, [ref(a)])).claims[a["metadata"]["uid"]].error == ""
+            [daemon] = [d for d in mockstate.mps_daemons(root) if d.pipe_dir.parent.name == a["metadata"]["uid"]]
+            group = os.getpgid(daemon.pid)
+            assert group == daemon.pid  # the daemon leads a process group of its own
+            assert mockstate.compute_mode(root, uuid_of["gpu-0"]) == EXCLUSIVE_PROCESS
+            control = daemon.pipe_dir / "control"
+            control.unlink()
+            with SocketAddress(control) as address:
+                server = await asyncio.start_unix_server(tenant, path=address.address)
 
-        def accept() -> None:
-            try:
-                connection = silent.accept()[0]
-                accepted.append(connection)
-                if answer is not None:
-                    connection.recv(1024)
-                    connection.sendall(answer)
-                    connection.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
+            started = time.monotonic()
 
-        acceptor = threading.Thread(target=accept, daemon=True)
-        acceptor.start()
-        unprepare = asyncio.ensure_future(asyncio.to_thread(MpsDaemons(node.mps).converge, {}))
-        await wait_for(lambda: _true(bool(accepted)), timeout=20, what="the supervisor's quit on A's socket")
+            async def timed(call: Awaitable[Any]) -> tuple[Any, float]:
+                response = await call
+                return response, time.monotonic() - started
 
-        assert await node.converge({CLAIM_B: spec(CLAIM_B, GPU_1)}) == {}
-        assert len(node.daemons_of(CLAIM_B)) == 1
-        assert not unprepare.done()  # A's stop still waits on its tenant's socket: B did not wait for it
-        assert await unprepare == {}
-        assert node.daemons_of(CLAIM_A) == [] and not (node.mps / CLAIM_A).exists()
+            (unprepared, unprepare_took), (prepared, prepare_took) = await asyncio.wait_for(asyncio.gather(
+                timed(kubelet.unprepare([ref(a)])), timed(agent.prepare(kubelet, [ref(b)]))), 60)
+            assert unprepared.claims[a["metadata"]["uid"]].error == ""
+            assert prepared.claims[b["metadata"]["uid"]].error == ""
+            assert max(unprepare_took, prepare_took) < 2.0, (unprepare_took, prepare_took)
+            assert connections == []  # nothing asked the tenant's socket anything
+            with pytest.raises(ProcessLookupError):
+                os.killpg(group, 0)  # the daemon and every process of its group are gone
+            assert mockstate.compute_mode(root, uuid_of["gpu-0"]) == 0  # DEFAULT
+            assert not daemon.pipe_dir.parent.exists()
+            [theirs] = [d for d in mockstate.mps_daemons(root) if d.pipe_dir.parent.name == b["metadata"]["uid"]]
+            assert mockstate.compute_mode(root, uuid_of["gpu-1"]) == EXCLUSIVE_PROCESS
+            server.close()
+            assert (await kubelet.unprepare([ref(b)])).claims[b["metadata"]["uid"]].error == ""
     finally:
-        for connection in accepted:
-            connection.close()
-        silent.close()
-
-
-async def _true(value: bool) -> bool:
-    return value
+        for writer in connections:
+            writer.close()
+        supervisor.stop()
+        mockstate.kill_mps_daemons(root)  # they outlive the supervisor by design
+        for mount in [*(plugin_dir / "mps").glob("*/shm"), *(plugin_dir / "mps").glob("*/pipe")]:
+            mpsmounts.unmount(mount)  # a failed test's: tmp_path's removal would stop at it
 
 
 async def test_a_changed_daemon_spec_restarts_the_daemon_in_the_same_directories(node: Node) -> None:

@@ -1,6 +1,7 @@
 """The MPS supervisor's records of its daemons and its parts that need no daemon: what makes a
 process the one it started, how it starts and kills one (real processes), its restart backoff,
-the removal of a tenant's tree, and the daemon spec's /dev/shm size. The supervisor against a tenant runs in
+the removal of a tenant's tree, the daemon spec's /dev/shm size, and how long the agent waits for
+the supervisor. The supervisor against a tenant runs in
 tests/integration/test_mps_tenant.py."""
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,10 @@ from gpudra_driver.mpsmounts import empty_directory, helper_command
 from gpudra_driver.mpssupervisor import Daemon, Supervisor, restart_at, shm_size_of
 from gpudra_driver.processrecords import ProcessRecord, observe, open_recorded, same_process, start_time_of
 from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_driver.plugin import mpsdaemons
 from gpudra_driver.plugin.mps import DEFAULT_SHM_SIZE, DaemonSpec
+from gpudra_driver.plugin.mpsdaemons import MpsDaemons
+from gpudra_driver.plugin.sockets import SocketAddress
 
 UID = "0c1d2e3f-0000-4000-8000-0000000000aa"
 
@@ -224,3 +230,27 @@ async def test_a_sync_waits_for_the_claims_it_names_and_no_other(
     assert again[other]["state"] == mpssupervisor.READY
     stuck.set()
     assert (await asyncio.wait_for(supervisor.converge([UID]), 5))[UID]["state"] == mpssupervisor.READY
+
+
+async def test_the_agent_waits_for_a_stop_only_its_short_bound_and_for_a_start_its_long_one(tmp_path: Path) -> None:
+    """A supervisor that takes the agent's call and never answers (one stuck, say): a call that
+    only stops daemons (an unprepare) gives up after ``stop_timeout`` in all; one that starts a
+    daemon waits ``timeout``. Both are under the agent's node lock."""
+    root = tmp_path / "mps"
+    (root / UID).mkdir(parents=True)
+    (root / UID / "daemon.json").write_bytes(DaemonSpec(UID, ("GPU-1",)).encode())
+    assert mpsdaemons.STOP_TIMEOUT == mpsdaemons.KILL_WAIT + 5.0 < mpsdaemons.SYNC_TIMEOUT
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with SocketAddress(root / "supervisor.sock") as address:
+        listener.bind(address.address)
+    listener.listen(8)  # connects, is never accepted: nothing is ever answered
+    try:
+        daemons = MpsDaemons(root, timeout=1.5, stop_timeout=0.3)
+        started = time.monotonic()
+        assert await asyncio.to_thread(daemons.converge, {}) == {}  # the stop: given up on, logged
+        assert time.monotonic() - started < 1.0 and not (root / UID / "daemon.json").exists()
+        started = time.monotonic()
+        problems = await asyncio.to_thread(daemons.converge, {UID: DaemonSpec(UID, ("GPU-1",))})
+        assert 1.5 <= time.monotonic() - started < 5 and "did not answer" in problems[UID]
+    finally:
+        listener.close()

@@ -47,6 +47,9 @@ CONTAINER_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # the MPS clients' default CUDA_MP
 SPEC_FILE = "daemon.json"  # in a claim's directory: written by the agent
 STATUS_FILE = "status.json"  # in a claim's directory: written by the supervisor
 SUPERVISOR_SOCKET = "supervisor.sock"  # in the MPS root: the supervisor's (one JSON line each way)
+# Seconds the supervisor waits for a daemon it killed (SIGKILL, with its process group) to go: a stop's
+# bound, which the agent waits for under its node lock (one stuck in the driver may never go).
+KILL_WAIT = 5.0
 MIB = 2**20
 # A claim's /dev/shm: what containerd, CRI-O and Docker give a container's /dev/shm (64 MiB), so a
 # workload gets no less with MPS than without. MPS itself needs little of it.

@@ -1,7 +1,9 @@
 """The agent's side of the MPS daemons (I/O): the spec files the MPS supervisor converges on, and
 its answer (:mod:`gpudra_driver.mpssupervisor`). Called under the node lock, off the event loop
 (the calls block on the supervisor, which waits only for the claims named in the call: another
-claim's slow daemon does not hold the node lock)."""
+claim's slow daemon does not hold the node lock). A call that only stops daemons (an unprepare, a
+rollback) waits at most :data:`STOP_TIMEOUT`: the supervisor kills them at once, so their exit,
+not their tenants, bounds it; the GPUs go back to ``DEFAULT`` only after it."""
 
 from __future__ import annotations
 
@@ -10,18 +12,22 @@ import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from gpudra_driver.plugin.fsutil import remove, write_atomic
 from gpudra_driver.plugin.model import PreparedClaim, is_uid
-from gpudra_driver.plugin.mps import SPEC_FILE, STATUS_FILE, SUPERVISOR_SOCKET, DaemonSpec
+from gpudra_driver.plugin.mps import KILL_WAIT, SPEC_FILE, STATUS_FILE, SUPERVISOR_SOCKET, DaemonSpec
 from gpudra_driver.plugin.sockets import SocketAddress
 
 log = logging.getLogger(__name__)
 
 SYNC_TIMEOUT = 30.0  # seconds: starting a daemon and setting its limits, inside the kubelet's 45 s
+# seconds for the supervisor to stop daemons (no start in the call): SIGKILL, at most KILL_WAIT for
+# them to go, then their two tmpfs unmounted and their directories removed. Waited under the node lock.
+STOP_TIMEOUT = KILL_WAIT + 5.0
 
 
 class MpsUnavailable(OSError):
@@ -29,9 +35,10 @@ class MpsUnavailable(OSError):
 
 
 class MpsDaemons:
-    def __init__(self, root: Path, timeout: float = SYNC_TIMEOUT) -> None:
+    def __init__(self, root: Path, timeout: float = SYNC_TIMEOUT, stop_timeout: float = STOP_TIMEOUT) -> None:
         self.root = root  # <plugin-dir>/mps
-        self.timeout = timeout
+        self.timeout = timeout  # a call that starts a daemon
+        self.stop_timeout = min(stop_timeout, timeout)  # a call that only stops daemons
 
     def present(self) -> dict[str, bytes]:
         """Claim UID -> the spec file's bytes, for every spec on disk."""
@@ -52,9 +59,10 @@ class MpsDaemons:
         """Make the spec files ``wanted``, leaving those of ``keep`` (claims adopted from a corrupt
         checkpoint: their pods still hold their daemons) as they are, and, when that changed
         anything, have the supervisor converge those claims. Returns claim UID -> why, for each
-        wanted daemon that is not running (the supervisor unreachable included). Daemons no longer
-        wanted only have their spec removed when the supervisor cannot be reached: it stops them
-        when it is back."""
+        wanted daemon that is not running (the supervisor unreachable included). A call that starts
+        no daemon waits at most :attr:`stop_timeout` for the stops. Daemons no longer wanted only
+        have their spec removed when the supervisor cannot be reached: it stops them when it is
+        back."""
         present = self.present()
         added = {uid: spec for uid, spec in wanted.items() if present.get(uid) != spec.encode()}
         removed = [uid for uid in present if uid not in wanted and uid not in keep]
@@ -66,7 +74,7 @@ class MpsDaemons:
         if not added and not removed:
             return {}
         try:
-            statuses = self.sync([*added, *removed])
+            statuses = self.sync([*added, *removed], self.timeout if added else self.stop_timeout)
         except MpsUnavailable as error:
             if removed:
                 log.warning("MPS daemons of claim(s) %s: %s; it stops them when it is back", removed, error)
@@ -78,17 +86,21 @@ class MpsDaemons:
                 problems[uid] = f"its MPS control daemon is not running: {status.get('message') or 'no status'}"
         return problems
 
-    def sync(self, claims: Sequence[str] = ()) -> dict[str, Mapping[str, Any]]:
-        """The supervisor's converge, now, waiting for ``claims`` only; claim UID -> status."""
+    def sync(self, claims: Sequence[str] = (), timeout: float | None = None) -> dict[str, Mapping[str, Any]]:
+        """The supervisor's converge, now, waiting for ``claims`` only, at most ``timeout`` seconds
+        in all (None: :attr:`timeout`); claim UID -> status."""
         path = self.root / SUPERVISOR_SOCKET
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
         try:
+            sock.settimeout(_left(deadline))
             with SocketAddress(path) as address:
                 sock.connect(address.address)
+            sock.settimeout(_left(deadline))
             sock.sendall(json.dumps({"sync": True, "claims": list(claims)}).encode() + b"\n")
             data = b""
             while not data.endswith(b"\n"):
+                sock.settimeout(_left(deadline))
                 chunk = sock.recv(65536)
                 if not chunk:
                     break
@@ -116,6 +128,14 @@ class MpsDaemons:
             except (OSError, ValueError, TypeError, AttributeError):
                 continue
         return counts
+
+
+def _left(deadline: float) -> float:
+    """Seconds to ``deadline`` (time.monotonic); TimeoutError once it has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("timed out")
+    return left
 
 
 RESTART_CHECK_INTERVAL = 5.0  # seconds between looks at the daemons' restart counts

@@ -475,7 +475,10 @@ class DeviceState:
         if remaining != checkpoint:
             self.checkpoint.save(remaining)
             self.fault("unprepare-after-checkpoint")
-            self._converge_mps_quietly(remaining)  # before the compute mode goes back to DEFAULT
+            # Their MPS daemons gone before the compute mode goes back to DEFAULT (no MPS server may
+            # hold a GPU handed to another claim): the supervisor kills them at once, so this wait,
+            # under the node lock, is bounded by their exit (mpsdaemons.STOP_TIMEOUT), not by tenants.
+            self._converge_mps_quietly(remaining)
             # the last claim sharing a GPU gone: its defaults back, then forgotten
             if reset := self._settle(checkpoint, remaining):
                 self.checkpoint.save(remaining.untouched(reset))
