@@ -109,12 +109,65 @@ async def wait_exited(pidfd: int, timeout: float) -> bool:
         loop.remove_reader(pidfd)
 
 
+def _children(pid: int) -> list[int]:
+    """The PIDs whose parent is ``pid`` now (one pass over /proc)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                    if int(_fields(stat.read())[1]) == pid:  # field 4: ppid
+                        found.append(int(entry.name))
+            except (OSError, IndexError, ValueError):  # gone meanwhile
+                continue
+    return found
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return int(_fields(stat.read())[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _descendants(pidfd: int, pid: int, depth: int = 4) -> list[int]:
+    """pidfds on the processes below the live process of ``pidfd``, each opened and then checked
+    to be a child of its (still live, still pinned) parent, so none is a reused PID. An MPS server
+    that left its control daemon's process group (setsid) is found here."""
+    if depth == 0 or exited(pidfd):
+        return []
+    pinned: list[int] = []
+    for child in _children(pid):
+        try:
+            fd = os.pidfd_open(child)
+        except OSError:
+            continue
+        if _parent_of(child) == pid and not exited(pidfd):
+            pinned += [fd, *_descendants(fd, child, depth - 1)]
+        else:
+            os.close(fd)
+    return pinned
+
+
 def kill_group(pidfd: int, pid: int) -> None:
-    """SIGKILL to the process of ``pidfd`` (whose PID is ``pid``) and, when it leads a process
-    group of its own (a session leader: the supervisor starts each daemon in a new session), to
-    that group: the MPS servers a control daemon started, which would otherwise keep its GPUs.
-    The group is signalled only while its leader is alive and is that process (the pidfd says
-    so), so the group ID cannot be another's: a PID in use as a group ID is never handed out."""
+    """SIGKILL to the process of ``pidfd`` (whose PID is ``pid``), to every process below it, and,
+    when it leads a process group of its own (a session leader: the supervisor starts each daemon
+    in a new session), to that group: the MPS servers a control daemon started, which would
+    otherwise keep its GPUs. The processes below are pinned by pidfds before anything is killed
+    (a killed parent's children are re-parented). The group is signalled only while its leader is
+    alive and is that process (the pidfd says so), so the group ID cannot be another's: a PID in
+    use as a group ID is never handed out."""
+    below = _descendants(pidfd, pid)
+    try:
+        for fd in below:
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    finally:
+        for fd in below:
+            os.close(fd)
     if not exited(pidfd):
         try:
             with open(f"/proc/{pid}/stat", "rb") as stat:

@@ -138,6 +138,38 @@ async def test_a_killed_daemon_takes_its_process_group_along(tmp_path: Path) -> 
         daemon.forget()
 
 
+async def test_a_killed_daemon_takes_along_a_server_that_left_its_process_group(tmp_path: Path) -> None:
+    """An MPS server that started a session of its own (setsid) is out of the daemon's process
+    group; it is still the daemon's child, and killed with it."""
+    child = tmp_path / "child"
+    leader = subprocess.Popen(["sh", "-c", f"setsid sleep 600 & echo $! > {child}; wait"], start_new_session=True)
+    daemon = Daemon(mpssupervisor.DaemonSpec(UID, ("GPU-1",)), pid=leader.pid)
+    server = 0
+    try:
+        await wait_for(lambda: _nonempty(child), timeout=10, what="the daemon's child to start")
+        server = int(child.read_text())
+        await wait_for(lambda: _own_session(server), timeout=10, what="the daemon's child to leave its group")
+        record = observe(leader.pid)
+        assert record is not None
+        daemon.pidfd = open_recorded(record)
+        assert daemon.alive() and await daemon.killed()
+        await wait_for(lambda: _gone(server), timeout=10, what="the daemon's child to go with it")
+    finally:
+        leader.kill()
+        leader.wait()
+        daemon.forget()
+        if server and observe(server) is not None:
+            os.kill(server, 9)
+
+
+async def _own_session(pid: int) -> bool:
+    """Whether ``pid`` leads a process group of its own (setsid has run in it)."""
+    try:
+        return os.getpgid(pid) == pid
+    except ProcessLookupError:
+        return False
+
+
 async def _nonempty(path: Path) -> bool:
     return path.exists() and path.read_text().strip() != ""
 
