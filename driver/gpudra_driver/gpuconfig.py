@@ -10,6 +10,9 @@ sharing:
   strategy: Exclusive | TimeSlicing | MPS         # default Exclusive
   timeSlicing: {interval: Default | Short | Medium | Long}        # only with TimeSlicing
   mps:                                                            # only with MPS
+    # Limits per MPS client process. Enforced on a GPU the claim holds whole (EXCLUSIVE_PROCESS:
+    # every process must go through the claim's daemon); on a share of a GPU (consumable
+    # capacity) cooperative only: a process that ignores CUDA_MPS_PIPE_DIRECTORY runs unlimited.
     activeThreadPercentage: 1..100
     pinnedMemoryLimit: 10Gi                                       # per device
     perDevice: {gpu-0: {pinnedMemoryLimit: 20Gi, activeThreadPercentage: 50}}  # name or UUID
