@@ -136,6 +136,10 @@ BAD: dict[str, Bad] = {
     "limit with a unit quantities lack": Bad(mps(pinnedMemoryLimit="10GB"), "sharing.mps.pinnedMemoryLimit", MEMORY),
     "limit under 1Mi": Bad(mps(pinnedMemoryLimit="1023Ki"), "sharing.mps.pinnedMemoryLimit", MEMORY),
     "limit under 1Mi in bytes": Bad(mps(pinnedMemoryLimit=1048575), "sharing.mps.pinnedMemoryLimit", MEMORY),
+    # Rounds up to 1Mi as a whole byte, but the rule is on the value as written, as the policy's compareTo is.
+    "limit a fraction under 1Mi": Bad(mps(pinnedMemoryLimit="1048575.1"), "sharing.mps.pinnedMemoryLimit", MEMORY),
+    "limit in milli-bytes under 1Mi": Bad(mps(pinnedMemoryLimit="1048575001m"), "sharing.mps.pinnedMemoryLimit",
+                                          MEMORY),
     "limit negative": Bad(mps(pinnedMemoryLimit="-1Gi"), "sharing.mps.pinnedMemoryLimit", MEMORY),
     "limit a float": Bad(mps(pinnedMemoryLimit=1073741824.0), "sharing.mps.pinnedMemoryLimit", MEMORY),
     "limit beyond int64": Bad(mps(pinnedMemoryLimit=10**20), "sharing.mps.pinnedMemoryLimit", MEMORY),

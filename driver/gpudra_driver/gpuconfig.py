@@ -41,7 +41,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpudra_driver import limits
-from gpudra_driver.quantity import int64_value
+from gpudra_driver.quantity import int64_value, parse_quantity
 
 API_VERSION = "gpudra.io/v1alpha1"
 KIND = "GpuConfig"
@@ -292,7 +292,10 @@ def _memory(value: Any, path: str) -> int:
                 pass
     elif isinstance(value, int) and not isinstance(value, bool) and value in _INT64:
         amount = value
-    if amount is None or amount < MIN_PINNED_MEMORY:
+    # The minimum holds for the value as written, as the admission policy's compareTo judges it:
+    # 1048575.1 rounds up to 1Mi but is less.
+    if amount is None or amount < MIN_PINNED_MEMORY \
+            or amount == MIN_PINNED_MEMORY and isinstance(value, str) and parse_quantity(value) < MIN_PINNED_MEMORY:
         raise GpuConfigError(path, MEMORY_RULE, got=_show(value))
     return amount
 
