@@ -13,15 +13,21 @@ a daemon: a fresh single-threaded process (no ``preexec_fn`` in a threaded super
 for one line on stdin (the supervisor sends it once its record of this PID is written: a
 supervisor that dies before that closes the pipe, and the helper exits without starting
 anything), then, with ``--shm``, enters a mount namespace of its own with DIR at ``/dev/shm``
-(``nosymfollow``), and execs PROGRAM: the same PID and start time, so the record names the daemon."""
+(``nosymfollow``), and execs PROGRAM: the same PID and start time, so the record names the daemon.
+The line is ``go`` and, after a space, PROGRAM's environment as a JSON object: the helper's own
+Python runs with the supervisor's environment, not with the driver root's ``LD_LIBRARY_PATH``
+(on a node, the host's libc and libffi, which the image's Python may not load), and only PROGRAM
+gets it."""
 
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import stat
 import sys
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -29,6 +35,7 @@ log = logging.getLogger(__name__)
 PIPE_SIZE = 1 * 2**20  # bytes: MPS keeps sockets, a lock and a PID file there (its logs go to log/)
 PIPE_INODES = 256  # files and directories in a claim's pipe directory, the tmpfs root included
 VIEW_FAILED = 125  # the helper's exit status when its mount namespace could not be set up
+MAX_GO_LINE = 1 * 2**20  # bytes: the helper's "go" line with the program's environment
 
 _CLONE_NEWNS = 0x20000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 0x2, 0x4, 0x8, 0x20
@@ -39,8 +46,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 def _check(ok: bool, what: str) -> None:
     if not ok:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+        code = ctypes.get_errno()
+        raise OSError(code, f"{what}: {os.strerror(code)}")
 
 
 def shm_inodes(size: int) -> int:
@@ -71,17 +78,41 @@ def unmount(path: Path) -> None:
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def empty_directory(directory: Path) -> None:
+class EmptyingStopped(OSError):
+    """A directory was not emptied within its bound: someone (a tenant's container, which mounts
+    it read-write) keeps writing into it faster than it is emptied."""
+
+
+def empty_directory(directory: Path, *, max_ops: int | None = None, deadline: float | None = None) -> None:
     """Remove what ``directory`` holds, following no symlink, without recursion (a tenant's tree
     may be deeper than Python's stack) and with one directory descriptor open per level. What
-    cannot be removed (a mount point) is left."""
+    cannot be removed (a mount point) is left.
+
+    With ``max_ops`` (directory scans and entries removed or tried) or ``deadline`` (a
+    :func:`time.monotonic` time), :class:`EmptyingStopped` once either is spent: a tenant that
+    keeps creating directories with a file in each (``d1/f``, ``d2/f``, ...) while this runs
+    would otherwise keep it going for as long as it likes."""
+    ops = 0
+
+    def spend() -> None:
+        nonlocal ops
+        ops += 1
+        if max_ops is not None and ops > max_ops:
+            raise EmptyingStopped(f"{directory} still not empty after {max_ops} operations: "
+                                  "something keeps writing into it")
+        if deadline is not None and time.monotonic() > deadline:
+            raise EmptyingStopped(f"{directory} still not empty at its deadline: "
+                                  "something keeps writing into it")
+
     stack: list[tuple[int, set[str]]] = [(os.open(directory, _DIRECTORY), set())]
     try:
         while stack:
             fd, emptied = stack[-1]
             child = None
+            spend()
             with os.scandir(fd) as entries:
                 for entry in entries:
+                    spend()
                     try:
                         if not entry.is_dir(follow_symlinks=False):
                             os.unlink(entry.name, dir_fd=fd)
@@ -143,7 +174,20 @@ def main(argv: list[str]) -> int:
     if argv[:1] != ["--"] or len(argv) < 2:
         print("usage: python -m gpudra_driver.mpsmounts [--shm DIR] -- PROGRAM ARGS...", file=sys.stderr)
         return 2
-    if sys.stdin.buffer.readline() != b"go\n":
+    line = sys.stdin.buffer.readline(MAX_GO_LINE)
+    if line == b"go\n":
+        env = dict(os.environ)
+    elif line.startswith(b"go ") and line.endswith(b"\n"):
+        try:  # the program's environment: this Python's is the supervisor's own (no driver root libraries)
+            given = json.loads(line[3:])
+        except ValueError:
+            given = None
+        if not isinstance(given, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                  for k, v in given.items()):
+            print("gpudra_driver.mpsmounts: the environment is not an object of strings", file=sys.stderr)
+            return 2
+        env = given
+    else:
         return 1  # the supervisor went before it recorded this process: start nothing
     try:
         if shm is not None:
@@ -154,7 +198,7 @@ def main(argv: list[str]) -> int:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    os.execv(argv[1], argv[1:])
+    os.execve(argv[1], argv[1:], env)
 
 
 if __name__ == "__main__":

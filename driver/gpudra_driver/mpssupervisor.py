@@ -40,9 +40,11 @@ stays; and the agent waits for the stop under its node lock (an unprepare: the G
 would buy nothing: a claim is unprepared only once the kubelet has stopped every
 container using it, so no client is left; a rolled-back prepare never had containers; and a daemon
 restarted for a changed spec takes the claim's MPS server from its clients either way (MPS clients
-cannot reconnect, and ``quit`` waits for them to exit). The kill goes through the daemon's pidfd,
-to it and its process group, and the stop waits at most :data:`KILL_TIMEOUT` for it to go: what
-the agent waits for is bounded by the process's exit, not by the tenant.
+cannot reconnect, and ``quit`` waits for them to exit). The kill goes through the daemon's pidfd:
+it is stopped first (so it starts no server meanwhile), then every process below it, its process
+group and itself are killed (:func:`~gpudra_driver.processrecords.kill_group`), and the stop
+waits at most :data:`KILL_TIMEOUT` for it to go: what the agent waits for is bounded by the
+process's exit, not by the tenant.
 
 **The pipe and shm directories belong to the tenant.** They are mounted read-write into the
 claim's containers, whose processes may run as root: anything in them (the daemon's PID file, its
@@ -61,6 +63,14 @@ control socket, a symlink) may be forged. So the supervisor takes no decision fr
   socket, the PID file at a file of the supervisor's) is not followed;
 * a (re)started daemon gets an emptied pipe directory: what a tenant left there goes, removed
   without recursion (a bounded tmpfs holds at most :data:`~gpudra_driver.mpsmounts.PIPE_INODES`).
+  The tenant's containers still mount it and may keep writing into it, so the emptying stops
+  after :data:`EMPTY_OPS` operations or :data:`EMPTY_TIMEOUT` seconds and that start fails; each
+  claim's filesystem work runs in a thread of its own (:func:`in_thread`), so no claim waits for
+  another's;
+* what a control client prints is read up to :data:`CLIENT_OUTPUT_LIMIT` bytes (the control
+  socket may be the tenant's daemon, answering at any length); more kills it and fails the call;
+* the daemon's environment (the driver root's ``LD_LIBRARY_PATH``) is handed to the exec helper
+  with its "go" and applied only to the control daemon, never to the helper's own Python.
 
 What a tenant can still do is its own claim's business: quit its daemon (the supervisor starts it
 again, and the agent reports it), or answer the supervisor's limit commands with a daemon of its
@@ -80,8 +90,9 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,6 +120,9 @@ STABLE_AFTER = 60.0  # ... it ran this long
 MAX_RESTART_BACKOFF = 300.0
 LEFTOVER_AGE = 60.0  # seconds a directory without a spec or a daemon is left to the agent writing it
 MAX_SYNC_CLAIMS = 4096  # claim UIDs in one sync request
+EMPTY_OPS = 8 * PIPE_INODES  # scans and removals to empty a claim's pipe tmpfs: a full one takes fewer
+EMPTY_TIMEOUT = 5.0  # seconds to empty a claim's pipe directory, whatever it is
+CLIENT_OUTPUT_LIMIT = 64 * 2**10  # bytes a control client call may print: more fails the call
 READY, STARTING, FAILED = "Ready", "Starting", "Failed"
 
 
@@ -166,6 +180,68 @@ class Daemon:
 
     def status(self) -> dict[str, Any]:
         return {"state": self.state, "pid": self.pid, "restarts": self.restarts, "message": self.message}
+
+
+async def in_thread(function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)`` in a thread of its own, not in asyncio's shared executor: one claim's
+    filesystem work (a tenant racing the emptying of its pipe directory, a mount that blocks)
+    never waits for, or makes wait, another claim's. Each claim runs one pass at a time, so there
+    are at most as many such threads as claims."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+
+    def work() -> None:
+        try:
+            result, error = function(*args), None
+        except BaseException as raised:  # noqa: BLE001 (handed to the awaiting task)
+            result, error = None, raised
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop closed meanwhile: nobody waits
+            pass
+
+    threading.Thread(target=work, name=f"mps-{getattr(function, '__name__', 'work')}", daemon=True).start()
+    return await done
+
+
+class OutputTooLong(Exception):
+    """A control client printed more than its limit (its control socket may be the tenant's)."""
+
+
+async def _limited_output(process: asyncio.subprocess.Process, data: bytes, limit: int) -> bytes:
+    """Write ``data`` to the process's stdin, close it, and read its stdout (stderr joined to it)
+    to its end and its exit: at most ``limit`` bytes held, OutputTooLong beyond (a reply as long
+    as a tenant's fake daemon likes would otherwise fill this process's memory)."""
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        process.stdin.write(data)
+        await process.stdin.drain()
+    except ConnectionError:  # it exited without reading: its output and status say why
+        pass
+    process.stdin.close()
+    out = bytearray()
+    while chunk := await process.stdout.read(64 * 2**10):
+        out += chunk
+        if len(out) > limit:
+            raise OutputTooLong
+    await process.wait()
+    return bytes(out)
+
+
+async def _discard_and_wait(process: asyncio.subprocess.Process) -> None:
+    """The exit of a killed process whose output is read no more: what is left of it is dropped."""
+    if process.stdout is not None:
+        while await process.stdout.read(64 * 2**10):
+            pass
+    await process.wait()
 
 
 def _failed(message: str) -> dict[str, Any]:
@@ -416,7 +492,10 @@ class Supervisor:
         size = shm_size_of(spec, self.shm_size, self.max_shm_size)
         for name, mode in (("pipe", 0o755), ("log", 0o755), ("shm", 0o1777)):
             (base / name).mkdir(mode=mode, exist_ok=True)
-        empty_directory(base / "pipe")
+        # a tenant's container has the pipe tmpfs mounted read-write and may keep writing into it:
+        # bounded (a full tmpfs takes fewer operations), or this claim's pass would never end
+        empty_directory(base / "pipe", max_ops=EMPTY_OPS if os.path.ismount(base / "pipe") else None,
+                        deadline=time.monotonic() + EMPTY_TIMEOUT)
         if not os.path.ismount(base / "pipe"):
             mount_tmpfs(base / "pipe", PIPE_SIZE, PIPE_INODES, 0o755, nosymfollow=True)
         os.chmod(base / "log", 0o755)  # mkdir's mode is masked by the umask
@@ -429,8 +508,9 @@ class Supervisor:
         if not self._adopt(uid, daemon):
             self._forget(uid)
             try:
-                await asyncio.to_thread(self._prepare_dirs, uid, daemon.spec)
-            except (ValueError, OSError) as error:  # more than the platform allows; a mount refused
+                await in_thread(self._prepare_dirs, uid, daemon.spec)
+            except (ValueError, OSError) as error:  # more than the platform allows; a mount refused; a
+                # tenant that keeps writing into its pipe directory (EmptyingStopped)
                 daemon.state, daemon.message = FAILED, str(error)
                 log.error("claim %s: %s", uid, daemon.message)
                 return
@@ -457,8 +537,8 @@ class Supervisor:
         base = self.root / uid
         command = helper_command(str(self.control), ["-f"], base / "shm" if self.isolate_shm else None)
         try:
-            process = await asyncio.create_subprocess_exec(
-                *command, env=self._env(uid, daemon.spec), stdin=asyncio.subprocess.PIPE,
+            process = await asyncio.create_subprocess_exec(  # the helper's own Python: this process's environment
+                *command, stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
         except OSError as error:
             return f"starting {self.control} failed: {error}"
@@ -471,7 +551,8 @@ class Supervisor:
             # what the helper becomes: the same PID and start time, the control daemon's executable
             self._remember(uid, ProcessRecord(seen.pid, seen.start_time, os.path.realpath(self.control)))
             assert process.stdin is not None
-            process.stdin.write(b"go\n")
+            # the daemon's environment (the driver root's libraries) only for the daemon's program
+            process.stdin.write(b"go " + json.dumps(self._env(uid, daemon.spec)).encode() + b"\n")
             await process.stdin.drain()
             process.stdin.close()
         except (OSError, ConnectionError) as error:  # ENOSPC on the record included: this claim fails, alone
@@ -513,14 +594,16 @@ class Supervisor:
         except OSError as error:
             return f"{self.control}: {error}"
         try:
-            out, _ = await asyncio.wait_for(process.communicate("".join(f"{c}\n" for c in commands).encode()),
-                                            timeout)
-        except TimeoutError:
+            out = await asyncio.wait_for(_limited_output(process, "".join(f"{c}\n" for c in commands).encode(),
+                                                         CLIENT_OUTPUT_LIMIT), timeout)
+        except (TimeoutError, OutputTooLong) as error:
             process.kill()
-            try:
-                await asyncio.wait_for(process.wait(), KILL_TIMEOUT)
+            try:  # what is left in the pipe is read and dropped: asyncio's wait ends only once it closes
+                await asyncio.wait_for(_discard_and_wait(process), KILL_TIMEOUT)
             except TimeoutError:
                 pass
+            if isinstance(error, OutputTooLong):
+                return f"{self.control} printed more than {CLIENT_OUTPUT_LIMIT} bytes; killed"
             return f"{self.control} did not answer within {timeout:g}s"
         if process.returncode != 0:
             lines = out.decode(errors="replace").strip().splitlines()
@@ -537,7 +620,7 @@ class Supervisor:
         daemon.forget()
         self._forget(uid)
         if remove:
-            await asyncio.to_thread(self._remove_dir, uid)
+            await in_thread(self._remove_dir, uid)
             log.info("MPS control daemon of claim %s stopped", uid)
 
     def _remove_dir(self, uid: str) -> None:
@@ -554,7 +637,7 @@ class Supervisor:
             await self._stop(uid, daemon)
         else:
             self._forget(uid)
-            await asyncio.to_thread(self._remove_dir, uid)
+            await in_thread(self._remove_dir, uid)
 
 
 def _size(text: str) -> int:

@@ -9,6 +9,7 @@ import asyncio
 import os
 import select
 import signal
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,6 +151,17 @@ def _descendants(pidfd: int, pid: int, depth: int = 4) -> list[int]:
     return pinned
 
 
+STOP_WAIT = 0.2  # seconds kill_group waits for a SIGSTOPped process to be stopped
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return _fields(stat.read())[0] in (b"T", b"t")  # field 3: state
+    except (OSError, IndexError):
+        return False
+
+
 def kill_group(pidfd: int, pid: int) -> None:
     """SIGKILL to the process of ``pidfd`` (whose PID is ``pid``), to every process below it, and,
     when it leads a process group of its own (a session leader: the supervisor starts each daemon
@@ -157,7 +169,19 @@ def kill_group(pidfd: int, pid: int) -> None:
     otherwise keep its GPUs. The processes below are pinned by pidfds before anything is killed
     (a killed parent's children are re-parented). The group is signalled only while its leader is
     alive and is that process (the pidfd says so), so the group ID cannot be another's: a PID in
-    use as a group ID is never handed out."""
+    use as a group ID is never handed out. The process is stopped (SIGSTOP, through its pidfd)
+    before its children are looked for: a live daemon could otherwise start another server, in a
+    session of its own, after the scan and before its kill, and that server would be reached by
+    neither. A fork in flight when the stop arrives still completes, its child visible only then,
+    so the scan waits (at most :data:`STOP_WAIT`: a process stuck in the kernel may never stop)
+    for the process to be stopped."""
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGSTOP)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + STOP_WAIT
+    while not _stopped(pid) and not exited(pidfd) and time.monotonic() < deadline:
+        time.sleep(0.001)  # a state change: nothing to wait on but /proc
     below = _descendants(pidfd, pid)
     try:
         for fd in below:

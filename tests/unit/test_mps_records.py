@@ -7,6 +7,7 @@ tests/integration/test_mps_tenant.py."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -286,3 +288,158 @@ async def test_the_agent_waits_for_a_stop_only_its_short_bound_and_for_a_start_i
         assert 1.5 <= time.monotonic() - started < 5 and "did not answer" in problems[UID]
     finally:
         listener.close()
+
+
+_TENANT_WRITER = """
+import os, sys
+directory, i = sys.argv[1], 0
+while True:  # d1/f, d2/f, ...: a new name each time
+    i += 1
+    try:
+        os.mkdir(f"{directory}/d{i}")
+        open(f"{directory}/d{i}/f", "w").close()
+    except OSError:
+        pass
+"""
+
+
+async def test_a_tenant_writing_into_its_pipe_directory_fails_its_own_restart_in_bounded_time_and_no_other(
+        tmp_path: Path) -> None:
+    """The tenant's container has its pipe directory mounted read-write while the daemon is
+    started again, and keeps creating directories with a file in each (``d1/f``, ``d2/f``, ...):
+    the emptying stops at its bound and that claim fails with a reason; another claim's
+    directories are prepared meanwhile, even with asyncio's shared executor down to one thread.
+    (A plain pipe directory, as an older version left it, where this writer outpaces the emptying
+    on any kernel; a tmpfs one is bounded by operations as well as by the deadline.)"""
+    other = UID.replace("aa", "bb")
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(1))
+    supervisor = Supervisor(tmp_path / "mps", Path("/nonexistent"))
+    spec = DaemonSpec(UID, ("GPU-1",))
+    for uid in (UID, other):
+        (tmp_path / "mps" / uid).mkdir(parents=True)
+    pipe = tmp_path / "mps" / UID / "pipe"
+    pipe.mkdir()
+    writer = subprocess.Popen([sys.executable, "-c", _TENANT_WRITER, str(pipe)])
+    try:
+        await wait_for(lambda: _entries(pipe, 2000), timeout=20, what="the tenant to write")
+        racing = Daemon(spec)
+        started = time.monotonic()
+        restart = asyncio.create_task(supervisor._start(UID, racing))
+
+        async def emptying() -> bool:  # its first step hands the directories' work to a thread
+            return racing.started_at > 0
+
+        await wait_for(emptying, timeout=10, what="the claim's restart to begin")
+        neighbour = Daemon(DaemonSpec(other, ("GPU-2",)))
+        await asyncio.wait_for(supervisor._start(other, neighbour), 5)
+        # its directories were prepared: it got as far as starting its (here missing) program
+        assert neighbour.state == mpssupervisor.FAILED and "/nonexistent" in neighbour.message
+        assert os.path.ismount(tmp_path / "mps" / other / "pipe")
+        await asyncio.wait_for(restart, mpssupervisor.EMPTY_TIMEOUT + 10)
+        assert time.monotonic() - started <= mpssupervisor.EMPTY_TIMEOUT + 1
+        assert racing.state == mpssupervisor.FAILED and "keeps writing into it" in racing.message
+    finally:
+        writer.kill()
+        writer.wait()
+        for uid in (UID, other):
+            supervisor._remove_dir(uid)
+    assert not (tmp_path / "mps" / UID).exists()
+
+
+async def test_the_helpers_python_runs_without_the_driver_roots_libraries_and_the_daemon_with_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver root's library directory (on a node, the host's libc) is the daemon's
+    LD_LIBRARY_PATH, never the helper's: the image's Python may not load the host's libraries."""
+    library, seen = tmp_path / "driver-lib", tmp_path / "seen"
+    control = tmp_path / "nvidia-cuda-mps-control"
+    control.write_text(f'#!/bin/sh\necho "$LD_LIBRARY_PATH $CUDA_VISIBLE_DEVICES" > {seen}\n')
+    control.chmod(0o755)
+    (tmp_path / "mps" / UID).mkdir(parents=True)
+    supervisor = Supervisor(tmp_path / "mps", control, library)
+    helper_environ: list[bytes] = []
+    real_observe = mpssupervisor.observe
+
+    def observing(pid: int) -> ProcessRecord | None:  # the helper, before it is told to go
+        helper_environ.append(Path(f"/proc/{pid}/environ").read_bytes())
+        return real_observe(pid)
+
+    monkeypatch.setattr(mpssupervisor, "observe", observing)
+    daemon = Daemon(DaemonSpec(UID, ("GPU-7",)))
+    try:
+        assert await supervisor._spawn(UID, daemon) is None
+        assert daemon.process is not None and await asyncio.wait_for(daemon.process.wait(), 30) == 0
+    finally:
+        daemon.forget()
+    assert seen.read_text().split() == [str(library), "GPU-7"]
+    assert len(helper_environ) == 1 and str(library).encode() not in helper_environ[0]
+    assert b"CUDA_VISIBLE_DEVICES=GPU-7" not in helper_environ[0]
+
+
+async def test_a_control_client_that_prints_without_end_is_killed_at_its_output_limit(tmp_path: Path) -> None:
+    """A tenant that replaced its control socket can make the client print a reply as long as it
+    likes: the supervisor holds at most CLIENT_OUTPUT_LIMIT bytes of it, then kills the client and
+    fails the call, at once rather than at its timeout."""
+    control = tmp_path / "nvidia-cuda-mps-control"
+    control.write_text("#!/bin/sh\nexec head -c 268435456 /dev/zero\n")  # 256 MiB: endless enough
+    control.chmod(0o755)
+    (tmp_path / "mps" / UID).mkdir(parents=True)
+    supervisor = Supervisor(tmp_path / "mps", control)
+    started = time.monotonic()
+    problem = await supervisor._client(UID, ["get_default_active_thread_percentage"])
+    assert time.monotonic() - started < mpssupervisor.CLIENT_TIMEOUT / 2
+    assert problem is not None and f"more than {mpssupervisor.CLIENT_OUTPUT_LIMIT} bytes" in problem
+
+
+async def test_a_killed_daemon_that_keeps_starting_servers_in_sessions_of_their_own_leaves_none(
+        tmp_path: Path) -> None:
+    """A live daemon may start another server (setsid) between the scan for its children and its
+    kill; it is stopped first, so none escapes. Three rounds: the gap is short."""
+    for round in range(3):
+        pids, duration = tmp_path / f"pids-{round}", f"600.{os.getpid()}{round}"  # this round's servers alone
+        leader = subprocess.Popen(["sh", "-c", f"while :; do setsid sleep {duration} & echo $! >> {pids}; done"],
+                                  start_new_session=True)
+        record = observe(leader.pid)
+        assert record is not None
+        daemon = Daemon(mpssupervisor.DaemonSpec(UID, ("GPU-1",)), pid=leader.pid)
+        try:
+            await wait_for(lambda: _lines(pids, 50), timeout=10, what="the daemon to start servers")
+            daemon.pidfd = open_recorded(record)
+            assert daemon.alive() and await daemon.killed()
+            leader.wait()
+
+            async def none_left() -> bool:
+                return not _servers_since(record.start_time, duration)
+
+            await wait_for(none_left, timeout=10, what="every server the daemon started to go")
+        finally:
+            leader.kill()
+            leader.wait()
+            daemon.forget()
+            for pid in _servers_since(record.start_time, duration):
+                os.kill(pid, 9)
+
+
+async def _entries(path: Path, count: int) -> bool:
+    return len(os.listdir(path)) >= count
+
+
+async def _lines(path: Path, count: int) -> bool:
+    return path.exists() and path.read_text().count("\n") >= count
+
+
+def _servers_since(start_time: int, duration: str) -> list[int]:
+    """``sleep DURATION`` processes leading sessions of their own, started since ``start_time``."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes()
+            seen = observe(int(entry.name))
+            if cmdline == f"sleep\x00{duration}\x00".encode() and seen is not None and seen.start_time >= start_time \
+                    and os.getsid(int(entry.name)) == int(entry.name):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
