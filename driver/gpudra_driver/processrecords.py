@@ -40,6 +40,16 @@ def _fields(stat: bytes) -> list[bytes]:
     return stat.rsplit(b")", 1)[1].split()
 
 
+def stat_fields(pid: int | str) -> list[bytes] | None:
+    """The fields of process ``pid``'s ``/proc/<pid>/stat`` after the command name (field n is
+    index n - 3); None when it is gone or the line cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return _fields(stat.read())
+    except (OSError, IndexError):
+        return None
+
+
 def start_time_of(stat: bytes) -> int:
     """Field 22 (starttime) of a ``/proc/<pid>/stat`` line."""
     return int(_fields(stat)[19])
@@ -110,26 +120,15 @@ async def wait_exited(pidfd: int, timeout: float) -> bool:
         loop.remove_reader(pidfd)
 
 
+def _parent_of(pid: int | str) -> int | None:
+    fields = stat_fields(pid)
+    return int(fields[1]) if fields else None  # field 4: ppid
+
+
 def _children(pid: int) -> list[int]:
-    """The PIDs whose parent is ``pid`` now (one pass over /proc)."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat", "rb") as stat:
-                    if int(_fields(stat.read())[1]) == pid:  # field 4: ppid
-                        found.append(int(entry.name))
-            except (OSError, IndexError, ValueError):  # gone meanwhile
-                continue
-    return found
-
-
-def _parent_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return int(_fields(stat.read())[1])
-    except (OSError, IndexError, ValueError):
-        return None
+    """The PIDs whose parent is ``pid`` now (one pass over /proc; one gone meanwhile has none)."""
+    return [int(entry.name) for entry in os.scandir("/proc")
+            if entry.name.isdigit() and _parent_of(entry.name) == pid]
 
 
 def _descendants(pidfd: int, pid: int, depth: int = 4) -> list[int]:
@@ -155,11 +154,8 @@ STOP_WAIT = 0.2  # seconds kill_group waits for a SIGSTOPped process to be stopp
 
 
 def _stopped(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return _fields(stat.read())[0] in (b"T", b"t")  # field 3: state
-    except (OSError, IndexError):
-        return False
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] in (b"T", b"t")  # field 3: state
 
 
 def kill_group(pidfd: int, pid: int) -> None:
@@ -193,12 +189,8 @@ def kill_group(pidfd: int, pid: int) -> None:
         for fd in below:
             os.close(fd)
     if not exited(pidfd):
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as stat:
-                group = int(_fields(stat.read())[2])  # field 5: pgrp
-        except (OSError, IndexError, ValueError):
-            group = 0
-        if group == pid and not exited(pidfd):
+        fields = stat_fields(pid)
+        if fields and int(fields[2]) == pid and not exited(pidfd):  # field 5: pgrp
             try:
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:

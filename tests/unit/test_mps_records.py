@@ -120,37 +120,20 @@ def test_the_helper_runs_the_daemon_only_once_told_to_and_as_the_same_process(tm
     assert helper.returncode == 0 and ran.read_text() == f"{helper.pid}\n"  # the PID the record names
 
 
-async def test_a_killed_daemon_takes_its_process_group_along(tmp_path: Path) -> None:
+@pytest.mark.parametrize("spawn", ["sleep 600", "setsid sleep 600"], ids=["in-its-group", "in-a-session-of-its-own"])
+async def test_a_killed_daemon_takes_its_servers_along(tmp_path: Path, spawn: str) -> None:
     """An adopted daemon (reached through a pidfd on its record) is killed with the MPS servers it
-    started: they would keep its GPUs in EXCLUSIVE_PROCESS."""
+    started: they would keep its GPUs in EXCLUSIVE_PROCESS. Killed as well: a server that left the
+    daemon's process group with a session of its own (setsid), since it is still the daemon's child."""
     child = tmp_path / "child"
-    leader = subprocess.Popen(["sh", "-c", f"sleep 600 & echo $! > {child}; wait"], start_new_session=True)
-    daemon = Daemon(mpssupervisor.DaemonSpec(UID, ("GPU-1",)), pid=leader.pid)
-    try:
-        await wait_for(lambda: _nonempty(child), timeout=10, what="the daemon's child to start")
-        server = int(child.read_text())
-        record = observe(leader.pid)
-        assert record is not None
-        daemon.pidfd = open_recorded(record)
-        assert daemon.alive() and await daemon.killed()
-        await wait_for(lambda: _gone(server), timeout=10, what="the daemon's child to go with it")
-    finally:
-        leader.kill()
-        leader.wait()
-        daemon.forget()
-
-
-async def test_a_killed_daemon_takes_along_a_server_that_left_its_process_group(tmp_path: Path) -> None:
-    """An MPS server that started a session of its own (setsid) is out of the daemon's process
-    group; it is still the daemon's child, and killed with it."""
-    child = tmp_path / "child"
-    leader = subprocess.Popen(["sh", "-c", f"setsid sleep 600 & echo $! > {child}; wait"], start_new_session=True)
+    leader = subprocess.Popen(["sh", "-c", f"{spawn} & echo $! > {child}; wait"], start_new_session=True)
     daemon = Daemon(mpssupervisor.DaemonSpec(UID, ("GPU-1",)), pid=leader.pid)
     server = 0
     try:
         await wait_for(lambda: _nonempty(child), timeout=10, what="the daemon's child to start")
         server = int(child.read_text())
-        await wait_for(lambda: _own_session(server), timeout=10, what="the daemon's child to leave its group")
+        if spawn.startswith("setsid"):
+            await wait_for(lambda: _own_session(server), timeout=10, what="the daemon's child to leave its group")
         record = observe(leader.pid)
         assert record is not None
         daemon.pidfd = open_recorded(record)

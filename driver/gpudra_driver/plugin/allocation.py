@@ -14,17 +14,15 @@ server accepted always passes them."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 from types import MappingProxyType
 from typing import Any
 
 from gpudra_driver import gpuconfig, limits
 from gpudra_driver.gpuconfig import GpuConfig, GpuConfigError, Strategy
 from gpudra_driver.plugin.model import ClaimError, ClaimRef, is_uid
-from gpudra_driver.quantity import parse_quantity
+from gpudra_driver.quantity import int64_value
 
 RESULTS = "status.allocation.devices.results"
 CONFIG = "status.allocation.devices.config"
@@ -147,18 +145,18 @@ def _consumed(ref: ClaimRef, raw: Any, where: str) -> tuple[tuple[str, int], ...
     for name, value in entries.items():
         if not isinstance(name, str) or len(name) > limits.MAX_DOMAIN_LENGTH + 1 + limits.MAX_ID_LENGTH:
             raise ClaimError(f"{ref}: {where}: {_show(name)} is not a capacity name")
-        amount: Decimal | None = None
+        amount: int | None = None
         if isinstance(value, str) and len(value) <= limits.MAX_QUANTITY_LENGTH:
             try:
-                amount = parse_quantity(value)
+                amount = int64_value(value)
             except (ValueError, ArithmeticError):
                 pass
-        elif isinstance(value, int) and not isinstance(value, bool):
-            amount = Decimal(value)
-        if amount is None or not 0 <= amount <= limits.INT64_MAX:
+        elif isinstance(value, int) and not isinstance(value, bool) and value <= limits.INT64_MAX:
+            amount = value
+        if amount is None or amount < 0:
             raise ClaimError(f"{ref}: {where}.{name}: {_show(value)} is not a quantity this driver's "
                              "devices have")
-        consumed.append((name, math.ceil(amount)))
+        consumed.append((name, amount))
     return tuple(sorted(consumed))
 
 

@@ -37,6 +37,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
+from gpudra_driver.processrecords import stat_fields
+
 log = logging.getLogger("gpudra.operator")
 
 MEMORY_LIMIT = 256 * 1024 * 1024  # the child's whole address space (a rendering child uses ~30 MiB)
@@ -138,12 +140,10 @@ def _read_line(stream: IO[bytes], idle_limit: float, limit: float, cpu_seconds: 
 
 def _cpu_seconds(pid: int) -> float | None:
     """The user and system CPU time of process ``pid`` so far (Linux's /proc; None elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()  # after the command name, which may hold spaces
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
-    except (OSError, IndexError, ValueError):
+    fields = stat_fields(pid)
+    if fields is None:
         return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
 
 
 WORKER = TemplateWorker()
