@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Makes sure gpudra-allocator (operator/gpudra-allocator: Kubernetes' own DRA allocator and CEL,
+# k8s.io/dynamic-resource-allocation, one binary per supported release) is built for GOOS/GOARCH
+# (default: this machine's) and prints the directory that holds gpudra-allocator-1.<minor> for each
+# release as the last line. `gpudra explain` and the operator run them (GPUDRA_ALLOCATOR_DIR, or
+# the wheel's gpudra_operator/bin).
+#
+#   hack/allocator-bin.sh                      # this machine's
+#   GOOS=linux GOARCH=arm64 hack/allocator-bin.sh
+#   hack/allocator-bin.sh --into DIR           # also copy them into DIR (the wheel's bin/)
+#
+# Cached under ~/.cache/gpudra/gpudra-allocator/<hash of the sources>-<os>-<arch>, else built from
+# each release's pinned modules (the Go module proxy, or a warm module cache). Static (no cgo):
+# a cross build needs nothing but Go. Progress goes to stderr; only the directory goes to stdout.
+set -euo pipefail
+
+HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+SRC="$(cd "$HACK_DIR/../operator/gpudra-allocator" && pwd)"
+TOOL=allocator-bin
+source "$HACK_DIR/lib/cached-tool.sh"
+
+into=""
+if [[ "${1:-}" == "--into" ]]; then
+  into="${2:?--into needs a directory}"
+fi
+
+releases=()
+for dir in "$SRC"/v1.*/; do releases+=("$(basename "$dir")"); done
+BINARIES=()
+for release in "${releases[@]}"; do BINARIES+=("gpudra-allocator-${release#v}"); done
+
+copy_into() {
+  [[ -n "$into" ]] || return 0
+  mkdir -p "$into"
+  local b
+  for b in "${BINARIES[@]}"; do cp -f "$1/$b" "$into/$b"; done
+  log "copied into $into"
+}
+
+goos="${GOOS:-$(go env GOOS 2>/dev/null || uname -s | tr '[:upper:]' '[:lower:]')}"
+goarch="${GOARCH:-$(go env GOARCH 2>/dev/null || echo amd64)}"
+hash="$(cd "$SRC" && cat main.go v1.*/go.mod v1.*/go.sum v1.*/release.go | sha256sum | cut -c1-16)"
+dir="$CACHE_ROOT/gpudra-allocator/$hash-$goos-$goarch"
+if has_all "$dir"; then
+  log "cached: $dir"
+  copy_into "$dir"
+  echo "$dir"
+  exit 0
+fi
+require_go "gpudra-allocator" GPUDRA_ALLOCATOR_DIR
+new_stage "$dir"
+start=$SECONDS
+for release in "${releases[@]}"; do
+  log "building gpudra-allocator ${release#v} for $goos/$goarch ($(go -C "$SRC/$release" list -m -f '{{.Path}} {{.Version}}' k8s.io/dynamic-resource-allocation))"
+  (cd "$SRC/$release" && GOOS="$goos" GOARCH="$goarch" CGO_ENABLED=0 \
+    go build -trimpath -mod=readonly -ldflags "-s -w" -o "$STAGE/gpudra-allocator-${release#v}" . >&2)
+done
+for b in "${BINARIES[@]}"; do mv -f "$STAGE/$b" "$dir/$b"; done
+log "built in $((SECONDS - start)) s: $dir"
+copy_into "$dir"
+echo "$dir"
