@@ -9,12 +9,13 @@ PYTEST_ARGS ?=
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv kube-bin helm-bin cdi-schema cdi-tools cel-oracle nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry test unit typecheck demo demo-down bench fuzz explain-diff protos images image-operator image-agent base-image clean
+.PHONY: help venv allocator kube-bin helm-bin cdi-schema cdi-tools cel-oracle nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry test unit typecheck demo demo-down bench fuzz explain-diff protos images image-operator image-agent base-image clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
 	@echo "make unit       unit tests only (no cluster)"
 	@echo "make typecheck  mypy over the operator, the driver and the benches (CI runs it)"
+	@echo "make allocator  build gpudra-allocator (Kubernetes' own DRA allocator and CEL per release) into the package"
 	@echo "make kube-bin   fetch or build etcd $(ETCD_VERSION) + Kubernetes $(KUBE_VERSION) binaries"
 	@echo "make cdi-schema fetch the pinned official CDI JSON schema the tests validate CDI specs against"
 	@echo "make cdi-tools  build cdi-validate (hack/cdi-tools): the official CDI Go library the tests check every CDI spec with"
@@ -37,6 +38,13 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
 	@touch $@
+
+# gpudra-allocator (operator/gpudra-allocator: Kubernetes' own DRA allocator and CEL, one binary per
+# supported release), built for this machine, cached under ~/.cache/gpudra/gpudra-allocator, and
+# copied into the package (operator/gpudra_operator/bin, ignored by git) where the editable install
+# finds it: explain, the operator's class counts, the tests and the demo run it.
+allocator:
+	@hack/allocator-bin.sh --into operator/gpudra_operator/bin >/dev/null
 
 kube-bin:
 	@hack/kube-bin.sh
@@ -101,7 +109,7 @@ containerd:
 registry:
 	@hack/registry-bin.sh
 
-test: venv cdi-schema mock-nvml mock-nvidia-smi mock-mps-control
+test: venv allocator cdi-schema mock-nvml mock-nvidia-smi mock-mps-control
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
 	  helm="$$(hack/helm-bin.sh | tail -n 1)" && test -n "$$helm" && \
 	  nvctk="$$(hack/nvidia-ctk-bin.sh | tail -n 1)" && test -n "$$nvctk" && \
@@ -114,25 +122,25 @@ test: venv cdi-schema mock-nvml mock-nvidia-smi mock-mps-control
 	  GPUDRA_CDI_TOOLS_DIR="$$cdi_tools" GPUDRA_CONTAINERD_DIR="$$containerd_dir" GPUDRA_REGISTRY_DIR="$$registry_dir" \
 	  GPUDRA_TEST_OPERATOR_IMAGE="$${images%% *}" GPUDRA_TEST_AGENT_IMAGE="$${images##* }" $(BIN)/pytest $(PYTEST_ARGS)
 
-unit: venv cdi-schema cdi-tools cel-oracle mock-nvml mock-nvidia-smi mock-mps-control
+unit: venv allocator cdi-schema cdi-tools cel-oracle mock-nvml mock-nvidia-smi mock-mps-control
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 typecheck: venv
 	$(BIN)/mypy
 
-demo: venv mock-nvml
+demo: venv allocator mock-nvml
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
 	  GPUDRA_KUBE_BIN="$$bin_dir" $(BIN)/gpudra demo
 
 demo-down:
 	@$(BIN)/gpudra demo --down
 
-bench: venv
+bench: venv allocator
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && GPUDRA_KUBE_BIN="$$bin_dir" $(BIN)/python -m bench
 
 # The longer run of the fuzz suite over tenant input (make test runs it with the "ci" profile).
 FUZZ_EXAMPLES ?= 5000
-fuzz: venv cdi-schema mock-nvml mock-nvidia-smi mock-mps-control
+fuzz: venv allocator cdi-schema mock-nvml mock-nvidia-smi mock-mps-control
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
 	  GPUDRA_KUBE_BIN="$$bin_dir" GPUDRA_FUZZ_PROFILE=long GPUDRA_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) \
 	  $(BIN)/pytest tests/fuzz $(PYTEST_ARGS)
@@ -140,7 +148,7 @@ fuzz: venv cdi-schema mock-nvml mock-nvidia-smi mock-mps-control
 # The larger run of tests/integration/test_explain_differential.py (make test runs 80 cases).
 EXPLAIN_SEED ?= 2026
 EXPLAIN_CASES ?= 300
-explain-diff: venv
+explain-diff: venv allocator
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
 	  GPUDRA_KUBE_BIN="$$bin_dir" GPUDRA_EXPLAIN_SEED=$(EXPLAIN_SEED) GPUDRA_EXPLAIN_CASES=$(EXPLAIN_CASES) \
 	  $(BIN)/pytest tests/integration/test_explain_differential.py -s --timeout 900 $(PYTEST_ARGS)

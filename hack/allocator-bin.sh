@@ -29,11 +29,15 @@ for dir in "$SRC"/v1.*/; do releases+=("$(basename "$dir")"); done
 BINARIES=()
 for release in "${releases[@]}"; do BINARIES+=("gpudra-allocator-${release#v}"); done
 
+# Into DIR unless it holds these very builds already (its .built file names the cache directory).
 copy_into() {
   [[ -n "$into" ]] || return 0
+  if [[ "$(cat "$into/.built" 2>/dev/null)" == "$1" ]] && has_all "$into"; then return 0; fi
   mkdir -p "$into"
+  rm -f "$into"/gpudra-allocator-1.*
   local b
   for b in "${BINARIES[@]}"; do cp -f "$1/$b" "$into/$b"; done
+  echo "$1" > "$into/.built"
   log "copied into $into"
 }
 
