@@ -1,0 +1,260 @@
+"""gpudra-allocator's protocol (operator/gpudra-allocator, through gpudra_operator.allocatorhelper):
+every supported release's binary answers each op, runs Kubernetes' allocator with that release's
+feature gates (consumable capacity, partitionable devices and taints where the release's scheduler
+has them on), and stays bounded and alive when a request is bad, too long, or too slow. Without the
+binaries the tests fail with the command that builds them; they never skip."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpudra_operator.allocatorhelper import (
+    AllocatorError,
+    AllocatorHelper,
+    AllocatorUnavailable,
+    available_minors,
+    choose,
+)
+
+DRIVER = "gpu.example.com"
+MINORS = available_minors()
+
+
+def test_every_supported_release_has_a_binary() -> None:
+    source = Path(__file__).resolve().parents[2] / "operator" / "gpudra-allocator"
+    releases = sorted(int(p.name.removeprefix("v1.")) for p in source.glob("v1.*"))
+    assert releases and MINORS == releases, (
+        f"gpudra-allocator binaries for 1.{MINORS} but sources for 1.{releases}: run make allocator")
+
+
+def test_a_release_without_a_binary_is_answered_by_the_nearest_with_a_note() -> None:
+    newest, oldest = MINORS[-1], MINORS[0]
+    assert choose(newest).note is None and choose(newest).minor == newest
+    later = choose(newest + 1)
+    assert later.minor == newest and later.note and f"1.{newest + 1}" in later.note and "may not know" in later.note
+    earlier = choose(oldest - 1)
+    assert earlier.minor == oldest and earlier.note and "may not know" not in earlier.note
+    assert choose(None).minor == oldest
+
+
+def test_no_binary_says_how_to_build_one(tmp_path: Path) -> None:
+    with pytest.raises(AllocatorUnavailable, match="hack/allocator-bin.sh"):
+        choose(36, tmp_path)
+
+
+def device(name: str, **fields: Any) -> dict[str, Any]:
+    return {"name": name, **fields}
+
+
+def slice_(node: str, devices: list[dict[str, Any]], *, count: int = 1, name: str | None = None,
+           **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"driver": DRIVER, "nodeName": node,
+                            "pool": {"name": node, "generation": 1, "resourceSliceCount": count}, **spec}
+    if devices:
+        body["devices"] = devices
+    return {"metadata": {"name": name or f"{node}-slice"}, "spec": body}
+
+
+def claim(name: str, *requests: dict[str, Any], constraints: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    devices: dict[str, Any] = {"requests": list(requests)}
+    if constraints:
+        devices["constraints"] = constraints
+    return {"metadata": {"name": name, "namespace": "team", "uid": f"uid-{name}"}, "spec": {"devices": devices}}
+
+
+def exactly(name: str, count: int = 1, **body: Any) -> dict[str, Any]:
+    return {"name": name, "exactly": {"deviceClassName": "gpu", "allocationMode": "ExactCount", "count": count, **body}}
+
+
+GPU_CLASS = {"metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}
+NODES = [{"metadata": {"name": "n1", "labels": {"kubernetes.io/hostname": "n1"}}}]
+
+
+def held(name: str, **result: Any) -> dict[str, Any]:
+    """A claim whose allocation holds one device (``result``: its fields beyond request and pool)."""
+    return {"metadata": {"name": name, "namespace": "team", "uid": f"uid-{name}"},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "r", "driver": DRIVER, "pool": "n1", **result}]}}}}
+
+
+async def allocate(minor: int, slices: list[dict[str, Any]], claims: list[dict[str, Any]],
+                   holders: list[dict[str, Any]] = (), **helper_args: Any) -> Any:  # type: ignore[assignment]
+    async with AllocatorHelper(minor, **helper_args) as helper:
+        (outcome,) = await helper.allocate(classes=[GPU_CLASS], slices=slices, allocated_claims=list(holders),
+                                           claims=claims, nodes=NODES)
+    return outcome
+
+
+@pytest.mark.parametrize("minor", MINORS)
+async def test_each_release_says_its_version_and_gates(minor: int) -> None:
+    async with AllocatorHelper(minor) as helper:
+        features = await helper.features()
+        assert features["release"].startswith(f"1.{minor}.")
+        assert features["gates"] == features["defaults"]
+        # Kubernetes' own defaults (pkg/features/kube_features.go of each release)
+        assert features["defaults"]["DRAPrioritizedList"] and features["defaults"]["DRAAdminAccess"]
+        for gate in ("DRAConsumableCapacity", "DRAPartitionableDevices", "DRADeviceTaints"):
+            assert features["defaults"][gate] is (minor >= 36), (gate, minor)
+        assert features["defaults"]["DRADeviceTaintRules"] is (minor >= 37)
+    async with AllocatorHelper(minor, feature_gates={"DRAConsumableCapacity": minor < 36}) as helper:
+        assert (await helper.features())["gates"]["DRAConsumableCapacity"] is (minor < 36)
+    async with AllocatorHelper(minor, feature_gates={"DRANoSuchGate": True}) as helper:
+        with pytest.raises(AllocatorError, match="unknown DRA feature gate"):
+            await helper.features()
+
+
+async def test_compile_gives_the_api_servers_error_and_estimated_cost() -> None:
+    async with AllocatorHelper(MINORS[-1]) as helper:
+        (good, bad, unknown_field), limit = await helper.compile([
+            f'device.attributes["{DRIVER}"].index == 1', "device.attributes[", "device.nope == 1"])
+    assert limit == 1_000_000
+    assert good.error is None and 0 < good.max_cost < 100
+    assert bad.error and "Syntax error" in bad.error
+    assert unknown_field.error and "undefined field 'nope'" in unknown_field.error
+
+
+async def test_match_runs_each_selector_on_each_device_with_runtime_errors() -> None:
+    memory = f'device.capacity["{DRIVER}"].memory.compareTo(quantity("40Gi")) >= 0'
+    numa = f'device.attributes["{DRIVER}"].numaNode == 0'
+    devices = [(DRIVER, device("a", capacity={"memory": {"value": "80Gi"}}, attributes={"numaNode": {"int": 0}})),
+               (DRIVER, device("b", capacity={"memory": {"value": "24Gi"}}))]
+    async with AllocatorHelper(MINORS[0]) as helper:
+        compiled, rows = await helper.match([memory, numa], devices)
+    assert [c.error for c in compiled] == [None, None]
+    assert [(o.matches, o.error) for o in rows[0]] == [(True, None), (True, None)]
+    assert rows[1][0].matches is False and rows[1][0].error is None
+    assert rows[1][1].matches is False and "no such key: numaNode" in (rows[1][1].error or "")
+    assert all(o.actual_cost for row in rows for o in row)
+
+
+@pytest.mark.parametrize("minor", MINORS)
+async def test_allocate_holds_what_other_claims_hold(minor: int) -> None:
+    slices = [slice_("n1", [device("gpu-0"), device("gpu-1")])]
+    fits = await allocate(minor, slices, [claim("c", exactly("r", 1))], [held("h", device="gpu-0")])
+    assert fits.error is None and fits.results is not None
+    assert [r["device"] for r in fits.results[0]["devices"]["results"]] == ["gpu-1"]
+    full = await allocate(minor, slices, [claim("c", exactly("r", 2))], [held("h", device="gpu-0")])
+    assert full.error is None and full.results is None
+    # admin access holds nothing
+    admin = await allocate(minor, slices, [claim("c", exactly("r", 2))], [held("h", device="gpu-0", adminAccess=True)])
+    assert admin.results is not None
+
+
+@pytest.mark.parametrize("minor", MINORS)
+async def test_consumable_capacity_shares_a_device_where_the_release_does(minor: int) -> None:
+    shared = device("gpu-0", allowMultipleAllocations=True, capacity={"memory": {
+        "value": "140Gi", "requestPolicy": {"default": "10Gi", "validRange": {"min": "1Gi"}}}})
+    slices = [slice_("n1", [shared])]
+    share = exactly("r", 1, capacity={"requests": {"memory": "60Gi"}})
+    holders = [held("a", device="gpu-0", shareID="11111111-1111-1111-1111-111111111111",
+                    consumedCapacity={"memory": "60Gi"})]
+    second = await allocate(minor, slices, [claim("b", share)], holders)
+    if minor >= 36:  # DRAConsumableCapacity beta and on: 80Gi left, 60Gi asked
+        assert second.error is None and second.results is not None, second
+        (result,) = second.results[0]["devices"]["results"]
+        assert result["device"] == "gpu-0" and result["shareID"] and result["consumedCapacity"] == {"memory": "60Gi"}
+        third = await allocate(minor, slices, [claim("c", share)], holders + [
+            held("b", device="gpu-0", shareID="22222222-2222-2222-2222-222222222222", consumedCapacity={"memory": "60Gi"})])
+        assert third.error is None and third.results is None  # 20Gi left
+    else:  # off in 1.35: a held device is held whole
+        assert second.results is None
+    # An administrator's gates are the ones that count.
+    turned = await allocate(minor, slices, [claim("b", share)], holders,
+                            feature_gates={"DRAConsumableCapacity": minor < 36})
+    assert (turned.results is not None) is (minor < 36)
+
+
+@pytest.mark.parametrize("minor", [m for m in MINORS if m >= 36])
+async def test_partitionable_devices_share_counters(minor: int) -> None:
+    counters = slice_("n1", [], count=2, name="n1-counters",
+                      sharedCounters=[{"name": "gpu-0-counters", "counters": {"memory": {"value": "80Gi"}}}])
+    parts = [device(f"gpu-0-mig-{i}", consumesCounters=[{"counterSet": "gpu-0-counters",
+                                                         "counters": {"memory": {"value": "40Gi"}}}])
+             for i in range(3)]
+    slices = [counters, slice_("n1", parts, count=2)]
+    two = await allocate(minor, slices, [claim("c", exactly("r", 2))])
+    assert two.error is None and two.results is not None
+    three = await allocate(minor, slices, [claim("c", exactly("r", 3))])
+    assert three.error is None and three.results is None  # 3 x 40Gi > 80Gi
+    after_one = await allocate(minor, slices, [claim("c", exactly("r", 2))], [held("h", device="gpu-0-mig-0")])
+    assert after_one.results is None
+
+
+@pytest.mark.parametrize("minor", MINORS)
+async def test_taints_keep_requests_off_unless_tolerated(minor: int) -> None:
+    tainted = device("gpu-0", taints=[{"key": f"{DRIVER}/unhealthy", "value": "xid", "effect": "NoSchedule"}])
+    slices = [slice_("n1", [tainted])]
+    plain = await allocate(minor, slices, [claim("c", exactly("r"))])
+    tolerating = await allocate(minor, slices, [claim("c", exactly("r", tolerations=[
+        {"key": f"{DRIVER}/unhealthy", "operator": "Exists", "effect": "NoSchedule"}]))])
+    assert tolerating.results is not None
+    assert (plain.results is None) is (minor >= 36)  # DRADeviceTaints: alpha and off in 1.35
+
+
+async def test_a_selector_that_fails_stops_the_allocation_with_the_schedulers_error() -> None:
+    slices = [slice_("n1", [device("gpu-0")])]
+    request = exactly("r", selectors=[{"cel": {"expression": f'device.attributes["{DRIVER}"].numaNode == 0'}}])
+    outcome = await allocate(MINORS[0], slices, [claim("c", request)])
+    assert outcome.results is None and outcome.error
+    # the scheduler's own words (kube-scheduler fails the pod with them, on every node)
+    assert outcome.error.startswith("claim team/c: selector #0") and "CEL runtime error" in outcome.error
+    assert "no such key: numaNode" in outcome.error
+
+
+async def test_bad_requests_are_refused_and_the_helper_goes_on() -> None:
+    async with AllocatorHelper(MINORS[0]) as helper:
+        with pytest.raises(AllocatorError, match="unknown op"):
+            await helper.ask({"op": "nope"})
+        with pytest.raises(AllocatorError, match="bad request"):
+            await helper.ask({"op": "allocate", "slices": "not a list"})
+        assert (await helper.features())["release"]
+
+
+async def test_a_request_longer_than_the_limit_is_refused_without_reading_it_whole(tmp_path: Path) -> None:
+    binary = choose(MINORS[0]).path
+    process = await asyncio.create_subprocess_exec(
+        str(binary), "-max-request-bytes", "4096", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    assert process.stdin is not None and process.stdout is not None
+    process.stdin.write(b'{"op":"compile","expressions":["' + b"x" * 100_000 + b'"]}\n{"op":"features","id":7}\n')
+    await process.stdin.drain()
+    refused = await process.stdout.readline()
+    assert b"request longer than 4096 bytes" in refused
+    assert b'"id":7' in await process.stdout.readline()
+    process.stdin.close()
+    assert await process.wait() == 0
+
+
+async def test_a_request_past_its_deadline_stops_and_the_next_one_is_answered() -> None:
+    # 3,000 nodes of 8 devices and a claim no node fits, under a 1 ms deadline
+    slices = [slice_(f"n{i}", [device(f"gpu-{d}") for d in range(8)], name=f"s{i}") for i in range(3000)]
+    nodes = [{"metadata": {"name": f"n{i}"}} for i in range(3000)]
+    async with AllocatorHelper(MINORS[0], timeout=0.001) as helper:
+        with pytest.raises(AllocatorError, match="deadline"):
+            await helper.allocate(classes=[GPU_CLASS], slices=slices, allocated_claims=[],
+                                  claims=[claim("c", exactly("r", 9))], nodes=nodes)
+        helper.timeout = 60
+        assert (await helper.features())["release"]
+
+
+async def test_a_helper_that_dies_is_started_again_on_the_next_request() -> None:
+    async with AllocatorHelper(MINORS[0]) as helper:
+        await helper.features()
+        process = helper._process
+        assert process is not None
+        process.kill()
+        await process.wait()
+        assert (await helper.features())["release"]
+        assert helper._process is not process
+
+
+async def test_results_are_the_allocators_own_objects_untouched() -> None:
+    slices = [slice_("n1", [device("gpu-0"), device("gpu-1")])]
+    before = copy.deepcopy(slices)
+    outcome = await allocate(MINORS[-1], slices, [claim("c", exactly("r", 2))])
+    assert slices == before
+    assert outcome.results[0]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["n1"]
