@@ -5,9 +5,11 @@ The file goes through what the API server would do first: the CRD's structural s
 enums, patterns, bounds, unknown fields: :mod:`gpudra_operator.structuralschema`) and its
 ``default:`` values (:func:`gpudra_operator.crd.default_object`), then
 :func:`gpudra_operator.render.render`, the same pure function the operator runs. What only a
-live API server can judge is not checked here: the CRD's CEL rules (``x-kubernetes-validations``)
-and the rendered DeviceClasses' CEL (the operator validates it with a server-side dry run; use
-``gpudra render -f cfg.yaml | kubectl apply --dry-run=server -f -`` for that). The output has no
+live API server can judge is not checked here: the CRD's CEL rules (``x-kubernetes-validations``;
+use ``gpudra render -f cfg.yaml | kubectl apply --dry-run=server -f -`` for those). The rendered
+DeviceClasses' selectors are compiled by Kubernetes' own DRA CEL of each supported release (or of
+``--kubernetes-version``), through gpudra-allocator, as the API server compiles them when it stores
+a DeviceClass: syntax, types, the fields the release knows, the cost limit. The output has no
 ownerReferences (a file has no UID); everything else is byte-for-byte what the operator applies.
 
 Exit status: 0 with the objects on stdout; 1 with one line per problem on stderr (naming the file,
@@ -39,6 +41,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--agent-image", default=None,
                         help="the agent image where spec.agent.image is unset, as the installed operator "
                              "would use it (default: $GPUDRA_AGENT_IMAGE, else this release's image)")
+    parser.add_argument("--kubernetes-version", default=None, metavar="1.MINOR",
+                        help="compile the selectors as this Kubernetes release does (default: every release "
+                             "gpudra supports, so a class works on any of them)")
     parser.set_defaults(run=run)
 
 
@@ -96,6 +101,44 @@ def render_documents(documents: Sequence[Any], agent_image: str | None = None) -
     return objects, errors
 
 
+def selector_errors(objects: Sequence[Mapping[str, Any]], minors: Sequence[int]) -> list[str]:
+    """What the API server of each release in ``minors`` would say of the rendered DeviceClasses'
+    selectors (compile errors, cost past the limit), one line each."""
+    import asyncio
+
+    from .allocatorhelper import AllocatorHelper
+
+    selectors = [(obj["metadata"]["name"], index, str(((entry or {}).get("cel") or {}).get("expression", "")))
+                 for obj in objects if obj.get("kind") == "DeviceClass"
+                 for index, entry in enumerate((obj.get("spec") or {}).get("selectors") or [])]
+
+    async def compile_all() -> list[str]:
+        problems: list[str] = []
+        for minor in minors:
+            async with AllocatorHelper(minor) as helper:
+                results, limit = await helper.compile([e for _, _, e in selectors])
+            for (name, index, _), result in zip(selectors, results):
+                where = f"DeviceClass {name!r}: spec.selectors[{index}].cel.expression (Kubernetes 1.{minor})"
+                if result.error:
+                    problems.append(f"{where}: {' '.join(result.error.split())}")
+                elif result.max_cost > limit:
+                    problems.append(f"{where}: too complex, its estimated cost {result.max_cost} exceeds the limit {limit}")
+        return problems
+
+    return asyncio.run(compile_all()) if selectors else []
+
+
+def _minors(version: str | None) -> list[int]:
+    from .allocatorhelper import available_minors
+
+    if version is None:
+        return available_minors()
+    major, _, minor = version.removeprefix("v").partition(".")
+    if major != "1" or not minor.split(".")[0].isdigit():
+        raise ValueError(f"--kubernetes-version {version!r}: expected 1.MINOR")
+    return [int(minor.split(".")[0])]
+
+
 def _load(filename: str) -> list[Any]:
     import yaml
 
@@ -129,11 +172,17 @@ def run(args: argparse.Namespace) -> int:
     except yaml.YAMLError as error:
         print(f"gpudra render: {args.filename}: not valid YAML: {error}".replace("\n", " "), file=sys.stderr)
         return 1
+    from .allocatorhelper import AllocatorError, AllocatorUnavailable
     from .render import configured_agent_image
 
     objects, errors = render_documents(documents, args.agent_image or configured_agent_image())
     if not errors and not objects:
         errors = ["no GpuDraConfig in the file"]
+    if not errors:
+        try:
+            errors = selector_errors(objects, _minors(args.kubernetes_version))
+        except (ValueError, AllocatorUnavailable, AllocatorError) as error:
+            errors = [f"checking the selectors' CEL: {error}"]
     if errors:
         for problem in errors:
             print(f"gpudra render: {args.filename}: {problem}", file=sys.stderr)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpudra_operator.allocatorhelper import available_minors
 from gpudra_operator.cli import main
 from gpudra_operator.render import render
 from gpudra_operator.crd import default_object
@@ -91,6 +92,21 @@ def test_template_errors_name_the_class_and_template(capsys, tmp_path: Path) -> 
     big, mine = err.splitlines()
     assert "spec.deviceClasses[1] (DeviceClass 'big.gpudra.io', template 'min-memory'): " in big and "lots" in big
     assert "spec.deviceClasses[2] (DeviceClass 'mine.gpudra.io', inline template): " in mine and "'nope' is undefined" in mine
+
+
+def test_selectors_are_compiled_by_each_releases_cel(capsys, tmp_path: Path) -> None:
+    inline = ("{apiVersion: resource.k8s.io/v1, kind: DeviceClass, metadata: {name: '{{ name }}'}, "
+              "spec: {selectors: [{cel: {expression: {{ params.expression | yaml_string }}}}]}}")
+    broken = 'device.attributes[\\"gpu.gpudra.io\\"].productName == \\"x\\" &&'
+    path = write(tmp_path, CONFIG + "  deviceClasses:\n  - name: ok.gpudra.io\n    template: all\n"
+                 f"  - name: bad.gpudra.io\n    inline: \"{inline}\"\n    parameters:\n      expression: \"{broken}\"\n")
+    code, out, err = gpudra_render(capsys, "-f", path)
+    assert code == 1 and out == "", err
+    lines = err.splitlines()
+    assert len(lines) == len(available_minors()) and all("DeviceClass 'bad.gpudra.io': spec.selectors[0]" in line
+                                                       and "Syntax error" in line for line in lines), err
+    code, out, err = gpudra_render(capsys, "-f", path, "--kubernetes-version", "1.36")
+    assert code == 1 and "(Kubernetes 1.36)" in err and err.count("\n") == 1, err
 
 
 def test_other_documents_and_broken_files(capsys, tmp_path: Path) -> None:

@@ -1,6 +1,8 @@
 """The rendered text must be exactly one ``resource.k8s.io/v1`` DeviceClass of the expected shape:
 one YAML document without aliases, only the fields a class may set, its name the spec's, and
-selectors whose CEL is within the API's limits and names only what the agent publishes."""
+selectors whose CEL is within the API's size limits and names only what the agent publishes. Whether
+the CEL compiles is Kubernetes' to judge, exactly: the operator's server-side dry run, and `gpudra
+render` through gpudra-allocator (the release's own DRA CEL)."""
 
 from __future__ import annotations
 
@@ -80,20 +82,5 @@ def check_device_class(doc: Any, class_name: str, driver: str) -> dict[str, Any]
             limits.check_cel_expression(f"spec.selectors[{index}]", expression)
         except limits.LimitError as error:
             raise TemplateValueError(str(error)) from None
-        check_parses(f"spec.selectors[{index}]", expression)
         check_model_references(expression, driver)
     return {**doc, "metadata": {**meta, "name": class_name}}
-
-
-def check_parses(subject: str, expression: str) -> None:
-    """Refuse a selector that is not CEL, with the parser's message, before the dry run. Only
-    parse errors: the type checker (cel-cpp's) may refuse what the API server's (cel-go) accepts,
-    so type errors stay the dry run's to judge."""
-    from gpudra_operator.cel import SelectorCompileError, compile_selector
-
-    try:
-        compile_selector(expression)
-    except SelectorCompileError as error:
-        if error.syntax:
-            raise TemplateValueError(f"{subject}: {error.message}") from None
-
