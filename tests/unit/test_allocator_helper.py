@@ -101,6 +101,7 @@ async def test_each_release_says_its_version_and_gates(minor: int) -> None:
         for gate in ("DRAConsumableCapacity", "DRAPartitionableDevices", "DRADeviceTaints"):
             assert features["defaults"][gate] is (minor >= 36), (gate, minor)
         assert features["defaults"]["DRADeviceTaintRules"] is (minor >= 37)
+        assert features["defaults"].get("DRAFractionalCapacityRange", False) is False
     async with AllocatorHelper(minor, feature_gates={"DRAConsumableCapacity": minor < 36}) as helper:
         assert (await helper.features())["gates"]["DRAConsumableCapacity"] is (minor < 36)
     async with AllocatorHelper(minor, feature_gates={"DRANoSuchGate": True}) as helper:

@@ -25,7 +25,7 @@ var defaultGates = map[string]bool{
 	"DRADeviceTaintRules":          true,
 	"DRADeviceTaints":              true,
 	"DRAExtendedResource":          true,
-	"DRAFractionalCapacityRange":   true,
+	"DRAFractionalCapacityRange":   false,
 	"DRAListTypeAttributes":        false,
 	"DRAOptionalNodeOperations":    false,
 	"DRAPartitionableDevices":      true,
