@@ -17,8 +17,11 @@
 //	          -> {"compile": [...], "results": [[{"matches", "error", "actualCost"}, ...per expression]
 //	          ...per device]}: each selector on each device, as the allocator runs it
 //	allocate  {"classes", "slices", "allocatedClaims", "claims", "nodes", "deviceTaintRules"} (API
-//	          objects as JSON) -> {"nodes": [{"name", "results": [AllocationResult per claim] | null,
-//	          "error"}]}: the allocator of this release on each node, as the scheduler's Filter runs it
+//	          objects as JSON, as the API server stores them: defaults set; the rules in the API
+//	          version this release's scheduler reads) -> {"nodes": [{"name", "results":
+//	          [AllocationResult per claim] | null, "error"}]}: the allocator of this release on each
+//	          node, as the scheduler's Filter runs it, over the slices as its resourceslice tracker
+//	          shows them (DeviceTaintRules applied where the gates are on)
 //
 // A request that cannot be read is answered {"error": "..."}; the process goes on. Bounded: a line
 // is at most -max-request-bytes, each request stops at its deadline (the allocator honours the
@@ -352,7 +355,7 @@ func allocate(ctx context.Context, r request, gates map[string]bool, cache *drac
 			classes[class.Name] = class
 		}
 	}
-	slices, err := withDeviceTaintRules(ctx, r.Slices, r.DeviceTaintRules, gates)
+	slices, err := withDeviceTaintRules(ctx, r.Slices, r.Classes, r.DeviceTaintRules, gates)
 	if err != nil {
 		return failure(err)
 	}

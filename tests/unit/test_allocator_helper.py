@@ -259,3 +259,27 @@ async def test_results_are_the_allocators_own_objects_untouched() -> None:
     outcome = await allocate(MINORS[-1], slices, [claim("c", exactly("r", 2))])
     assert slices == before
     assert outcome.results[0]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["n1"]
+
+
+RULE_VERSIONS = {35: "v1alpha3", 36: "v1beta2", 37: "v1"}
+
+
+@pytest.mark.parametrize("minor", MINORS)
+async def test_device_taint_rules_taint_devices_as_the_schedulers_tracker_does(minor: int) -> None:
+    rule = {"apiVersion": f"resource.k8s.io/{RULE_VERSIONS.get(minor, 'v1')}", "kind": "DeviceTaintRule",
+            "metadata": {"name": "drain-gpu-0"},
+            "spec": {"deviceSelector": {"driver": DRIVER, "device": "gpu-0"},
+                     "taint": {"key": "example.com/maintenance", "effect": "NoSchedule"}}}
+    slices = [slice_("n1", [device("gpu-0"), device("gpu-1")])]
+    both = claim("c", exactly("r", 2))
+    tolerating = claim("c", exactly("r", 2, tolerations=[{"key": "example.com/maintenance", "operator": "Exists"}]))
+    on = {"DRADeviceTaints": True, "DRADeviceTaintRules": True}
+    for gates in ({}, on):
+        async with AllocatorHelper(minor, feature_gates=gates) as helper:
+            (plain,) = await helper.allocate(classes=[GPU_CLASS], slices=slices, allocated_claims=[], claims=[both],
+                                             nodes=NODES, device_taint_rules=[rule])
+            (tolerated,) = await helper.allocate(classes=[GPU_CLASS], slices=slices, allocated_claims=[],
+                                                 claims=[tolerating], nodes=NODES, device_taint_rules=[rule])
+        applied = bool(gates) or minor >= 37  # DRADeviceTaintRules: on by default from 1.37
+        assert (plain.results is None) is applied, (minor, gates, plain)
+        assert tolerated.results is not None and tolerated.error is None

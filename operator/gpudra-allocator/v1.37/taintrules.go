@@ -1,0 +1,1 @@
+../taintrules.go
