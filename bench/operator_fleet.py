@@ -17,7 +17,8 @@ Per size:
 - rollout: one DaemonSet status write per agent updated (nodes writes, as fast as the bench
   makes them); the operator's requests per write, its CPU seconds, and the lag from the last
   write to status.agents.updated == nodes
-- RSS: VmRSS once converged; VmHWM (peak) after all of the above (target <= 300 MiB)
+- RSS: VmRSS once converged; VmHWM (peak) after all of the above (target <= 300 MiB); and the
+  peak of the operator's gpudra-allocator child, which matches the devices against the classes
 """
 
 from __future__ import annotations
@@ -113,6 +114,22 @@ def proc_status(pid: int) -> dict[str, float]:
     stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     fields["cpu_s"] = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
     return fields
+
+
+def helper_status(pid: int) -> dict[str, float] | None:
+    """:func:`proc_status` of the operator's gpudra-allocator child (the class counts' CEL), None
+    when it has none. Its VmHWM is that process's peak: a helper restarted after a crash starts
+    counting again."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm, _, rest = (entry / "stat").read_text().partition(") ")
+            if int(rest.split()[1]) == pid and comm.endswith("(gpudra-allocato"):  # comm: 15 characters
+                return proc_status(int(entry.name))
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return None
 
 
 def counts(entry: Obj) -> bool:
@@ -278,6 +295,9 @@ async def measure_size(ctx: Context, plane: ControlPlane, kube: Kube, audit: Aud
         out["rollout_status_patches"] = rollout["patch gpudraconfigs"]
         out["rollout_cpu_s"] = proc_status(pid)["cpu_s"] - cpu_before
         out["peak_rss_mib"] = proc_status(pid)["VmHWM"]
+        helper = helper_status(pid)
+        out["helper_peak_rss_mib"] = helper["VmHWM"] if helper else 0.0
+        out["helper_rss_mib"] = helper["VmRSS"] if helper else 0.0
         return out
     finally:
         await controller.stop()
@@ -328,6 +348,9 @@ async def run(ctx: Context) -> list[Result]:
         rows += [
             at_most(f"{n}: peak RSS", r["peak_rss_mib"], "MiB", RSS_TARGET_MIB,
                     f"VmHWM after change, GC pass and rollout; VmRSS {r['rss_mib']:.0f} MiB once converged"),
+            Result(f"{n}: gpudra-allocator peak RSS", r["helper_peak_rss_mib"], "MiB",
+                   note=f"VmHWM of the operator's helper child (the class counts' CEL) at the end; VmRSS "
+                        f"{r['helper_rss_mib']:.0f} MiB; 0: none running"),
             Result(f"{n}: start -> devices counted", r["start_to_counted_s"], "s",
                    note=f"status.devices == {r['nodes'] * DEVICES}"),
             at_most(f"{n}: spec change -> converged", r["change_ratio"], "x kubectl", RATIO_TARGET,

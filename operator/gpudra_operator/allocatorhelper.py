@@ -117,10 +117,12 @@ class AllocatorHelper:
     """One gpudra-allocator process for a cluster's release; use ``async with``."""
 
     def __init__(self, server_minor: int | None = None, *, feature_gates: Mapping[str, bool] | None = None,
-                 timeout: float = DEFAULT_TIMEOUT, where: Path | None = None) -> None:
+                 timeout: float = DEFAULT_TIMEOUT, where: Path | None = None, idle_close: float | None = None) -> None:
         self.choice = choose(server_minor, where)
         self.feature_gates = dict(feature_gates or {})
         self.timeout = timeout
+        self.idle_close = idle_close
+        self._idle: asyncio.TimerHandle | None = None
         self._process: asyncio.subprocess.Process | None = None
         self._stderr: collections.deque[str] = collections.deque(maxlen=20)
         self._stderr_task: asyncio.Task[None] | None = None
@@ -148,7 +150,26 @@ class AllocatorHelper:
         async for line in process.stderr:
             self._stderr.append(line.decode(errors="replace").rstrip())
 
+    def _abandon(self) -> None:
+        """Kill the helper now, without waiting (a cancelled request's caller cannot wait)."""
+        process, self._process = self._process, None
+        if process is not None and process.returncode is None:
+            process.kill()
+
+    def _arm_idle_close(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+        if self.idle_close is not None:
+            self._idle = asyncio.get_running_loop().call_later(self.idle_close, self._close_if_idle)
+
+    def _close_if_idle(self) -> None:
+        if not self._lock.locked():
+            self._abandon()
+
     async def close(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         process, self._process = self._process, None
         if process is None:
             return
@@ -176,9 +197,13 @@ class AllocatorHelper:
                 await self.close()
                 raise AllocatorError(f"gpudra-allocator {self.choice.minor} did not answer within {timeout + GRACE:.0f} s"
                                      if isinstance(error, TimeoutError) else f"gpudra-allocator failed: {error}") from None
+            except asyncio.CancelledError:
+                self._abandon()
+                raise
             if not reply:
                 await self.close()
                 raise AllocatorError(f"gpudra-allocator {self.choice.minor} exited: " + " | ".join(self._stderr))
+            self._arm_idle_close()
         answer: Obj = json.loads(reply)
         if answer.get("error"):
             raise AllocatorError(str(answer["error"]))

@@ -1,12 +1,14 @@
 """Per-DeviceClass device counts (``status.deviceClasses[]``): how many published devices each class
 of a GpuDraConfig matches, how many of those claims hold, how many are free, and on how many nodes.
 
-Matching is the scheduler's: every CEL selector of the class must be true for the device, and a
-selector that fails on a device (a missing attribute, say) does not match it
-(k8s.io/dynamic-resource-allocation/structured, the allocator's selector check), evaluated by
-:mod:`gpudra_operator.cel`. It is computed once per slice when the slice arrives (the watch of
+Matching is the scheduler's: every CEL selector of the class must be true for the device; a
+selector that fails on a device (a missing attribute, say) does not match it, and a class whose
+selector does not compile matches nothing (k8s.io/dynamic-resource-allocation/structured, the
+allocator's selector check). Every answer comes from that code itself, of the cluster's release:
+the ``match`` op of gpudra-allocator (:mod:`.allocatorhelper`), one request for a batch of devices
+and all the classes' selectors. It is computed once per slice when the slice arrives (the watch of
 :mod:`.devicecount`), and what is kept is per device only the set of classes it matches, never the
-devices themselves; a change of the classes lists the driver's slices again. Claims come from one
+devices themselves; a change of the classes matches the kept slices again. Claims come from one
 watch of all ResourceClaims (their allocation results), so a reconcile reads nothing to count.
 
 A device counts as allocated when a claim's allocation names it without adminAccess (admin access
@@ -18,55 +20,65 @@ take more: "free" means nobody holds any of it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
-from gpudra_operator.cel.releases import OLDEST, CelRelease
-from gpudra_operator.cel.selector import CompiledSelector, SelectorCompileError, compile_selector, device_input
+from gpudra_operator.allocatorhelper import AllocatorHelper, Compiled, Outcome
 from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, all_model_references, cel_tokens
 from gpudra_operator.listwatch import ListThenWatch
 
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
+log = logging.getLogger("gpudra.operator")
 
 # (driver, pool, device): one published device
 DeviceKey = tuple[str, str, str]
-
+# gpudra-allocator's ``match``: each expression on each (driver, device)
+Match = Callable[[Sequence[str], Sequence[tuple[str, Obj]]], Awaitable[tuple[list[Compiled], list[list[Outcome]]]]]
 
 MAX_MEMO = 65536  # answers kept per class (distinct projections of devices)
+MATCH_TIMEOUT = 30.0  # seconds one match may take in the helper (thousands of devices take under one)
+IDLE_CLOSE = 60.0  # seconds without a match before the helper exits (a slice change is mostly memo-answered)
+CEL_FIELDS = ("name", "attributes", "capacity", "allowMultipleAllocations")  # what a selector may read
 
 
-@dataclass(frozen=True)
+@dataclass
 class ClassSelectors:
-    """One DeviceClass as matching needs it: its selectors compiled; ``error`` when one does not
-    compile (the class then matches nothing, as the API server would not have stored it).
+    """One DeviceClass as matching needs it: its selectors' expressions, and the release of the
+    cluster (``minor``, from /version; None: it did not say) whose DRA CEL runs them. ``error``:
+    set once the helper has said that a selector does not compile (the class then matches nothing,
+    as the API server would not have stored it). Equal when the selectors and release are: a
+    reconcile that renders the same classes keeps the matches, the memo and the error.
 
     ``references``: every attribute and capacity the selectors read, as ``(where, domain, name)``,
     when that is all they can read of a device (each ``device.attributes``/``device.capacity`` is
     indexed by a literal domain and name); None otherwise. With them, the answer depends only on
-    those values, so it is computed once per distinct set of values: a fleet of the same GPUs
-    costs a few CEL runs, not one per device (each run is tens of microseconds)."""
+    those values, so it is asked once per distinct set of values: a fleet of the same GPUs costs a
+    few devices in one helper request, not every device."""
 
     name: str
-    selectors: tuple[CompiledSelector, ...] = ()
-    error: str | None = None
+    expressions: tuple[str, ...] = ()
+    minor: int | None = None
     references: tuple[tuple[str, str, str], ...] | None = None
+    error: str | None = field(default=None, compare=False)
     _memo: dict[Any, bool] = field(default_factory=dict, compare=False, repr=False)
 
-    def matches(self, driver: str, device: Mapping[str, Any]) -> bool:
+    def known(self, key: Any) -> bool | None:
+        """The answer for a device whose projection is ``key``; None when the helper must be asked."""
         if self.error is not None:
             return False
-        key = None if self.references is None else _projection(self.references, driver, device)
-        if key is not None and key in self._memo:
-            return self._memo[key]
-        candidate = device_input(driver, device)
-        answer = all(s.evaluate(candidate).matched for s in self.selectors)
-        if key is not None:
-            if len(self._memo) >= MAX_MEMO:
-                self._memo.clear()
-            self._memo[key] = answer
-        return answer
+        return None if key is None else self._memo.get(key)
+
+    def remember(self, key: Any, answer: bool) -> None:
+        if key is None:
+            return
+        if len(self._memo) >= MAX_MEMO:
+            self._memo.clear()
+        self._memo[key] = answer
 
 
 def _projection(references: tuple[tuple[str, str, str], ...], driver: str, device: Mapping[str, Any]) -> Any:
@@ -81,7 +93,7 @@ def _projection(references: tuple[tuple[str, str, str], ...], driver: str, devic
     return tuple(values)
 
 
-def _references(expressions: list[str]) -> tuple[tuple[str, str, str], ...] | None:
+def _references(expressions: Sequence[str]) -> tuple[tuple[str, str, str], ...] | None:
     """What :class:`ClassSelectors` memoizes on, or None when a selector may read more of a device."""
     found: list[tuple[str, str, str]] = []
     for expression in expressions:
@@ -98,16 +110,81 @@ def _references(expressions: list[str]) -> tuple[tuple[str, str, str], ...] | No
     return tuple(sorted(set(found)))
 
 
-def class_selectors(device_class: Mapping[str, Any], release: CelRelease = OLDEST) -> ClassSelectors:
-    """The selectors of a DeviceClass object (as rendered or as stored), as ``release`` runs them."""
+def class_selectors(device_class: Mapping[str, Any], minor: int | None = None) -> ClassSelectors:
+    """The selectors of a DeviceClass object (as rendered or as stored), for a cluster of
+    Kubernetes 1.<minor> (pure: nothing is compiled until devices are matched)."""
     name = device_class["metadata"]["name"]
-    expressions = [e for s in ((device_class.get("spec") or {}).get("selectors") or [])
-                   if (e := ((s or {}).get("cel") or {}).get("expression"))]
-    try:
-        return ClassSelectors(name, tuple(compile_selector(e, release) for e in expressions),
-                              references=_references(expressions))
-    except SelectorCompileError as error:
-        return ClassSelectors(name, error=error.message)
+    expressions = tuple(e for s in ((device_class.get("spec") or {}).get("selectors") or [])
+                        if (e := ((s or {}).get("cel") or {}).get("expression")))
+    return ClassSelectors(name, expressions, minor, _references(expressions))
+
+
+@dataclass
+class _Plan:
+    """What the memos answer of a batch of devices, and which devices the helper must be asked."""
+
+    answers: list[dict[str, bool]]  # per device: class name -> matches, where known
+    keys: list[list[Any]]  # per device, per class: its memo key (None: not memoizable)
+    asked: dict[Any, list[int]]  # devices that share every projection -> their indexes; the first is asked
+
+
+def _plan(driver: str, devices: Sequence[Mapping[str, Any]], classes: Sequence[ClassSelectors]) -> _Plan:
+    plan = _Plan([], [], {})
+    for i, device in enumerate(devices):
+        projections: dict[tuple[tuple[str, str, str], ...], Any] = {}  # classes often read the same values
+        keys: list[Any] = []
+        for c in classes:
+            if c.references is None:
+                keys.append(None)
+                continue
+            key = projections.get(c.references)
+            if key is None:
+                key = projections[c.references] = _projection(c.references, driver, device)
+            keys.append(key)
+        known: dict[str, bool] = {}
+        missing = False
+        for c, key in zip(classes, keys):
+            answer = c.known(key)
+            if answer is None:
+                missing = True
+            else:
+                known[c.name] = answer
+        plan.answers.append(known)
+        plan.keys.append(keys)
+        if missing:
+            plan.asked.setdefault(tuple(keys) if None not in keys else ("device", i), []).append(i)
+    return plan
+
+
+def _cel_view(device: Mapping[str, Any]) -> Obj:
+    """The part of a ResourceSlice device a selector can read (the rest need not travel)."""
+    return {k: device[k] for k in CEL_FIELDS if k in device}
+
+
+async def match_devices(match: Match, driver: str, devices: Sequence[Mapping[str, Any]],
+                        classes: Sequence[ClassSelectors]) -> list[frozenset[str]]:
+    """The names of the classes each device matches: what the memos know, the rest from one helper
+    request, of one device per distinct projection against every class's selectors. A helper that
+    fails raises (:class:`~gpudra_operator.allocatorhelper.AllocatorError` and the like)."""
+    plan = _plan(driver, devices, classes)
+    if plan.asked:
+        live = [c for c in classes if c.error is None]
+        expressions = list(dict.fromkeys(e for c in live for e in c.expressions))
+        index = {e: i for i, e in enumerate(expressions)}
+        groups = list(plan.asked.values())
+        compiled, rows = await match(expressions, [(driver, _cel_view(devices[g[0]])) for g in groups])
+        if len(compiled) != len(expressions) or len(rows) != len(groups):
+            raise RuntimeError(f"gpudra-allocator answered {len(rows)} device(s) of {len(groups)}, "
+                               f"{len(compiled)} expression(s) of {len(expressions)}")
+        for c in live:  # a compile error is the release's verdict on the class: kept with it
+            c.error = next((compiled[index[e]].error for e in c.expressions if compiled[index[e]].error), None)
+        for group, row in zip(groups, rows):
+            for c, key in zip(classes, plan.keys[group[0]]):
+                answer = c.error is None and all(row[index[e]].matches for e in c.expressions)
+                c.remember(key, answer)
+                for i in group:
+                    plan.answers[i][c.name] = answer
+    return [frozenset(name for name, yes in answers.items() if yes) for answers in plan.answers]
 
 
 @dataclass(frozen=True)
@@ -135,14 +212,85 @@ def is_unhealthy(driver: str, device: Mapping[str, Any]) -> bool:
                for t in device.get("taints") or [])
 
 
-def slice_matches(driver: str, slice_: Obj, classes: Iterable[ClassSelectors]) -> SliceMatches:
+def _devices(slice_: Obj) -> list[Mapping[str, Any]]:
+    return [d for d in (slice_.get("spec") or {}).get("devices") or [] if d.get("name")]
+
+
+def _kept(driver: str, slice_: Obj, devices: list[Mapping[str, Any]], matches: Iterable[frozenset[str]]) -> SliceMatches:
     spec = slice_.get("spec") or {}
-    classes = list(classes)
-    devices = [d for d in spec.get("devices") or [] if d.get("name")]
     return SliceMatches(
         pool=((spec.get("pool") or {}).get("name")) or "", node=spec.get("nodeName") or "",
-        devices={d["name"]: frozenset(c.name for c in classes if c.matches(driver, d)) for d in devices},
+        devices={d["name"]: m for d, m in zip(devices, matches)},
         tainted=frozenset(d["name"] for d in devices if is_unhealthy(driver, d)))
+
+
+def unmatched_slice(driver: str, slice_: Obj) -> SliceMatches:
+    """A slice kept before its devices are matched: counted in the driver's devices (and unhealthy
+    ones), matching no class yet."""
+    devices = _devices(slice_)
+    return _kept(driver, slice_, devices, [frozenset()] * len(devices))
+
+
+def known_matches(driver: str, slice_: Obj, classes: Sequence[ClassSelectors]) -> SliceMatches | None:
+    """The slice as the memos alone answer it; None when the helper must be asked (pure)."""
+    devices = _devices(slice_)
+    plan = _plan(driver, devices, classes)
+    if plan.asked:
+        return None
+    return _kept(driver, slice_, devices, [frozenset(n for n, yes in a.items() if yes) for a in plan.answers])
+
+
+async def match_slices(match: Match, driver: str, slices: Sequence[Obj],
+                       classes: Sequence[ClassSelectors]) -> list[SliceMatches]:
+    """What is kept of each slice, every device of them matched in one helper request at most."""
+    devices = [_devices(s) for s in slices]
+    matches = iter(await match_devices(match, driver, [d for ds in devices for d in ds], classes))
+    return [_kept(driver, s, ds, [next(matches) for _ in ds]) for s, ds in zip(slices, devices)]
+
+
+async def slice_matches(match: Match, driver: str, slice_: Obj, classes: Sequence[ClassSelectors]) -> SliceMatches:
+    return (await match_slices(match, driver, [slice_], classes))[0]
+
+
+class Matcher:
+    """The gpudra-allocator that answers the class counts: one process, of the release the classes
+    name (:attr:`ClassSelectors.minor`), started on first use (and again after a crash: the client
+    restarts it); a release change (a cluster upgrade) replaces it; idle for :data:`IDLE_CLOSE`
+    seconds, it exits until the next match. Every request has a deadline (``timeout``, the client
+    kills a helper that misses it); a cancelled request kills it too (the client's rule)."""
+
+    def __init__(self, timeout: float = MATCH_TIMEOUT, where: Path | None = None) -> None:
+        self.timeout, self.where = timeout, where
+        self._helper: AllocatorHelper | None = None
+        self._minor: int | None = None
+        self._swap = asyncio.Lock()
+
+    def of(self, minor: int | None) -> Match:
+        """The :data:`Match` of the release 1.<minor>."""
+        return functools.partial(self.match, minor)
+
+    async def _helper_of(self, minor: int | None) -> AllocatorHelper:
+        async with self._swap:
+            if self._helper is None or self._minor != minor:
+                old, self._helper = self._helper, None
+                if old is not None:
+                    await old.close()
+                self._helper, self._minor = AllocatorHelper(
+                    minor, timeout=self.timeout, where=self.where, idle_close=IDLE_CLOSE), minor
+                if self._helper.note:
+                    log.warning("DeviceClass counts: %s", self._helper.note)
+            return self._helper
+
+    async def match(self, minor: int | None, expressions: Sequence[str],
+                    devices: Sequence[tuple[str, Obj]]) -> tuple[list[Compiled], list[list[Outcome]]]:
+        helper = await self._helper_of(minor)
+        return await helper.match(expressions, devices)
+
+    async def close(self) -> None:
+        async with self._swap:
+            helper, self._helper = self._helper, None
+        if helper is not None:
+            await helper.close()
 
 
 @dataclass(frozen=True)

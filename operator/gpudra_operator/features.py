@@ -27,7 +27,6 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpudra_driver.consumable import FEATURE_GATE
 from gpudra_driver.kubeapi import Kube, error_message, is_status
-from gpudra_operator.cel.releases import OLDEST, CelRelease, release_of
 
 log = logging.getLogger("gpudra.operator")
 
@@ -73,21 +72,22 @@ class FeatureProbe:
         self.kube = kube
         self.recheck = recheck
         self._consumable: tuple[float, Support] | None = None
-        self._release: tuple[float, CelRelease] | None = None
+        self._minor: tuple[float, int | None] | None = None
 
-    async def cel_release(self) -> CelRelease:
-        """Whose CEL the cluster runs (its release, from /version), for matching devices as its
-        scheduler does. An error keeps the last answer, else assumes the oldest supported."""
+    async def server_minor(self) -> int | None:
+        """The cluster's Kubernetes minor version (/version): the release of DRA CEL its scheduler
+        runs, hence which gpudra-allocator answers the class counts. An error keeps the last
+        answer, else None (the helper then runs the oldest supported release)."""
         now = time.monotonic()
-        if self._release is not None and now - self._release[0] < self.recheck:
-            return self._release[1]
+        if self._minor is not None and now - self._minor[0] < self.recheck:
+            return self._minor[1]
         try:
-            release = release_of(await self.kube.server_minor())
+            minor = await self.kube.server_minor()
         except Exception as error:  # noqa: BLE001 - any failure: the counts are advisory
             log.warning("reading the API server's version failed (%s)", error_message(error))
-            release = self._release[1] if self._release is not None else OLDEST
-        self._release = (now, release)
-        return release
+            minor = self._minor[1] if self._minor is not None else None
+        self._minor = (now, minor)
+        return minor
 
     async def consumable_capacity(self) -> Support:
         """Whether consumable capacity's fields are kept. An error other than the refusal (the

@@ -501,8 +501,8 @@ class Reconciler:
         if self.device_counts is None or self.claims is None:
             return None
         driver = config.spec.driver_name
-        release = await self.features.cel_release()
-        classes = tuple(class_selectors(c, release) for c in rendered.device_classes if c["metadata"]["name"] in applied)
+        minor = await self.features.server_minor()  # whose DRA CEL matches them: the cluster's release
+        classes = tuple(class_selectors(c, minor) for c in rendered.device_classes if c["metadata"]["name"] in applied)
         allocated = self.claims.devices()  # built from every allocated claim: once per read
         first = not self.device_counts.listed_once(driver) or allocated is None
         counts = self.device_counts.class_counts(driver, classes, allocated or set())

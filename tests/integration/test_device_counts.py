@@ -8,6 +8,7 @@ import secrets
 
 from counting import CountingKube
 from gpudra_driver.kubeapi import Kube, resource_type
+from gpudra_operator.classcounts import ClassSelectors, class_selectors
 from gpudra_operator.devicecount import DeviceCounts
 from gpudra_operator.localcluster.objects import fake_slice
 from gpudra_operator.localcluster.waiting import wait_for
@@ -58,17 +59,17 @@ async def test_the_count_follows_the_drivers_slices_without_a_request_per_read(k
 
 
 async def test_class_counts_follow_a_change_of_the_classes_without_listing_the_slices_again(kube: Kube) -> None:
-    from gpudra_operator.classcounts import class_selectors
-
     suffix = secrets.token_hex(3)
     driver = f"classes{suffix}.gpudra.io"
     names = [f"classes-{suffix}-{i}" for i in range(3)]
     for i, name in enumerate(names):  # 1 + 2 + 3 devices, indexes 0..i on each node
         await kube.create(fake_slice(name, driver, f"node-{suffix}-{i}", devices=i + 1))
 
-    def classes(threshold: int) -> tuple:
+    minor = await kube.server_minor()  # matched by gpudra-allocator of the cluster's release
+
+    def classes(threshold: int) -> tuple[ClassSelectors, ...]:
         return (class_selectors({"metadata": {"name": "low"}, "spec": {"selectors": [{"cel": {
-            "expression": f'device.attributes["{driver}"].index < {threshold}'}}]}}),)
+            "expression": f'device.attributes["{driver}"].index < {threshold}'}}]}}, minor),)
 
     counting = CountingKube(kube.api, "gpudra-operator")
     counts = DeviceCounts(counting, page_size=2)

@@ -14,7 +14,6 @@ import pytest_asyncio
 
 from counting import CountingKube
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
-from gpudra_operator.cel.releases import release_of
 from gpudra_operator.events import EventRecorder
 from gpudra_operator.localcluster.controlplane import ControlPlane
 from gpudra_operator.localcluster.kubelet_sim import KubeletSimulator
@@ -372,7 +371,7 @@ async def test_class_counts_run_the_selectors_as_the_clusters_release_does(
                                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
                                 "devices": [{"name": f"gpu-{i}", "attributes": {"productName": {"string": url}}}
                                             for i, url in enumerate(("http://h:8080/", "http://h:80:8080/"))]}})
-    strict = release_of(await kube.server_minor()).strict_url_colons
+    strict = (await kube.server_minor() or 35) >= 36  # Kubernetes 1.36 builds with Go 1.26
 
     async def counted() -> Obj | None:
         config = await kube.get(CONFIG, name)

@@ -283,3 +283,28 @@ async def test_device_taint_rules_taint_devices_as_the_schedulers_tracker_does(m
         applied = bool(gates) or minor >= 37  # DRADeviceTaintRules: on by default from 1.37
         assert (plain.results is None) is applied, (minor, gates, plain)
         assert tolerated.results is not None and tolerated.error is None
+
+
+async def test_a_cancelled_request_leaves_no_answer_for_the_next_one() -> None:
+    slices = [slice_(f"n{i}", [device(f"gpu-{d}") for d in range(8)], name=f"s{i}") for i in range(2000)]
+    nodes = [{"metadata": {"name": f"n{i}"}} for i in range(2000)]
+    async with AllocatorHelper(MINORS[0]) as helper:
+        slow = asyncio.create_task(helper.allocate(classes=[GPU_CLASS], slices=slices, allocated_claims=[],
+                                                   claims=[claim("c", exactly("r", 9))], nodes=nodes))
+        await asyncio.sleep(0)  # the request is written (the task runs up to its first wait)
+        while helper._process is None:
+            await asyncio.sleep(0)
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        features = await helper.features()  # its own answer, not the allocation's
+        assert features["release"] and "nodes" not in features
+
+
+async def test_an_idle_helper_exits_and_comes_back_on_the_next_request() -> None:
+    async with AllocatorHelper(MINORS[0], idle_close=0.05) as helper:
+        await helper.features()
+        process = helper._process
+        assert process is not None
+        assert await asyncio.wait_for(process.wait(), 10) is not None  # exited once idle
+        assert (await helper.features())["release"] and helper._process is not process
