@@ -29,7 +29,7 @@ from typing import Any
 
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.allocatorhelper import AllocatorHelper, Compiled, Outcome
-from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, all_model_references, cel_tokens
+from gpudra_operator.deviceclasses.celrefs import device_projection, selector_references
 from gpudra_operator.listwatch import ListThenWatch
 
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
@@ -81,42 +81,13 @@ class ClassSelectors:
         self._memo[key] = answer
 
 
-def _projection(references: tuple[tuple[str, str, str], ...], driver: str, device: Mapping[str, Any]) -> Any:
-    """The values of ``references`` in ``device`` (absent ones as None), hashable."""
-    values: list[Any] = [bool(device.get("allowMultipleAllocations"))]
-    for where, domain, name in references:
-        entries = device.get(where) or {}
-        entry = entries.get(f"{domain}/{name}")
-        if entry is None and domain == driver:
-            entry = entries.get(name)
-        values.append(None if entry is None else tuple(sorted((k, str(v)) for k, v in entry.items())))
-    return tuple(values)
-
-
-def _references(expressions: Sequence[str]) -> tuple[tuple[str, str, str], ...] | None:
-    """What :class:`ClassSelectors` memoizes on, or None when a selector may read more of a device."""
-    found: list[tuple[str, str, str]] = []
-    for expression in expressions:
-        try:
-            tokens = cel_tokens(expression)
-            refs = all_model_references(expression)
-        except CelSyntaxError:
-            return None
-        uses = sum(1 for i in range(len(tokens) - 2) if tokens[i].kind == "ident" and tokens[i].text == "device"
-                   and tokens[i + 1].text == "." and tokens[i + 2].text in ("attributes", "capacity"))
-        if uses != len(refs):  # a map used whole, or indexed by a variable
-            return None
-        found += refs
-    return tuple(sorted(set(found)))
-
-
 def class_selectors(device_class: Mapping[str, Any], minor: int | None = None) -> ClassSelectors:
     """The selectors of a DeviceClass object (as rendered or as stored), for a cluster of
     Kubernetes 1.<minor> (pure: nothing is compiled until devices are matched)."""
     name = device_class["metadata"]["name"]
     expressions = tuple(e for s in ((device_class.get("spec") or {}).get("selectors") or [])
                         if (e := ((s or {}).get("cel") or {}).get("expression")))
-    return ClassSelectors(name, expressions, minor, _references(expressions))
+    return ClassSelectors(name, expressions, minor, selector_references(expressions))
 
 
 @dataclass
@@ -139,7 +110,7 @@ def _plan(driver: str, devices: Sequence[Mapping[str, Any]], classes: Sequence[C
                 continue
             key = projections.get(c.references)
             if key is None:
-                key = projections[c.references] = _projection(c.references, driver, device)
+                key = projections[c.references] = device_projection(c.references, driver, device)
             keys.append(key)
         known: dict[str, bool] = {}
         missing = False

@@ -128,8 +128,7 @@ async def explain_unfit_claim(cluster: LocalGpuCluster) -> str:
     pod, what `gpudra explain pod` says about it."""
     from gpudra_driver.kubeapi import resource_type
 
-    from .explain import explain_snapshot
-    from .explain.gather import read_snapshot
+    from .explain import explain_live
     from .explain.report import as_text
     from .localcluster.waiting import wait_for
 
@@ -151,8 +150,7 @@ async def explain_unfit_claim(cluster: LocalGpuCluster) -> str:
                    for c in ((pod or {}).get("status") or {}).get("conditions") or [])
 
     await wait_for(unschedulable, timeout=60, what=f"the scheduler to give up on pod {UNFIT}")
-    snapshot = await read_snapshot(cluster.kube, "pod", "default", UNFIT, cluster.driver)
-    return as_text(explain_snapshot(snapshot, cluster.driver))
+    return as_text(await explain_live(cluster.kube, "pod", "default", UNFIT, cluster.driver))
 
 
 def describe_cdi_spec(spec: dict[str, Any]) -> str:

@@ -1,11 +1,14 @@
-"""`gpudra explain` as a user runs it: the command as a subprocess against the real control plane,
-for a pod that cannot fit (an 8-GPU claim asking for 64Gi on 40Gi A100s), with the RBAC that
-docs/explain.md documents and nothing more, and for bad input: a missing pod, a claim of another
-driver, a user the API refuses. Exit 1 with one line on stderr, never a traceback."""
+"""`gpudra explain` as a user runs it: the command as a subprocess against the real control plane
+and the real gpudra-allocator of its release, for a pod that cannot fit (an 8-GPU claim asking for
+64Gi on 40Gi A100s), with the RBAC that docs/explain.md documents and nothing more, and for bad
+input: a missing pod, a claim of another driver, a user the API refuses, a feature gate the
+release does not know, no gpudra-allocator installed. Exit 1 with one line on stderr, never a
+traceback."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import subprocess
@@ -26,9 +29,9 @@ DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "explain.md"
 
 
-def explain(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def explain(kubeconfig: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gpudra_operator.cli", "explain", *args, "--kubeconfig", str(kubeconfig)],
-                          capture_output=True, text=True, timeout=60, check=False)
+                          capture_output=True, text=True, timeout=60, check=False, env={**os.environ, **(env or {})})
 
 
 def documented_rbac(namespace: str, user: str) -> list[Obj]:
@@ -56,7 +59,7 @@ async def test_explain_tells_a_user_why_the_pod_is_pending(
     node = (await fake_nodes("a100"))["metadata"]["name"]
     slices = build_slices(driver, node, None, 1, discover(FakeNvml(load_profile("dgx-a100-40gb"))))
     device_class = render_device_class(class_name, driver, template="full-gpu")
-    foreign_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": f"fpga-{suffix}.example.com"},
+    foreign_class: Obj = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": f"fpga-{suffix}.example.com"},
                      "spec": {"selectors": [{"cel": {"expression": 'device.driver == "fpga.example.com"'}}]}}
     created: list[Obj] = []
     try:
@@ -94,6 +97,13 @@ async def test_explain_tells_a_user_why_the_pod_is_pending(
         assert f"{namespace}/big  gpu      {class_name}  {node}" in answer.stdout
         assert "note: Nodes are not readable" in answer.stdout
         assert "note: ResourceClaims of other namespaces are not readable" in answer.stdout
+        minor = await kube.server_minor()
+        assert re.search(rf"^  allocator: Kubernetes 1\.{minor}\.\d+$", answer.stdout, re.M), answer.stdout
+
+        # The cluster's scheduler started with other gates: the allocator is told, and says so.
+        gated = explain(alice, "pod", f"{namespace}/trainer", "--driver", driver, "--feature-gates", "DRAAdminAccess=false")
+        assert gated.returncode == 0, gated.stderr
+        assert "feature gates DRAAdminAccess=false" in gated.stdout and gated.stdout.splitlines()[-1] == lines[-1]
 
         as_json = json.loads(explain(alice, "claim", f"{namespace}/big", "--driver", driver, "-o", "json").stdout)
         assert as_json["satisfiable"] is False and as_json["claims"][0]["requests"][0]["nodes"][0]["class_match"] == 8
@@ -103,10 +113,18 @@ async def test_explain_tells_a_user_why_the_pod_is_pending(
             (("pod", f"{namespace}/nope"), f"gpudra explain: pod {namespace}/nope not found"),
             (("claim", f"{namespace}/fpga"), f"gpudra explain: claim {namespace}/fpga: no request is for {driver}'s devices"),
             (("claim", "a/b/c"), "gpudra explain: 'a/b/c' is not NAMESPACE/NAME"),
+            (("pod", f"{namespace}/trainer", "--feature-gates", "DRANope=true"),
+             f"gpudra explain: unknown DRA feature gate(s) for Kubernetes 1.{minor}."),
         ]:
             result = explain(alice, *args, "--driver", driver)
             assert result.returncode == 1 and result.stderr.startswith(message), result.stderr
             assert len(result.stderr.splitlines()) == 1 and result.stdout == ""
+        # No gpudra-allocator: the message says how to get one.
+        missing = explain(alice, "pod", f"{namespace}/trainer", "--driver", driver,
+                          env={"GPUDRA_ALLOCATOR_DIR": str(tmp_path / "no-allocator")})
+        assert missing.returncode == 1 and len(missing.stderr.splitlines()) == 1 and missing.stdout == ""
+        assert missing.stderr.startswith("gpudra explain: gpudra-allocator (Kubernetes' own DRA allocator") \
+            and "hack/allocator-bin.sh" in missing.stderr, missing.stderr
     finally:
         for obj in reversed(created):
             rtype = resource_type(obj["apiVersion"], obj["kind"])

@@ -1,5 +1,6 @@
 """`gpudra explain`'s failures that need no cluster: each is one line on stderr and exit 1, never a
-traceback (the cluster-backed ones are in tests/integration/test_explain_cmd.py)."""
+traceback, or a usage error (exit 2) for a malformed option (the cluster-backed ones, an unknown
+feature gate and a missing gpudra-allocator among them, are in tests/integration/test_explain_cmd.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpudra_operator.cli import kubectl_plugin, main
+from gpudra_operator.explain_cmd import feature_gates
 
 
 def closed_port() -> int:
@@ -53,3 +55,17 @@ def test_the_kubectl_plugin_offers_explain_only(capsys: pytest.CaptureFixture[st
         kubectl_plugin(["operator"])
     assert usage.value.code == 2
     assert "invalid choice: 'operator' (choose from 'explain')" in capsys.readouterr().err
+
+
+def test_feature_gates_read_as_kube_scheduler_reads_them() -> None:
+    assert feature_gates("DRAConsumableCapacity=false, DRADeviceTaints=TRUE,DRAAdminAccess=1,") == {
+        "DRAConsumableCapacity": False, "DRADeviceTaints": True, "DRAAdminAccess": True}
+    assert feature_gates("") == {}
+
+
+@pytest.mark.parametrize("plugin", [False, True])
+def test_a_malformed_feature_gate_is_a_usage_error(plugin: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as usage:
+        (kubectl_plugin if plugin else main)(["explain", "pod", "team/trainer", "--feature-gates", "DRAAdminAccess"])
+    assert usage.value.code == 2
+    assert "argument --feature-gates: 'DRAAdminAccess' is not Name=true or Name=false" in capsys.readouterr().err

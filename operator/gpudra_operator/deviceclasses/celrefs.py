@@ -7,7 +7,8 @@ inline template is checked as strictly as one that came through ``attr()``/``cap
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 from dataclasses import dataclass
 
 from gpudra_driver import devicemodel
@@ -216,3 +217,36 @@ def check_model_references(expression: str, driver: str) -> None:
             raise TemplateValueError(
                 f"capacity {name!r} of {driver} is not published by the agent "
                 f"(known: {', '.join(devicemodel.capacity_names())})")
+
+
+def device_projection(references: tuple[tuple[str, str, str], ...], driver: str, device: Mapping[str, Any]) -> Any:
+    """The values of ``references`` in ``device`` (absent ones as None), hashable."""
+    values: list[Any] = [bool(device.get("allowMultipleAllocations"))]
+    for where, domain, name in references:
+        entries = device.get(where) or {}
+        entry = entries.get(f"{domain}/{name}")
+        if entry is None and domain == driver:
+            entry = entries.get(name)
+        values.append(None if entry is None else tuple(sorted((k, str(v)) for k, v in entry.items())))
+    return tuple(values)
+
+
+def selector_references(expressions: Sequence[str]) -> tuple[tuple[str, str, str], ...] | None:
+    """Every attribute and capacity ``expressions`` read, as ``(where, domain, name)``, when that is
+    all they can read of a device (each ``device.attributes``/``device.capacity`` indexed by a
+    literal domain and name); None when one may read more (a map used whole, or indexed by a
+    variable). With them, a selector's answer depends only on :func:`device_projection`: callers
+    ask Kubernetes' CEL once per distinct projection, not once per device."""
+    found: list[tuple[str, str, str]] = []
+    for expression in expressions:
+        try:
+            tokens = cel_tokens(expression)
+            refs = all_model_references(expression)
+        except CelSyntaxError:
+            return None
+        uses = sum(1 for i in range(len(tokens) - 2) if tokens[i].kind == "ident" and tokens[i].text == "device"
+                   and tokens[i + 1].text == "." and tokens[i + 2].text in ("attributes", "capacity"))
+        if uses != len(refs):  # a map used whole, or indexed by a variable
+            return None
+        found += refs
+    return tuple(sorted(set(found)))

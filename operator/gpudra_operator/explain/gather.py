@@ -4,7 +4,8 @@ Required reads (a failure is the command's error): the pod or claim, the pod's c
 DeviceClasses they name, and the driver's ResourceSlices. Optional reads (a namespace user may
 not have them; the verdict then says what it could not see): Nodes (labels, for node selection),
 ResourceClaims of every namespace (the devices other namespaces hold), the claim's Namespace (the
-admin-access label)."""
+admin-access label), and from Kubernetes 1.37 (resource.k8s.io/v1) the DeviceTaintRules (taints
+the scheduler adds to the devices they select)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ NAMESPACE = resource_type("v1", "Namespace")
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
+# Not in kubeapi's table of the kinds gpudra writes: only explain reads it, and only where the API
+# serves it as v1 (Kubernetes 1.37; alpha and beta before, with the feature gate off by default).
+TAINT_RULE = ResourceType("resource.k8s.io/v1", "DeviceTaintRule", "devicetaintrules", False)
+TAINT_RULES_SINCE = 37
 
 
 class ExplainInputError(Exception):
@@ -38,6 +43,7 @@ class Snapshot:
     namespace: Obj | None
     notes: list[str] = field(default_factory=list)
     server_minor: int | None = None  # Kubernetes 1.<minor> of the API server, when it said
+    taint_rules: list[Obj] = field(default_factory=list)  # DeviceTaintRules, where readable
 
 
 def _denied(error: ApiException, what: str) -> ExplainInputError:
@@ -127,12 +133,31 @@ async def read_snapshot(kube: Kube, kind: str, namespace: str, name: str, driver
         namespace_obj = await kube.get(NAMESPACE, namespace)
     except ApiException:
         namespace_obj = None
+    minor = await server_minor(kube)
+    taint_rules = await _taint_rules(kube, minor, notes)
     return Snapshot(target=f"{kind} {namespace}/{name}", pod=pod, claims=claims, classes=classes, slices=slices,
                     nodes=nodes, other_claims=other_claims, namespace=namespace_obj, notes=notes,
-                    server_minor=await _server_minor(kube))
+                    server_minor=minor, taint_rules=taint_rules)
 
 
-async def _server_minor(kube: Kube) -> int | None:
+async def _taint_rules(kube: Kube, minor: int | None, notes: list[str]) -> list[Obj]:
+    """The DeviceTaintRules where the API serves them as v1; none where it does not (404), with a
+    note where the user may not list them."""
+    if minor is None or minor < TAINT_RULES_SINCE:
+        return []
+    try:
+        return [r async for r in kube.list(TAINT_RULE)]
+    except ApiException as error:
+        if error.status == 404:
+            return []
+        if error.status not in (401, 403):
+            raise _denied(error, "DeviceTaintRules") from None
+    notes.append("DeviceTaintRules are not readable: the taints they add to devices are left out, though the "
+                 "scheduler heeds them")
+    return []
+
+
+async def server_minor(kube: Kube) -> int | None:
     """The API server's minor version; the scheduler of the same release is assumed."""
     try:
         return await kube.server_minor()

@@ -11,8 +11,9 @@ import yaml
 from gpudra_operator.explain.verdict import Verdict
 
 MAX_NODE_ROWS = 20  # per request; the nodes with the most free devices first
+MAX_ROOM_LINES = 3  # per request: the nearest misses (-o yaml lists them all)
 _COLUMNS = ("CLAIM", "REQUEST", "CLASS", "NODE", "PUBLISHED", "CLASS-MATCH", "REQUEST-MATCH",
-            "TAINTED", "IN-USE", "FREE", "NEEDED")
+            "TAINTED", "IN-USE", "NO-ROOM", "FREE", "NEEDED")
 
 
 def as_data(verdict: Verdict) -> dict[str, Any]:
@@ -33,8 +34,8 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
 
 
 def as_text(verdict: Verdict) -> str:
-    """The table of every pending request per node, what rejected a sample device, the notes,
-    and the conclusion as the last line."""
+    """The table of every pending request per node, what rejected a sample device, the room left
+    on shared devices, whose allocator answered, the notes, and the conclusion as the last line."""
     lines = [f"{verdict.target}:"]
     rows: list[tuple[str, ...]] = [_COLUMNS]
     details: list[str] = []
@@ -49,11 +50,11 @@ def as_text(verdict: Verdict) -> str:
                 needed = f"all ({counts.needed})" if request.mode == "All" else str(counts.needed)
                 rows.append((claim.name, request.name, class_name, counts.node, str(counts.published),
                              str(counts.class_match), str(counts.request_match), str(counts.untolerated),
-                             str(counts.in_use), str(counts.free), needed))
+                             str(counts.in_use), str(counts.no_room), str(counts.free), needed))
             if len(nodes) > MAX_NODE_ROWS:
                 details.append(f"  request {request.name}: {len(nodes) - MAX_NODE_ROWS} more nodes not shown (-o yaml lists all)")
             if not request.nodes:
-                rows.append((claim.name, request.name, class_name, "(no node)", "-", "-", "-", "-", "-", "-", "-"))
+                rows.append((claim.name, request.name, class_name, "(no node)", "-", "-", "-", "-", "-", "-", "-", "-"))
             rejection = request.rejection
             if rejection is not None:
                 values = ", ".join(f"{k}={v}" for k, v in rejection.values.items())
@@ -68,11 +69,21 @@ def as_text(verdict: Verdict) -> str:
             if holders:
                 details.append(f"  request {request.name}: matching devices in use by "
                                + ", ".join(f"{c} ({n})" for c, n in sorted(holders.items())))
+            if request.capacity:
+                details.append(f"  request {request.name}: asks " + ", ".join(
+                    f"{name} {amount}" for name, amount in sorted(request.capacity.items())) + " of a device")
+            for room in request.rooms[:MAX_ROOM_LINES]:
+                details.append(f"  request {request.name}: {'fits: ' if room.fits else 'no room: '}{room.describe()}")
+            if len(request.rooms) > MAX_ROOM_LINES:
+                details.append(f"  request {request.name}: {len(request.rooms) - MAX_ROOM_LINES} more of the room met "
+                               "not shown (-o yaml lists it)")
         for constraint in claim.constraints:
             details.append(f"  {claim.name}: constraint {constraint}")
     if len(rows) > 1:
         lines += ["  " + line for line in _table(rows)]
     lines += details
+    gates = ", ".join(f"{name}={str(on).lower()}" for name, on in sorted(verdict.feature_gates.items()))
+    lines.append(f"  allocator: {verdict.allocator}" + (f", feature gates {gates}" if gates else ""))
     lines += [f"  note: {note}" for note in verdict.notes]
     lines.append(verdict.conclusion)
     return "\n".join(lines) + "\n"

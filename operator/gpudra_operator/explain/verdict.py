@@ -1,11 +1,19 @@
-"""Why a claim (or a pod's claims) can or cannot be allocated: a pure function of API objects.
+"""Why a claim (or a pod's claims) can or cannot be allocated: a pure function of API objects and
+of what Kubernetes' own allocator answered about them.
 
-:func:`explain` runs the scheduler's allocation (:mod:`.allocator`) on every node the pod may use,
-which decides the verdict, then counts, per request and node, how many published devices pass the
-class selectors, then the request's, how many of those carry taints the request does not tolerate
-or are held by other claims, and what is left against what the request needs. Those counts, the
-first selector that rejects a sample device (with the device's actual values) and one line of
-conclusion say why."""
+The verdict (where the pending claims fit, or the error that stops the scheduler) is the answer of
+the allocator of the cluster's release, run by gpudra-allocator (k8s.io/dynamic-resource-allocation
+structured), and so is every selector's outcome on every device; nothing here decides either. This
+module explains them: it counts, per request and node, how many published devices pass the class
+selectors, then the request's, how many of those carry taints the request does not tolerate, are
+held whole by other claims, or lack room (a shared device's capacity, a partitionable device's
+counters), and what is left against what the request needs. Those counts, the first selector that
+rejects a sample device (with the device's actual values), the room left on shared devices and one
+line of conclusion say why.
+
+Two steps, so that the imperative shell asks the allocator once (gpudra_operator.explain):
+:func:`scene` reads what to ask from the objects, :func:`explain` turns the answers into a
+:class:`Verdict`."""
 
 from __future__ import annotations
 
@@ -15,31 +23,31 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from gpudra_driver.quantity import parse_quantity
-from gpudra_operator.cel import semverlib
-from gpudra_operator.cel.releases import release_of
+from gpudra_driver.quantity import quantity_value
+from gpudra_operator.allocatorhelper import NodeOutcome, Outcome
 from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, all_model_references
-from gpudra_operator.explain.allocator import (
-    AllocationError,
-    NodeAllocator,
-    Request,
-    SelectorMemo,
-    claim_label,
-    claim_requests,
-    untolerated_taints,
-)
+from gpudra_operator.explain.claims import Request, allocation, claim_label, claim_requests, untolerated_taints
 from gpudra_operator.explain.inventory import (
+    CounterSets,
     Device,
     DeviceID,
+    Holdings,
     Obj,
+    Pool,
+    PoolID,
     SliceIndex,
-    allocated_devices,
+    counters_left,
     gather_pools,
+    holdings,
     node_selector_matches,
     pod_fits_node,
+    with_taint_rules,
 )
+from gpudra_operator.explain.room import Room, capacity_rooms, counter_rooms
 
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+MAX_ROOMS = 50  # per request in the verdict: the devices short of room first
+BINDING_GATES = ("DRADeviceBindingConditions", "DRAResourceClaimDeviceStatus")
 
 
 @dataclass
@@ -62,11 +70,12 @@ class NodeCounts:
     class_match: int = 0
     request_match: int = 0
     untolerated: int = 0
-    in_use: int = 0
+    in_use: int = 0  # held whole by other claims
+    no_room: int = 0  # capacity or counters left short, or a feature the device needs is off
     free: int = 0
     needed: int = 0
     errors: int = 0
-    holders: dict[str, int] = field(default_factory=dict)  # claim -> devices it holds among the matches
+    holders: dict[str, int] = field(default_factory=dict)  # claim -> devices it holds whole among the matches
 
 
 @dataclass
@@ -77,9 +86,11 @@ class RequestReport:
     mode: str  # "ExactCount" or "All"
     count: int
     admin_access: bool
+    capacity: dict[str, str] = field(default_factory=dict)  # what it asks of each capacity
     nodes: list[NodeCounts] = field(default_factory=list)
     rejection: Rejection | None = None
     largest: str | None = None  # the best value among class-matching devices, for the rejecting selector
+    rooms: list[Room] = field(default_factory=list)  # shared capacity and counters met, short of room first
 
 
 @dataclass
@@ -100,9 +111,8 @@ class Verdict:
     conclusion: str
     claims: list[ClaimReport]
     notes: list[str] = field(default_factory=list)
-    # The error is this evaluator's limit (a run past the CEL cost limit or cel-cpp's loop budget):
-    # whether the scheduler allocates is not known.
-    undetermined: bool = False
+    allocator: str = ""  # whose allocator answered: "Kubernetes 1.36.3"
+    feature_gates: dict[str, bool] = field(default_factory=dict)  # set over the release's defaults
 
 
 # --- values a selector reads, for the report ---------------------------------------------------
@@ -137,14 +147,25 @@ def referenced_values(expression: str, device: Device) -> dict[str, str]:
     return values
 
 
+def _version_key(text: str) -> tuple[int, ...] | None:
+    """A semantic version's order: major, minor, patch, then a release above its pre-releases."""
+    core, _, _build = str(text).partition("+")
+    core, dash, _pre = core.partition("-")
+    parts = core.split(".")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        return None
+    return (*(int(p) for p in parts), 0 if dash else 1)
+
+
 def _order_key(where: str, entry: Obj) -> Any:
     if where == "capacity":
-        return (0, parse_quantity(str(entry.get("value"))))
+        amount = quantity_value(entry.get("value"))
+        return None if amount is None else (0, amount)
     if entry.get("int") is not None:
         return (0, Decimal(entry["int"]))
     if entry.get("version") is not None:
-        v = semverlib.parse(entry["version"])
-        return (1, (v.major, v.minor, v.patch))
+        version = _version_key(entry["version"])
+        return None if version is None else (1, version)
     return None
 
 
@@ -165,44 +186,156 @@ def largest_value(expression: str, devices: Sequence[Device]) -> str | None:
             if key is not None and (best is None or key > best[0]):
                 best = (key, str(entry.get("value")) if where == "capacity" else _attribute_text(entry), device)
         if best is not None:
-            return f"{best[1]} on {best[2].pool}/{best[2].name}"
+            return f"{best[1]} on {best[2].label}"
     return None
 
 
-# --- per-request counting ----------------------------------------------------------------------
+# --- what to ask the allocator ----------------------------------------------------------------
 
-def _selectors(device_class: Obj | None) -> list[str]:
+@dataclass
+class Scene:
+    """The claims and the cluster as the allocator is asked about them."""
+
+    target: str
+    driver: str
+    claims: list[Obj]  # the claims to explain (trimmed to the driver's requests), in order
+    pending: list[Obj]  # those not allocated yet: what the allocator allocates
+    pod: Obj | None
+    classes: Mapping[str, Obj]
+    slices: list[Obj]  # as read: the allocator applies the taint rules itself
+    taint_rules: list[Obj]  # DeviceTaintRules
+    nodes: list[Obj]  # every node considered
+    candidates: list[Obj]  # those the pod may use: the allocator is asked about each
+    holders: list[Obj]  # allocated claims holding the driver's devices (others' and the claims' own)
+    namespace: Obj | None
+    gates: Mapping[str, bool]  # the scheduler's DRA feature gates in effect
+    pools_by_node: dict[str, list[Pool]]  # of the candidates
+    devices: list[Device]  # every device on a candidate node, once: each selector is asked on each
+    expressions: list[str]  # every selector of the requests and their classes, once
+    held: Holdings = field(default_factory=Holdings)
+    counters: dict[PoolID, CounterSets] = field(default_factory=dict)
+
+
+def _class_selectors(device_class: Obj | None) -> list[str]:
     return [str((s.get("cel") or {}).get("expression", ""))
             for s in ((device_class or {}).get("spec") or {}).get("selectors") or []]
 
 
-def _first_failure(memo: SelectorMemo, device: Device,
+def _uid(claim: Obj) -> Any:
+    return (claim.get("metadata") or {}).get("uid")
+
+
+def scene(target: str, claims: Sequence[Obj], *, pod: Obj | None, classes: Mapping[str, Obj],
+          slices: Sequence[Obj], nodes: Sequence[Obj], other_claims: Sequence[Obj], namespace: Obj | None,
+          driver: str, gates: Mapping[str, bool], taint_rules: Sequence[Obj] = ()) -> Scene:
+    """What to ask the allocator about ``claims`` (one claim, or a pod's claims in order).
+
+    ``slices``: the driver's ResourceSlices; ``nodes``: the cluster's Nodes (sorted by name);
+    ``other_claims``: every readable claim (their allocations hold devices); ``namespace``: the
+    claims' Namespace, or None when it could not be read; ``gates``: the scheduler's DRA feature
+    gates in effect (the helper's ``features``); ``taint_rules``: the DeviceTaintRules."""
+    own = {_uid(c) for c in claims}
+    allocated = [c for c in claims if allocation(c) is not None]
+    holders = [c for c in [*(c for c in other_claims if _uid(c) not in own), *allocated]
+               if any(r.get("driver") == driver for r in ((allocation(c) or {}).get("devices") or {}).get("results") or [])]
+    # Nodes the pod may use: its own node selection, and the nodes its allocated claims are on.
+    candidates = [n for n in nodes if pod_fits_node(pod, n)
+                  and all((allocation(c) or {}).get("nodeSelector") is None
+                          or node_selector_matches((allocation(c) or {})["nodeSelector"], n) for c in allocated)]
+    # The devices as the scheduler sees them, for the counts: with the rules' taints where it heeds them.
+    seen = (with_taint_rules(slices, taint_rules)
+            if taint_rules and gates.get("DRADeviceTaints") and gates.get("DRADeviceTaintRules") else slices)
+    index = SliceIndex(seen)
+    partitionable = bool(gates.get("DRAPartitionableDevices"))
+    pools_by_node = {n["metadata"]["name"]: gather_pools(index, n, partitionable=partitionable) for n in candidates}
+    devices: dict[DeviceID, Device] = {}
+    for pools in pools_by_node.values():
+        for pool in pools:
+            if not pool.incomplete and not pool.invalid:
+                for device in pool.devices():
+                    devices.setdefault(device.id, device)
+    expressions: dict[str, None] = {}
+    for claim in claims:
+        for alternatives in claim_requests(claim):
+            for request in alternatives:
+                for expression in [*_class_selectors(classes.get(request.class_name)), *request.selectors]:
+                    expressions.setdefault(expression, None)
+    held = holdings(holders, consumable=bool(gates.get("DRAConsumableCapacity")))
+    return Scene(target=target, driver=driver, claims=list(claims), pending=[c for c in claims if allocation(c) is None],
+                 pod=pod, classes=classes, slices=list(slices), taint_rules=list(taint_rules), nodes=list(nodes),
+                 candidates=candidates,
+                 holders=holders, namespace=namespace, gates=dict(gates), pools_by_node=pools_by_node,
+                 devices=list(devices.values()), expressions=list(expressions), held=held,
+                 counters=counters_left(index, held) if partitionable else {})
+
+
+@dataclass(frozen=True)
+class Answers:
+    """What Kubernetes' allocator (gpudra-allocator) answered about a :class:`Scene`."""
+
+    release: str  # the allocator's Kubernetes release, "1.37.2"
+    nodes: Sequence[NodeOutcome]  # ``allocate`` of the pending claims, per candidate node in order
+    selectors: Mapping[tuple[str, DeviceID], Outcome]  # ``match``: (expression, device) -> outcome
+    feature_gates: Mapping[str, bool] = field(default_factory=dict)  # set over the release's defaults
+    note: str | None = None  # the helper's: the cluster's release is not the allocator's
+
+
+# --- per-request counting ----------------------------------------------------------------------
+
+def _first_failure(outcomes: Mapping[tuple[str, DeviceID], Outcome], device: Device,
                    selectors: Sequence[tuple[str, str]]) -> tuple[str, str, str | None] | None:
     """(label, expression, error) of the first selector ``device`` does not pass, or None."""
     for label, expression in selectors:
-        matched, error = memo.outcome(expression, device)
-        if not matched:
-            return label, expression, error
+        outcome = outcomes.get((expression, device.id))
+        if outcome is None:
+            return label, expression, "not evaluated by the allocator"
+        if outcome.error is not None or not outcome.matches:
+            return label, expression, outcome.error
+    return None
+
+
+def _room_for(request: Request, device: Device, node: str, held: Holdings, counters: Mapping[PoolID, CounterSets],
+              gates: Mapping[str, bool]) -> list[Room]:
+    """The capacity and counters ``device`` offers ``request``, as the allocator weighs them
+    (allocateDevice): counters unless a share of the device already charged them, then the
+    capacity where the request asks some or other claims hold shares."""
+    rooms: list[Room] = []
+    shared = bool(gates.get("DRAConsumableCapacity")) and bool(device.spec.get("allowMultipleAllocations"))
+    if gates.get("DRAPartitionableDevices") and not (shared and device.id in held.shares):
+        rooms += counter_rooms(node, device, counters.get((device.driver, device.pool)))
+    if gates.get("DRAConsumableCapacity") and (request.capacity or device.id in held.shares):
+        rooms += capacity_rooms(node, device, request.capacity, held)
+    return rooms
+
+
+def _feature_off(device: Device, gates: Mapping[str, bool]) -> str | None:
+    """Why the scheduler cannot allocate ``device`` at all with its gates, or None."""
+    if device.spec.get("bindingConditions") and not all(gates.get(g) for g in BINDING_GATES):
+        return "has binding conditions, which the scheduler allocates only with " + " and ".join(BINDING_GATES) + " on"
+    if device.spec.get("consumesCounters") and not gates.get("DRAPartitionableDevices"):
+        return "consumes counters, which the scheduler allocates only with DRAPartitionableDevices on"
     return None
 
 
 def count_request(request: Request, device_class: Obj | None, node: str, devices: Sequence[Device],
-                  in_use: Mapping[DeviceID, str],
-                  memo: SelectorMemo) -> tuple[NodeCounts, list[tuple[str, str, Device, str | None]], list[Device]]:
+                  outcomes: Mapping[tuple[str, DeviceID], Outcome], held: Holdings,
+                  counters: Mapping[PoolID, CounterSets], gates: Mapping[str, bool]
+                  ) -> tuple[NodeCounts, list[tuple[str, str, Device, str | None]], list[Device], list[Room]]:
     """The funnel for ``request`` on one node, every rejection met (label, expression, device,
-    error), and the class-matching devices."""
+    error), the class-matching devices, and the room met on shared or partitionable devices."""
     counts = NodeCounts(node=node, published=len(devices))
     class_name = ((device_class or {}).get("metadata") or {}).get("name", request.class_name)
-    class_selectors = [(f"class {class_name} #{i}", e) for i, e in enumerate(_selectors(device_class))]
+    class_selectors = [(f"class {class_name} #{i}", e) for i, e in enumerate(_class_selectors(device_class))]
     request_selectors = [(f"request {request.result_name} #{i}", e) for i, e in enumerate(request.selectors)]
     rejections: list[tuple[str, str, Device, str | None]] = []
     class_matching: list[Device] = []
+    rooms: list[Room] = []
     for device in devices:
-        failure = _first_failure(memo, device, class_selectors) if device_class is not None else ("class", "", None)
+        failure = _first_failure(outcomes, device, class_selectors) if device_class is not None else ("class", "", None)
         if failure is None:
             counts.class_match += 1
             class_matching.append(device)
-            failure = _first_failure(memo, device, request_selectors)
+            failure = _first_failure(outcomes, device, request_selectors)
         if failure is not None:
             label, expression, error = failure
             counts.errors += error is not None
@@ -210,121 +343,131 @@ def count_request(request: Request, device_class: Obj | None, node: str, devices
                 rejections.append((label, expression, device, error))
             continue
         counts.request_match += 1
-        if untolerated_taints(device, request):
+        off = _feature_off(device, gates)
+        if off is not None:
+            counts.no_room += 1
+            rooms.append(Room(node, device.label, "feature", "", False, reason=off))
+        elif gates.get("DRADeviceTaints") and untolerated_taints(device, request):
             counts.untolerated += 1
-        elif device.id in in_use and not request.admin_access:
+        elif device.id in held.whole and not request.admin_access:
             counts.in_use += 1
-            holder = in_use[device.id]
+            holder = held.whole[device.id]
             counts.holders[holder] = counts.holders.get(holder, 0) + 1
         else:
-            counts.free += 1
+            met = _room_for(request, device, node, held, counters, gates)
+            short = [r for r in met if not r.fits]
+            if short:
+                counts.no_room += 1
+                rooms += short
+            else:
+                counts.free += 1
+                rooms += [r for r in met if r.holders or r.kind == "counter" or request.capacity]
     counts.needed = counts.request_match if request.all_devices else request.count
-    return counts, rejections, class_matching
+    return counts, rejections, class_matching, rooms
 
 
 # --- the verdict -------------------------------------------------------------------------------
 
-def _allocation(claim: Obj) -> Obj | None:
-    return (claim.get("status") or {}).get("allocation")
-
-
-def _allocated_node(allocation: Obj, nodes: Sequence[Obj]) -> str | None:
-    selector = allocation.get("nodeSelector")
+def _allocated_node(result: Obj, nodes: Sequence[Obj]) -> str | None:
+    selector = result.get("nodeSelector")
     if selector is None:
         return None
     fitting = [n["metadata"]["name"] for n in nodes if node_selector_matches(selector, n)]
     return fitting[0] if len(fitting) == 1 else None
 
 
-def explain(target: str, claims: Sequence[Obj], *, pod: Obj | None, classes: Mapping[str, Obj],
-            slices: Sequence[Obj], nodes: Sequence[Obj], other_claims: Sequence[Obj],
-            namespace: Obj | None, driver: str, server_minor: int | None = None) -> Verdict:
-    """The verdict for ``claims`` (one claim, or a pod's claims in order) against the cluster.
+def _result_text(result: Obj) -> str:
+    text = f"{result['driver']}/{result['pool']}/{result['device']}"
+    consumed = result.get("consumedCapacity") or {}
+    if result.get("shareID") and consumed:
+        text += " (a share: " + ", ".join(f"{k} {v}" for k, v in sorted(consumed.items())) + ")"
+    return text
 
-    ``slices``: the ResourceSlices to consider (the driver's); ``nodes``: the cluster's Nodes;
-    ``other_claims``: every readable claim (their allocations hold devices); ``namespace``: the
-    claims' Namespace, or None when it could not be read; ``server_minor``: the cluster's
-    Kubernetes minor version (None: 1.35's scheduler is assumed)."""
-    pending = [c for c in claims if _allocation(c) is None]
-    allocated = [c for c in claims if _allocation(c) is not None]
-    uids = {(c.get("metadata") or {}).get("uid") for c in claims}
-    in_use = allocated_devices([c for c in other_claims if (c.get("metadata") or {}).get("uid") not in uids])
-    notes: list[str] = []
 
-    # Nodes the pod may use: its own node selection, and the nodes its allocated claims are on.
-    candidates = [n for n in nodes if pod_fits_node(pod, n)
-                  and all((_allocation(c) or {}).get("nodeSelector") is None
-                          or node_selector_matches(_allocation(c)["nodeSelector"], n) for c in allocated)]  # type: ignore[index]
-    index = SliceIndex(slices)
-    pools_by_node = {n["metadata"]["name"]: gather_pools(index, n) for n in nodes}
-    memo = SelectorMemo(release_of(server_minor))
-    quirk = server_minor is None or server_minor <= 35
+def _binding_note(outcomes: Sequence[NodeOutcome]) -> str | None:
+    """Where the allocation would carry binding conditions: the scheduler then waits for them."""
+    waits = []
+    for outcome in outcomes:
+        for result in outcome.results or []:
+            for device in (result.get("devices") or {}).get("results") or []:
+                if device.get("bindingConditions"):
+                    waits.append(f"{outcome.name}: {device['pool']}/{device['device']} "
+                                 f"({', '.join(device['bindingConditions'])})")
+    if not waits:
+        return None
+    more = f" and {len(waits) - 3} more" if len(waits) > 3 else ""
+    return ("the allocation waits for its devices' binding conditions before the pod is bound (the scheduler "
+            f"waits in PreBind, and tries again if one fails or time runs out): {'; '.join(waits[:3])}{more}")
 
-    # The scheduler's answer, node by node; one error fails the whole attempt.
+
+def explain(scene: Scene, answers: Answers) -> Verdict:
+    """The verdict: the allocator's answers about ``scene``, with the counts that explain them."""
     fitting: list[str] = []
     error: str | None = None
-    undetermined = False
-    if pending:
-        for node in candidates:
-            name = node["metadata"]["name"]
-            try:
-                if NodeAllocator(pending, classes, pools_by_node[name], in_use, memo,
-                                 all_subrequest_quirk=quirk).allocate() is not None:
-                    fitting.append(name)
-            except AllocationError as failure:
-                if error is None:
-                    error, undetermined = f"on node {name}: {failure}", failure.undetermined
+    if scene.pending:
+        for outcome in answers.nodes:
+            if outcome.error is not None:
+                error = error or f"on node {outcome.name}: {outcome.error}"
+            elif outcome.results is not None:
+                fitting.append(outcome.name)
     else:
-        fitting = sorted({n for c in allocated if (n := _allocated_node(_allocation(c) or {}, nodes))})
+        fitting = sorted({n for c in scene.claims if (n := _allocated_node(allocation(c) or {}, scene.nodes))})
     # Nothing left to allocate: allocated it is (devices without a node selector fit any node).
-    satisfiable = not pending or (error is None and bool(fitting))
+    satisfiable = not scene.pending or (error is None and bool(fitting))
 
     reports: list[ClaimReport] = []
-    for claim in claims:
-        allocation = _allocation(claim)
-        results = ((allocation or {}).get("devices") or {}).get("results") or []
+    for claim in scene.claims:
+        allocated = allocation(claim)
+        results = ((allocated or {}).get("devices") or {}).get("results") or []
         report = ClaimReport(
             name=claim_label(claim),
-            allocated=[f"{r['driver']}/{r['pool']}/{r['device']}" for r in results] if allocation else None,
-            allocated_node=_allocated_node(allocation, nodes) if allocation else None,
+            allocated=[_result_text(r) for r in results] if allocated else None,
+            allocated_node=_allocated_node(allocated, scene.nodes) if allocated else None,
             constraints=[f"matchAttribute {c['matchAttribute']} over {', '.join(c.get('requests') or ['all requests'])}"
                          for c in ((claim.get("spec") or {}).get("devices") or {}).get("constraints") or []
                          if c.get("matchAttribute")])
-        if allocation is None:
+        if allocated is None:
             for alternatives in claim_requests(claim):
                 for request in alternatives:
-                    report.requests.append(_request_report(request, classes, candidates, pools_by_node, in_use, memo))
+                    report.requests.append(_request_report(request, scene, answers.selectors))
         reports.append(report)
 
-    if namespace is not None:
-        labels = (namespace.get("metadata") or {}).get("labels") or {}
+    notes: list[str] = []
+    if answers.note:
+        notes.append(answers.note)
+    if scene.namespace is not None:
+        labels = (scene.namespace.get("metadata") or {}).get("labels") or {}
         wants_admin = [r.name for c in reports for r in c.requests if r.admin_access]
         if wants_admin and labels.get(ADMIN_ACCESS_LABEL) != "true":
             notes.append(f"request(s) {', '.join(wants_admin)} ask for adminAccess, but namespace "
-                         f"{namespace['metadata']['name']} lacks the label {ADMIN_ACCESS_LABEL}=true")
-    if pod is not None and len(candidates) < len(nodes):
-        notes.append(f"the pod's node selection leaves {len(candidates)} of {len(nodes)} nodes")
+                         f"{scene.namespace['metadata']['name']} lacks the label {ADMIN_ACCESS_LABEL}=true")
+    if scene.pod is not None and len(scene.candidates) < len(scene.nodes):
+        notes.append(f"the pod's node selection leaves {len(scene.candidates)} of {len(scene.nodes)} nodes")
+    if satisfiable and (binding := _binding_note([o for o in answers.nodes if o.name in fitting])):
+        notes.append(binding)
 
-    verdict = Verdict(target=target, satisfiable=satisfiable, nodes=fitting, error=error, conclusion="",
-                      claims=reports, notes=notes, undetermined=undetermined)
-    verdict.conclusion = conclude(verdict, driver, candidates=len(candidates))
+    verdict = Verdict(target=scene.target, satisfiable=satisfiable, nodes=fitting, error=error, conclusion="",
+                      claims=reports, notes=notes, allocator=f"Kubernetes {answers.release}",
+                      feature_gates=dict(answers.feature_gates))
+    verdict.conclusion = conclude(verdict, scene.driver, candidates=len(scene.candidates))
     return verdict
 
 
-def _request_report(request: Request, classes: Mapping[str, Obj], candidates: Sequence[Obj],
-                    pools_by_node: Mapping[str, Sequence[Any]], in_use: Mapping[DeviceID, str],
-                    memo: SelectorMemo) -> RequestReport:
-    device_class = classes.get(request.class_name)
+def _request_report(request: Request, scene: Scene, outcomes: Mapping[tuple[str, DeviceID], Outcome]) -> RequestReport:
+    device_class = scene.classes.get(request.class_name)
     report = RequestReport(name=request.result_name, class_name=request.class_name,
                            class_exists=device_class is not None,
                            mode="All" if request.all_devices else "ExactCount", count=request.count,
-                           admin_access=request.admin_access)
+                           admin_access=request.admin_access, capacity=dict(request.capacity))
     class_matching: list[Device] = []
-    for node in candidates:
+    for node in scene.candidates:
         name = node["metadata"]["name"]
-        devices = [d for pool in pools_by_node[name] if not pool.incomplete and not pool.invalid for d in pool.devices()]
-        counts, rejections, matching = count_request(request, device_class, name, devices, in_use, memo)
+        devices = [d for pool in scene.pools_by_node[name] if not pool.incomplete and not pool.invalid
+                   for d in pool.devices()]
+        counts, rejections, matching, rooms = count_request(request, device_class, name, devices, outcomes,
+                                                            scene.held, scene.counters, scene.gates)
         report.nodes.append(counts)
+        report.rooms += rooms
         class_matching += matching
         if report.rejection is None and rejections:
             # Prefer a rejection by the request's own selectors (the class ones reject other kinds of devices).
@@ -333,10 +476,14 @@ def _request_report(request: Request, classes: Mapping[str, Obj], candidates: Se
                 chosen = rejections[0]
             if chosen is not None:
                 label, expression, device, error = chosen
-                report.rejection = Rejection(label, expression, f"{device.pool}/{device.name}",
+                report.rejection = Rejection(label, expression, device.label,
                                              referenced_values(expression, device), error)
     if report.rejection is not None:
         report.largest = largest_value(report.rejection.expression, class_matching)
+    free_nodes = {n.node: n.free for n in report.nodes}
+    # Short of room first, on the nodes with the most free devices: the nearest misses lead.
+    report.rooms.sort(key=lambda r: (r.fits, -free_nodes.get(r.node, 0)))
+    del report.rooms[MAX_ROOMS:]
     return report
 
 
@@ -350,8 +497,6 @@ def conclude(verdict: Verdict, driver: str, *, candidates: int) -> str:
         for request in claim.requests:
             if not request.class_exists:
                 return f"request {request.name}: DeviceClass {request.class_name} does not exist"
-    if verdict.undetermined:
-        return f"explain cannot tell whether the scheduler allocates: {verdict.error}"
     if verdict.error is not None:
         return f"the scheduler stops with an error {verdict.error}"
     if verdict.satisfiable:
@@ -377,20 +522,37 @@ def conclude(verdict: Verdict, driver: str, *, candidates: int) -> str:
             best = max(request.nodes, key=lambda n: n.free)
             needed = best.needed if request.mode == "All" else request.count
             if best.free < needed or request.mode == "All" and any(
-                    n.untolerated or n.in_use for n in request.nodes if n.request_match):
-                held = Counter[str]()
-                for n in request.nodes:
-                    held.update(n.holders)
-                holders = f"; in use by {', '.join(f'{c} ({k})' for c, k in held.most_common(3))}" if held else ""
-                tainted = sum(n.untolerated for n in request.nodes)
-                taints = f"; {tainted} with taints the request does not tolerate" if tainted else ""
+                    n.untolerated or n.in_use or n.no_room for n in request.nodes if n.request_match):
                 want = f"all {needed}" if request.mode == "All" else str(needed)
                 return (f"no node can satisfy request {request.name}: it needs {want} on one node, "
-                        f"at most {best.free} free on one node ({best.node}) of {request_match} matching{holders}{taints}")
+                        f"at most {best.free} free on one node ({best.node}) of {request_match} matching"
+                        + _unavailable(request, best.node))
     constraints = [c for claim in verdict.claims for c in claim.constraints]
     if constraints:
         return f"no node can satisfy all requests together under the constraints ({'; '.join(constraints)})"
+    drawn = next((r for claim in verdict.claims for q in claim.requests for r in q.rooms if r.fits), None)
+    if drawn is not None:
+        shared = "counters" if drawn.kind == "counter" else "capacity"
+        return (f"no node can satisfy all requests together: each fits alone, but the devices draw on the same "
+                f"{shared}, which does not cover them all at once (e.g. {drawn.describe()})")
     return "no node can satisfy all requests together (each fits alone, not all at once on one node)"
+
+
+def _unavailable(request: RequestReport, node: str) -> str:
+    """Why matching devices are not free: who holds them, taints, the room left."""
+    held = Counter[str]()
+    for n in request.nodes:
+        held.update(n.holders)
+    text = f"; in use by {', '.join(f'{c} ({k})' for c, k in held.most_common(3))}" if held else ""
+    tainted = sum(n.untolerated for n in request.nodes)
+    if tainted:
+        text += f"; {tainted} with taints the request does not tolerate"
+    short = [r for r in request.rooms if not r.fits]
+    if short:
+        nearest = next((r for r in short if r.node == node), short[0])
+        without = sum(n.no_room for n in request.nodes)
+        text += f"; {without} without room for it, e.g. {nearest.describe()}"
+    return text
 
 
 def _rejected(request: RequestReport) -> str:
