@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv allocator kube-bin helm-bin cdi-schema cdi-tools cel-oracle nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry test unit typecheck demo demo-down bench fuzz explain-diff protos images image-operator image-agent base-image clean
+.PHONY: help venv allocator kube-bin helm-bin cdi-schema cdi-tools cel-oracle nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry test unit typecheck demo demo-down bench fuzz explain-diff protos wheels images image-operator image-agent base-image clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
@@ -28,7 +28,8 @@ help:
 	@echo "make fuzz       the tenant-input fuzz suite (tests/fuzz) with many more examples than make test runs (FUZZ_EXAMPLES=...)"
 	@echo "make explain-diff  gpudra explain vs the real scheduler on 300 random cases (EXPLAIN_SEED=..., EXPLAIN_CASES=...)"
 	@echo "make protos     regenerate the kubelet plugin's gRPC stubs"
-	@echo "make images     build the operator and agent images (podman or docker; cached by content: hack/images.sh)"
+	@echo "make wheels     the wheels (linux amd64/arm64 and macOS arm64, each with its gpudra-allocator; a pure one) and the sdist, in dist/"
+	@echo "make images     build the operator and agent images (podman or docker; cached by content: hack/images.sh; PLATFORM=linux/arm64)"
 	@echo "make base-image build the stand-in Python base the images use where the official one cannot be pulled"
 
 venv: $(VENV)/.installed
@@ -117,7 +118,7 @@ test: venv allocator cdi-schema mock-nvml mock-nvidia-smi mock-mps-control
 	  cel_oracle="$$(hack/cel-oracle-bin.sh | tail -n 1)" && test -n "$$cel_oracle" && \
 	  containerd_dir="$$(hack/containerd-bin.sh | tail -n 1)" && test -n "$$containerd_dir" && \
 	  registry_dir="$$(hack/registry-bin.sh | tail -n 1)" && test -n "$$registry_dir" && \
-	  images="$$(IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) hack/images.sh operator agent | tail -n 1)" && test -n "$$images" && \
+	  images="$$(PLATFORM= IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) hack/images.sh operator agent | tail -n 1)" && test -n "$$images" && \
 	  GPUDRA_KUBE_BIN="$$bin_dir" GPUDRA_HELM="$$helm" GPUDRA_NVIDIA_CTK_DIR="$$nvctk" \
 	  GPUDRA_CDI_TOOLS_DIR="$$cdi_tools" GPUDRA_CONTAINERD_DIR="$$containerd_dir" GPUDRA_REGISTRY_DIR="$$registry_dir" \
 	  GPUDRA_TEST_OPERATOR_IMAGE="$${images%% *}" GPUDRA_TEST_AGENT_IMAGE="$${images##* }" $(BIN)/pytest $(PYTEST_ARGS)
@@ -158,19 +159,28 @@ protos:
 	$(BIN)/pip install --quiet -e '.[dev]'
 	PYTHON=$(BIN)/python hack/gen-protos.sh
 
+# The distributions, by hack/wheels.sh, in dist/: a wheel per platform with its gpudra-allocator
+# binaries (cross-built by hack/allocator-bin.sh, cached), the pure wheel the agent image installs,
+# and the sdist. WHEEL_PLATFORMS picks some: linux-amd64 linux-arm64 darwin-arm64 any sdist.
+WHEEL_PLATFORMS ?=
+wheels:
+	@hack/wheels.sh --out dist $(WHEEL_PLATFORMS)
+
 # Container images (images/*.Dockerfile), by hack/images.sh: podman (with hack/podman/containers.conf)
 # or docker (CONTAINER_ENGINE=podman|docker; default podman if installed). Skipped when an image of the
 # same inputs (label io.gpudra.inputs) exists. Where the official python base cannot be pulled, on a
 # stand-in from Debian packages (make base-image; or PYTHON_IMAGE=localhost/gpudra-python-base:bookworm).
-# podman, runc, debootstrap: hack/debian-packages.sh.
+# podman, runc, debootstrap: hack/debian-packages.sh. PLATFORM=linux/arm64 (or linux/amd64) builds for
+# that architecture, tagged <tag>-arm64 when it is not this machine's, under qemu-user-static.
 IMAGE_REGISTRY ?= ghcr.io/gpudra
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+PLATFORM ?=
 images:
-	@IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) hack/images.sh operator agent
+	@IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) PLATFORM=$(PLATFORM) hack/images.sh operator agent
 image-operator image-agent: image-%:
-	@IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) hack/images.sh $*
+	@IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) PLATFORM=$(PLATFORM) hack/images.sh $*
 base-image:
-	@hack/images.sh base
+	@PLATFORM=$(PLATFORM) hack/images.sh base
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache

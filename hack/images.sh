@@ -9,14 +9,26 @@
 #   agent     images/agent.Dockerfile    -> $IMAGE_REGISTRY/gpudra:$IMAGE_TAG
 #   base      the stand-in Python base   -> localhost/gpudra-python-base:bookworm (see below)
 #
-# Environment: IMAGE_REGISTRY (ghcr.io/gpudra), IMAGE_TAG (pyproject's version), CONTAINER_ENGINE
-# (podman or docker; default: podman if installed, else docker if its daemon answers),
-# PYTHON_IMAGE (the Dockerfiles' base; default below), DEBIAN_MIRROR (for the stand-in base).
+# Environment: IMAGE_REGISTRY (ghcr.io/gpudra), IMAGE_TAG (pyproject's version), PLATFORM
+# (linux/amd64 or linux/arm64; default: this machine's), CONTAINER_ENGINE (podman or docker;
+# default: podman if installed, else docker if its daemon answers), PYTHON_IMAGE (the
+# Dockerfiles' base; default below), DEBIAN_MIRROR (for the stand-in base).
+#
+# The build context is a directory of wheels made by hack/wheels.sh (the Dockerfiles say why):
+# the operator image gets the wheel of its platform, with that platform's gpudra-allocator
+# binaries; the agent image the pure wheel, without them.
+#
+# Another architecture (PLATFORM=linux/arm64 on an x86_64 machine): the images are tagged
+# <tag>-<arch> (arm64, amd64) so they never replace this machine's, and their RUN steps (and the
+# stand-in base's debootstrap) run under qemu-user-static through binfmt_misc; see
+# docs/deploy.md, "Building the images" (Debian: apt-get install qemu-user-static binfmt-support).
 #
 # Cache by content: every image carries the label io.gpudra.inputs = a hash of what went into it
-# (its Dockerfile, pyproject.toml, README.md, operator/ and driver/ minus bytecode, this script and
-# the base image's ID). An image whose label matches is kept; one elsewhere in the store with that
-# label is re-tagged; otherwise it is built, and this target's older untagged builds are removed.
+# (its Dockerfile, pyproject.toml, README.md, operator/ and driver/ minus bytecode and minus
+# operator/gpudra_operator/bin, this script, hack/wheels.sh, the platform, the base image's ID, and
+# for the operator the platform's gpudra-allocator binaries). An image whose label matches is kept;
+# one elsewhere in the store with that label is re-tagged; otherwise it is built, and this
+# target's older untagged builds are removed.
 #
 # The base. Unless PYTHON_IMAGE says otherwise, the Dockerfiles' own default (the official
 # python:<patch>-slim-bookworm, what releases use) if it is present or can be pulled. Where it
@@ -44,6 +56,36 @@ FIX="hack/debian-packages.sh"
 
 log() { printf '[images] %s\n' "$*" >&2; }
 die() { printf '[images] error: %s\n' "$*" >&2; exit 1; }
+
+# ---- the platform --------------------------------------------------------------------------------
+case "$(uname -m)" in
+  x86_64|amd64) HOST_ARCH=amd64 ;;
+  aarch64|arm64) HOST_ARCH=arm64 ;;
+  *) HOST_ARCH="$(uname -m)" ;;
+esac
+PLATFORM="${PLATFORM:-linux/$HOST_ARCH}"
+case "$PLATFORM" in
+  linux/amd64|linux/arm64) ARCH="${PLATFORM#linux/}" ;;
+  *) die "PLATFORM=$PLATFORM: the images are built for linux/amd64 or linux/arm64" ;;
+esac
+FOREIGN=""  # set for another architecture than this machine's: tags get -<arch>, RUN is emulated
+[[ "$ARCH" == "$HOST_ARCH" ]] || FOREIGN="-$ARCH"
+
+# Running the other architecture's programs (RUN steps, debootstrap's second stage) needs a
+# binfmt_misc handler for it: qemu-user-static registers one with the F flag, which containers use.
+check_emulation() {
+  [[ -n "$FOREIGN" ]] || return 0
+  local qemu_arch handler
+  case "$ARCH" in amd64) qemu_arch=x86_64 ;; arm64) qemu_arch=aarch64 ;; esac
+  handler=/proc/sys/fs/binfmt_misc/qemu-$qemu_arch
+  if [[ ! -e /proc/sys/fs/binfmt_misc/status ]]; then
+    die "building for $PLATFORM on $HOST_ARCH runs $ARCH programs under emulation, but binfmt_misc is not mounted: mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc (as root), and apt-get install qemu-user-static binfmt-support"
+  fi
+  if [[ ! -e "$handler" ]] || ! grep -qx enabled "$handler"; then
+    die "building for $PLATFORM on $HOST_ARCH runs $ARCH programs under emulation, but no binfmt_misc handler for $qemu_arch is registered: apt-get install qemu-user-static binfmt-support (Debian; it registers qemu-$qemu_arch with the F flag)"
+  fi
+  grep -q '^flags:.*F' "$handler" || die "$handler lacks the F (fix binary) flag: containers cannot use it; reinstall qemu-user-static"
+}
 
 # ---- the engine ---------------------------------------------------------------------------------
 if [[ -z "${CONTAINER_ENGINE:-}" ]]; then
@@ -79,6 +121,8 @@ ca_build_flags() {
 }
 
 exists() { "$ENGINE" image inspect "$1" >/dev/null 2>&1; }
+arch_of() { "$ENGINE" image inspect --format '{{.Architecture}}' "$1" 2>/dev/null || true; }
+exists_for_arch() { [[ "$(arch_of "$1")" == "$ARCH" ]]; }
 image_id() { "$ENGINE" image inspect --format '{{.Id}}' "$1"; }
 label_of() { "$ENGINE" image inspect --format "{{index .Config.Labels \"$LABEL\"}}" "$1" 2>/dev/null || true; }
 
@@ -106,6 +150,10 @@ RUN set -eux; \
 CMD ["python3"]
 '
 DEBOOTSTRAP_ARGS=(--variant=minbase "$SUITE")
+# Another architecture: debootstrap runs its second stage in the new root under emulation. This
+# machine's keeps the arguments (and so the recipe hash) it always had.
+[[ -z "$FOREIGN" ]] || DEBOOTSTRAP_ARGS=(--arch="$ARCH" "${DEBOOTSTRAP_ARGS[@]}")
+BASE_SUITE="$SUITE$FOREIGN"  # the stand-in's tags: bookworm-<hash> here, bookworm-arm64-<hash> for arm64
 ROOTFS_CLEAN=(var/cache/apt/archives/*.deb var/lib/apt/lists/* usr/share/doc usr/share/man usr/share/info usr/share/locale var/log/bootstrap.log)
 
 rootfs_hash() { printf '%s\n' "${DEBOOTSTRAP_ARGS[@]}" "${ROOTFS_CLEAN[@]}" | sha256sum | cut -c1-12; }
@@ -133,7 +181,7 @@ debian_mirror() {
 build_standin() {  # $1: the tag to build
   local tag="$1" h rootfs tmp mirror start
   h="$(standin_hash)"
-  rootfs="$ROOTFS_REPO:$SUITE-$(rootfs_hash)"
+  rootfs="$ROOTFS_REPO:$BASE_SUITE-$(rootfs_hash)"
   if ! exists "$rootfs"; then
     command -v debootstrap >/dev/null || die "the stand-in Python base needs debootstrap: run $FIX"
     [[ $(id -u) -eq 0 ]] || die "the stand-in Python base needs root (debootstrap); or pass PYTHON_IMAGE=<an image with python3 and pip>"
@@ -142,24 +190,24 @@ build_standin() {  # $1: the tag to build
     # shellcheck disable=SC2064
     trap "rm -rf '$tmp'" EXIT
     start=$SECONDS
-    log "debootstrap ${DEBOOTSTRAP_ARGS[*]} from $mirror (about 80 s)"
+    log "debootstrap ${DEBOOTSTRAP_ARGS[*]} from $mirror (about 80 s${FOREIGN:+; about 5 min under emulation})"
     debootstrap "${DEBOOTSTRAP_ARGS[@]}" "$tmp/root" "$mirror" >"$tmp/debootstrap.log" 2>&1 \
       || { tail -n 30 "$tmp/debootstrap.log" >&2; die "debootstrap failed (log above)"; }
     (cd "$tmp/root" && shopt -s nullglob && rm -rf ${ROOTFS_CLEAN[*]})
     log "importing the root file system as $rootfs"
-    tar -C "$tmp/root" --numeric-owner -cf - . | "$ENGINE" import --change 'CMD ["/bin/bash"]' --change 'LABEL io.gpudra.image=debian-minbase' - "$rootfs" >/dev/null
+    tar -C "$tmp/root" --numeric-owner -cf - . | "$ENGINE" import --arch "$ARCH" --change 'CMD ["/bin/bash"]' --change 'LABEL io.gpudra.image=debian-minbase' - "$rootfs" >/dev/null
     rm -rf "$tmp"; trap - EXIT
     log "debootstrap + import: $((SECONDS - start)) s"
   fi
   log "building $tag (python3 + a venv at /usr/local) on $rootfs"
   tmp="$(mktemp -d)"
   printf '%s' "$BASE_CONTAINERFILE" >"$tmp/Containerfile"
-  "$ENGINE" build "${BUILD_FLAGS[@]}" --network=host --build-arg "ROOTFS=$rootfs" --label "$LABEL=standin-$h" --label io.gpudra.image=python-base \
+  "$ENGINE" build "${BUILD_FLAGS[@]}" --platform "$PLATFORM" --network=host --build-arg "ROOTFS=$rootfs" --label "$LABEL=standin-$h" --label io.gpudra.image=python-base \
     -t "$tag" -f "$tmp/Containerfile" "$tmp" >&2 || { rm -rf "$tmp"; die "building $tag failed"; }
   rm -rf "$tmp"
   # Earlier recipes' stand-ins and root file systems (kept while an image still uses them).
   local old
-  for old in $("$ENGINE" images --format '{{.Repository}}:{{.Tag}}' | grep -E "^($STANDIN_REPO|$ROOTFS_REPO):$SUITE-" || true); do
+  for old in $("$ENGINE" images --format '{{.Repository}}:{{.Tag}}' | grep -E "^($STANDIN_REPO|$ROOTFS_REPO):$BASE_SUITE-[0-9a-f]+$" || true); do
     [[ "$old" == "$tag" || "$old" == "$rootfs" ]] || "$ENGINE" rmi "$old" >/dev/null 2>&1 || true
   done
   "$ENGINE" image prune -f --filter label=io.gpudra.image=python-base >/dev/null 2>&1 || true
@@ -169,11 +217,12 @@ build_standin() {  # $1: the tag to build
 standin_base() {  # prints the stand-in's reference, building it when missing
   local h tag
   h="$(standin_hash)"
-  tag="$STANDIN_REPO:$SUITE-$h"
+  tag="$STANDIN_REPO:$BASE_SUITE-$h"
   if [[ "$(label_of "$tag")" != "standin-$h" ]]; then
+    check_emulation
     build_standin "$tag"
   fi
-  "$ENGINE" tag "$tag" "$STANDIN_REPO:$SUITE"
+  "$ENGINE" tag "$tag" "$STANDIN_REPO:$BASE_SUITE"
   echo "$tag"
 }
 
@@ -186,42 +235,53 @@ resolve_base() {  # $1: Dockerfile; prints the base image reference to build on
   if [[ -n "${PYTHON_IMAGE:-}" ]]; then
     if [[ "$PYTHON_IMAGE" == "$STANDIN_REPO" || "$PYTHON_IMAGE" == "$STANDIN_REPO:"* ]]; then
       if ! exists "$PYTHON_IMAGE"; then standin_base >/dev/null; fi
-      exists "$PYTHON_IMAGE" || die "PYTHON_IMAGE=$PYTHON_IMAGE: no such stand-in; use $STANDIN_REPO:$SUITE"
+      exists "$PYTHON_IMAGE" || die "PYTHON_IMAGE=$PYTHON_IMAGE: no such stand-in; use $STANDIN_REPO:$BASE_SUITE"
     fi
+    exists_for_arch "$PYTHON_IMAGE" || timeout 120 "$ENGINE" pull -q --platform "$PLATFORM" "$PYTHON_IMAGE" >/dev/null 2>&1 \
+      || die "PYTHON_IMAGE=$PYTHON_IMAGE: not an image for $PLATFORM here, nor one to pull"
     echo "$PYTHON_IMAGE"; return
   fi
   official="$(official_base "$1")"
   [[ -n "$official" ]] || die "$1 has no ARG PYTHON_IMAGE default"
-  if exists "$official"; then echo "$official"; return; fi
+  # The store holds one image per name: the official base of the other architecture is pulled
+  # over this one's, and back, as the platform changes.
+  if exists_for_arch "$official"; then echo "$official"; return; fi
   # Remember a failed pull for an hour, so a warm run does not wait on an unreachable registry.
-  marker="$CACHE_ROOT/images/unpullable-$(printf '%s' "$official" | tr -c 'A-Za-z0-9._-' _)"
+  marker="$CACHE_ROOT/images/unpullable-$ARCH-$(printf '%s' "$official" | tr -c 'A-Za-z0-9._-' _)"
   if [[ -z "$(find "$marker" -mmin -60 2>/dev/null)" ]]; then
-    if timeout 120 "$ENGINE" pull -q "$official" >/dev/null 2>&1; then echo "$official"; return; fi
+    if timeout 120 "$ENGINE" pull -q --platform "$PLATFORM" "$official" >/dev/null 2>&1; then echo "$official"; return; fi
     mkdir -p "$(dirname "$marker")" && touch "$marker"
   fi
-  log "the official base $official cannot be pulled here: using the stand-in $STANDIN_REPO:$SUITE (releases use the official one)"
+  log "the official base $official cannot be pulled here: using the stand-in $STANDIN_REPO:$BASE_SUITE (releases use the official one)"
   standin_base
 }
 
 # ---- the gpudra images --------------------------------------------------------------------------
-inputs_hash() {  # $1: target, $2: Dockerfile (relative), $3: base image ID
-  { printf 'target %s\nbase %s\n' "$1" "$3"
-    (cd "$REPO" && find pyproject.toml README.md "$2" hack/images.sh operator driver \
-       \( -name __pycache__ -o -name '*.egg-info' -o -name .mypy_cache -o -name .pytest_cache \) -prune \
+# The wheel's sources (not the allocator's Go sources, nor the host's binaries in
+# operator/gpudra_operator/bin: the operator's own binaries come in as $4, the directory that
+# holds them for the platform).
+inputs_hash() {  # $1: target, $2: Dockerfile (relative), $3: base image ID, $4: binaries dir or ""
+  { printf 'target %s\nplatform %s\nbase %s\n' "$1" "$PLATFORM" "$3"
+    (cd "$REPO" && find pyproject.toml README.md "$2" hack/images.sh hack/wheels.sh operator driver \
+       \( -name __pycache__ -o -name '*.egg-info' -o -name .mypy_cache -o -name .pytest_cache \
+          -o -path operator/gpudra_operator/bin -o -path operator/gpudra-allocator \) -prune \
        -o -type f ! -name '*.pyc' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+    if [[ -n "$4" ]]; then (cd "$4" && sha256sum gpudra-allocator-1.*); fi
   } | sha256sum | cut -c1-16
 }
 
 build_app() {  # $1: operator | agent; prints the image reference
-  local target="$1" dockerfile ref base base_id h found start ca_flags
+  local target="$1" dockerfile ref base base_id h found start ca_flags wheel bin_dir="" context
   dockerfile="images/$target.Dockerfile"
   case "$target" in
-    operator) ref="$IMAGE_REGISTRY/gpudra-operator:$IMAGE_TAG" ;;
-    agent) ref="$IMAGE_REGISTRY/gpudra:$IMAGE_TAG" ;;
+    operator) ref="$IMAGE_REGISTRY/gpudra-operator:$IMAGE_TAG$FOREIGN" wheel="linux-$ARCH"
+              bin_dir="$(GOOS=linux GOARCH="$ARCH" "$REPO/hack/allocator-bin.sh" | tail -n 1)"
+              [[ -n "$bin_dir" ]] || die "hack/allocator-bin.sh printed no directory for linux/$ARCH" ;;
+    agent) ref="$IMAGE_REGISTRY/gpudra:$IMAGE_TAG$FOREIGN" wheel=any ;;
   esac
   base="$(resolve_base "$REPO/$dockerfile")" || exit 1
   base_id="$(image_id "$base")" || die "base image $base: not found"
-  h="$(inputs_hash "$target" "$dockerfile" "$base_id")"
+  h="$(inputs_hash "$target" "$dockerfile" "$base_id" "$bin_dir")"
   if [[ "$(label_of "$ref")" == "$h" ]]; then
     log "$ref is up to date (inputs $h)"
     echo "$ref"; return
@@ -232,12 +292,20 @@ build_app() {  # $1: operator | agent; prints the image reference
     "$ENGINE" tag "$found" "$ref"
     echo "$ref"; return
   fi
-  log "building $ref from $dockerfile on $base (inputs $h)"
+  check_emulation
+  log "building $ref for $PLATFORM from $dockerfile on $base (inputs $h)"
   start=$SECONDS
+  # The context: the one wheel this image installs (hack/wheels.sh; the operator's with the
+  # platform's binaries, the agent's without), in a directory of its own.
+  context="$(mktemp -d "${TMPDIR:-/tmp}/gpudra-image-context.XXXXXX")"
+  # shellcheck disable=SC2064
+  trap "rm -rf '$context'" EXIT
+  "$REPO/hack/wheels.sh" --out "$context" "$wheel" >/dev/null || die "hack/wheels.sh $wheel failed"
   mapfile -t ca_flags < <(ca_build_flags)
-  (cd "$REPO" && "$ENGINE" build "${BUILD_FLAGS[@]}" "${ca_flags[@]}" --network=host --build-arg "PYTHON_IMAGE=$base" \
+  "$ENGINE" build "${BUILD_FLAGS[@]}" "${ca_flags[@]}" --platform "$PLATFORM" --network=host --build-arg "PYTHON_IMAGE=$base" \
      --label "$LABEL=$h" --label "io.gpudra.image=$target" --label "io.gpudra.base=$base" \
-     -f "$dockerfile" -t "$ref" . >&2) || die "building $ref failed"
+     -f "$REPO/$dockerfile" -t "$ref" "$context" >&2 || die "building $ref failed"
+  rm -rf "$context"; trap - EXIT
   log "built $ref in $((SECONDS - start)) s"
   # This target's earlier builds, now untagged (their cache entries are gone with them).
   "$ENGINE" image prune -f --filter "label=io.gpudra.image=$target" >/dev/null 2>&1 || true

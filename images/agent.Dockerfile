@@ -1,20 +1,30 @@
 # syntax=docker/dockerfile:1.7
-# The gpudra node agent image (DRA kubelet plugin): `make image-agent`. The operator's DaemonSet
-# runs it as `gpudra agent ...`; its default name is spec.agent.image's default (ghcr.io/gpudra/gpudra).
+# The gpudra node agent image (DRA kubelet plugin), for linux/amd64 and linux/arm64: `make
+# image-agent` (PLATFORM=linux/arm64 for the other architecture). The operator's DaemonSet runs it
+# as `gpudra agent ...`; its default name is spec.agent.image's default (ghcr.io/gpudra/gpudra).
+# By hand, from the wheels `make wheels` puts in dist/, which is the build context:
 #
-# Same two stages as the operator image. No NVIDIA libraries are baked in: NVML comes from the
-# host's driver root, mounted read-only at /driver-root by the DaemonSet.
+#   make wheels && docker buildx build --platform linux/amd64,linux/arm64 -f images/agent.Dockerfile dist/
+#
+# It installs the pure wheel (gpudra-<version>-py3-none-any.whl): the agent runs no
+# gpudra-allocator, so it carries none of its binaries (about 100 MB). Same two stages as the
+# operator image. No NVIDIA libraries are baked in: NVML comes from the host's driver root, mounted
+# read-only at /driver-root by the DaemonSet.
 # `make images` builds it through hack/images.sh: skipped when unchanged, and on a stand-in base
 # (PYTHON_IMAGE=localhost/gpudra-python-base:bookworm) where this one cannot be pulled; releases use
 # this one (docs/deploy.md, "Building the images").
 ARG PYTHON_IMAGE=python:3.13.9-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS wheels
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY operator ./operator
-COPY driver ./driver
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+COPY . /dist/
+RUN set -eu; \
+    set -- /dist/gpudra-*-py3-none-any.whl; \
+    if [ ! -f "$1" ]; then \
+      echo "no gpudra-*-py3-none-any.whl in the build context: run make wheels (hack/wheels.sh) and build with dist/ as the context" >&2; \
+      exit 1; \
+    fi; \
+    if [ $# -ne 1 ]; then echo "several pure gpudra wheels in the build context: $*" >&2; exit 1; fi; \
+    pip wheel --no-cache-dir --wheel-dir /wheels "$1"
 
 FROM ${PYTHON_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 \

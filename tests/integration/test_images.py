@@ -101,18 +101,25 @@ def test_the_agent_image_discovers_gpus_through_the_mock_nvml_in_a_mounted_drive
     assert seen["warnings"] == []
 
 
-def test_the_operator_image_evaluates_selectors_with_every_cel_library(images: dict[str, str]) -> None:
-    # The operator extra's native parts load in the image: cel-expr-python, and google-re2 for the
-    # regex library (pyproject.toml, images/operator.Dockerfile).
+def test_the_operator_image_runs_its_platforms_allocator_and_the_agent_image_has_none(images: dict[str, str]) -> None:
+    # The operator image installs the wheel of its platform, with gpudra-allocator for each
+    # supported release (hack/wheels.sh, images/operator.Dockerfile); the agent image the pure one.
+    releases = sorted(p.name.removeprefix("v") for p in (REPO / "operator" / "gpudra-allocator").glob("v1.*"))
     check = r"""
-from gpudra_operator.cel import compile_selector, device_input
-nic = device_input("x.io", {"name": "n", "attributes": {"ip": {"string": "10.1.2.3"}, "text": {"string": "rev 42"}}})
-print(compile_selector('cidr("10.0.0.0/8").containsIP(device.attributes["x.io"].ip) && '
-                       'device.attributes["x.io"].text.find("[0-9]+") == "42" && '
-                       '!format.dns1123Label().validate("nic-a").hasValue()').evaluate(nic))
+import subprocess
+from gpudra_operator import allocatorhelper
+where = allocatorhelper.directory()
+for minor in allocatorhelper.available_minors():
+    path = where / f"{allocatorhelper.PREFIX}{minor}"
+    print(path.name, subprocess.run([str(path), "-version"], capture_output=True, text=True, check=True).stdout.strip())
 """
-    out = podman("run", "--rm", "--network=none", "--entrypoint", "python3", images["operator"], "-c", check).stdout
-    assert out.strip() == "SelectorResult(matched=True, error=None, undetermined=False)", out
+    out = podman("run", "--rm", "--network=none", "--user", "65532", "--read-only", "--entrypoint", "python3",
+                 images["operator"], "-c", check).stdout.splitlines()
+    assert [line.split()[0] for line in out] == [f"gpudra-allocator-{r}" for r in releases], out
+    assert all(line.split()[1].startswith(f"{line.split()[0].removeprefix('gpudra-allocator-')}.") for line in out), out
+    find = "import os; print([os.path.join(t, f) for t, _, fs in os.walk('/usr') for f in fs if 'gpudra-allocator' in f])"
+    out = podman("run", "--rm", "--network=none", "--entrypoint", "python3", images["agent"], "-c", find).stdout
+    assert out.strip() == "[]", f"the agent image carries {out}"
 
 
 def test_the_images_carry_no_build_tools_wheels_or_pip(images: dict[str, str]) -> None:
