@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv allocator kube-bin helm-bin cdi-schema cdi-tools cel-oracle nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry test unit typecheck demo demo-down bench fuzz explain-diff protos wheels images image-operator image-agent base-image clean
+.PHONY: help venv allocator kube-bin helm-bin cdi-schema cdi-tools nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry test unit typecheck demo demo-down bench fuzz explain-diff protos wheels images image-operator image-agent base-image clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
@@ -19,7 +19,6 @@ help:
 	@echo "make kube-bin   fetch or build etcd $(ETCD_VERSION) + Kubernetes $(KUBE_VERSION) binaries"
 	@echo "make cdi-schema fetch the pinned official CDI JSON schema the tests validate CDI specs against"
 	@echo "make cdi-tools  build cdi-validate (hack/cdi-tools): the official CDI Go library the tests check every CDI spec with"
-	@echo "make cel-oracle build cel-oracle (hack/cel-oracle): each supported release's DRA CEL library, which the CEL tests compare gpudra's evaluator with"
 	@echo "make nvidia-ctk build NVIDIA's nvidia-ctk and nvidia-cdi-hook (pinned, from the Go module proxy) the tests compare specs with"
 	@echo "make mock-nvml  build the mock libnvidia-ml.so.1 (tests/mocknvml) the tests run pynvml and nvidia-ctk against"
 	@echo "make mock-nvidia-smi mock-mps-control  the fake driver roots' nvidia-smi and nvidia-cuda-mps-control (tests/mocknvml)"
@@ -61,11 +60,6 @@ cdi-schema: venv
 # Built from the pinned hack/cdi-tools module, cached under ~/.cache/gpudra/cdi-tools/<hash of its sources>.
 cdi-tools:
 	@hack/cdi-tools-bin.sh
-
-# One per supported release, each built from its pinned module (hack/cel-oracle/v1.*), cached under
-# ~/.cache/gpudra/cel-oracle/<hash of its sources>.
-cel-oracle:
-	@hack/cel-oracle-bin.sh
 
 # Built with cgo from the Go module proxy, cached under ~/.cache/gpudra/nvidia-ctk/<version>.
 nvidia-ctk:
@@ -115,7 +109,6 @@ test: venv allocator cdi-schema mock-nvml mock-nvidia-smi mock-mps-control
 	  helm="$$(hack/helm-bin.sh | tail -n 1)" && test -n "$$helm" && \
 	  nvctk="$$(hack/nvidia-ctk-bin.sh | tail -n 1)" && test -n "$$nvctk" && \
 	  cdi_tools="$$(hack/cdi-tools-bin.sh | tail -n 1)" && test -n "$$cdi_tools" && \
-	  cel_oracle="$$(hack/cel-oracle-bin.sh | tail -n 1)" && test -n "$$cel_oracle" && \
 	  containerd_dir="$$(hack/containerd-bin.sh | tail -n 1)" && test -n "$$containerd_dir" && \
 	  registry_dir="$$(hack/registry-bin.sh | tail -n 1)" && test -n "$$registry_dir" && \
 	  images="$$(PLATFORM= IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) hack/images.sh operator agent | tail -n 1)" && test -n "$$images" && \
@@ -123,7 +116,7 @@ test: venv allocator cdi-schema mock-nvml mock-nvidia-smi mock-mps-control
 	  GPUDRA_CDI_TOOLS_DIR="$$cdi_tools" GPUDRA_CONTAINERD_DIR="$$containerd_dir" GPUDRA_REGISTRY_DIR="$$registry_dir" \
 	  GPUDRA_TEST_OPERATOR_IMAGE="$${images%% *}" GPUDRA_TEST_AGENT_IMAGE="$${images##* }" $(BIN)/pytest $(PYTEST_ARGS)
 
-unit: venv allocator cdi-schema cdi-tools cel-oracle mock-nvml mock-nvidia-smi mock-mps-control
+unit: venv allocator cdi-schema cdi-tools mock-nvml mock-nvidia-smi mock-mps-control
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 typecheck: venv

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates the committed protobuf modules: the kubelet plugin's gRPC stubs (from its own .proto
-# files), the CEL cost estimator's checked-expression messages, and the
-# fake container runtime's of the real-kubelet tests (tests/fakecri/protos/api.proto, copied
+# files) and the fake container runtime's of the real-kubelet tests (tests/fakecri/protos/api.proto, copied
 # unchanged from k8s.io/cri-api at the tested Kubernetes release).
 # Needs the `dev` extra (pinned grpcio-tools): pip install -e '.[dev]'.
 # The -I mappings make the generated modules import each other as gpudra_driver.plugin.gen.* and
@@ -15,8 +14,6 @@ src=driver/gpudra_driver/plugin/protos
   --python_out=driver --pyi_out=driver --grpc_python_out=driver \
   "$src/dra_v1.proto" "$src/dra_v1beta1.proto" "$src/pluginregistration.proto" \
   "$src/dra_health_v1alpha1.proto" "$src/dra_health_v1.proto"
-"$PYTHON" -m grpc_tools.protoc -Igpudra_operator/cel/gen=operator/gpudra_operator/cel/protos \
-  --python_out=operator --pyi_out=operator operator/gpudra_operator/cel/protos/checked_ast.proto
 "$PYTHON" -m grpc_tools.protoc -Ifakecri/gen=tests/fakecri/protos \
   --python_out=tests --pyi_out=tests --grpc_python_out=tests tests/fakecri/protos/api.proto
-echo "regenerated: $(ls driver/gpudra_driver/plugin/gen/*_pb2*.py* operator/gpudra_operator/cel/gen/*_pb2*.py* tests/fakecri/gen/*_pb2*.py* | tr '\n' ' ')"
+echo "regenerated: $(ls driver/gpudra_driver/plugin/gen/*_pb2*.py* tests/fakecri/gen/*_pb2*.py* | tr '\n' ' ')"

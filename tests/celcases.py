@@ -1,9 +1,8 @@
 """Selector families whose CEL cost grows with a size ``n``, each exercising other cost rules
 (device paths and their declared sizes, string and regex functions, quantities, the list and set
 extensions, macros and the two-variable comprehensions, ``cel.bind``, conditionals, ``has()``,
-optionals). Used against the API server
-(tests/integration/test_cel_cost_apiserver.py) and against Kubernetes' CEL library
-(tests/unit/test_cel_oracle.py)."""
+optionals). gpudra-allocator's cost estimate (Kubernetes' own CEL of the release) must draw the
+same line as the API server (tests/integration/test_allocator_release.py)."""
 
 from __future__ import annotations
 

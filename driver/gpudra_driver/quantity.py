@@ -17,7 +17,8 @@ quantity goes through ``inf.Dec.SetString`` of the number's own text, which need
 
 The value is exact, rounded up (away from zero) to a whole nano, as the API server stores it,
 including the int32 wrap of the scale arithmetic. It is not capped: BinarySI values above the int64
-maximum are capped where Kubernetes' capped Quantity matters (gpudra_operator/cel/quantitylib.py).
+maximum stay as written; Kubernetes caps them at the int64 maximum, and callers that compare
+with Kubernetes' value apply that cap (tests/unit/test_quantity_oracle.py).
 No library fits: kubernetes_asyncio has no parser, and the sync client's
 ``kubernetes.utils.parse_quantity`` accepts what the API server refuses (``1K``, ``NaN``, ``1_0``)."""
 

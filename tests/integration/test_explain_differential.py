@@ -1,37 +1,59 @@
 """`gpudra explain` against the real kube-scheduler: random cases (tests/explaincases.py: inventories
-from the GPU profiles, classes from the templates, claims with random selectors, counts, All,
-firstAvailable and matchAttribute, some devices held by another claim) applied to the real control
-plane. The holders' pods are scheduled first; then for every case and node, a claim and a pod
-pinned to that node; explain reads each pod from the live cluster (through the
-command's own reads) while a scheduling gate holds it, then the gate is lifted and the scheduler
-decides. Explain's verdict must be the scheduler's for every pod: scheduled or not, so the node set
-of every claim agrees too, CEL error cases included.
+from the GPU profiles, shared GPUs, MIG-like partitionable GPUs with counter slices, taints; classes
+from the templates; claims with random selectors, counts, All, firstAvailable, matchAttribute and
+distinctAttribute constraints, capacity requests, tolerations, admin access; holder claims that
+take devices, shares or partitions first) applied to the real control plane. The holders' pods are
+scheduled first; then for every case and node, a claim and a pod pinned to that node; explain
+reads each pod from the live cluster (through the command's own reads) while a scheduling gate
+holds it, then the gate is lifted and the scheduler decides. Explain's verdict must be the
+scheduler's for every pod: scheduled or not, so the node set of every claim agrees too, CEL error
+cases included. Devices with binding conditions: the test plays the controller that sets them
+(status.devices), so a pod whose allocation the scheduler made is bound after its PreBind wait.
+
+Per release (Kubernetes 1.35 keeps consumable capacity, partitionable devices, device taints and
+binding conditions behind gates that are off: its API server drops those fields, and the cases then
+test what is left; 1.36 and 1.37 keep them): the stored objects must carry exactly the features
+whose gates are on, and where they are on, the run must exercise each of them both ways. What
+blocked an unschedulable pod is found by asking Kubernetes' allocator (gpudra-allocator) again on
+the same state with one thing taken away (the taints, the counters, the other claims); none of that
+decides agreement, only the scheduler does.
 
 CI runs GPUDRA_EXPLAIN_CASES (default 80) cases from GPUDRA_EXPLAIN_SEED (default 2026) in about a
-minute; `make explain-diff` runs 300."""
+minute on 1.35, and a smaller share on 1.36 and 1.37 (.ci/run); `make explain-diff` runs 300."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import json
 import os
 import secrets
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from explaincases import Case, generate
+from explaincases import (ADMIN_ACCESS_LABEL, Case, claim_features, enabled_features, generate, rule_selects,
+                          slice_features)
 from schedpods import pinned_pod, scheduling_outcome
+
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.explain import explain_snapshot
-from gpudra_operator.explain.gather import read_snapshot
+from gpudra_operator.allocatorhelper import AllocatorHelper
+from gpudra_operator.explain.gather import TAINT_RULE, read_snapshot
 from gpudra_operator.localcluster.objects import create_fake_node, delete_node
 from gpudra_operator.localcluster.waiting import wait_for
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
+CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
 POD = resource_type("v1", "Pod")
+NODE = resource_type("v1", "Node")
+NAMESPACE = resource_type("v1", "Namespace")
 GATE = "gpudra.io/explain-first"
 SEED = int(os.environ.get("GPUDRA_EXPLAIN_SEED", "2026"))
 CASES = int(os.environ.get("GPUDRA_EXPLAIN_CASES", "80"))
+EFFECTFUL = ("NoSchedule", "NoExecute")
 
 
 def pod_name(case: Case, node_index: int) -> str:
@@ -66,68 +88,354 @@ async def bounded(limit: int, jobs: list[Any]) -> list[Any]:
     return await asyncio.gather(*(one(job) for job in jobs))
 
 
+async def set_binding_conditions(kube: Kube, namespace: str, stop: asyncio.Event) -> int:
+    """The controller a device with binding conditions waits for: once the scheduler has allocated
+    such a device (it then waits in PreBind), set its conditions True in the claim's
+    status.devices. Returns how many claims it did that for."""
+    done: set[str] = set()
+    patched = 0
+    while not stop.is_set():
+        async for claim in kube.list(CLAIM, namespace):
+            uid = claim["metadata"]["uid"]
+            allocation = (claim.get("status") or {}).get("allocation")
+            if uid in done or not allocation:
+                continue
+            done.add(uid)
+            waiting = [r for r in allocation["devices"].get("results") or [] if r.get("bindingConditions")]
+            if not waiting:
+                continue
+            entries: dict[tuple[str, ...], Obj] = {}
+            for result in waiting:
+                entry = {"driver": result["driver"], "pool": result["pool"], "device": result["device"],
+                         "conditions": [{"type": c, "status": "True", "reason": "SetByTest", "message": "",
+                                         "lastTransitionTime": "2026-01-01T00:00:00Z"}
+                                        for c in result["bindingConditions"]]}
+                if result.get("shareID"):
+                    entry["shareID"] = result["shareID"]
+                entries[(entry["driver"], entry["pool"], entry["device"], entry.get("shareID", ""))] = entry
+            await kube.patch(CLAIM, claim["metadata"]["name"], {"status": {"devices": list(entries.values())}},
+                             namespace=namespace, subresource="status")
+            patched += 1
+        try:
+            await asyncio.wait_for(stop.wait(), 0.5)
+        except TimeoutError:
+            pass
+    return patched
+
+
+@dataclass
+class State:
+    """What the scheduler saw when it decided on the case pods, read back from the cluster."""
+
+    classes: list[Obj]
+    slices: dict[str, list[Obj]]  # by driver
+    claims: dict[str, Obj]  # by name
+    nodes: dict[str, Obj]  # by name, metadata only
+    rules: dict[str, list[Obj]]  # DeviceTaintRules by the driver they select
+
+
+def _strip(slices: list[Obj], what: str) -> list[Obj]:
+    """The slices without their taints or their counter consumption."""
+    stripped = copy.deepcopy(slices)
+    for s in stripped:
+        for device in s["spec"].get("devices") or []:
+            device.pop("taints" if what == "taints" else "consumesCounters", None)
+    return stripped
+
+
+async def allocatable(helper: AllocatorHelper, state: State, case: Case, node: str, claim: str,
+                      without: str | None = None) -> tuple[bool, str | None]:
+    """Whether Kubernetes' allocator (the cluster's release) allocates ``claim`` on ``node`` on the
+    state the scheduler saw, or with the taints (the devices' and the DeviceTaintRules'), the
+    rules alone, the counters or the other claims (``without``) taken away; and the allocator's
+    error, if any."""
+    slices = state.slices[case.driver]
+    if without in ("taints", "counters"):
+        slices = _strip(slices, without)
+    rules = [] if without in ("taints", "rules") else state.rules.get(case.driver, [])
+    others = [] if without == "claims" else [c for name, c in state.claims.items()
+                                              if name != claim and (c.get("status") or {}).get("allocation")]
+    pending = {k: v for k, v in state.claims[claim].items() if k != "status"}
+    (outcome,) = await helper.allocate(classes=state.classes, slices=slices, allocated_claims=others,
+                                       claims=[pending], nodes=[state.nodes[node]], device_taint_rules=rules)
+    return outcome.results is not None and not outcome.error, outcome.error
+
+
+def _results(claim: Obj | None) -> list[Obj]:
+    allocation = ((claim or {}).get("status") or {}).get("allocation") or {}
+    return allocation.get("devices", {}).get("results") or []
+
+
+def _devices(slices: list[Obj]) -> dict[tuple[str, str], Obj]:
+    return {(s["spec"]["pool"]["name"], d["name"]): d for s in slices for d in s["spec"].get("devices") or []}
+
+
+def scheduled_facts(case: Case, state: State, claim: str) -> set[str]:
+    """What a scheduled pod's allocation shows: a device shared with another claim, a taint
+    tolerated, admin access to a device another claim holds, binding conditions, counters shared
+    with another claim's partition of the same GPU."""
+    devices = _devices(state.slices[case.driver])
+    mine = _results(state.claims[claim])
+    held: dict[tuple[str, str], int] = Counter()
+    counter_sets: set[tuple[str, str]] = set()
+    for name, other in state.claims.items():
+        if name == claim:
+            continue
+        for result in _results(other):
+            if result.get("driver") != case.driver or result.get("adminAccess"):
+                continue
+            held[(result["pool"], result["device"])] += 1
+            for use in (devices.get((result["pool"], result["device"])) or {}).get("consumesCounters") or []:
+                counter_sets.add((result["pool"], use["counterSet"]))
+    facts = set()
+    for result in mine:
+        key = (result["pool"], result["device"])
+        device = devices.get(key) or {}
+        if result.get("shareID") and held[key]:
+            facts.add("shared a device")
+        if any(t.get("effect") in EFFECTFUL for t in device.get("taints") or []):
+            facts.add("tolerated a taint")
+        if any(rule["spec"]["taint"].get("effect") in EFFECTFUL and rule_selects(rule, case.driver, *key)
+               for rule in state.rules.get(case.driver, [])):
+            facts.add("tolerated a rule's taint")
+        if result.get("adminAccess") and held[key]:
+            facts.add("admin access to a device in use")
+        if result.get("bindingConditions"):
+            facts.add("binding conditions")
+        if any((result["pool"], use["counterSet"]) in counter_sets for use in device.get("consumesCounters") or []):
+            facts.add("shared counters")
+    return facts
+
+
+async def unschedulable_facts(helper: AllocatorHelper, case: Case, state: State, node: str, claim: str) -> set[str]:
+    """What kept an unschedulable pod off its node: the allocator's error, or the one thing whose
+    removal lets the allocator place it (other claims' devices or shares, the taints, the counters)."""
+    fits, error = await allocatable(helper, state, case, node, claim)
+    if error:
+        return {"allocator error"}
+    if fits:
+        return {"the allocator places it"}  # disagrees with the scheduler: reported with the mismatch
+    facts = set()
+    for without, fact in (("claims", "in use"), ("taints", "untolerated taints"), ("rules", "untolerated rule taints"),
+                          ("counters", "counters exhausted")):
+        if without == "rules" and not state.rules.get(case.driver):
+            continue
+        if (await allocatable(helper, state, case, node, claim, without))[0]:
+            facts.add(fact)
+    return facts
+
+
+async def read_state(kube: Kube, namespace: str, cases: list[Case]) -> State:
+    drivers = {case.driver for case in cases}
+    names = {c["metadata"]["name"] for case in cases for c in case.classes}
+    slices: dict[str, list[Obj]] = {driver: [] for driver in drivers}
+    async for s in kube.list(SLICE):
+        if s["spec"]["driver"] in drivers:
+            slices[s["spec"]["driver"]].append(s)
+    rules: dict[str, list[Obj]] = {}
+    if any(case.taint_rules for case in cases):
+        async for rule in kube.list(TAINT_RULE):
+            driver = ((rule.get("spec") or {}).get("deviceSelector") or {}).get("driver")
+            if driver in drivers:
+                rules.setdefault(driver, []).append(rule)
+    return State(classes=[c async for c in kube.list(DEVICE_CLASS) if c["metadata"]["name"] in names],
+                 slices=slices,
+                 claims={c["metadata"]["name"]: c async for c in kube.list(CLAIM, namespace)},
+                 nodes={n["metadata"]["name"]: n async for n in kube.list(NODE, metadata_only=True)},
+                 rules=rules)
+
+
+def stored_features(case: Case, state: State, claim: str) -> set[str]:
+    return (slice_features(state.slices[case.driver]) | claim_features(state.claims[claim]["spec"])
+            | ({"taint-rules"} if state.rules.get(case.driver) else set()))
+
+
 async def test_explain_agrees_with_the_scheduler_on_random_cases(kube: Kube, namespace: str) -> None:
+    minor = await kube.server_minor()
+    assert minor is not None
     run_id = secrets.token_hex(3)
-    cases = generate(SEED, CASES, run_id)
+    cases = generate(SEED, CASES, run_id, minor=minor)
     nodes = [name for case in cases for name in case.nodes]
     pods = {pod_name(case, i): (case, node) for case in cases for i, node in enumerate(case.nodes)}
-    started = asyncio.get_running_loop().time()
+    clock = asyncio.get_running_loop().time
+    started = clock()
+    phases: dict[str, float] = {}
+
+    def phase(name: str) -> None:
+        phases[name] = clock() - started - sum(phases.values())
+
+    stop = asyncio.Event()
+    controller = asyncio.create_task(set_binding_conditions(kube, namespace, stop), name="binding conditions")
     try:
+        await kube.patch(NAMESPACE, namespace, {"metadata": {"labels": {ADMIN_ACCESS_LABEL: "true"}}})
+        # The rules first: the scheduler must know them before it can place a holder.
+        await bounded(8, [kube.create(rule) for case in cases for rule in case.taint_rules])
         await bounded(8, [create_fake_node(kube, name) for name in nodes])
         await bounded(8, [kube.create(s) for case in cases for s in case.slices]
-                      + [kube.create(case.device_class) for case in cases])
-        holders = {f"h{case.index}-n{i}": (case, node) for case in cases if case.holder_spec
-                   for i, node in enumerate(case.nodes)}
-        await bounded(8, [kube.create(claim_object(name, namespace, case.holder_spec))  # type: ignore[arg-type]
-                          for name, (case, _) in holders.items()])
+                      + [kube.create(c) for case in cases for c in case.classes])
+        holders = {f"h{case.index}-{j}-n{i}": (case, node, spec) for case in cases
+                   for j, spec in enumerate(case.holder_specs) for i, node in enumerate(case.nodes)}
+        await bounded(8, [kube.create(claim_object(name, namespace, spec)) for name, (_, _, spec) in holders.items()])
         await bounded(8, [kube.create(pinned_pod(name, namespace, node, name))
-                          for name, (_, node) in holders.items()])
+                          for name, (_, node, _) in holders.items()])
+        phase("objects")
         held = await wait_for(decisions_for(kube, namespace, holders), timeout=120, interval=0.5,
                               what=f"the scheduler's decision on {len(holders)} holder pods")
+        phase("holders")
         await bounded(8, [kube.create(claim_object(name, namespace, case.claim_spec)) for name, (case, _) in pods.items()])
         await bounded(8, [kube.create(pinned_pod(name, namespace, node, name, gate=GATE)) for name, (_, node) in pods.items()])
 
-        # Explain each pod as `gpudra explain pod` would, while its gate holds it.
-        verdicts = dict(zip(pods, await bounded(4, [
-            _explain(kube, namespace, name, case.driver) for name, (case, _) in pods.items()])))
-        await bounded(8, [kube.patch(POD, name, {"spec": {"schedulingGates": None}}, namespace=namespace)
-                          for name in pods])
+        async with AllocatorHelper(minor) as helper:
+            # Explain each pod as `gpudra explain pod` would, while its gate holds it.
+            verdicts = dict(zip(pods, await bounded(4, [
+                _explain(kube, helper, namespace, name, case.driver) for name, (case, _) in pods.items()])))
+            before = await read_state(kube, namespace, cases)
+            phase("explain")
+            await bounded(8, [kube.patch(POD, name, {"spec": {"schedulingGates": None}}, namespace=namespace)
+                              for name in pods])
 
-        decisions = await wait_for(decisions_for(kube, namespace, pods), timeout=120, interval=0.5,
-                                   what=f"the scheduler's decision on {len(pods)} pods")
-        # An unschedulable pod the scheduler would have placed once its informers caught up
-        # would show up bound now: read once more after every decision is in.
-        final = {p["metadata"]["name"]: _decided(p) async for p in kube.list(POD, namespace)}
+            decisions = await wait_for(decisions_for(kube, namespace, pods), timeout=180, interval=0.5,
+                                       what=f"the scheduler's decision on {len(pods)} pods")
+            # An unschedulable pod the scheduler would have placed once its informers caught up
+            # would show up bound now: read once more after every decision is in.
+            final = {p["metadata"]["name"]: _decided(p) async for p in kube.list(POD, namespace)}
+            after = await read_state(kube, namespace, cases)
+            phase("scheduler")
 
-        mismatches = []
-        for name, (case, _) in pods.items():
-            satisfiable, conclusion = verdicts[name]
-            if satisfiable != decisions[name] or final[name] != decisions[name]:
-                live = await kube.get(POD, name, namespace)
-                message = next((c.get("message") for c in (live or {}).get("status", {}).get("conditions") or []
-                                if c.get("type") == "PodScheduled"), "")
-                mismatches.append(f"{name} ({case.description}, spec {case.claim_spec}): explain says "
-                                  f"{satisfiable} ({conclusion}), the scheduler {decisions[name]} "
-                                  f"(then {final[name]}): {message}")
-        scheduled = sum(decisions.values())
-        errors = sum(verdicts[n][1].startswith("the scheduler stops with an error") for n in pods)
-        in_use = sum("in use by" in verdicts[n][1] for n in pods)
-        print(f"\n[explain-diff] seed {SEED}: {len(cases)} cases, {len(pods)} pods, {scheduled} scheduled, "
-              f"{len(pods) - scheduled} not, {errors} of them on a CEL or allocator error, {in_use} blocked by "
-              f"devices in use ({sum(held.values())} of {len(held)} holders scheduled first); "
-              f"{asyncio.get_running_loop().time() - started:.1f}s")
-        assert not mismatches, "explain disagrees with the scheduler:\n" + "\n".join(mismatches)
-        # The generator must exercise both outcomes and the error path, or the test proves little.
-        assert 0 < scheduled < len(pods) and errors > 0 and in_use > 0
+            # The API server keeps exactly the features whose gates are on in this release.
+            dropped = []
+            for name, (case, _) in pods.items():
+                generated = (slice_features(case.slices) | claim_features(case.claim_spec)
+                             | ({"taint-rules"} if case.taint_rules else set()))
+                expected = enabled_features(generated, minor)
+                stored = stored_features(case, after, name)
+                if stored != expected:
+                    dropped.append(f"{name}: generated {sorted(case.features)}, stored {sorted(stored)}, "
+                                   f"expected {sorted(expected)} on 1.{minor}")
+
+            facts: dict[str, set[str]] = {}
+            for name, (case, node) in pods.items():
+                facts[name] = (scheduled_facts(case, after, name) if decisions[name]
+                               else await unschedulable_facts(helper, case, after, node, name))
+
+            mismatches = []
+            for name, (case, node) in pods.items():
+                satisfiable, conclusion = verdicts[name]
+                if satisfiable != decisions[name] or final[name] != decisions[name]:
+                    mismatches.append(await _mismatch(kube, helper, namespace, name, case, node, before, after,
+                                                      verdicts[name], decisions[name], final[name]))
+        stop.set()
+        bound_by_test = await controller
+        phase("analysis")
+
+        print(_summary(minor, cases, pods, decisions, facts, held, bound_by_test, phases))
+        assert not dropped, "stored objects do not carry what this release keeps:\n" + "\n".join(dropped)
+        assert not mismatches, f"explain disagrees with the scheduler on {len(mismatches)} of {len(pods)} pods:\n" \
+            + "\n\n".join(mismatches)
+        # The generator must exercise both outcomes, the error path and each feature this release
+        # has on, or the test proves little.
+        missing = [need for need in _needs(minor) if not _met(need, pods, decisions, facts)]
+        assert not missing, f"the cases did not exercise: {missing} (more cases or another seed)"
     finally:
+        stop.set()
+        if not controller.done():
+            controller.cancel()
+        await asyncio.gather(controller, return_exceptions=True)
         for case in cases:
             async for found in kube.list(SLICE, field_selector=f"spec.driver={case.driver}"):
                 await kube.delete(SLICE, found["metadata"]["name"])
-            await kube.delete(DEVICE_CLASS, case.device_class["metadata"]["name"])
+            for device_class in case.classes:
+                await kube.delete(DEVICE_CLASS, device_class["metadata"]["name"])
+            for rule in case.taint_rules:
+                await kube.delete(TAINT_RULE, rule["metadata"]["name"])
         await bounded(8, [delete_node(kube, name) for name in nodes])
 
 
-async def _explain(kube: Kube, namespace: str, name: str, driver: str) -> tuple[bool, str]:
+# (description, case kinds or features the pod's case must have ("" for any), outcome, fact needed)
+Need = tuple[str, str, bool, str | None]
+
+
+def _needs(minor: int) -> list[Need]:
+    needs: list[Need] = [
+        ("scheduled", "", True, None), ("unschedulable", "", False, None),
+        ("an allocator (CEL) error", "", False, "allocator error"), ("devices in use", "", False, "in use"),
+        ("admin access scheduled", "admin", True, None),
+    ]
+    if minor >= 36:
+        needs += [
+            ("consumable: scheduled", "consumable", True, None),
+            ("consumable: a device shared with a holder", "consumable", True, "shared a device"),
+            ("consumable: unschedulable", "consumable", False, None),
+            ("consumable: shares or capacity in use", "consumable", False, "in use"),
+            ("counters: scheduled", "counters", True, None),
+            ("counters: a GPU's counters shared with a holder's partition", "counters", True, "shared counters"),
+            ("counters: exhausted", "counters", False, "counters exhausted"),
+            ("taints: a taint tolerated", "taints", True, "tolerated a taint"),
+            ("taints: untolerated", "taints", False, "untolerated taints"),
+            ("distinctAttribute: scheduled", "distinctAttribute", True, None),
+            ("distinctAttribute: unschedulable", "distinctAttribute", False, None),
+            ("binding conditions: bound after PreBind", "binding", True, "binding conditions"),
+        ]
+    if minor >= 37:
+        needs += [
+            ("DeviceTaintRules: a rule's taint tolerated", "taint-rules", True, "tolerated a rule's taint"),
+            ("DeviceTaintRules: untolerated", "taint-rules", False, "untolerated rule taints"),
+        ]
+    return needs
+
+
+def _met(need: Need, pods: Mapping[str, tuple[Case, str]], decisions: Mapping[str, bool],
+         facts: Mapping[str, set[str]]) -> bool:
+    _, feature, outcome, fact = need
+    return any((not feature or feature in case.features) and decisions[name] == outcome
+               and (fact is None or fact in facts[name]) for name, (case, _) in pods.items())
+
+
+def _summary(minor: int, cases: list[Case], pods: Mapping[str, tuple[Case, str]], decisions: Mapping[str, bool],
+             facts: Mapping[str, set[str]], held: Mapping[str, bool], bound_by_test: int,
+             phases: Mapping[str, float]) -> str:
+    scheduled = sum(decisions.values())
+    lines = [f"\n[explain-diff] Kubernetes 1.{minor}, seed {SEED}: {len(cases)} cases, {len(pods)} pods, "
+             f"{scheduled} scheduled, {len(pods) - scheduled} not ({sum(held.values())} of {len(held)} holders "
+             f"scheduled first; binding conditions set on {bound_by_test} claims); {sum(phases.values()):.1f}s: "
+             + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in phases.items())]
+    by_feature: dict[str, Counter[str]] = {}
+    for name, (case, _) in pods.items():
+        for feature in sorted(case.features | {f"kind {case.kind}"}):
+            counts = by_feature.setdefault(feature, Counter())
+            counts["scheduled" if decisions[name] else "not"] += 1
+            counts.update(facts[name])
+    for feature, counts in sorted(by_feature.items()):
+        lines.append(f"  {feature:20} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    return "\n".join(lines)
+
+
+async def _mismatch(kube: Kube, helper: AllocatorHelper, namespace: str, name: str, case: Case, node: str,
+                    before: State, after: State, verdict: tuple[bool, str], decision: bool, final: bool | None) -> str:
+    """Everything needed to debug one disagreement."""
+    live = await kube.get(POD, name, namespace)
+    message = next((c.get("message") for c in (live or {}).get("status", {}).get("conditions") or []
+                    if c.get("type") == "PodScheduled"), "")
+    fits, error = await allocatable(helper, before, case, node, name)
+    node_slices = [s for s in after.slices[case.driver] if s["spec"]["pool"]["name"] == node]
+    others = {n: _results(c) for n, c in before.claims.items()
+              if n != name and any(r.get("driver") == case.driver for r in _results(c))}
+    return "\n".join([
+        f"{name} on {node} (case {case.index}, {case.description}; features {sorted(case.features)}):",
+        f"  explain says {verdict[0]}: {verdict[1]}",
+        f"  the scheduler says {decision} (then {final}): {message}",
+        f"  Kubernetes' allocator on the state explain read: {'fits' if fits else 'does not fit'}"
+        + (f", error {error}" if error else ""),
+        f"  claim spec (stored): {json.dumps(before.claims[name]['spec'], sort_keys=True)}",
+        f"  claim allocation: {json.dumps(_results(after.claims.get(name)), sort_keys=True)}",
+        f"  other claims' results on this driver: {json.dumps(others, sort_keys=True)}",
+        f"  classes: {json.dumps([c['spec'] for c in before.classes if c['metadata']['name'] in {x['metadata']['name'] for x in case.classes}], sort_keys=True)}",
+        f"  the node's slices (stored): {json.dumps([s['spec'] for s in node_slices], sort_keys=True)}",
+        f"  DeviceTaintRules: {json.dumps([r['spec'] for r in before.rules.get(case.driver, [])], sort_keys=True)}",
+    ])
+
+
+async def _explain(kube: Kube, helper: AllocatorHelper, namespace: str, name: str, driver: str) -> tuple[bool, str]:
     snapshot = await read_snapshot(kube, "pod", namespace, name, driver)
-    verdict = explain_snapshot(snapshot, driver)
+    verdict = await explain_snapshot(snapshot, driver, helper)
     return verdict.satisfiable, verdict.conclusion
