@@ -176,3 +176,16 @@ def test_device_taint_rules_add_their_taint_to_the_devices_they_select() -> None
     assert tainted([rule(driver="other.example.com")]) == []
     assert tainted([{"spec": {"taint": taint}}]) == []  # no selector selects nothing
     assert "taints" not in slices[0]["spec"]["devices"][1]  # the slices read are left as they are
+
+
+def test_extended_resources_are_those_outside_kubernetes_io() -> None:
+    from gpudra_operator.explain.gather import extended_resources, taint_rule_type
+
+    pod = {"spec": {"initContainers": [{"resources": {"limits": {"example.com/fpga": "1"}}}],
+                    "containers": [{"resources": {"limits": {"nvidia.com/gpu": "2", "cpu": "1",
+                                                             "hugepages-2Mi": "1Gi"},
+                                                  "requests": {"node.kubernetes.io/x": "1",
+                                                               "deviceclass.resource.kubernetes.io/gpu": "1"}}}]}}
+    assert extended_resources(pod) == ["deviceclass.resource.kubernetes.io/gpu", "example.com/fpga", "nvidia.com/gpu"]
+    assert [taint_rule_type(m).api_version for m in (35, 36, 37, 38)] == [
+        "resource.k8s.io/v1alpha3", "resource.k8s.io/v1beta2", "resource.k8s.io/v1", "resource.k8s.io/v1"]

@@ -4,8 +4,9 @@ Required reads (a failure is the command's error): the pod or claim, the pod's c
 DeviceClasses they name, and the driver's ResourceSlices. Optional reads (a namespace user may
 not have them; the verdict then says what it could not see): Nodes (labels, for node selection),
 ResourceClaims of every namespace (the devices other namespaces hold), the claim's Namespace (the
-admin-access label), and from Kubernetes 1.37 (resource.k8s.io/v1) the DeviceTaintRules (taints
-the scheduler adds to the devices they select)."""
+admin-access label), and the DeviceTaintRules (taints the scheduler adds to the devices they
+select) in the API version the cluster's scheduler reads them in: v1 from 1.37, v1beta2 in 1.36,
+v1alpha3 in 1.35, where served (an administrator turned the gate and the API on)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,18 @@ NAMESPACE = resource_type("v1", "Namespace")
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
-# Not in kubeapi's table of the kinds gpudra writes: only explain reads it, and only where the API
-# serves it as v1 (Kubernetes 1.37; alpha and beta before, with the feature gate off by default).
-TAINT_RULE = ResourceType("resource.k8s.io/v1", "DeviceTaintRule", "devicetaintrules", False)
-TAINT_RULES_SINCE = 37
+# Not in kubeapi's table of the kinds gpudra writes: only explain reads it, in the version the
+# release's kube-scheduler watches (its resourceslice tracker): v1 from 1.37, v1beta2 in 1.36 and
+# v1alpha3 in 1.35 (alpha and beta with the feature gate off by default: the API then answers 404).
+TAINT_RULE_VERSIONS = {35: "v1alpha3", 36: "v1beta2"}
+
+
+def taint_rule_type(minor: int) -> ResourceType:
+    version = TAINT_RULE_VERSIONS.get(minor, "v1")
+    return ResourceType(f"resource.k8s.io/{version}", "DeviceTaintRule", "devicetaintrules", False)
+
+
+TAINT_RULE = taint_rule_type(37)  # the GA version
 
 
 class ExplainInputError(Exception):
@@ -59,6 +68,21 @@ async def _required_get(kube: Kube, rtype: ResourceType, name: str, namespace: s
         raise _denied(error, what) from None
 
 
+def extended_resources(pod: Obj) -> list[str]:
+    """The extended resources the pod's containers ask for: a domain-prefixed name outside
+    kubernetes.io's, or a DeviceClass's implicit one (deviceclass.resource.kubernetes.io/<class>)."""
+    names: set[str] = set()
+    spec = pod.get("spec") or {}
+    for container in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+        resources = container.get("resources") or {}
+        for key in {**(resources.get("limits") or {}), **(resources.get("requests") or {})}:
+            domain = key.split("/", 1)[0] if "/" in key else ""
+            if domain == "deviceclass.resource.kubernetes.io" or (
+                    domain and domain != "kubernetes.io" and not domain.endswith(".kubernetes.io")):
+                names.add(key)
+    return sorted(names)
+
+
 def _pod_claim_names(pod: Obj) -> tuple[list[str], list[str]]:
     """The names of the pod's ResourceClaims, and notes for those not created yet."""
     statuses = {s.get("name"): s.get("resourceClaimName")
@@ -85,6 +109,13 @@ async def read_snapshot(kube: Kube, kind: str, namespace: str, name: str, driver
             raise ExplainInputError(f"pod {namespace}/{name} not found")
         claim_names, notes = _pod_claim_names(pod)
         if not claim_names and not notes:
+            extended = extended_resources(pod)
+            if extended:
+                raise ExplainInputError(
+                    f"pod {namespace}/{name} has no resourceClaims; it asks for extended resources "
+                    f"({', '.join(extended)}), which a DeviceClass's extendedResourceName may map to DRA devices "
+                    "(KEP-5004): gpudra explain does not replay the claim the scheduler builds for those yet; "
+                    f"kubectl describe pod {namespace}/{name} shows the scheduler's message")
             raise ExplainInputError(f"pod {namespace}/{name} has no resourceClaims: nothing to explain")
     else:
         claim_names = [name]
@@ -141,12 +172,12 @@ async def read_snapshot(kube: Kube, kind: str, namespace: str, name: str, driver
 
 
 async def _taint_rules(kube: Kube, minor: int | None, notes: list[str]) -> list[Obj]:
-    """The DeviceTaintRules where the API serves them as v1; none where it does not (404), with a
-    note where the user may not list them."""
-    if minor is None or minor < TAINT_RULES_SINCE:
+    """The DeviceTaintRules in the version the release's scheduler reads; none where the API does
+    not serve it (404), with a note where the user may not list them."""
+    if minor is None or minor < min(TAINT_RULE_VERSIONS, default=35):
         return []
     try:
-        return [r async for r in kube.list(TAINT_RULE)]
+        return [r async for r in kube.list(taint_rule_type(minor))]
     except ApiException as error:
         if error.status == 404:
             return []
