@@ -29,6 +29,7 @@ import json
 import os
 import re
 import statistics
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -109,7 +110,7 @@ def proc_status(pid: int) -> dict[str, float]:
     fields: dict[str, float] = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
+        if key in ("VmRSS", "VmHWM", "RssAnon"):
             fields[key] = int(value.split()[0]) / 1024
     stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     fields["cpu_s"] = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
@@ -130,6 +131,49 @@ def helper_status(pid: int) -> dict[str, float] | None:
         except (FileNotFoundError, ProcessLookupError):
             continue
     return None
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (every thread's, from /proc)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return found
+
+
+class CombinedPeak:
+    """The largest sums of the operator's and its children's VmRSS, and of their RssAnon (what is
+    theirs alone: no pages of executables and libraries, which the page cache shares), seen
+    sampled every 100 ms: the memory the operator pod holds at once (the gpudra-allocator child
+    comes and goes)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak_mib, self.peak_anon_mib = pid, 0.0, 0.0
+        self.trace = os.environ.get("BENCH_RSS_TRACE")  # a file for every sample: seconds, MiB per process
+        self._task = asyncio.create_task(self._sample(), name="rss sampler")
+
+    async def _sample(self) -> None:
+        started = time.monotonic()
+        while True:
+            try:
+                status = [proc_status(p) for p in [self.pid, *children(self.pid)]]
+                if self.trace:
+                    with open(self.trace, "a") as trace:
+                        trace.write(f"{time.monotonic() - started:.1f} " + " ".join(
+                            f"{s['VmRSS']:.1f}/{s.get('RssAnon', 0.0):.1f}" for s in status) + "\n")
+                self.peak_mib = max(self.peak_mib, sum(s["VmRSS"] for s in status))
+                self.peak_anon_mib = max(self.peak_anon_mib, sum(s.get("RssAnon", 0.0) for s in status))
+            except (FileNotFoundError, ProcessLookupError, KeyError):
+                pass
+            await asyncio.sleep(0.1)
+
+    async def stop(self) -> tuple[float, float]:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        return self.peak_mib, self.peak_anon_mib
 
 
 def counts(entry: Obj) -> bool:
@@ -208,6 +252,7 @@ async def measure_size(ctx: Context, plane: ControlPlane, kube: Kube, audit: Aud
     try:
         started = time.monotonic()
         operator = replicas.start(f"{USER}")  # the audit log knows it by this user
+        combined = CombinedPeak(operator.operator.process.pid)
         if first:
             await kube.create({"apiVersion": "gpudra.io/v1alpha1", "kind": "GpuDraConfig", "metadata": {"name": NAME},
                                "spec": config_spec("64Gi", "example.com/gpudra:0")})
@@ -298,6 +343,7 @@ async def measure_size(ctx: Context, plane: ControlPlane, kube: Kube, audit: Aud
         helper = helper_status(pid)
         out["helper_peak_rss_mib"] = helper["VmHWM"] if helper else 0.0
         out["helper_rss_mib"] = helper["VmRSS"] if helper else 0.0
+        out["combined_peak_rss_mib"], out["combined_peak_anon_mib"] = await combined.stop()
         return out
     finally:
         await controller.stop()
@@ -340,7 +386,16 @@ async def run_bench(ctx: Context) -> list[dict[str, Any]]:
         await asyncio.to_thread(plane.stop)
 
 
+def lean_allocator() -> str:
+    """The operator image's gpudra-allocator (hack/allocator-bin.sh VARIANT=lean): the bench's
+    operator runs what the image runs."""
+    done = subprocess.run([str(Path(__file__).resolve().parents[1] / "hack" / "allocator-bin.sh")],
+                          env={**os.environ, "VARIANT": "lean"}, capture_output=True, text=True, check=True, timeout=1800)
+    return done.stdout.strip().splitlines()[-1]
+
+
 async def run(ctx: Context) -> list[Result]:
+    os.environ["GPUDRA_ALLOCATOR_DIR"] = await asyncio.to_thread(lean_allocator)  # the operator inherits it
     rows: list[Result] = []
     results = await run_bench(ctx)
     for r in results:
@@ -348,6 +403,10 @@ async def run(ctx: Context) -> list[Result]:
         rows += [
             at_most(f"{n}: peak RSS", r["peak_rss_mib"], "MiB", RSS_TARGET_MIB,
                     f"VmHWM after change, GC pass and rollout; VmRSS {r['rss_mib']:.0f} MiB once converged"),
+            at_most(f"{n}: peak RSS, operator + gpudra-allocator at once", r["combined_peak_rss_mib"], "MiB",
+                    RSS_TARGET_MIB, "the largest sum of both VmRSS, sampled every 100 ms from the operator's start"),
+            Result(f"{n}: peak RssAnon, operator + gpudra-allocator at once", r["combined_peak_anon_mib"], "MiB",
+                   note="the same, without pages of executables and libraries (shared, reclaimable page cache)"),
             Result(f"{n}: gpudra-allocator peak RSS", r["helper_peak_rss_mib"], "MiB",
                    note=f"VmHWM of the operator's helper child (the class counts' CEL) at the end; VmRSS "
                         f"{r['helper_rss_mib']:.0f} MiB; 0: none running"),

@@ -8,6 +8,11 @@
 #   hack/allocator-bin.sh                      # this machine's
 #   GOOS=linux GOARCH=arm64 hack/allocator-bin.sh
 #   hack/allocator-bin.sh --into DIR           # also copy them into DIR (the wheel's bin/)
+#   VARIANT=lean hack/allocator-bin.sh         # the operator image's: -tags notaintrules
+#
+# The lean variant leaves out DeviceTaintRules (Kubernetes' resourceslice tracker links all of
+# client-go's API types: 8 MiB more resident memory in the operator pod, which only matches
+# selectors); it refuses a request whose rules the release would apply.
 #
 # Cached under ~/.cache/gpudra/gpudra-allocator/<hash of the sources>-<os>-<arch>, else built from
 # each release's pinned modules (the Go module proxy, or a warm module cache). Static (no cgo):
@@ -41,10 +46,16 @@ copy_into() {
   log "copied into $into"
 }
 
+variant="${VARIANT:-full}" tags=""
+case "$variant" in
+  full) ;;
+  lean) tags="notaintrules" ;;
+  *) log "VARIANT=$variant: expected full or lean"; exit 2 ;;
+esac
 goos="${GOOS:-$(go env GOOS 2>/dev/null || uname -s | tr '[:upper:]' '[:lower:]')}"
 goarch="${GOARCH:-$(go env GOARCH 2>/dev/null || echo amd64)}"
-hash="$(cd "$SRC" && cat main.go v1.*/go.mod v1.*/go.sum v1.*/release.go | sha256sum | cut -c1-16)"
-dir="$CACHE_ROOT/gpudra-allocator/$hash-$goos-$goarch"
+hash="$(cd "$SRC" && cat ./*.go v1.*/go.mod v1.*/go.sum v1.*/release*.go | sha256sum | cut -c1-16)"
+dir="$CACHE_ROOT/gpudra-allocator/$hash-$goos-$goarch$([[ $variant == full ]] || echo "-$variant")"
 if has_all "$dir"; then
   log "cached: $dir"
   copy_into "$dir"
@@ -55,9 +66,9 @@ require_go "gpudra-allocator" GPUDRA_ALLOCATOR_DIR
 new_stage "$dir"
 start=$SECONDS
 for release in "${releases[@]}"; do
-  log "building gpudra-allocator ${release#v} for $goos/$goarch ($(go -C "$SRC/$release" list -m -f '{{.Path}} {{.Version}}' k8s.io/dynamic-resource-allocation))"
+  log "building gpudra-allocator ${release#v} ($variant) for $goos/$goarch ($(go -C "$SRC/$release" list -m -f '{{.Path}} {{.Version}}' k8s.io/dynamic-resource-allocation))"
   (cd "$SRC/$release" && GOOS="$goos" GOARCH="$goarch" CGO_ENABLED=0 \
-    go build -trimpath -mod=readonly -ldflags "-s -w" -o "$STAGE/gpudra-allocator-${release#v}" . >&2)
+    go build -trimpath -mod=readonly -tags "$tags" -ldflags "-s -w" -o "$STAGE/gpudra-allocator-${release#v}" . >&2)
 done
 for b in "${BINARIES[@]}"; do mv -f "$STAGE/$b" "$dir/$b"; done
 log "built in $((SECONDS - start)) s: $dir"

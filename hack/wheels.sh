@@ -18,6 +18,7 @@
 # toolchain's (Go >= 1.25 needs macOS 12), which tests/integration/test_wheel.py checks against
 # the binaries' own LC_BUILD_VERSION. `py3-none`: nothing depends on the Python version or ABI.
 #
+# VARIANT=lean (hack/images.sh, for the operator image) puts the lean binaries in: no DeviceTaintRules.
 # The binaries come from hack/allocator-bin.sh (cached; the first build of a platform needs Go
 # and takes a few minutes). The build runs on a copy of the sources without
 # operator/gpudra_operator/bin (where `make allocator` puts this machine's binaries), with

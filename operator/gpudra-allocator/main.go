@@ -10,7 +10,9 @@
 // request may carry "id" (echoed), "featureGates" (name -> bool, over this release's defaults, as
 // an administrator sets --feature-gates) and "timeoutSeconds" (default 60). Ops:
 //
-//	features  -> {"release", "defaults", "gates"}: the gates in effect
+//	features  -> {"release", "defaults", "gates", "deviceTaintRules"}: the gates in effect, and
+//	          whether this build applies DeviceTaintRules (one built with -tags notaintrules, the
+//	          operator image's, refuses a request they would change)
 //	compile   {"expressions": [...]} -> {"results": [{"error", "maxCost"}], "costLimit"}: what the API
 //	          server checks when a selector is stored (compile errors, estimated cost)
 //	match     {"expressions": [...], "devices": [{"driver", "device": <ResourceSlice device>}]}
@@ -94,15 +96,17 @@ type nodeAnswer struct {
 }
 
 type answer struct {
-	ID        json.RawMessage `json:"id,omitempty"`
-	Error     *string         `json:"error,omitempty"`
-	Release   string          `json:"release,omitempty"`
-	Defaults  map[string]bool `json:"defaults,omitempty"`
-	Gates     map[string]bool `json:"gates,omitempty"`
-	CostLimit int64           `json:"costLimit,omitempty"`
-	Compile   []compiled      `json:"compile,omitempty"`
-	Results   any             `json:"results,omitempty"`
-	Nodes     []nodeAnswer    `json:"nodes,omitempty"`
+	ID      json.RawMessage `json:"id,omitempty"`
+	Error   *string         `json:"error,omitempty"`
+	Release string          `json:"release,omitempty"`
+	// Whether this build applies DeviceTaintRules (the operator image's does not: -tags notaintrules).
+	DeviceTaintRules *bool           `json:"deviceTaintRules,omitempty"`
+	Defaults         map[string]bool `json:"defaults,omitempty"`
+	Gates            map[string]bool `json:"gates,omitempty"`
+	CostLimit        int64           `json:"costLimit,omitempty"`
+	Compile          []compiled      `json:"compile,omitempty"`
+	Results          any             `json:"results,omitempty"`
+	Nodes            []nodeAnswer    `json:"nodes,omitempty"`
 }
 
 func main() {
@@ -204,7 +208,7 @@ func serve(line []byte, caches map[string]*dracel.Cache) answer {
 	var a answer
 	switch r.Op {
 	case "features":
-		a = answer{Release: release, Defaults: defaultGates, Gates: gates}
+		a = answer{Release: release, Defaults: defaultGates, Gates: gates, DeviceTaintRules: ptr.To(appliesDeviceTaintRules)}
 	case "compile":
 		a = compileAll(r.Expressions, celFeatures)
 	case "match":

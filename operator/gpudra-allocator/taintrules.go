@@ -1,3 +1,5 @@
+//go:build !notaintrules
+
 package main
 
 import (

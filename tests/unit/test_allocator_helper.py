@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -308,3 +310,25 @@ async def test_an_idle_helper_exits_and_comes_back_on_the_next_request() -> None
         assert process is not None
         assert await asyncio.wait_for(process.wait(), 10) is not None  # exited once idle
         assert (await helper.features())["release"] and helper._process is not process
+
+
+async def test_the_operator_images_lean_build_refuses_rules_it_would_leave_out() -> None:
+    script = Path(__file__).resolve().parents[2] / "hack" / "allocator-bin.sh"
+    built = subprocess.run([str(script)], env={**os.environ, "VARIANT": "lean"}, capture_output=True, text=True,
+                           timeout=1800, check=False)
+    assert built.returncode == 0, f"VARIANT=lean {script} failed: {built.stderr[-2000:]}"
+    lean = Path(built.stdout.strip().splitlines()[-1])
+    rule = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule", "metadata": {"name": "drain"},
+            "spec": {"deviceSelector": {"driver": DRIVER, "device": "gpu-0"},
+                     "taint": {"key": "example.com/maintenance", "effect": "NoSchedule"}}}
+    slices = [slice_("n1", [device("gpu-0"), device("gpu-1")])]
+    async with AllocatorHelper(37) as full, AllocatorHelper(37, where=lean) as small:
+        assert (await full.features())["deviceTaintRules"] is True
+        assert (await small.features())["deviceTaintRules"] is False
+        (plain,) = await small.allocate(classes=[GPU_CLASS], slices=slices, allocated_claims=[],
+                                        claims=[claim("c", exactly("r", 2))], nodes=NODES)
+        assert plain.results is not None
+        with pytest.raises(AllocatorError, match="does not apply them: run kubectl gpudra explain from the gpudra wheel"):
+            await small.allocate(classes=[GPU_CLASS], slices=slices, allocated_claims=[],
+                                 claims=[claim("c", exactly("r", 2))], nodes=NODES, device_taint_rules=[rule])
+    assert lean.stat().st_size < choose(37).path.stat().st_size

@@ -1,0 +1,1 @@
+../notaintrules.go
