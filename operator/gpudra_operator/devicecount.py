@@ -35,7 +35,7 @@ from gpudra_operator.listwatch import ListThenWatch
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 log = logging.getLogger("gpudra.operator")
 RECLASSIFY_AFTER = 2.0  # seconds the classes must stay the same before the slices are matched again
-BATCH = 500  # slices matched in one helper request in the background (a list page's worth)
+BATCH = 100  # slices matched at a time in the background: 800 devices parsed again, not a list page's 4,000
 RETRY_INITIAL, RETRY_MAX = 1.0, 60.0  # seconds before matching again after the helper failed
 
 
