@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -35,12 +36,32 @@ type listOnly struct{}
 
 func (listOnly) IsWatchListSemanticsUnSupported() bool { return true }
 
-// listOf puts objects into a List of the given kind for staticInformer.
-func listOf(list runtime.Object, objects []runtime.Object) (runtime.Object, error) {
+// informerOf serves items, as the List list, to an informer of example's kind.
+func informerOf[T runtime.Object](list runtime.Object, example runtime.Object, items []T) (cache.SharedIndexInformer, error) {
+	objects := make([]runtime.Object, 0, len(items))
+	for _, item := range items {
+		objects = append(objects, item)
+	}
 	if err := meta.SetList(list, objects); err != nil {
 		return nil, err
 	}
-	return list, nil
+	return staticInformer(list, example), nil
+}
+
+// decodeRules reads the request's DeviceTaintRules as the release's API type.
+func decodeRules[T any, PT interface {
+	*T
+	runtime.Object
+}](raw []json.RawMessage) ([]PT, error) {
+	rules := make([]PT, 0, len(raw))
+	for i, text := range raw {
+		rule := PT(new(T))
+		if err := json.Unmarshal(text, rule); err != nil {
+			return nil, fmt.Errorf("deviceTaintRules[%d]: %w", i, err)
+		}
+		rules = append(rules, rule)
+	}
+	return rules, nil
 }
 
 // patchedSlices runs the release's resourceslice tracker (kube-scheduler's, which adds the taints

@@ -5,11 +5,9 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 
 	resourceapi "k8s.io/api/resource/v1"
 	resourcealphaapi "k8s.io/api/resource/v1alpha3"
-	"k8s.io/apimachinery/pkg/runtime"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	resourcealphalisters "k8s.io/client-go/listers/resource/v1alpha3"
 	"k8s.io/client-go/tools/cache"
@@ -26,37 +24,22 @@ func withDeviceTaintRules(ctx context.Context, slices []*resourceapi.ResourceSli
 	if len(raw) == 0 || !gates["DRADeviceTaints"] || !gates["DRADeviceTaintRules"] {
 		return slices, nil
 	}
-	sliceObjects := make([]runtime.Object, 0, len(slices))
-	for _, slice := range slices {
-		sliceObjects = append(sliceObjects, slice)
-	}
-	classObjects := make([]runtime.Object, 0, len(classes))
-	for _, class := range classes {
-		classObjects = append(classObjects, class)
-	}
-	ruleObjects := make([]runtime.Object, 0, len(raw))
-	for i, text := range raw {
-		rule := &resourcealphaapi.DeviceTaintRule{}
-		if err := json.Unmarshal(text, rule); err != nil {
-			return nil, fmt.Errorf("deviceTaintRules[%d]: %w", i, err)
-		}
-		ruleObjects = append(ruleObjects, rule)
-	}
-	sliceList, err := listOf(&resourceapi.ResourceSliceList{}, sliceObjects)
+	rules, err := decodeRules[resourcealphaapi.DeviceTaintRule](raw)
 	if err != nil {
 		return nil, err
 	}
-	classList, err := listOf(&resourceapi.DeviceClassList{}, classObjects)
+	sliceInformer, err := informerOf(&resourceapi.ResourceSliceList{}, &resourceapi.ResourceSlice{}, slices)
 	if err != nil {
 		return nil, err
 	}
-	ruleList, err := listOf(&resourcealphaapi.DeviceTaintRuleList{}, ruleObjects)
+	classInformer, err := informerOf(&resourceapi.DeviceClassList{}, &resourceapi.DeviceClass{}, classes)
 	if err != nil {
 		return nil, err
 	}
-	sliceInformer := staticInformer(sliceList, &resourceapi.ResourceSlice{})
-	classInformer := staticInformer(classList, &resourceapi.DeviceClass{})
-	ruleInformer := staticInformer(ruleList, &resourcealphaapi.DeviceTaintRule{})
+	ruleInformer, err := informerOf(&resourcealphaapi.DeviceTaintRuleList{}, &resourcealphaapi.DeviceTaintRule{}, rules)
+	if err != nil {
+		return nil, err
+	}
 	return patchedSlices(ctx, tracker.Options{
 		EnableDeviceTaintRules:   true,
 		EnableConsumableCapacity: gates["DRAConsumableCapacity"],

@@ -5,10 +5,8 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	resourceinformers "k8s.io/client-go/informers/resource/v1"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	"k8s.io/client-go/tools/cache"
@@ -24,28 +22,18 @@ func withDeviceTaintRules(ctx context.Context, slices []*resourceapi.ResourceSli
 	if len(raw) == 0 || !gates["DRADeviceTaints"] || !gates["DRADeviceTaintRules"] {
 		return slices, nil
 	}
-	sliceObjects := make([]runtime.Object, 0, len(slices))
-	for _, slice := range slices {
-		sliceObjects = append(sliceObjects, slice)
-	}
-	ruleObjects := make([]runtime.Object, 0, len(raw))
-	for i, text := range raw {
-		rule := &resourceapi.DeviceTaintRule{}
-		if err := json.Unmarshal(text, rule); err != nil {
-			return nil, fmt.Errorf("deviceTaintRules[%d]: %w", i, err)
-		}
-		ruleObjects = append(ruleObjects, rule)
-	}
-	sliceList, err := listOf(&resourceapi.ResourceSliceList{}, sliceObjects)
+	rules, err := decodeRules[resourceapi.DeviceTaintRule](raw)
 	if err != nil {
 		return nil, err
 	}
-	ruleList, err := listOf(&resourceapi.DeviceTaintRuleList{}, ruleObjects)
+	sliceInformer, err := informerOf(&resourceapi.ResourceSliceList{}, &resourceapi.ResourceSlice{}, slices)
 	if err != nil {
 		return nil, err
 	}
-	sliceInformer := staticInformer(sliceList, &resourceapi.ResourceSlice{})
-	ruleInformer := staticInformer(ruleList, &resourceapi.DeviceTaintRule{})
+	ruleInformer, err := informerOf(&resourceapi.DeviceTaintRuleList{}, &resourceapi.DeviceTaintRule{}, rules)
+	if err != nil {
+		return nil, err
+	}
 	return patchedSlices(ctx, tracker.Options{
 		EnableDeviceTaintRules:   true,
 		EnableConsumableCapacity: gates["DRAConsumableCapacity"],
