@@ -5,7 +5,9 @@ attributes and capacities (some of which fail on some devices: a missing attribu
 error), counts, ``allocationMode: All``, ``firstAvailable`` and ``matchAttribute`` constraints.
 
 With ``minor`` (the cluster's Kubernetes 1.<minor>), the DRA features that came after those are
-generated too, one case kind in three each, with overlays on any kind:
+generated too: three random case kinds in turn (classic, consumable, partitioned) with overlays on
+any kind, and every fourth case a directed scenario (:data:`SCENARIOS`, random in its details)
+that makes each feature come out both ways whatever the seed:
 
 * consumable capacity (KEP-5075): whole GPUs shared as the agent publishes them
   (:func:`gpudra_driver.consumable.share_devices`: ``allowMultipleAllocations`` and a memory
@@ -26,17 +28,25 @@ generated too, one case kind in three each, with overlays on any kind:
 * ``distinctAttribute`` constraints (1.36+ only: 1.35's API server drops the field with
   DRAConsumableCapacity off and then refuses the constraint that is left empty);
 * binding conditions (KEP-5007) on some devices, with ``bindsToNode`` sometimes: the test plays
-  the controller that sets the conditions, so a pod the allocator places gets bound.
+  the controller that sets the conditions, so a pod the allocator places gets bound;
+* and in how pods use claims: a second claim in some pods (both allocated together), a claim from
+  a ResourceClaimTemplate, pods on every node that use a holder's claim already allocated.
 
 Every case is a valid object on every supported release: where a feature's gate is off (1.35:
 consumable capacity, partitionable devices, taints, binding conditions), the API server drops its
-fields, and explain must agree with that release's scheduler on what is left.
+fields, and explain must agree with that release's scheduler on what is left. Per release
+(:data:`ON_BY_DEFAULT_FROM`): 1.35 runs the classic features, admin access and firstAvailable as
+such, the others as dropped fields (a counter slice stays as an empty slice of its pool); 1.36 all
+but DeviceTaintRules; 1.37 all. Not generated: extended-resource requests (explain does not
+replay the claim the scheduler would create for them), DeviceTaintRules before 1.37 (1.35 and 1.36
+serve them only in alpha/beta versions, with DRADeviceTaintRules off), list-type attributes
+(alpha), per-device node selection.
 
 Pure: :func:`generate` returns plain API objects; the test applies them."""
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import random
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -148,6 +158,9 @@ class Case:
     features: frozenset[str] = frozenset()  # what the objects carry (see generate)
     extra_classes: list[Obj] = field(default_factory=list)  # classes only holders name
     taint_rules: list[Obj] = field(default_factory=list)  # DeviceTaintRules for the case's devices
+    second_claim_spec: Obj | None = None  # a second claim the pod uses (allocated with the first)
+    from_template: bool = False  # the pod's claim comes from a ResourceClaimTemplate of claim_spec
+    reuse: bool = False  # more pods, one per node, that use the first holder's claim of the first node
 
     @property
     def classes(self) -> list[Obj]:
@@ -240,6 +253,7 @@ SCENARIOS = {
     "binding": 35,  # devices with binding conditions
     "admin": 35,  # admin access to a device a holder has
     "error": 35,  # a selector that fails on the node's devices (no numaNode): the scheduler's error
+    "two claims": 35,  # a GPU in each of two claims (one from a template): on an 8-GPU node, not a 1-GPU one
     "rule tolerated": 37,  # a DeviceTaintRule on all the driver's devices; the claim tolerates it
     "rule untolerated": 37,
 }
@@ -265,11 +279,13 @@ def _scenario_case(rng: random.Random, index: int, scenario: str, run_id: str, i
         if scenario == "counters shared":
             request["selectors"] = [{"cel": {"expression": partition.format("3g")}}]
     else:
-        profiles = {"shares": ("h200", "l4x2"), "distinct": (rng.choice(("dgx-a100-40gb", "dgx-h100")), "h200"),
+        eight = rng.choice(("dgx-a100-40gb", "dgx-h100"))
+        profiles = {"shares": ("h200", "l4x2"), "distinct": (eight, "h200"), "two claims": (eight, "h200"),
                     "error": (rng.choice(("l4x2", "h200")),)}.get(scenario, (rng.choice(WHOLE_GPU_PROFILES),))
         nodes = {f"x{run_id}-{index}-{n}": p for n, p in enumerate(profiles)}
         sharing = ConsumableCapacity(GiB) if scenario in ("shares", "distinct") else None
-        slices = [s for node, p in nodes.items() for s in build_slices(driver, node, None, 1, share_devices(inventories[p], sharing)[0])]
+        slices = [s for node, p in nodes.items()
+                  for s in build_slices(driver, node, None, 1, share_devices(inventories[p], sharing)[0])]
         template = "full-gpu"
         devices = [d for s in slices for d in s["spec"].get("devices") or []]
         if scenario == "shares":  # 10Gi of every GPU held: 20Gi more fits 141Gi, not 22Gi
@@ -313,11 +329,15 @@ def _scenario_case(rng: random.Random, index: int, scenario: str, run_id: str, i
     if holder is not None:
         holder_class = f"all-h{index}-{run_id}.gpudra.io"
         extra.append(render_device_class(holder_class, driver, template="all", params={}))
-        holders.append({"devices": {"requests": [{"name": "held", "exactly": {"deviceClassName": holder_class, **holder}}]}})
+        holders.append({"devices": {"requests": [{"name": "held",
+                                                  "exactly": {"deviceClassName": holder_class, **holder}}]}})
+    second = copy.deepcopy(spec) if scenario == "two claims" else None
     features = slice_features(slices) | claim_features(spec) | ({"taint-rules"} if rules else set())
+    features |= {"two claims", "template"} if second else set()
     return Case(index, driver, nodes, slices, device_class, spec, holders, kind="scenario",
                 description=f"scenario {scenario}: {template} on {list(nodes.values())}",
-                features=frozenset(features), extra_classes=extra, taint_rules=rules)
+                features=frozenset(features), extra_classes=extra, taint_rules=rules,
+                second_claim_spec=second, from_template=second is not None)
 
 
 def _feature_case(rng: random.Random, index: int, kind: str, run_id: str, minor: int,
@@ -335,8 +355,9 @@ def _feature_case(rng: random.Random, index: int, kind: str, run_id: str, minor:
             notes.append(f"{gpus}x {profile} {note}")
         template, params = rng.choice(PARTITION_CLASS_TEMPLATES)
         if params.get("profile") == "":
-            params = {"profile": rng.choice(sorted({d["attributes"]["profile"]["string"] for s in slices
-                                                    for d in s["spec"].get("devices") or [] if "profile" in d["attributes"]}))}
+            params = {"profile": rng.choice(sorted({d["attributes"]["profile"]["string"]
+                                                    for s in slices for d in s["spec"].get("devices") or []
+                                                    if "profile" in d["attributes"]}))}
     else:
         nodes = {f"x{run_id}-{index}-{n}": rng.choice(PROFILES if kind == "classic" else WHOLE_GPU_PROFILES)
                  for n in range(node_count)}
@@ -414,7 +435,11 @@ def _feature_case(rng: random.Random, index: int, kind: str, run_id: str, minor:
         spec["devices"]["constraints"] = constraints
 
     holders = _holders(rng, kind, driver, holder_class_name, shares, taint_keys)
-    features = slice_features(slices) | claim_features(spec)
+    second = {"devices": {"requests": [{"name": "r0", "exactly": body("r0", True)}]}} if rng.random() < 0.12 else None
+    from_template = rng.random() < 0.15
+    reuse = bool(holders) and rng.random() < 0.25
+    features = slice_features(slices) | claim_features(spec) | (claim_features(second) if second else set())
+    features |= {f for f, on in (("two claims", second), ("template", from_template), ("reuse", reuse)) if on}
     if any("admin" in claim_features(h) for h in holders):
         features.add("admin-holder")
     if taint_rules:
@@ -424,7 +449,7 @@ def _feature_case(rng: random.Random, index: int, kind: str, run_id: str, minor:
                    + (f", {len(holders)} holder claims on each node" if holders else ""))
     return Case(index, driver, nodes, slices, device_class, spec, holders, description=description, kind=kind,
                 features=frozenset(features), extra_classes=[holder_class] if holders else [],
-                taint_rules=taint_rules)
+                taint_rules=taint_rules, second_claim_spec=second, from_template=from_template, reuse=reuse)
 
 
 def enabled_features(features: frozenset[str] | set[str], minor: int) -> set[str]:
@@ -475,7 +500,8 @@ def claim_features(spec: Obj) -> set[str]:
 def _capacity_request(rng: random.Random, shares: bool) -> Obj:
     amounts: Obj = {}
     if not shares or rng.random() < 0.8:
-        amounts["memory"] = rng.choice(("1500Mi", "1Gi", "5Gi", "5Gi", "10Gi", "10Gi", "20Gi", "33Gi", "40Gi", "70Gi", "100Gi"))
+        amounts["memory"] = rng.choice(("1500Mi", "1Gi", "5Gi", "5Gi", "10Gi", "10Gi", "20Gi", "33Gi", "40Gi", "70Gi",
+                                        "100Gi"))
     if shares and (not amounts or rng.random() < 0.4):
         amounts["shares"] = rng.choice(("1", "1", "2", "3", "8"))
     return amounts
@@ -676,7 +702,8 @@ def _partitioned_pool(rng: random.Random, driver: str, node: str, gpus: list[Any
     device_groups = devices_per_gpu if rng.random() < 0.7 else [[d for group in devices_per_gpu for d in group]]
     total = len(counter_sets) + len(device_groups)
     slices = []
-    for i, content in enumerate([{"sharedCounters": c} for c in counter_sets] + [{"devices": g} for g in device_groups]):
+    contents = [{"sharedCounters": c} for c in counter_sets] + [{"devices": g} for g in device_groups]
+    for i, content in enumerate(contents):
         slices.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
                        "metadata": {"name": slice_name(node, driver, i)},
                        "spec": {"driver": driver, "nodeName": node,

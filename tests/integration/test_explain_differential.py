@@ -3,12 +3,17 @@ from the GPU profiles, shared GPUs, MIG-like partitionable GPUs with counter sli
 from the templates; claims with random selectors, counts, All, firstAvailable, matchAttribute and
 distinctAttribute constraints, capacity requests, tolerations, admin access; holder claims that
 take devices, shares or partitions first) applied to the real control plane. The holders' pods are
-scheduled first; then for every case and node, a claim and a pod pinned to that node; explain
-reads each pod from the live cluster (through the command's own reads) while a scheduling gate
-holds it, then the gate is lifted and the scheduler decides. Explain's verdict must be the
+scheduled first; then for every case and node, a claim (sometimes from a ResourceClaimTemplate,
+sometimes with a second claim) and a pod pinned to that node, and for some cases one pod per node
+that uses a holder's claim already allocated on the first node; explain reads each pod from the
+live cluster (through the command's own reads) while a scheduling gate holds it, then the gate is
+lifted and the scheduler decides. Explain's verdict must be the
 scheduler's for every pod: scheduled or not, so the node set of every claim agrees too, CEL error
 cases included. Devices with binding conditions: the test plays the controller that sets them
-(status.devices), so a pod whose allocation the scheduler made is bound after its PreBind wait.
+(status.devices), so a pod whose allocation the scheduler made is bound after its PreBind wait
+(5 s polls): "scheduled" is bound, and explain's "satisfiable" is "the allocator places it", which
+binding conditions do not change. DeviceTaintRules (1.37) are created first, so the scheduler
+knows them before it places a holder.
 
 Per release (Kubernetes 1.35 keeps consumable capacity, partitionable devices, device taints and
 binding conditions behind gates that are off: its API server drops those fields, and the cases then
@@ -18,8 +23,8 @@ blocked an unschedulable pod is found by asking Kubernetes' allocator (gpudra-al
 the same state with one thing taken away (the taints, the counters, the other claims); none of that
 decides agreement, only the scheduler does.
 
-CI runs GPUDRA_EXPLAIN_CASES (default 80) cases from GPUDRA_EXPLAIN_SEED (default 2026) in about a
-minute on 1.35, and a smaller share on 1.36 and 1.37 (.ci/run); `make explain-diff` runs 300."""
+CI runs GPUDRA_EXPLAIN_CASES (default 80) cases from GPUDRA_EXPLAIN_SEED (default 2026) on 1.35,
+and 60 on 1.36 and on 1.37 (.ci/run), 20-30 s each; `make explain-diff` runs 300."""
 
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ from typing import Any
 
 from explaincases import (ADMIN_ACCESS_LABEL, Case, claim_features, enabled_features, generate, rule_selects,
                           slice_features)
-from schedpods import pinned_pod, scheduling_outcome
+from schedpods import claim_names, pinned_pod, pinned_pod_with, scheduling_outcome
 
 from gpudra_driver.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.explain import explain_snapshot
@@ -123,6 +128,55 @@ async def set_binding_conditions(kube: Kube, namespace: str, stop: asyncio.Event
     return patched
 
 
+def reuses(pod: str) -> bool:
+    """Whether the pod is one that uses a holder's claim (allocated already)."""
+    return pod.startswith("u")
+
+
+def case_pods(cases: list[Case], namespace: str, held: Mapping[str, bool]) -> tuple[
+        dict[str, tuple[Case, str]], dict[str, dict[str, Obj]], list[Obj], list[Obj]]:
+    """The pods to explain, (case, node) by name: each case's on each of its nodes (its claim, or
+    its template's, and its second claim), and where the case says so, one per node that uses the
+    first holder claim the scheduler allocated on the case's first node; each pod's claims as
+    :func:`pinned_pod_with` takes them; the claims and the templates to create."""
+    pods: dict[str, tuple[Case, str]] = {}
+    sources: dict[str, dict[str, Obj]] = {}
+    claims: list[Obj] = []
+    templates: list[Obj] = []
+    for case in cases:
+        if case.from_template:
+            templates.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                              "metadata": {"name": f"t{case.index}", "namespace": namespace},
+                              "spec": {"spec": case.claim_spec}})
+        for i, node in enumerate(case.nodes):
+            name = pod_name(case, i)
+            pods[name] = (case, node)
+            if case.from_template:
+                sources[name] = {"gpus": {"resourceClaimTemplateName": f"t{case.index}"}}
+            else:
+                claims.append(claim_object(name, namespace, case.claim_spec))
+                sources[name] = {"gpus": {"resourceClaimName": name}}
+            if case.second_claim_spec:
+                claims.append(claim_object(f"{name}-b", namespace, case.second_claim_spec))
+                sources[name]["more"] = {"resourceClaimName": f"{name}-b"}
+        first_holder = f"h{case.index}-0-n0"
+        if case.reuse and held.get(first_holder):
+            for i, node in enumerate(case.nodes):
+                pods[f"u{case.index}-n{i}"] = (case, node)
+                sources[f"u{case.index}-n{i}"] = {"gpus": {"resourceClaimName": first_holder}}
+    return pods, sources, claims, templates
+
+
+def claims_of(kube: Kube, namespace: str, pods: Mapping[str, Any]) -> Callable[[], Awaitable[dict[str, list[str]] | None]]:
+    """A probe: the names of every pod's claims, once every template's claim exists."""
+    async def probe() -> dict[str, list[str]] | None:
+        found = {p["metadata"]["name"]: claim_names(p) async for p in kube.list(POD, namespace)}
+        ready = {name: found.get(name) for name in pods}
+        return {name: names for name, names in ready.items() if names is not None} \
+            if all(names is not None for names in ready.values()) else None
+    return probe
+
+
 @dataclass
 class State:
     """What the scheduler saw when it decided on the case pods, read back from the cluster."""
@@ -143,21 +197,23 @@ def _strip(slices: list[Obj], what: str) -> list[Obj]:
     return stripped
 
 
-async def allocatable(helper: AllocatorHelper, state: State, case: Case, node: str, claim: str,
+async def allocatable(helper: AllocatorHelper, state: State, case: Case, node: str, claims: list[str],
                       without: str | None = None) -> tuple[bool, str | None]:
-    """Whether Kubernetes' allocator (the cluster's release) allocates ``claim`` on ``node`` on the
-    state the scheduler saw, or with the taints (the devices' and the DeviceTaintRules'), the
-    rules alone, the counters or the other claims (``without``) taken away; and the allocator's
-    error, if any."""
+    """Whether Kubernetes' allocator (the cluster's release) allocates a pod's ``claims`` on
+    ``node`` on the state the scheduler saw, or with the taints (the devices' and the
+    DeviceTaintRules'), the rules alone, the counters or the other claims (``without``) taken away;
+    and the allocator's error, if any."""
     slices = state.slices[case.driver]
     if without in ("taints", "counters"):
         slices = _strip(slices, without)
     rules = [] if without in ("taints", "rules") else state.rules.get(case.driver, [])
-    others = [] if without == "claims" else [c for name, c in state.claims.items()
-                                              if name != claim and (c.get("status") or {}).get("allocation")]
-    pending = {k: v for k, v in state.claims[claim].items() if k != "status"}
-    (outcome,) = await helper.allocate(classes=state.classes, slices=slices, allocated_claims=others,
-                                       claims=[pending], nodes=[state.nodes[node]], device_taint_rules=rules)
+    others = [] if without == "claims" else [c for name, c in state.claims.items() if name not in claims
+                                              and any(r.get("driver") == case.driver for r in _results(c))]
+    pending = [{k: v for k, v in state.claims[claim].items() if k != "status"} for claim in claims]
+    names = {c["metadata"]["name"] for c in case.classes}
+    classes = [c for c in state.classes if c["metadata"]["name"] in names]
+    (outcome,) = await helper.allocate(classes=classes, slices=slices, allocated_claims=others,
+                                       claims=pending, nodes=[state.nodes[node]], device_taint_rules=rules)
     return outcome.results is not None and not outcome.error, outcome.error
 
 
@@ -170,16 +226,16 @@ def _devices(slices: list[Obj]) -> dict[tuple[str, str], Obj]:
     return {(s["spec"]["pool"]["name"], d["name"]): d for s in slices for d in s["spec"].get("devices") or []}
 
 
-def scheduled_facts(case: Case, state: State, claim: str) -> set[str]:
+def scheduled_facts(case: Case, state: State, claims: list[str]) -> set[str]:
     """What a scheduled pod's allocation shows: a device shared with another claim, a taint
     tolerated, admin access to a device another claim holds, binding conditions, counters shared
     with another claim's partition of the same GPU."""
     devices = _devices(state.slices[case.driver])
-    mine = _results(state.claims[claim])
+    mine = [result for claim in claims for result in _results(state.claims[claim])]
     held: dict[tuple[str, str], int] = Counter()
     counter_sets: set[tuple[str, str]] = set()
     for name, other in state.claims.items():
-        if name == claim:
+        if name in claims:
             continue
         for result in _results(other):
             if result.get("driver") != case.driver or result.get("adminAccess"):
@@ -207,10 +263,11 @@ def scheduled_facts(case: Case, state: State, claim: str) -> set[str]:
     return facts
 
 
-async def unschedulable_facts(helper: AllocatorHelper, case: Case, state: State, node: str, claim: str) -> set[str]:
+async def unschedulable_facts(helper: AllocatorHelper, case: Case, state: State, node: str,
+                              claims: list[str]) -> set[str]:
     """What kept an unschedulable pod off its node: the allocator's error, or the one thing whose
     removal lets the allocator place it (other claims' devices or shares, the taints, the counters)."""
-    fits, error = await allocatable(helper, state, case, node, claim)
+    fits, error = await allocatable(helper, state, case, node, claims)
     if error:
         return {"allocator error"}
     if fits:
@@ -220,7 +277,7 @@ async def unschedulable_facts(helper: AllocatorHelper, case: Case, state: State,
                           ("counters", "counters exhausted")):
         if without == "rules" and not state.rules.get(case.driver):
             continue
-        if (await allocatable(helper, state, case, node, claim, without))[0]:
+        if (await allocatable(helper, state, case, node, claims, without))[0]:
             facts.add(fact)
     return facts
 
@@ -237,7 +294,7 @@ async def read_state(kube: Kube, namespace: str, cases: list[Case]) -> State:
         async for rule in kube.list(TAINT_RULE):
             driver = ((rule.get("spec") or {}).get("deviceSelector") or {}).get("driver")
             if driver in drivers:
-                rules.setdefault(driver, []).append(rule)
+                rules.setdefault(str(driver), []).append(rule)
     return State(classes=[c async for c in kube.list(DEVICE_CLASS) if c["metadata"]["name"] in names],
                  slices=slices,
                  claims={c["metadata"]["name"]: c async for c in kube.list(CLAIM, namespace)},
@@ -245,9 +302,11 @@ async def read_state(kube: Kube, namespace: str, cases: list[Case]) -> State:
                  rules=rules)
 
 
-def stored_features(case: Case, state: State, claim: str) -> set[str]:
-    return (slice_features(state.slices[case.driver]) | claim_features(state.claims[claim]["spec"])
-            | ({"taint-rules"} if state.rules.get(case.driver) else set()))
+def stored_features(case: Case, state: State, claims: list[str]) -> set[str]:
+    found = slice_features(state.slices[case.driver]) | ({"taint-rules"} if state.rules.get(case.driver) else set())
+    for claim in claims:
+        found |= claim_features(state.claims[claim]["spec"])
+    return found
 
 
 async def test_explain_agrees_with_the_scheduler_on_random_cases(kube: Kube, namespace: str) -> None:
@@ -256,7 +315,7 @@ async def test_explain_agrees_with_the_scheduler_on_random_cases(kube: Kube, nam
     run_id = secrets.token_hex(3)
     cases = generate(SEED, CASES, run_id, minor=minor)
     nodes = [name for case in cases for name in case.nodes]
-    pods = {pod_name(case, i): (case, node) for case in cases for i, node in enumerate(case.nodes)}
+    pods: dict[str, tuple[Case, str]] = {}
     clock = asyncio.get_running_loop().time
     started = clock()
     phases: dict[str, float] = {}
@@ -269,7 +328,8 @@ async def test_explain_agrees_with_the_scheduler_on_random_cases(kube: Kube, nam
     try:
         await kube.patch(NAMESPACE, namespace, {"metadata": {"labels": {ADMIN_ACCESS_LABEL: "true"}}})
         # The rules first: the scheduler must know them before it can place a holder.
-        await bounded(8, [kube.create(rule) for case in cases for rule in case.taint_rules])
+        await bounded(8, [kube.request("POST", TAINT_RULE.path(), body=rule)
+                          for case in cases for rule in case.taint_rules])
         await bounded(8, [create_fake_node(kube, name) for name in nodes])
         await bounded(8, [kube.create(s) for case in cases for s in case.slices]
                       + [kube.create(c) for case in cases for c in case.classes])
@@ -282,8 +342,14 @@ async def test_explain_agrees_with_the_scheduler_on_random_cases(kube: Kube, nam
         held = await wait_for(decisions_for(kube, namespace, holders), timeout=120, interval=0.5,
                               what=f"the scheduler's decision on {len(holders)} holder pods")
         phase("holders")
-        await bounded(8, [kube.create(claim_object(name, namespace, case.claim_spec)) for name, (case, _) in pods.items()])
-        await bounded(8, [kube.create(pinned_pod(name, namespace, node, name, gate=GATE)) for name, (_, node) in pods.items()])
+        pods, sources, claims, templates = case_pods(cases, namespace, held)
+        await bounded(8, [kube.create(template) for template in templates])
+        await bounded(8, [kube.create(claim) for claim in claims])
+        await bounded(8, [kube.create(pinned_pod_with(name, namespace, node, sources[name], gate=GATE))
+                          for name, (_, node) in pods.items()])
+        # A template's claim is created by kube-controller-manager's resourceclaim controller.
+        pod_claims = await wait_for(claims_of(kube, namespace, pods), timeout=60, interval=0.5,
+                                    what="the ResourceClaims of the pods' templates")
 
         async with AllocatorHelper(minor) as helper:
             # Explain each pod as `gpudra explain pod` would, while its gate holds it.
@@ -305,25 +371,32 @@ async def test_explain_agrees_with_the_scheduler_on_random_cases(kube: Kube, nam
             # The API server keeps exactly the features whose gates are on in this release.
             dropped = []
             for name, (case, _) in pods.items():
+                if reuses(name):
+                    continue
                 generated = (slice_features(case.slices) | claim_features(case.claim_spec)
+                             | claim_features(case.second_claim_spec or {})
                              | ({"taint-rules"} if case.taint_rules else set()))
                 expected = enabled_features(generated, minor)
-                stored = stored_features(case, after, name)
+                stored = stored_features(case, after, pod_claims[name])
                 if stored != expected:
                     dropped.append(f"{name}: generated {sorted(case.features)}, stored {sorted(stored)}, "
                                    f"expected {sorted(expected)} on 1.{minor}")
 
             facts: dict[str, set[str]] = {}
             for name, (case, node) in pods.items():
-                facts[name] = (scheduled_facts(case, after, name) if decisions[name]
-                               else await unschedulable_facts(helper, case, after, node, name))
+                if reuses(name):
+                    facts[name] = {"claim allocated already"}
+                elif decisions[name]:
+                    facts[name] = scheduled_facts(case, after, pod_claims[name])
+                else:
+                    facts[name] = await unschedulable_facts(helper, case, after, node, pod_claims[name])
 
             mismatches = []
             for name, (case, node) in pods.items():
                 satisfiable, conclusion = verdicts[name]
                 if satisfiable != decisions[name] or final[name] != decisions[name]:
-                    mismatches.append(await _mismatch(kube, helper, namespace, name, case, node, before, after,
-                                                      verdicts[name], decisions[name], final[name]))
+                    mismatches.append(await _mismatch(kube, helper, namespace, name, case, node, pod_claims[name],
+                                                      before, after, verdicts[name], decisions[name], final[name]))
         stop.set()
         bound_by_test = await controller
         phase("analysis")
@@ -360,6 +433,10 @@ def _needs(minor: int) -> list[Need]:
         ("scheduled", "", True, None), ("unschedulable", "", False, None),
         ("an allocator (CEL) error", "", False, "allocator error"), ("devices in use", "", False, "in use"),
         ("admin access scheduled", "admin", True, None),
+        ("a claim from a template scheduled", "template", True, None),
+        ("two claims scheduled", "two claims", True, None), ("two claims unschedulable", "two claims", False, None),
+        ("a holder's allocated claim on its node", "reuse", True, None),
+        ("a holder's allocated claim on another node", "reuse", False, None),
     ]
     if minor >= 36:
         needs += [
@@ -388,7 +465,8 @@ def _met(need: Need, pods: Mapping[str, tuple[Case, str]], decisions: Mapping[st
          facts: Mapping[str, set[str]]) -> bool:
     _, feature, outcome, fact = need
     return any((not feature or feature in case.features) and decisions[name] == outcome
-               and (fact is None or fact in facts[name]) for name, (case, _) in pods.items())
+               and (fact is None or fact in facts[name]) and reuses(name) == (feature == "reuse")
+               for name, (case, _) in pods.items())
 
 
 def _summary(minor: int, cases: list[Case], pods: Mapping[str, tuple[Case, str]], decisions: Mapping[str, bool],
@@ -401,7 +479,10 @@ def _summary(minor: int, cases: list[Case], pods: Mapping[str, tuple[Case, str]]
              + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in phases.items())]
     by_feature: dict[str, Counter[str]] = {}
     for name, (case, _) in pods.items():
-        for feature in sorted(case.features | {f"kind {case.kind}"}):
+        on = enabled_features(case.features, minor)
+        labels = ({"uses holder's claim"} if reuses(name) else
+                  {f if f in on else f"{f} (off)" for f in case.features - {"reuse"}} | {f"kind {case.kind}"})
+        for feature in sorted(labels):
             counts = by_feature.setdefault(feature, Counter())
             counts["scheduled" if decisions[name] else "not"] += 1
             counts.update(facts[name])
@@ -411,25 +492,29 @@ def _summary(minor: int, cases: list[Case], pods: Mapping[str, tuple[Case, str]]
 
 
 async def _mismatch(kube: Kube, helper: AllocatorHelper, namespace: str, name: str, case: Case, node: str,
-                    before: State, after: State, verdict: tuple[bool, str], decision: bool, final: bool | None) -> str:
+                    claims: list[str], before: State, after: State, verdict: tuple[bool, str], decision: bool,
+                    final: bool | None) -> str:
     """Everything needed to debug one disagreement."""
     live = await kube.get(POD, name, namespace)
     message = next((c.get("message") for c in (live or {}).get("status", {}).get("conditions") or []
                     if c.get("type") == "PodScheduled"), "")
-    fits, error = await allocatable(helper, before, case, node, name)
+    pending = [claim for claim in claims if not _results(before.claims.get(claim))]
+    fits, error = await allocatable(helper, before, case, node, pending) if pending else (True, None)
+    names = {c["metadata"]["name"] for c in case.classes}
     node_slices = [s for s in after.slices[case.driver] if s["spec"]["pool"]["name"] == node]
     others = {n: _results(c) for n, c in before.claims.items()
-              if n != name and any(r.get("driver") == case.driver for r in _results(c))}
+              if n not in claims and any(r.get("driver") == case.driver for r in _results(c))}
     return "\n".join([
         f"{name} on {node} (case {case.index}, {case.description}; features {sorted(case.features)}):",
         f"  explain says {verdict[0]}: {verdict[1]}",
         f"  the scheduler says {decision} (then {final}): {message}",
         f"  Kubernetes' allocator on the state explain read: {'fits' if fits else 'does not fit'}"
-        + (f", error {error}" if error else ""),
-        f"  claim spec (stored): {json.dumps(before.claims[name]['spec'], sort_keys=True)}",
-        f"  claim allocation: {json.dumps(_results(after.claims.get(name)), sort_keys=True)}",
+        + (f", error {error}" if error else "") + ("" if pending else " (no claim pending)"),
+        *(f"  claim {claim} (stored): spec {json.dumps(before.claims[claim]['spec'], sort_keys=True)}, "
+          f"allocation then {json.dumps(_results(before.claims.get(claim)), sort_keys=True)}, "
+          f"now {json.dumps(_results(after.claims.get(claim)), sort_keys=True)}" for claim in claims),
         f"  other claims' results on this driver: {json.dumps(others, sort_keys=True)}",
-        f"  classes: {json.dumps([c['spec'] for c in before.classes if c['metadata']['name'] in {x['metadata']['name'] for x in case.classes}], sort_keys=True)}",
+        f"  classes: {json.dumps([c['spec'] for c in before.classes if c['metadata']['name'] in names], sort_keys=True)}",
         f"  the node's slices (stored): {json.dumps([s['spec'] for s in node_slices], sort_keys=True)}",
         f"  DeviceTaintRules: {json.dumps([r['spec'] for r in before.rules.get(case.driver, [])], sort_keys=True)}",
     ])

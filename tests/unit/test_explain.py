@@ -435,3 +435,25 @@ async def test_a_selector_estimated_past_the_cost_limit_gets_a_note(helpers: dic
     assert verdict.satisfiable
     assert any(n.startswith("claim team/c request gpu selector #0: its estimated CEL cost (3,382,500) exceeds the "
                             "limit of 1,000,000") for n in verdict.notes)
+
+
+async def test_a_pod_pinned_away_from_its_allocated_claims_node_cannot_run() -> None:
+    # Found by the differential test: every claim allocated on n1, the pod pinned to n2.
+    from gpudra_operator.explain.verdict import explain, scene
+    from gpudra_operator.explain.verdict import Answers
+
+    node = lambda name: {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}  # noqa: E731
+    allocated = {"metadata": {"name": "c", "namespace": "team", "uid": "c"},
+                 "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpu"}}]}},
+                 "status": {"allocation": {"devices": {"results": [
+                     {"request": "r", "driver": "gpu.example.com", "pool": "n1", "device": "gpu-0"}]},
+                     "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                         {"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}}}
+    for pinned, runs in (("n2", False), ("n1", True)):
+        pod = {"metadata": {"name": "p", "namespace": "team"}, "spec": {"nodeSelector": {"kubernetes.io/hostname": pinned}}}
+        asked = scene("pod team/p", [allocated], pod=pod, classes={}, slices=[], nodes=[node("n1"), node("n2")],
+                      other_claims=[], namespace=None, driver="gpu.example.com", gates={}, taint_rules=[])
+        verdict = explain(asked, Answers(release="1.36.3", nodes=[], selectors={}, feature_gates={}, note=None))
+        assert verdict.satisfiable is runs, verdict.conclusion
+        if not runs:
+            assert "excludes every node" in verdict.conclusion, verdict.conclusion

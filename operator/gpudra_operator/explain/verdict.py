@@ -412,8 +412,9 @@ def explain(scene: Scene, answers: Answers) -> Verdict:
                 fitting.append(outcome.name)
     else:
         fitting = sorted({n for c in scene.claims if (n := _allocated_node(allocation(c) or {}, scene.nodes))})
-    # Nothing left to allocate: allocated it is (devices without a node selector fit any node).
-    satisfiable = not scene.pending or (error is None and bool(fitting))
+    # Nothing left to allocate: allocated it is (devices without a node selector fit any node), if
+    # the pod may run where its claims are (the candidates meet both its node selection and theirs).
+    satisfiable = (error is None and bool(fitting)) if scene.pending else (scene.pod is None or bool(scene.candidates))
 
     reports: list[ClaimReport] = []
     for claim in scene.claims:
