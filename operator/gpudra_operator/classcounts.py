@@ -219,10 +219,6 @@ async def match_slices(match: Match, driver: str, slices: Sequence[Obj],
     return [_kept(driver, s, ds, [next(matches) for _ in ds]) for s, ds in zip(slices, devices)]
 
 
-async def slice_matches(match: Match, driver: str, slice_: Obj, classes: Sequence[ClassSelectors]) -> SliceMatches:
-    return (await match_slices(match, driver, [slice_], classes))[0]
-
-
 class Matcher:
     """The gpudra-allocator that answers the class counts: one process, of the release the classes
     name (:attr:`ClassSelectors.minor`), started on first use (and again after a crash: the client

@@ -12,7 +12,7 @@ import pytest_asyncio
 from gpudra_driver.kubeapi import Obj
 from gpudra_operator.allocatorhelper import AllocatorHelper, Compiled, Outcome
 from gpudra_operator.classcounts import (ClassCount, ClassSelectors, SliceMatches, allocated_devices,
-                                         class_selectors, count, known_matches, match_slices, slice_matches)
+                                         class_selectors, count, known_matches, match_slices)
 from gpudra_operator.conditions import class_matches_no_device
 
 DRIVER = "gpu.gpudra.io"
@@ -62,8 +62,8 @@ def classes() -> list[ClassSelectors]:
 
 async def test_a_device_matches_a_class_when_every_selector_is_true_and_none_fails(helper: AllocatorHelper) -> None:
     kinds = classes()
-    kept = await slice_matches(helper.match, DRIVER, slice_("n1", device("gpu-0", "80Gi"), device("gpu-1", "40Gi")),
-                               kinds)
+    (kept,) = await match_slices(helper.match, DRIVER, [slice_("n1", device("gpu-0", "80Gi"), device("gpu-1", "40Gi"))],
+                                 kinds)
     assert kept == SliceMatches("n1", "n1", {"gpu-0": frozenset({"all", "big"}), "gpu-1": frozenset({"all"})})
     broken = kinds[3]
     assert broken.error is not None and "compilation failed" in broken.error  # the release's own words
@@ -145,8 +145,8 @@ async def test_a_device_tainted_unhealthy_is_counted_and_never_free(helper: Allo
     sick = dict(device("gpu-1", "40Gi"), taints=[{"key": f"{DRIVER}/xid", "value": "79", "effect": "NoSchedule"}])
     noted = dict(device("gpu-2", "40Gi"), taints=[{"key": f"{DRIVER}/xid", "value": "13", "effect": "None"}])
     foreign = dict(device("gpu-3", "40Gi"), taints=[{"key": "example.com/maintenance", "effect": "NoSchedule"}])
-    kept = await slice_matches(helper.match, DRIVER, slice_("n1", device("gpu-0", "80Gi"), sick, noted, foreign),
-                               classes()[:1])
+    (kept,) = await match_slices(helper.match, DRIVER, [slice_("n1", device("gpu-0", "80Gi"), sick, noted, foreign)],
+                                 classes()[:1])
     assert kept.tainted == frozenset({"gpu-1"}) and kept.unhealthy == 1  # ours, and keeping pods off
     # the foreign taint is not health: counted free here (the scheduler may still refuse it)
     assert count(["all"], DRIVER, [kept], []) == [ClassCount("all", 4, 0, 3, 1)]

@@ -134,40 +134,6 @@ def token_is(tokens: Sequence[Token], i: int, kind: str, text: str | None = None
     return i < len(tokens) and tokens[i].kind == kind and (text is None or tokens[i].text == text)
 
 
-_OPENERS, _CLOSERS = ("(", "[", "{"), (")", "]", "}")
-
-
-def matching_bracket(tokens: Sequence[Token], i: int) -> int:
-    """The index of the bracket that closes (or, for a closing one, opens) ``tokens[i]``."""
-    step = 1 if tokens[i].text in _OPENERS else -1
-    inward, outward = (_OPENERS, _CLOSERS) if step == 1 else (_CLOSERS, _OPENERS)
-    depth = 0
-    for index in range(i, len(tokens) if step == 1 else -1, step):
-        if tokens[index].text in inward:
-            depth += 1
-        elif tokens[index].text in outward:
-            depth -= 1
-            if depth == 0:
-                return index
-    raise CelSyntaxError("unbalanced brackets")
-
-
-def split_arguments(tokens: Sequence[Token]) -> list[list[Token]]:
-    """A call's argument tokens (those between its brackets), split at its own commas."""
-    arguments: list[list[Token]] = [[]]
-    depth = 0
-    for token in tokens:
-        if token.text in _OPENERS:
-            depth += 1
-        elif token.text in _CLOSERS:
-            depth -= 1
-        if token.text == "," and depth == 0:
-            arguments.append([])
-        else:
-            arguments[-1].append(token)
-    return arguments
-
-
 def all_model_references(expression: str) -> list[tuple[str, str, str]]:
     """Every ``device.attributes["<domain>"].name`` / ``device.capacity["<domain>"]["name"]``
     reference in ``expression`` as ``("attributes"|"capacity", domain, name)``. Index form, optional
