@@ -8,11 +8,12 @@
 #   hack/allocator-bin.sh                      # this machine's
 #   GOOS=linux GOARCH=arm64 hack/allocator-bin.sh
 #   hack/allocator-bin.sh --into DIR           # also copy them into DIR (the wheel's bin/)
-#   VARIANT=lean hack/allocator-bin.sh         # the operator image's: -tags notaintrules
+#   VARIANT=lean hack/allocator-bin.sh         # the operator image's: -tags notaintrules,noextendedresources
 #
 # The lean variant leaves out DeviceTaintRules (Kubernetes' resourceslice tracker links all of
 # client-go's API types: 8 MiB more resident memory in the operator pod, which only matches
-# selectors); it refuses a request whose rules the release would apply.
+# selectors) and the claim for extended resources (kube-scheduler's DynamicResources plugin, which
+# registers all of the scheduler's gates and metrics); it refuses a request that needs either.
 #
 # Cached under ~/.cache/gpudra/gpudra-allocator/<hash of the sources>-<os>-<arch>, else built from
 # each release's pinned modules (the Go module proxy, or a warm module cache). Static (no cgo):
@@ -49,7 +50,7 @@ copy_into() {
 variant="${VARIANT:-full}" tags=""
 case "$variant" in
   full) ;;
-  lean) tags="notaintrules" ;;
+  lean) tags="notaintrules,noextendedresources" ;;
   *) log "VARIANT=$variant: expected full or lean"; exit 2 ;;
 esac
 goos="${GOOS:-$(go env GOOS 2>/dev/null || uname -s | tr '[:upper:]' '[:lower:]')}"

@@ -18,12 +18,21 @@
 //	match     {"expressions": [...], "devices": [{"driver", "device": <ResourceSlice device>}]}
 //	          -> {"compile": [...], "results": [[{"matches", "error", "actualCost"}, ...per expression]
 //	          ...per device]}: each selector on each device, as the allocator runs it
-//	allocate  {"classes", "slices", "allocatedClaims", "claims", "nodes", "deviceTaintRules"} (API
-//	          objects as JSON, as the API server stores them: defaults set; the rules in the API
-//	          version this release's scheduler reads) -> {"nodes": [{"name", "results":
-//	          [AllocationResult per claim] | null, "error"}]}: the allocator of this release on each
-//	          node, as the scheduler's Filter runs it, over the slices as its resourceslice tracker
-//	          shows them (DeviceTaintRules applied where the gates are on)
+//	extended  {"pod", "classes", "claims", "nodes"} -> {"extended": null | {"resources", "classes",
+//	          "prior", "variants": [{"requests", "mappings"}], "nodes": [{"name", "variant",
+//	          "unschedulable"}]}}: the claim kube-scheduler builds for the pod's extended resources
+//	          that DeviceClasses map to DRA devices (KEP-5004), per node (null: the gate is off, or
+//	          no class maps them); "claims": the pod's namespace's claims with the
+//	          extended-resource-claim annotation (one from an earlier attempt)
+//	allocate  {"classes", "slices", "allocatedClaims", "claims", "nodes", "deviceTaintRules",
+//	          "pod", "extendedClaims", "nodeExtended"} (API objects as JSON, as the API server
+//	          stores them: defaults set; the rules in the API version this release's scheduler
+//	          reads) -> {"nodes": [{"name", "results": [AllocationResult per claim] | null,
+//	          "error"}]}: the allocator of this release on each node, as the scheduler's Filter runs
+//	          it, over the slices as its resourceslice tracker shows them (DeviceTaintRules applied
+//	          where the gates are on). With "pod", "extendedClaims" (variants from extended) and
+//	          "nodeExtended" (per node, the variant's index or -1), each node's variant of the
+//	          extended-resource claim is allocated after "claims", as the scheduler does.
 //
 // A request that cannot be read is answered {"error": "..."}; the process goes on. Bounded: a line
 // is at most -max-request-bytes, each request stops at its deadline (the allocator honours the
@@ -71,6 +80,10 @@ type request struct {
 	Claims           []*resourceapi.ResourceClaim `json:"claims"`
 	Nodes            []*v1.Node                   `json:"nodes"`
 	DeviceTaintRules []json.RawMessage            `json:"deviceTaintRules"`
+
+	Pod            *v1.Pod           `json:"pod"`
+	ExtendedClaims []extendedVariant `json:"extendedClaims"`
+	NodeExtended   []int             `json:"nodeExtended"`
 }
 
 type matchDevice struct {
@@ -100,13 +113,16 @@ type answer struct {
 	Error   *string         `json:"error,omitempty"`
 	Release string          `json:"release,omitempty"`
 	// Whether this build applies DeviceTaintRules (the operator image's does not: -tags notaintrules).
-	DeviceTaintRules *bool           `json:"deviceTaintRules,omitempty"`
-	Defaults         map[string]bool `json:"defaults,omitempty"`
-	Gates            map[string]bool `json:"gates,omitempty"`
-	CostLimit        int64           `json:"costLimit,omitempty"`
-	Compile          []compiled      `json:"compile,omitempty"`
-	Results          any             `json:"results,omitempty"`
-	Nodes            []nodeAnswer    `json:"nodes,omitempty"`
+	DeviceTaintRules *bool `json:"deviceTaintRules,omitempty"`
+	// Whether this build builds the claim for extended resources (the operator image's does not).
+	ExtendedClaims *bool           `json:"extendedClaims,omitempty"`
+	Defaults       map[string]bool `json:"defaults,omitempty"`
+	Gates          map[string]bool `json:"gates,omitempty"`
+	CostLimit      int64           `json:"costLimit,omitempty"`
+	Compile        []compiled      `json:"compile,omitempty"`
+	Results        any             `json:"results,omitempty"`
+	Nodes          []nodeAnswer    `json:"nodes,omitempty"`
+	Extended       *extendedPlan   `json:"extended,omitempty"`
 }
 
 func main() {
@@ -208,15 +224,23 @@ func serve(line []byte, caches map[string]*dracel.Cache) answer {
 	var a answer
 	switch r.Op {
 	case "features":
-		a = answer{Release: release, Defaults: defaultGates, Gates: gates, DeviceTaintRules: ptr.To(appliesDeviceTaintRules)}
+		a = answer{Release: release, Defaults: defaultGates, Gates: gates, DeviceTaintRules: ptr.To(appliesDeviceTaintRules),
+			ExtendedClaims: ptr.To(buildsExtendedClaims)}
 	case "compile":
 		a = compileAll(r.Expressions, celFeatures)
 	case "match":
 		a = matchAll(ctx, r.Expressions, r.Devices, cache)
+	case "extended":
+		plan, err := planExtended(r.Pod, r.Classes, r.Claims, r.Nodes, gates)
+		if err != nil {
+			a = failure(err)
+		} else {
+			a = answer{Extended: plan}
+		}
 	case "allocate":
 		a = allocate(ctx, r, gates, cache)
 	default:
-		a = failure(fmt.Errorf("unknown op %q (features, compile, match, allocate)", r.Op))
+		a = failure(fmt.Errorf("unknown op %q (features, compile, match, extended, allocate)", r.Op))
 	}
 	a.ID = r.ID
 	return a
@@ -368,6 +392,10 @@ func allocate(ctx context.Context, r request, gates map[string]bool, cache *drac
 	if err != nil {
 		return failure(err)
 	}
+	claimsOn, err := nodeClaims(r)
+	if err != nil {
+		return failure(err)
+	}
 	answers := make([]nodeAnswer, len(r.Nodes))
 	work := make(chan int)
 	var wg sync.WaitGroup
@@ -377,7 +405,7 @@ func allocate(ctx context.Context, r request, gates map[string]bool, cache *drac
 			defer wg.Done()
 			for i := range work {
 				node := r.Nodes[i]
-				results, err := allocator.Allocate(ctx, node, r.Claims)
+				results, err := allocator.Allocate(ctx, node, claimsOn(i))
 				answers[i] = nodeAnswer{Name: node.Name, Results: results, Error: errorText(err)}
 			}
 		}()
@@ -391,4 +419,32 @@ func allocate(ctx context.Context, r request, gates map[string]bool, cache *drac
 		return failure(fmt.Errorf("allocation stopped at its deadline: %w", err))
 	}
 	return answer{Nodes: answers}
+}
+
+// nodeClaims: the claims to allocate on the i-th node: the request's, then that node's variant of
+// the extended-resource claim (the scheduler's Filter puts it where the pod's in-memory claim is,
+// after the pod's own claims).
+func nodeClaims(r request) (func(int) []*resourceapi.ResourceClaim, error) {
+	if len(r.NodeExtended) == 0 {
+		return func(int) []*resourceapi.ResourceClaim { return r.Claims }, nil
+	}
+	if r.Pod == nil || len(r.NodeExtended) != len(r.Nodes) {
+		return nil, fmt.Errorf("nodeExtended needs the pod and one entry per node (%d nodes, %d entries)",
+			len(r.Nodes), len(r.NodeExtended))
+	}
+	built := make([]*resourceapi.ResourceClaim, len(r.ExtendedClaims))
+	for i, variant := range r.ExtendedClaims {
+		built[i] = extendedClaim(r.Pod, variant)
+	}
+	for _, index := range r.NodeExtended {
+		if index < -1 || index >= len(built) {
+			return nil, fmt.Errorf("nodeExtended: no extended claim %d (%d given)", index, len(built))
+		}
+	}
+	return func(i int) []*resourceapi.ResourceClaim {
+		if r.NodeExtended[i] < 0 {
+			return r.Claims
+		}
+		return append(append(make([]*resourceapi.ResourceClaim, 0, len(r.Claims)+1), r.Claims...), built[r.NodeExtended[i]])
+	}, nil
 }

@@ -113,6 +113,29 @@ class NodeOutcome:
     error: str | None
 
 
+@dataclass(frozen=True)
+class ExtendedNode:
+    """What kube-scheduler's Filter makes of the pod's extended resources on one node: the index of
+    the claim variant to allocate there; None when device plugins serve them all there (its
+    NodeResourcesFit decides); or why the pod cannot go there at all (``unschedulable``)."""
+
+    name: str
+    variant: int | None
+    unschedulable: str | None
+
+
+@dataclass(frozen=True)
+class ExtendedPlan:
+    """The claim kube-scheduler builds for a pod's extended resources that DeviceClasses map to DRA
+    devices (KEP-5004), as the helper's ``extended`` answers it."""
+
+    resources: dict[str, int]  # resource -> amount the pod asks (only those a class maps)
+    classes: dict[str, str]  # resource -> the DeviceClass that maps it
+    prior: str | None  # the claim an earlier scheduling attempt created, if any
+    variants: list[Obj]  # {"requests": [DeviceRequest], "mappings": [ContainerExtendedResourceRequest]}
+    nodes: list[ExtendedNode]
+
+
 class AllocatorHelper:
     """One gpudra-allocator process for a cluster's release; use ``async with``."""
 
@@ -229,13 +252,41 @@ class AllocatorHelper:
         return compiled, [[Outcome(bool(o.get("matches")), o.get("error"), o.get("actualCost")) for o in row]
                           for row in rows]
 
+    async def extended(self, *, pod: Obj, classes: Sequence[Obj], claims: Sequence[Obj],
+                       nodes: Sequence[Obj]) -> ExtendedPlan | None:
+        """The claim the scheduler builds for ``pod``'s extended resources on each of ``nodes``
+        (their allocatable says what device plugins serve), from the DeviceClasses that map them
+        (``classes``: all of the cluster's); ``claims``: the namespace's claims that carry the
+        extended-resource-claim annotation. None when the release's DRAExtendedResource gate is
+        off or no class maps the pod's extended resources."""
+        answer = await self.ask({"op": "extended", "pod": pod, "classes": list(classes), "claims": list(claims),
+                                 "nodes": [{"metadata": n.get("metadata") or {},
+                                            "status": {"allocatable": (n.get("status") or {}).get("allocatable") or {}}}
+                                           for n in nodes]})
+        plan = answer.get("extended")
+        if plan is None:
+            return None
+        return ExtendedPlan(resources={str(k): int(v) for k, v in (plan.get("resources") or {}).items()},
+                            classes={str(k): str(v) for k, v in (plan.get("classes") or {}).items()},
+                            prior=plan.get("prior"), variants=list(plan.get("variants") or []),
+                            nodes=[ExtendedNode(str(n.get("name")), n.get("variant"), n.get("unschedulable"))
+                                   for n in plan.get("nodes") or []])
+
     async def allocate(self, *, classes: Sequence[Obj], slices: Sequence[Obj], allocated_claims: Sequence[Obj],
                        claims: Sequence[Obj], nodes: Sequence[Obj],
-                       device_taint_rules: Sequence[Obj] = ()) -> list[NodeOutcome]:
+                       device_taint_rules: Sequence[Obj] = (), pod: Obj | None = None,
+                       extended_claims: Sequence[Obj] = (), node_extended: Sequence[int] = ()) -> list[NodeOutcome]:
         """The release's allocator on each node, for ``claims`` (not allocated yet) against what
-        ``allocated_claims`` hold, in ``nodes``' order."""
-        answer = await self.ask({"op": "allocate", "classes": list(classes), "slices": list(slices),
-                                 "allocatedClaims": list(allocated_claims), "claims": list(claims),
-                                 "nodes": [{"metadata": n.get("metadata") or {}} for n in nodes],
-                                 "deviceTaintRules": list(device_taint_rules)})
+        ``allocated_claims`` hold, in ``nodes``' order. With ``pod``, ``extended_claims`` (variants
+        from :meth:`extended`: their requests) and ``node_extended`` (per node, a variant's index
+        or -1), each node's variant of the pod's extended-resource claim is allocated after
+        ``claims``, as the scheduler does."""
+        request: Obj = {"op": "allocate", "classes": list(classes), "slices": list(slices),
+                        "allocatedClaims": list(allocated_claims), "claims": list(claims),
+                        "nodes": [{"metadata": n.get("metadata") or {}} for n in nodes],
+                        "deviceTaintRules": list(device_taint_rules)}
+        if pod is not None:
+            request.update(pod=pod, extendedClaims=[{"requests": c.get("requests") or []} for c in extended_claims],
+                           nodeExtended=list(node_extended))
+        answer = await self.ask(request)
         return [NodeOutcome(str(n.get("name")), n.get("results"), n.get("error")) for n in answer.get("nodes") or []]

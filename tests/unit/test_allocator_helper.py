@@ -331,4 +331,114 @@ async def test_the_operator_images_lean_build_refuses_rules_it_would_leave_out()
         with pytest.raises(AllocatorError, match="does not apply them: run kubectl gpudra explain from the gpudra wheel"):
             await small.allocate(classes=[GPU_CLASS], slices=slices, allocated_claims=[],
                                  claims=[claim("c", exactly("r", 2))], nodes=NODES, device_taint_rules=[rule])
+        assert (await full.features())["extendedClaims"] is True
+        assert (await small.features())["extendedClaims"] is False
+        with pytest.raises(AllocatorError, match="does not build the claim for extended resources"):
+            await small.extended(pod=extended_pod([worker("main", 1)]), classes=[EXTENDED_CLASS], claims=[],
+                                 nodes=NODES)
     assert lean.stat().st_size < choose(37).path.stat().st_size
+
+
+# --- extended resources backed by DRA (KEP-5004): the claim the scheduler builds --------------------
+
+RESOURCE = "example.com/gpu"
+EXTENDED_CLASS = {"metadata": {"name": "gpu"}, "spec": {**GPU_CLASS["spec"], "extendedResourceName": RESOURCE}}
+
+
+def worker(name: str, gpus: int, *, sidecar: bool = False, resource: str = RESOURCE) -> dict[str, Any]:
+    body: dict[str, Any] = {"name": name, "resources": {"requests": {resource: str(gpus), "cpu": "1"}}}
+    if sidecar:
+        body["restartPolicy"] = "Always"
+    return body
+
+
+def extended_pod(containers: list[dict[str, Any]], init: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": "p", "namespace": "team", "uid": "uid-p"},
+            "spec": {"initContainers": init or [], "containers": containers}}
+
+
+def counts(variant: dict[str, Any]) -> dict[str, int]:
+    return {r["name"]: r["exactly"]["count"] for r in variant["requests"]}
+
+
+@pytest.mark.parametrize("minor", MINORS)
+async def test_extended_resources_get_the_schedulers_claim_where_its_gate_is_on(minor: int) -> None:
+    pod = extended_pod([worker("a", 2), worker("b", 1)], init=[worker("warm", 4), worker("side", 1, sidecar=True)])
+    async with AllocatorHelper(minor) as helper:
+        plan = await helper.extended(pod=pod, classes=[EXTENDED_CLASS], claims=[], nodes=NODES)
+    if minor < 36:  # DRAExtendedResource: alpha and off in 1.35
+        assert plan is None
+        return
+    assert plan is not None
+    assert plan.resources == {RESOURCE: 4} and plan.classes == {RESOURCE: "gpu"} and plan.prior is None
+    (variant,) = plan.variants
+    # Long-lived containers (the sidecar among them) each get a request; the init container
+    # reuses theirs (1 + 2 + 1) and needs none of its own.
+    # Named by container index and the resource's place among the container's sorted requests (cpu first).
+    assert counts(variant) == {"container-1-request-1": 1, "container-2-request-1": 2, "container-3-request-1": 1}
+    warm = {m["requestName"] for m in variant["mappings"] if m["containerName"] == "warm"}
+    assert warm == set(counts(variant))
+    assert [(n.name, n.variant, n.unschedulable) for n in plan.nodes] == [("n1", 0, None)]
+
+
+async def test_extended_resources_per_node_device_plugins_and_resources_nobody_serves() -> None:
+    minor = max(MINORS)
+    nodes = [{"metadata": {"name": "dra"}},
+             {"metadata": {"name": "plugin"}, "status": {"allocatable": {RESOURCE: "8"}}},
+             {"metadata": {"name": "zero"}, "status": {"allocatable": {RESOURCE: "0"}}}]
+    async with AllocatorHelper(minor) as helper:
+        plan = await helper.extended(pod=extended_pod([worker("main", 2)]), classes=[EXTENDED_CLASS], claims=[],
+                                     nodes=nodes)
+        assert plan is not None
+        # A device plugin serves it where allocatable has some; DRA where it has none (listed or not).
+        assert [(n.name, n.variant) for n in plan.nodes] == [("dra", 0), ("plugin", None), ("zero", 0)]
+        unserved = extended_pod([worker("main", 1), worker("odd", 1, resource="example.com/fpga")])
+        plan = await helper.extended(pod=unserved, classes=[EXTENDED_CLASS], claims=[], nodes=nodes[:1])
+        assert plan is not None
+        (node,) = plan.nodes
+        assert node.variant is None and node.unschedulable is not None and "example.com/fpga" in node.unschedulable
+        # No class maps the pod's resources: the scheduler leaves them to device plugins.
+        assert await helper.extended(pod=extended_pod([worker("main", 1)]), classes=[GPU_CLASS], claims=[],
+                                     nodes=nodes) is None
+        # The implicit name of any class.
+        implicit = extended_pod([worker("main", 1, resource="deviceclass.resource.kubernetes.io/gpu")])
+        plan = await helper.extended(pod=implicit, classes=[GPU_CLASS], claims=[], nodes=nodes[:1])
+        assert plan is not None and plan.classes == {"deviceclass.resource.kubernetes.io/gpu": "gpu"}
+
+
+async def test_a_claim_from_an_earlier_attempt_keeps_the_pod_off_every_node() -> None:
+    pod = extended_pod([worker("main", 1)])
+    prior = {"metadata": {"name": "p-extended-resources-x", "namespace": "team",
+                          "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"},
+                          "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "uid-p",
+                                               "controller": True}]},
+             "spec": {"devices": {"requests": [exactly("container-0-request-0")]}}}
+    async with AllocatorHelper(max(MINORS)) as helper:
+        plan = await helper.extended(pod=pod, classes=[EXTENDED_CLASS], claims=[prior], nodes=NODES)
+    assert plan is not None and plan.prior == "p-extended-resources-x"
+    (node,) = plan.nodes
+    assert node.unschedulable is not None and "earlier scheduling attempt" in node.unschedulable
+
+
+async def test_allocate_adds_each_nodes_variant_of_the_extended_claim_after_the_pods_claims() -> None:
+    minor = max(MINORS)
+    nodes = [{"metadata": {"name": n, "labels": {"kubernetes.io/hostname": n}}} for n in ("n1", "n2")]
+    slices = [slice_(n, [device("gpu-0"), device("gpu-1")]) for n in ("n1", "n2")]
+    pod = extended_pod([worker("main", 2)])
+    async with AllocatorHelper(minor) as helper:
+        plan = await helper.extended(pod=pod, classes=[EXTENDED_CLASS], claims=[], nodes=nodes)
+        assert plan is not None
+        # n1: the pod's own claim and the extended one (2 + 1 GPUs > 2 published); n2: its own alone.
+        one, two = await helper.allocate(classes=[EXTENDED_CLASS], slices=slices, allocated_claims=[],
+                                         claims=[claim("own", exactly("r", 1))], nodes=nodes, pod=pod,
+                                         extended_claims=plan.variants, node_extended=[0, -1])
+        assert one.results is None and one.error is None
+        assert two.results is not None and len(two.results) == 1
+        (alone,) = await helper.allocate(classes=[EXTENDED_CLASS], slices=slices, allocated_claims=[], claims=[],
+                                         nodes=nodes[:1], pod=pod, extended_claims=plan.variants, node_extended=[0])
+        assert alone.results is not None
+        (result,) = alone.results
+        assert sorted(r["request"] for r in result["devices"]["results"]) == ["container-0-request-1"] * 2
+        with pytest.raises(AllocatorError, match="one entry per node"):
+            await helper.allocate(classes=[EXTENDED_CLASS], slices=slices, allocated_claims=[], claims=[],
+                                  nodes=nodes, pod=pod, extended_claims=plan.variants, node_extended=[0])

@@ -7,22 +7,25 @@ the objects and explains the answer.
 Functional core: :mod:`.inventory` (pools, what claims hold, node selection), :mod:`.claims` (a
 claim's requests), :mod:`.room` (capacity and counters left), :mod:`.verdict` (what to ask, then
 counts, rejections, the conclusion), :mod:`.ownership` (which requests are the driver's),
-:mod:`.report` (text, YAML, JSON). Imperative shell: :mod:`.gather` reads the cluster,
+:mod:`.report` (text, YAML, JSON), :mod:`.extended` (the claim the scheduler builds for extended
+resources, as the helper answers it). Imperative shell: :mod:`.gather` reads the cluster,
 :func:`explain_snapshot` asks the allocator, :mod:`gpudra_operator.explain_cmd` is the command."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpudra_driver.kubeapi import Kube
-from gpudra_operator.allocatorhelper import AllocatorHelper, Compiled, Outcome
+from gpudra_operator.allocatorhelper import AllocatorHelper, Compiled, ExtendedPlan, NodeOutcome, Outcome
 from gpudra_operator.explain.claims import claim_label, claim_requests
+from gpudra_operator.explain.extended import ExtendedClaim, extended_claim, owns_extended_claim
 from gpudra_operator.explain.gather import ExplainInputError, Snapshot, read_snapshot, server_minor
 from gpudra_operator.deviceclasses.celrefs import device_projection, selector_references
-from gpudra_operator.explain.inventory import Device, DeviceID, Obj, nodes_of
+from gpudra_operator.explain.inventory import Device, DeviceID, Obj, nodes_of, pod_fits_node
 from gpudra_operator.explain.ownership import ours_only
-from gpudra_operator.explain.verdict import Answers, Verdict, explain, scene
+from gpudra_operator.explain.verdict import Answers, ExtendedReport, Verdict, explain, scene
 
 MATCH_BATCH = 2000  # devices per match request: a few MB of JSON each
 
@@ -45,17 +48,25 @@ async def explain_snapshot(snapshot: Snapshot, driver: str, helper: AllocatorHel
     selector they use does not compile; :class:`~gpudra_operator.allocatorhelper.AllocatorError`
     when the helper refuses (an unknown feature gate) or fails. Safe to call concurrently on one
     helper (it answers one request at a time)."""
-    claims = []
+    claims: list[Obj] = []
     notes = list(snapshot.notes)
     for claim in snapshot.claims:
         trimmed, dropped = ours_only(claim, snapshot.classes, driver)
         notes += dropped
         if (trimmed.get("spec") or {}).get("devices", {}).get("requests"):
             claims.append(trimmed)
+    features = await helper.features()
+    built: ExtendedClaim | None = None
+    if snapshot.extended and snapshot.pod is not None and not owns_extended_claim(snapshot.pod, snapshot.claims):
+        built, more = await _replay_extended(snapshot, driver, helper, features)
+        notes += more
+        if built is not None and built.claim is not None:
+            claims.append(built.claim)
+    if built is not None and built.claim is None and not claims:
+        return _without_claims(snapshot, built, features, helper, notes)
     if not claims:
         raise ExplainInputError(f"{snapshot.target}: no request is for {driver}'s devices ("
                                 + "; ".join(notes) + "); gpudra explains only its own driver's")
-    features = await helper.features()
     selectors = list(_selectors(claims, snapshot.classes))
     expressions = list(dict.fromkeys(expression for _, expression in selectors))
     compiled, cost_limit = await helper.compile(expressions) if expressions else ([], 0)
@@ -85,17 +96,134 @@ async def explain_snapshot(snapshot: Snapshot, driver: str, helper: AllocatorHel
                 for device in group:
                     outcomes.update(((expression, device.id), outcome)
                                     for expression, outcome in zip(asked.expressions, row))
-    nodes = []
+    nodes: list[NodeOutcome] = []
     if asked.pending and asked.candidates:
-        nodes = await helper.allocate(classes=[dict(c) for c in snapshot.classes.values()],
-                                      slices=[dict(s) for s in asked.slices],
-                                      allocated_claims=[dict(c) for c in asked.holders],
-                                      claims=[dict(c) for c in asked.pending], nodes=[dict(n) for n in asked.candidates],
-                                      device_taint_rules=[dict(r) for r in asked.taint_rules])
+        common = AllocationInput(classes=[dict(c) for c in snapshot.classes.values()],
+                                 slices=[dict(s) for s in asked.slices],
+                                 allocated_claims=[dict(c) for c in asked.holders],
+                                 device_taint_rules=[dict(r) for r in asked.taint_rules])
+        if built is None:
+            nodes = await common.allocate(helper, claims=[dict(c) for c in asked.pending],
+                                          nodes=[dict(n) for n in asked.candidates])
+        else:
+            nodes = await _allocate_with_extended(helper, common, built, snapshot.pod or {},
+                                                  [dict(c) for c in asked.pending if c is not built.claim],
+                                                  [dict(n) for n in asked.candidates])
     verdict = explain(asked, Answers(release=str(features.get("release")), nodes=nodes, selectors=outcomes,
                                      feature_gates=helper.feature_gates, note=helper.note))
     verdict.notes = notes + verdict.notes
+    if built is not None:
+        verdict.extended = built.report(asked.candidates)
+        _explain_extended(verdict, built, asked.candidates)
     return verdict
+
+
+async def _replay_extended(snapshot: Snapshot, driver: str, helper: AllocatorHelper,
+                           features: Mapping[str, Any]) -> tuple[ExtendedClaim | None, list[str]]:
+    """The claim kube-scheduler builds for the pod's extended resources (KEP-5004), from the
+    release's own code in the helper; None, with a note, where it builds none."""
+    pod = snapshot.pod or {}
+    asked = ", ".join(snapshot.extended)
+    plan: ExtendedPlan | None = await helper.extended(
+        pod=dict(pod), classes=[dict(c) for c in snapshot.classes.values()],
+        claims=[dict(c) for c in snapshot.extended_claims],
+        # The nodes the pod may go to: the claim most of them get is the one explained.
+        nodes=[dict(n) for n in nodes_of(snapshot.slices, snapshot.nodes)
+               if snapshot.nodes is None or pod_fits_node(pod, n)])
+    if plan is None:
+        gates = features.get("gates") or {}
+        why = ("the scheduler's DRAExtendedResource gate is off (Kubernetes 1.35's default; --feature-gates "
+               "DRAExtendedResource=true if the cluster turned it on): device plugins alone serve extended resources"
+               if not gates.get("DRAExtendedResource") else
+               "no DeviceClass maps them (spec.extendedResourceName, or the implicit "
+               "deviceclass.resource.kubernetes.io/<class>): device plugins alone serve them")
+        if not snapshot.claims:
+            raise ExplainInputError(f"{snapshot.target} has no resourceClaims and asks for extended resources ({asked}); "
+                                    f"{why}. kubectl describe pod shows the scheduler's message")
+        return None, [f"the pod's extended resources ({asked}): {why}"]
+    built = extended_claim(pod, plan, snapshot.classes, driver)
+    return built, built.notes
+
+
+@dataclass(frozen=True)
+class AllocationInput:
+    """What every ``allocate`` of one explain shares."""
+
+    classes: list[dict[str, Any]]
+    slices: list[dict[str, Any]]
+    allocated_claims: list[dict[str, Any]]
+    device_taint_rules: list[dict[str, Any]]
+
+    async def allocate(self, helper: AllocatorHelper, *, claims: Sequence[dict[str, Any]],
+                       nodes: Sequence[dict[str, Any]], pod: dict[str, Any] | None = None,
+                       extended_claims: Sequence[dict[str, Any]] = (),
+                       node_extended: Sequence[int] = ()) -> list[NodeOutcome]:
+        return await helper.allocate(classes=self.classes, slices=self.slices, allocated_claims=self.allocated_claims,
+                                     device_taint_rules=self.device_taint_rules, claims=claims, nodes=nodes, pod=pod,
+                                     extended_claims=extended_claims, node_extended=node_extended)
+
+
+async def _allocate_with_extended(helper: AllocatorHelper, common: AllocationInput, built: ExtendedClaim,
+                                  pod: Obj, pending: Sequence[dict[str, Any]],
+                                  candidates: Sequence[dict[str, Any]]) -> list[NodeOutcome]:
+    """The allocator on each candidate as the scheduler's Filter runs it for a pod with extended
+    resources: the pod's claims plus the node's variant of the built claim; a node where the pod
+    cannot go at all is not asked, a node whose device plugins serve them all is DRA's only for
+    the pod's own claims."""
+    asked: list[dict[str, Any]] = []
+    variants: list[int] = []
+    decided: dict[str, NodeOutcome] = {}
+    for node in candidates:
+        name = node["metadata"]["name"]
+        plan = built.node(name)
+        if plan is not None and plan.unschedulable is not None:
+            decided[name] = NodeOutcome(name, None, None)
+        elif (plan is None or plan.variant is None) and not pending:
+            decided[name] = NodeOutcome(name, [], None)  # DRA has nothing to allocate there
+        else:
+            asked.append(node)
+            variants.append(-1 if plan is None or plan.variant is None else plan.variant)
+    answers = iter(await common.allocate(helper, claims=pending, nodes=asked, pod=dict(pod),
+                                         extended_claims=built.variants, node_extended=variants) if asked else [])
+    return [decided.get(n["metadata"]["name"]) or next(answers) for n in candidates]
+
+
+def _without_claims(snapshot: Snapshot, built: ExtendedClaim, features: Mapping[str, Any], helper: AllocatorHelper,
+                    notes: list[str]) -> Verdict:
+    """A pod with extended resources alone for which no node leaves DRA anything to allocate: on
+    each node it may use, device plugins serve them all or the scheduler turns the node down."""
+    pod = snapshot.pod or {}
+    candidates = [n for n in nodes_of(snapshot.slices, snapshot.nodes) if snapshot.nodes is None or pod_fits_node(pod, n)]
+    report = built.report(candidates)
+    verdict = Verdict(target=snapshot.target, satisfiable=bool(report.device_plugin_nodes),
+                      nodes=list(report.device_plugin_nodes), error=None, conclusion="", claims=[], notes=notes,
+                      allocator=f"Kubernetes {features.get('release')}", feature_gates=dict(helper.feature_gates),
+                      extended=report)
+    if helper.note:
+        verdict.notes.insert(0, helper.note)
+    if verdict.satisfiable:
+        verdict.conclusion = (f"DRA allocates nothing for the pod: device plugins serve {', '.join(report.resources)} "
+                              f"on {len(report.device_plugin_nodes)} node(s) it may use: "
+                              + ", ".join(report.device_plugin_nodes))
+    elif not candidates:
+        verdict.conclusion = "no node can run the pod: its node selection excludes every node"
+    _explain_extended(verdict, built, candidates)
+    return verdict
+
+
+def _explain_extended(verdict: Verdict, built: ExtendedClaim, candidates: Sequence[Obj]) -> None:
+    """Notes on where the extended resources are not DRA's, and the conclusion where no node can
+    take the pod at all."""
+    report = verdict.extended
+    assert report is not None
+    names = [n["metadata"]["name"] for n in candidates]
+    if report.device_plugin_nodes:
+        shown = ", ".join(report.device_plugin_nodes[:5]) + (" ..." if len(report.device_plugin_nodes) > 5 else "")
+        verdict.notes.append(f"device plugins serve {', '.join(report.resources)} on {len(report.device_plugin_nodes)} "
+                             f"node(s) ({shown}): there kube-scheduler's NodeResourcesFit decides, not DRA")
+    if not verdict.satisfiable and names and all(n in report.unfit for n in names):
+        verdict.conclusion = f"no node can run the pod: {report.unfit[names[0]]} (on {names[0]})"
+        verdict.notes.append("the scheduler turns every node down before it allocates anything")
 
 
 def _selectors(claims: Sequence[Obj], classes: Mapping[str, Obj]) -> Iterator[tuple[str, str]]:
@@ -134,4 +262,4 @@ def check_selectors(selectors: Sequence[tuple[str, str]], compiled: Mapping[str,
                                     f"too): {first}")
 
 
-__all__ = ["Answers", "ExplainInputError", "Snapshot", "Verdict", "explain", "explain_live", "explain_snapshot", "scene"]
+__all__ = ["Answers", "ExplainInputError", "ExtendedReport", "Snapshot", "Verdict", "explain", "explain_live", "explain_snapshot", "scene"]

@@ -6,7 +6,12 @@ not have them; the verdict then says what it could not see): Nodes (labels, for 
 ResourceClaims of every namespace (the devices other namespaces hold), the claim's Namespace (the
 admin-access label), and the DeviceTaintRules (taints the scheduler adds to the devices they
 select) in the API version the cluster's scheduler reads them in: v1 from 1.37, v1beta2 in 1.36,
-v1alpha3 in 1.35, where served (an administrator turned the gate and the API on)."""
+v1alpha3 in 1.35, where served (an administrator turned the gate and the API on).
+
+A pod that asks for extended resources (KEP-5004: a DeviceClass may map them to DRA devices) needs
+more: every DeviceClass (required: any may map one), whole Nodes rather than their metadata (their
+allocatable says where a device plugin serves the resource), and the claim the scheduler created for
+the pod once it did (``status.extendedResourceClaimStatus``)."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from dataclasses import dataclass, field
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpudra_driver.kubeapi import Kube, Obj, ResourceType, error_message, resource_type
+from gpudra_operator.explain.extended import EXTENDED_CLAIM_ANNOTATION
 
 POD = resource_type("v1", "Pod")
 NODE = resource_type("v1", "Node")
@@ -53,6 +59,11 @@ class Snapshot:
     notes: list[str] = field(default_factory=list)
     server_minor: int | None = None  # Kubernetes 1.<minor> of the API server, when it said
     taint_rules: list[Obj] = field(default_factory=list)  # DeviceTaintRules, where readable
+    # The extended resources the pod asks for (KEP-5004): then ``classes`` holds every DeviceClass
+    # (any may map one), ``nodes`` the whole Nodes (their allocatable says where device plugins
+    # serve them), and ``extended_claims`` the namespace's claims the scheduler created for pods.
+    extended: list[str] = field(default_factory=list)
+    extended_claims: list[Obj] = field(default_factory=list)
 
 
 def _denied(error: ApiException, what: str) -> ExplainInputError:
@@ -84,7 +95,8 @@ def extended_resources(pod: Obj) -> list[str]:
 
 
 def _pod_claim_names(pod: Obj) -> tuple[list[str], list[str]]:
-    """The names of the pod's ResourceClaims, and notes for those not created yet."""
+    """The names of the pod's ResourceClaims (the one the scheduler created for its extended
+    resources last), and notes for those not created yet."""
     statuses = {s.get("name"): s.get("resourceClaimName")
                 for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
     names: list[str] = []
@@ -97,6 +109,9 @@ def _pod_claim_names(pod: Obj) -> tuple[list[str], list[str]]:
         else:
             notes.append(f"pod claim {entry.get('name')}: the ResourceClaim from template "
                          f"{entry.get('resourceClaimTemplateName')} does not exist yet")
+    extended = ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    if extended:
+        names.append(str(extended))
     return names, notes
 
 
@@ -108,17 +123,12 @@ async def read_snapshot(kube: Kube, kind: str, namespace: str, name: str, driver
         if pod is None:
             raise ExplainInputError(f"pod {namespace}/{name} not found")
         claim_names, notes = _pod_claim_names(pod)
-        if not claim_names and not notes:
-            extended = extended_resources(pod)
-            if extended:
-                raise ExplainInputError(
-                    f"pod {namespace}/{name} has no resourceClaims; it asks for extended resources "
-                    f"({', '.join(extended)}), which a DeviceClass's extendedResourceName may map to DRA devices "
-                    "(KEP-5004): gpudra explain does not replay the claim the scheduler builds for those yet; "
-                    f"kubectl describe pod {namespace}/{name} shows the scheduler's message")
-            raise ExplainInputError(f"pod {namespace}/{name} has no resourceClaims: nothing to explain")
+        extended = extended_resources(pod)
+        if not claim_names and not notes and not extended:
+            raise ExplainInputError(f"pod {namespace}/{name} has no resourceClaims and asks for no extended "
+                                    "resources: nothing to explain")
     else:
-        claim_names = [name]
+        claim_names, extended = [name], []
     claims: list[Obj] = []
     for claim_name in claim_names:
         claim = await _required_get(kube, CLAIM, claim_name, namespace, f"ResourceClaim {namespace}/{claim_name}")
@@ -128,10 +138,16 @@ async def read_snapshot(kube: Kube, kind: str, namespace: str, name: str, driver
             notes.append(f"ResourceClaim {namespace}/{claim_name} not found")
             continue
         claims.append(claim)
-    if not claims:
+    if not claims and not extended:
         raise ExplainInputError(f"pod {namespace}/{name}: none of its ResourceClaims exists yet")
 
     classes: dict[str, Obj] = {}
+    if extended:
+        # Any class may map one of them, by its extendedResourceName or its implicit name.
+        try:
+            classes = {c["metadata"]["name"]: c async for c in kube.list(DEVICE_CLASS)}
+        except ApiException as error:
+            raise _denied(error, "DeviceClasses (which of them map the pod's extended resources)") from None
     for claim in claims:
         for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
             for body in request.get("firstAvailable") or [request.get("exactly") or {}]:
@@ -147,12 +163,15 @@ async def read_snapshot(kube: Kube, kind: str, namespace: str, name: str, driver
 
     nodes: list[Obj] | None
     try:
-        nodes = [n async for n in kube.list(NODE, metadata_only=True)]
+        # Whole Nodes for extended resources: their allocatable says where device plugins serve them.
+        nodes = [n async for n in kube.list(NODE, metadata_only=not extended)]
     except ApiException as error:
         if error.status not in (401, 403):
             raise _denied(error, "Nodes") from None
         nodes = None
-        notes.append("Nodes are not readable: the pod's node selection is not checked, nodes come from the slices")
+        notes.append("Nodes are not readable: the pod's node selection is not checked, nodes come from the slices"
+                     + ("; extended resources count as DRA's on every node (a device plugin may serve them on some)"
+                        if extended else ""))
     try:
         other_claims = [c async for c in kube.list(CLAIM)]
     except ApiException as error:
@@ -166,9 +185,11 @@ async def read_snapshot(kube: Kube, kind: str, namespace: str, name: str, driver
         namespace_obj = None
     minor = await server_minor(kube)
     taint_rules = await _taint_rules(kube, minor, notes)
+    extended_claims = [c for c in other_claims if (c.get("metadata") or {}).get("namespace") == namespace
+                       and ((c.get("metadata") or {}).get("annotations") or {}).get(EXTENDED_CLAIM_ANNOTATION) == "true"]
     return Snapshot(target=f"{kind} {namespace}/{name}", pod=pod, claims=claims, classes=classes, slices=slices,
                     nodes=nodes, other_claims=other_claims, namespace=namespace_obj, notes=notes,
-                    server_minor=minor, taint_rules=taint_rules)
+                    server_minor=minor, taint_rules=taint_rules, extended=extended, extended_claims=extended_claims)
 
 
 async def _taint_rules(kube: Kube, minor: int | None, notes: list[str]) -> list[Obj]:

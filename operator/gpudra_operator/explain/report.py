@@ -79,6 +79,14 @@ def as_text(verdict: Verdict) -> str:
                                "not shown (-o yaml lists it)")
         for constraint in claim.constraints:
             details.append(f"  {claim.name}: constraint {constraint}")
+    if verdict.extended is not None and verdict.extended.claim:
+        by_request: dict[str, list[str]] = {}
+        for mapping in verdict.extended.mappings:
+            by_request.setdefault(str(mapping.get("requestName")), []).append(
+                f"{mapping.get('containerName')} {mapping.get('resourceName')}")
+        details.append(f"  {verdict.extended.claim}: the scheduler's claim for the pod's extended resources: "
+                       + "; ".join(f"{request} serves {', '.join(sorted(users))}"
+                                   for request, users in sorted(by_request.items())))
     if len(rows) > 1:
         lines += ["  " + line for line in _table(rows)]
     lines += details

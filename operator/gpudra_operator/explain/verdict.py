@@ -103,6 +103,20 @@ class ClaimReport:
 
 
 @dataclass
+class ExtendedReport:
+    """The claim kube-scheduler builds for the pod's extended resources that DeviceClasses map to
+    DRA devices (KEP-5004), as explain replays it: it is allocated with the pod's claims."""
+
+    claim: str  # how the report names it: "<namespace>/<pod>-extended-resources"
+    resources: dict[str, int]  # resource -> amount the pod asks
+    classes: dict[str, str]  # resource -> the DeviceClass that maps it
+    requests: list[Obj]  # its DeviceRequests on the nodes most of the candidates share
+    mappings: list[Obj]  # which container's resource each request serves (ContainerExtendedResourceRequest)
+    device_plugin_nodes: list[str] = field(default_factory=list)  # device plugins serve them all there
+    unfit: dict[str, str] = field(default_factory=dict)  # node -> why the pod cannot go there at all
+
+
+@dataclass
 class Verdict:
     target: str  # "pod ns/name" or "claim ns/name"
     satisfiable: bool
@@ -113,6 +127,7 @@ class Verdict:
     notes: list[str] = field(default_factory=list)
     allocator: str = ""  # whose allocator answered: "Kubernetes 1.36.3"
     feature_gates: dict[str, bool] = field(default_factory=dict)  # set over the release's defaults
+    extended: ExtendedReport | None = None  # the claim the scheduler builds for extended resources
 
 
 # --- values a selector reads, for the report ---------------------------------------------------
