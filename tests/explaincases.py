@@ -30,17 +30,31 @@ that makes each feature come out both ways whatever the seed:
 * binding conditions (KEP-5007) on some devices, with ``bindsToNode`` sometimes: the test plays
   the controller that sets the conditions, so a pod the allocator places gets bound;
 * and in how pods use claims: a second claim in some pods (both allocated together), a claim from
-  a ResourceClaimTemplate, pods on every node that use a holder's claim already allocated.
+  a ResourceClaimTemplate, pods on every node that use a holder's claim already allocated;
+* extended resources backed by DRA (KEP-5004, 1.36+ only: 1.35's API server drops
+  ``extendedResourceName`` with DRAExtendedResource off): the case's class maps
+  ``<driver>/gpu`` (its ``extendedResourceName``) or the pod asks for its implicit name
+  ``deviceclass.resource.kubernetes.io/<class>``, and the pod's containers ask for it in
+  ``resources`` (requests = limits): one container, two, a non-sidecar init container asking more
+  or less than the regular ones (the scheduler reuses their requests and tops up), a sidecar
+  (``restartPolicy: Always``, long-lived), sometimes with other resources (cpu, memory) whose names
+  shift the request names; the pod has no claim of its own, or its claim too. The scheduler builds
+  the claim for them (``container-<i>-request-<j>``), allocates it with the pod's claims and
+  creates it when it binds the pod. The "extended" scenario makes that claim fit an 8-GPU node and
+  not a 1-GPU one; on the random cases it is an overlay drawn from a stream of its own (the other
+  draws stay as they were).
 
 Every case is a valid object on every supported release: where a feature's gate is off (1.35:
 consumable capacity, partitionable devices, taints, binding conditions), the API server drops its
 fields, and explain must agree with that release's scheduler on what is left. Per release
 (:data:`ON_BY_DEFAULT_FROM`): 1.35 runs the classic features, admin access and firstAvailable as
 such, the others as dropped fields (a counter slice stays as an empty slice of its pool); 1.36 all
-but DeviceTaintRules; 1.37 all. Not generated: extended-resource requests (explain does not
-replay the claim the scheduler would create for them), DeviceTaintRules before 1.37 (1.35 and 1.36
-serve them only in alpha/beta versions, with DRADeviceTaintRules off), list-type attributes
-(alpha), per-device node selection.
+but DeviceTaintRules; 1.37 all. Not generated: extended-resource requests on 1.35 (its API server
+drops the class's ``extendedResourceName``, and its scheduler leaves extended resources to device
+plugins), nodes whose ``allocatable`` lists the extended resource (a device plugin's, which
+NodeResourcesFit decides, not DRA), DeviceTaintRules before 1.37 (1.35 and 1.36 serve them only in
+alpha/beta versions, with DRADeviceTaintRules off), list-type attributes (alpha), per-device node
+selection.
 
 Pure: :func:`generate` returns plain API objects; the test applies them."""
 
@@ -88,7 +102,14 @@ ON_BY_DEFAULT_FROM = {"consumable": 36, "capacity-requests": 36, "distinctAttrib
                       "counters": 36,  # DRAPartitionableDevices
                       "taints": 36, "tolerations": 36,  # DRADeviceTaints
                       "binding": 36,  # DRADeviceBindingConditions (with DRAResourceClaimDeviceStatus)
-                      "taint-rules": 37}  # DRADeviceTaintRules, and DeviceTaintRule in resource.k8s.io/v1
+                      "taint-rules": 37,  # DRADeviceTaintRules, and DeviceTaintRule in resource.k8s.io/v1
+                      "extended": 36, "extendedResourceName": 36,  # DRAExtendedResource
+                      "extended init": 36, "extended sidecar": 36, "extended 2 containers": 36, "extended + claim": 36}
+# Extended resources (KEP-5004): the share of random cases (1.36+) whose pods ask for them too,
+# the seed offset of the stream those draws come from, and the implicit name of a class's resource.
+EXTENDED_SHARE = 0.15
+EXTENDED_STREAM = 5004
+IMPLICIT_EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"
 GiB = 2**30
 MiB = 2**20
 TIME_ADDED = "2026-01-01T00:00:00Z"
@@ -161,6 +182,15 @@ class Case:
     second_claim_spec: Obj | None = None  # a second claim the pod uses (allocated with the first)
     from_template: bool = False  # the pod's claim comes from a ResourceClaimTemplate of claim_spec
     reuse: bool = False  # more pods, one per node, that use the first holder's claim of the first node
+    # Extended resources backed by DRA: the resource the pod's containers ask for (device_class maps
+    # it), its init containers and containers (name, resources with requests = limits, restartPolicy
+    # for a sidecar; the test adds the image, and the claims to the first container), and whether
+    # the pod uses its claims too (claim_spec, second_claim_spec, the template). containers None:
+    # the pod's one container uses the claims alone.
+    extended_resource: str | None = None
+    init_containers: list[Obj] = field(default_factory=list)
+    containers: list[Obj] | None = None
+    claim_used: bool = True
 
     @property
     def classes(self) -> list[Obj]:
@@ -190,13 +220,18 @@ def generate(seed: int, count: int, run_id: str, *, minor: int | None = None) ->
     rng = random.Random(seed)
     inventories = {p: discover(FakeNvml(load_profile(p))) for p in PROFILES}
     scenarios = [name for name, since in SCENARIOS.items() if since <= minor]
+    # The extended-resource overlays draw from a stream of their own: the other draws stay as they were.
+    extended = random.Random(seed + EXTENDED_STREAM) if minor >= ON_BY_DEFAULT_FROM["extended"] else None
     cases = []
     for index in range(count):
         if index % SCENARIO_EVERY == SCENARIO_EVERY - 1:
             cases.append(_scenario_case(rng, index, scenarios[index // SCENARIO_EVERY % len(scenarios)], run_id,
                                         inventories))
         else:
-            cases.append(_feature_case(rng, index, KINDS[index % len(KINDS)], run_id, minor, inventories))
+            case = _feature_case(rng, index, KINDS[index % len(KINDS)], run_id, minor, inventories)
+            if extended is not None and extended.random() < EXTENDED_SHARE:
+                _add_extended(extended, case)
+            cases.append(case)
     return cases
 
 
@@ -256,6 +291,7 @@ SCENARIOS = {
     "two claims": 35,  # a GPU in each of two claims (one from a template): on an 8-GPU node, not a 1-GPU one
     "rule tolerated": 37,  # a DeviceTaintRule on all the driver's devices; the claim tolerates it
     "rule untolerated": 37,
+    "extended": 36,  # extended resources: the claim the scheduler builds fits an 8-GPU node, not a 1-GPU one
 }
 
 
@@ -281,7 +317,8 @@ def _scenario_case(rng: random.Random, index: int, scenario: str, run_id: str, i
     else:
         eight = rng.choice(("dgx-a100-40gb", "dgx-h100"))
         profiles = {"shares": ("h200", "l4x2"), "distinct": (eight, "h200"), "two claims": (eight, "h200"),
-                    "error": (rng.choice(("l4x2", "h200")),)}.get(scenario, (rng.choice(WHOLE_GPU_PROFILES),))
+                    "error": (rng.choice(("l4x2", "h200")),),
+                    "extended": (eight, "h200")}.get(scenario, (rng.choice(WHOLE_GPU_PROFILES),))
         nodes = {f"x{run_id}-{index}-{n}": p for n, p in enumerate(profiles)}
         sharing = ConsumableCapacity(GiB) if scenario in ("shares", "distinct") else None
         slices = [s for node, p in nodes.items()
@@ -307,6 +344,8 @@ def _scenario_case(rng: random.Random, index: int, scenario: str, run_id: str, i
             request["adminAccess"] = True
         elif scenario == "error":
             request["selectors"] = [{"cel": {"expression": f'{a}.numaNode == 0'}}]
+        elif scenario == "extended" and rng.random() < 0.4:  # at most 4 of the 8 GPUs: 3 are left for the pod
+            holder = {"count": rng.choice((1, 2, 4))}
         elif scenario in ("rule tolerated", "rule untolerated"):
             rules = [{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
                       "metadata": {"name": f"c{index}-0-{run_id}"},
@@ -334,10 +373,99 @@ def _scenario_case(rng: random.Random, index: int, scenario: str, run_id: str, i
     second = copy.deepcopy(spec) if scenario == "two claims" else None
     features = slice_features(slices) | claim_features(spec) | ({"taint-rules"} if rules else set())
     features |= {"two claims", "template"} if second else set()
-    return Case(index, driver, nodes, slices, device_class, spec, holders, kind="scenario",
-                description=f"scenario {scenario}: {template} on {list(nodes.values())}",
+    case = Case(index, driver, nodes, slices, device_class, spec, holders, kind="scenario",
+                description=f"scenario {scenario}: {template} on {list(nodes.values())}"
+                            + (f", {holder['count']} held on each" if scenario == "extended" and holder else ""),
                 features=frozenset(features), extra_classes=extra, taint_rules=rules,
                 second_claim_spec=second, from_template=second is not None)
+    if scenario == "extended":  # 2 GPUs in all (3 with the claim): an 8-GPU node has them, a 1-GPU one not
+        _add_extended(rng, case, amount=2, claim_share=0.3)
+    return case
+
+
+def _add_extended(rng: random.Random, case: Case, *, amount: int | None = None, claim_share: float = 0.5) -> None:
+    """The case's pods ask for ``amount`` devices of its class as an extended resource (a random 1
+    or 2 when None): by the class's extendedResourceName ``<driver>/gpu``, or its implicit name;
+    in one of the container layouts of :func:`_extended_containers`; with the case's claims too
+    (always where it has a second claim or a template), else with no claim at all."""
+    device_class = copy.deepcopy(case.device_class)
+    class_name = device_class["metadata"]["name"]
+    if rng.random() < 0.7:
+        resource = f"{case.driver}/gpu"
+        device_class["spec"]["extendedResourceName"] = resource
+    else:
+        resource = IMPLICIT_EXTENDED_PREFIX + class_name
+    amount = amount or rng.choice((1, 1, 2))
+    init, containers, labels = _extended_containers(rng, resource, amount)
+    claim_used = bool(case.second_claim_spec) or case.from_template or rng.random() < claim_share
+    case.device_class = device_class
+    case.extended_resource = resource
+    case.init_containers, case.containers, case.claim_used = init, containers, claim_used
+    features = set(case.features) | {"extended", *labels, *class_features(device_class)}
+    if claim_used:
+        features.add("extended + claim")
+    else:  # what the claim alone would have carried is not in the pod
+        features -= claim_features(case.claim_spec)
+    case.features = frozenset(features)
+    case.description += (f"; extended {resource} x{amount}: "
+                         + ", ".join(f"{'sidecar' if c.get('restartPolicy') else 'init'} {c['name']} "
+                                     f"{c['resources']['limits'].get(resource, 0)}" for c in init)
+                         + ("; " if init else "")
+                         + ", ".join(f"{c['name']} {c['resources']['limits'].get(resource, 0)}" for c in containers)
+                         + ("" if claim_used else ", no claim"))
+
+
+def _extended_containers(rng: random.Random, resource: str, amount: int) -> tuple[list[Obj], list[Obj], set[str]]:
+    """Init containers and containers whose requests of ``resource`` add up to ``amount`` devices
+    in the claim the scheduler builds: one container; two; a non-sidecar init container asking
+    fewer (it reuses the regular containers' requests) or all of them (the scheduler tops up
+    theirs), sometimes a second one; a sidecar that is long-lived like the regular containers,
+    sometimes after a non-sidecar init container that reuses the sidecar's request. Sometimes a
+    container asks for cpu or memory too (the request's name counts the resource's place among
+    the container's sorted resource names), or asks for nothing extended."""
+    def container(name: str, count: int, sidecar: bool = False) -> Obj:
+        limits: Obj = {resource: str(count)} if count else {}
+        requests: Obj = dict(limits)
+        if rng.random() < 0.3:
+            other = rng.choice(("cpu", "memory"))
+            requests[other] = "100m" if other == "cpu" else "64Mi"
+        body: Obj = {"name": name, "resources": {"requests": requests, "limits": limits}}
+        if sidecar:
+            body["restartPolicy"] = "Always"
+        return body
+
+    layouts = ["one", "init fewer"] + (["two", "init all", "sidecar"] if amount > 1 else [])
+    layout = rng.choice(layouts)
+    labels: set[str] = set()
+    init: list[Obj] = []
+    if layout == "one":
+        containers = [container("main", amount)]
+        if rng.random() < 0.3:
+            containers.append(container("idle", 0))
+    elif layout == "two":
+        first = rng.randint(1, amount - 1)
+        containers = [container("main", first), container("second", amount - first)]
+        labels.add("extended 2 containers")
+    elif layout == "init fewer":
+        init = [container("setup", rng.randint(1, amount))]
+        containers = [container("main", amount)]
+        labels.add("extended init")
+    elif layout == "init all":
+        regular = rng.randint(1, amount - 1)
+        init = [container("setup", amount)]
+        if rng.random() < 0.4:
+            init.append(container("warmup", rng.randint(1, amount)))
+        containers = [container("main", regular)]
+        labels.add("extended init")
+    else:
+        sidecar = rng.randint(1, amount - 1)
+        init = [container("proxy", sidecar, sidecar=True)]
+        if rng.random() < 0.4:  # before the sidecar: reuses its request and the regular container's
+            init.insert(0, container("setup", rng.randint(1, amount)))
+            labels.add("extended init")
+        containers = [container("main", amount - sidecar)]
+        labels.add("extended sidecar")
+    return init, containers, labels
 
 
 def _feature_case(rng: random.Random, index: int, kind: str, run_id: str, minor: int,
@@ -455,6 +583,11 @@ def _feature_case(rng: random.Random, index: int, kind: str, run_id: str, minor:
 def enabled_features(features: frozenset[str] | set[str], minor: int) -> set[str]:
     """Those of ``features`` whose fields Kubernetes 1.<minor> keeps with its default gates."""
     return {f for f in features if ON_BY_DEFAULT_FROM.get(f, 0) <= minor}
+
+
+def class_features(device_class: Obj) -> set[str]:
+    """The features a DeviceClass uses, by name: extendedResourceName."""
+    return {"extendedResourceName"} if (device_class.get("spec") or {}).get("extendedResourceName") else set()
 
 
 def slice_features(slices: list[Obj]) -> set[str]:
