@@ -32,11 +32,13 @@ help:
 	@echo "make base-image build the stand-in Python base the images use where the official one cannot be pulled"
 
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml
+# The product (editable, with its test extras) and the development package (hack/python/gpudra_dev:
+# the local cluster, the demo, the kubelet stand-in), which no wheel or image carries.
+$(VENV)/.installed: pyproject.toml hack/python/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -c 'import sys; assert sys.version_info >= (3, 11), "gpudra needs Python >= 3.11"'
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test]' -e hack/python
 	@touch $@
 
 # gpudra-allocator (operator/gpudra-allocator: Kubernetes' own DRA allocator and CEL, one binary per
@@ -124,10 +126,10 @@ typecheck: venv
 
 demo: venv allocator mock-nvml
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
-	  GPUDRA_KUBE_BIN="$$bin_dir" $(BIN)/gpudra demo
+	  GPUDRA_KUBE_BIN="$$bin_dir" $(BIN)/gpudra-dev demo
 
 demo-down:
-	@$(BIN)/gpudra demo --down
+	@$(BIN)/gpudra-dev demo --down
 
 bench: venv allocator
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && GPUDRA_KUBE_BIN="$$bin_dir" $(BIN)/python -m bench

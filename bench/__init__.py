@@ -57,10 +57,10 @@ class Context:
         return path
 
     async def control_plane(self) -> Any:
-        """A started ``gpudra_operator.localcluster.controlplane.ControlPlane``."""
+        """A started ``gpudra_dev.localcluster.controlplane.ControlPlane``."""
         async with self._lock:
             if self._plane is None:
-                from gpudra_operator.localcluster.controlplane import ControlPlane, find_binaries
+                from gpudra_dev.localcluster.controlplane import ControlPlane, find_binaries
 
                 plane = ControlPlane(find_binaries(), self.root / "cluster")
                 await asyncio.to_thread(plane.start)
@@ -68,8 +68,8 @@ class Context:
             return self._plane
 
     async def kube(self, field_manager: str = "gpudra-bench") -> Any:
-        """A ``gpudra_driver.kubeapi.Kube`` on the shared control plane."""
-        from gpudra_driver.kubeapi import Kube, connect
+        """A ``gpudra_core.kubeapi.Kube`` on the shared control plane."""
+        from gpudra_core.kubeapi import Kube, connect
 
         plane = await self.control_plane()
         if self._api is None:

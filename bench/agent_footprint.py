@@ -28,13 +28,13 @@ from typing import Any
 
 from bench import Context, Result, at_most, median
 from bench.prepare_latency import make_claims
-from gpudra_driver.kubeapi import Kube, resource_type
-from gpudra_driver.plugin.kubelet_client import DraClient, probe_health, register
+from gpudra_core.kubeapi import Kube, resource_type
+from gpudra_dev.kubelet_client import DraClient, probe_health, register
 from gpudra_driver.plugin.plugin import socket_paths
-from gpudra_operator.localcluster.agents import AgentProcess, kubeconfig_ca_file, start_agent
-from gpudra_operator.localcluster.controlplane import free_port
-from gpudra_operator.localcluster.objects import create_fake_node, create_scratch_namespace, delete_node
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.agents import AgentProcess, kubeconfig_ca_file, start_agent
+from gpudra_dev.localcluster.controlplane import free_port
+from gpudra_dev.localcluster.objects import create_fake_node, create_scratch_namespace, delete_node
+from gpudra_dev.localcluster.waiting import wait_for
 from gpudra_operator.render import AGENT_PROCESS_ENV
 
 NAMESPACE = resource_type("v1", "Namespace")

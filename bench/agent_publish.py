@@ -28,10 +28,10 @@ from typing import Any
 import yaml
 
 from bench import Context, Result, at_most, median
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
-from gpudra_operator.localcluster.agents import AgentProcess, start_agent
-from gpudra_operator.localcluster.controlplane import free_port
-from gpudra_operator.localcluster.objects import create_fake_node, delete_node
+from gpudra_core.kubeapi import Kube, Obj, resource_type
+from gpudra_dev.localcluster.agents import AgentProcess, start_agent
+from gpudra_dev.localcluster.controlplane import free_port
+from gpudra_dev.localcluster.objects import create_fake_node, delete_node
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 PROFILES = Path(__file__).resolve().parents[1] / "driver" / "gpudra_driver" / "profiles"

@@ -11,7 +11,7 @@ import signal
 import grpc
 
 from gpudra_driver import eventloop
-from gpudra_driver.kubeapi import Kube, connect, resource_type
+from gpudra_core.kubeapi import Kube, connect, resource_type
 from gpudra_driver.plugin.gen import dra_v1_pb2, dra_v1_pb2_grpc
 from gpudra_driver.plugin.sockets import SocketAddress
 

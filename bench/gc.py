@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from bench import Context, Result, at_most
-from gpudra_driver.kubeapi import Kube, Obj, connect, resource_type
+from gpudra_core.kubeapi import Kube, Obj, connect, resource_type
 from gpudra_operator.events import EventRecorder
-from gpudra_operator.localcluster.audit import AuditLog
-from gpudra_operator.localcluster.controlplane import ControlPlane, find_binaries
-from gpudra_operator.localcluster.fleet import CREATE_CONCURRENCY, add_gpu_nodes, bounded, node_names
-from gpudra_operator.localcluster.objects import FAKE_NODE_LABEL, fake_slice, install_crd
-from gpudra_operator.localcluster.operatorproc import start_operator
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.audit import AuditLog
+from gpudra_dev.localcluster.controlplane import ControlPlane, find_binaries
+from gpudra_dev.localcluster.fleet import CREATE_CONCURRENCY, add_gpu_nodes, bounded, node_names
+from gpudra_dev.localcluster.objects import FAKE_NODE_LABEL, fake_slice, install_crd
+from gpudra_dev.localcluster.operatorproc import start_operator
+from gpudra_dev.localcluster.waiting import wait_for
 from gpudra_operator.slicegc import SliceCollector
 
 NODES = int(os.environ.get("BENCH_GC_NODES", "2000"))

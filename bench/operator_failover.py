@@ -25,13 +25,13 @@ import time
 from typing import Any
 
 from bench import Context, Result, at_most
-from gpudra_driver.kubeapi import Kube, Obj, connect, resource_type
+from gpudra_core.kubeapi import Kube, Obj, connect, resource_type
 from gpudra_operator.leaderelection import LEASE, LEASE_NAME, LOST_LEASE_EXIT, Timing
-from gpudra_operator.localcluster.controlplane import HOST, ControlPlane, find_binaries
-from gpudra_operator.localcluster.objects import install_crd
-from gpudra_operator.localcluster.replicas import Replica, Replicas
-from gpudra_operator.localcluster.tcpproxy import TcpProxy
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.controlplane import HOST, ControlPlane, find_binaries
+from gpudra_dev.localcluster.objects import install_crd
+from gpudra_dev.localcluster.replicas import Replica, Replicas
+from gpudra_dev.localcluster.tcpproxy import TcpProxy
+from gpudra_dev.localcluster.waiting import wait_for
 
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")

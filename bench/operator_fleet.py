@@ -39,14 +39,14 @@ from typing import Any
 import yaml
 
 from bench import Context, Result, at_most
-from gpudra_driver.kubeapi import Kube, Obj, connect, resource_type
+from gpudra_core.kubeapi import Kube, Obj, connect, resource_type
 from gpudra_operator.crd import default_object
-from gpudra_operator.localcluster.audit import AuditLog
-from gpudra_operator.localcluster.controlplane import CONTROLLERS, ControlPlane, find_binaries
-from gpudra_operator.localcluster.fleet import add_gpu_nodes, node_names
-from gpudra_operator.localcluster.objects import install_crd
-from gpudra_operator.localcluster.replicas import Replica, Replicas
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.audit import AuditLog
+from gpudra_dev.localcluster.controlplane import CONTROLLERS, ControlPlane, find_binaries
+from gpudra_dev.localcluster.fleet import add_gpu_nodes, node_names
+from gpudra_dev.localcluster.objects import install_crd
+from gpudra_dev.localcluster.replicas import Replica, Replicas
+from gpudra_dev.localcluster.waiting import wait_for
 from gpudra_operator.render import render
 
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")

@@ -24,13 +24,13 @@ from typing import Any
 import yaml
 
 from bench import Context, Result, at_most
-from gpudra_driver.kubeapi import Kube, Obj, connect, resource_type
+from gpudra_core.kubeapi import Kube, Obj, connect, resource_type
 from gpudra_operator.crd import default_object
 from gpudra_operator.events import EventRecorder
-from gpudra_operator.localcluster.controlplane import ControlPlane, find_binaries
-from gpudra_operator.localcluster.objects import install_crd
-from gpudra_operator.localcluster.operatorproc import start_operator
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.controlplane import ControlPlane, find_binaries
+from gpudra_dev.localcluster.objects import install_crd
+from gpudra_dev.localcluster.operatorproc import start_operator
+from gpudra_dev.localcluster.waiting import wait_for
 from gpudra_operator.reconcile import Reconciler
 from gpudra_operator.render import render
 

@@ -35,15 +35,15 @@ from pathlib import Path
 import yaml
 
 from gpudra_driver import eventloop
-from gpudra_driver.kubeapi import Kube, connect, resource_type
-from gpudra_driver.plugin.kubelet_client import DraClient, register
+from gpudra_core.kubeapi import Kube, connect, resource_type
+from gpudra_dev.kubelet_client import DraClient, register
 from gpudra_driver.plugin.plugin import socket_paths
-from gpudra_operator.localcluster.agents import start_agent
-from gpudra_operator.localcluster.controlplane import ControlPlane, find_binaries
-from gpudra_operator.localcluster.objects import create_fake_node, create_scratch_namespace
-from gpudra_operator.localcluster.processes import dying_with_parent
-from gpudra_operator.localcluster.scratch import ScratchDir, in_memory_or
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.agents import start_agent
+from gpudra_dev.localcluster.controlplane import ControlPlane, find_binaries
+from gpudra_dev.localcluster.objects import create_fake_node, create_scratch_namespace
+from gpudra_dev.localcluster.processes import dying_with_parent
+from gpudra_dev.localcluster.scratch import ScratchDir, in_memory_or
+from gpudra_dev.localcluster.waiting import wait_for
 
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
 NODE = resource_type("v1", "Node")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_core.kubeapi import Kube, Obj, resource_type
+from gpudra_dev.localcluster.waiting import wait_for
 
 POLICY = resource_type("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy")
 

@@ -16,10 +16,10 @@ import pytest
 import pytest_asyncio
 from cdispec import load_and_validate
 
-from gpudra_driver.kubeapi import Kube, Obj, connect
+from gpudra_core.kubeapi import Kube, Obj, connect
 from gpudra_driver.plugin.cdi import CdiDir
-from gpudra_operator.localcluster.controlplane import ControlPlane, find_binaries
-from gpudra_operator.localcluster.objects import (create_fake_node, create_scratch_namespace,
+from gpudra_dev.localcluster.controlplane import ControlPlane, find_binaries
+from gpudra_dev.localcluster.objects import (create_fake_node, create_scratch_namespace,
                                                   delete_namespace, delete_node)
 
 REPO = Path(__file__).resolve().parent.parent

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpudra_driver.kubeapi import Kube, Obj
+from gpudra_core.kubeapi import Kube, Obj
 
 
 class CountingKube(Kube):

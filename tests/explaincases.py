@@ -10,7 +10,7 @@ any kind, and every fourth case a directed scenario (:data:`SCENARIOS`, random i
 that makes each feature come out both ways whatever the seed:
 
 * consumable capacity (KEP-5075): whole GPUs shared as the agent publishes them
-  (:func:`gpudra_driver.consumable.share_devices`: ``allowMultipleAllocations`` and a memory
+  (:func:`gpudra_core.consumable.share_devices`: ``allowMultipleAllocations`` and a memory
   ``requestPolicy`` in its validRange form, optionally a ``shares`` capacity), or with the memory
   policy rewritten to ``validValues``, to a default alone, or to none; claims and holder claims
   that ask for ``capacity.requests`` (memory, shares), holders that take shares beforehand;
@@ -65,11 +65,11 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpudra_driver.consumable import ConsumableCapacity, share_devices
-from gpudra_driver.devicemodel import DeviceTaint
+from gpudra_core.consumable import ConsumableCapacity, share_devices
+from gpudra_core.devicemodel import DeviceTaint
 from gpudra_driver.discovery import discover
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
-from gpudra_driver.quantity import format_quantity, parse_quantity
+from gpudra_core.quantity import format_quantity, parse_quantity
 from gpudra_driver.slices import build_slices, slice_name, taint_to_api
 from gpudra_operator.deviceclasses import render_device_class
 

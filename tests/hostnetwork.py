@@ -27,9 +27,9 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from gpudra_driver.kubeapi import Obj
-from gpudra_operator.localcluster.controlplane import free_port
-from gpudra_operator.localcluster.pki import CertPair
+from gpudra_core.kubeapi import Obj
+from gpudra_dev.localcluster.controlplane import free_port
+from gpudra_dev.localcluster.pki import CertPair
 
 SERVICE_ENV = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
 PROBES = ("livenessProbe", "readinessProbe", "startupProbe")

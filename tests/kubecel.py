@@ -1,7 +1,7 @@
 """Kubernetes' own DRA CEL for tests that check gpudra's Python against it: gpudra-allocator's
 ``match`` op (operator/gpudra-allocator, k8s.io/dynamic-resource-allocation/cel as kube-scheduler
 runs it) of a release. Used where gpudra itself still parses what CEL parses (quantities:
-gpudra_driver.quantity against ``isQuantity``/``quantity``). Without the binary a test fails with
+gpudra_core.quantity against ``isQuantity``/``quantity``). Without the binary a test fails with
 the command that builds it (gpudra_operator.allocatorhelper's message); it never skips."""
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import yaml
 
-from gpudra_operator.localcluster.controlplane import free_port
-from gpudra_operator.localcluster.pki import LocalPKI
-from gpudra_operator.localcluster.processes import dying_with_parent, stop_process
+from gpudra_dev.localcluster.controlplane import free_port
+from gpudra_dev.localcluster.pki import LocalPKI
+from gpudra_dev.localcluster.processes import dying_with_parent, stop_process
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = ("make registry (builds CNCF Distribution's registry from the Go module proxy into "

@@ -33,10 +33,10 @@ from pathlib import Path
 
 import yaml
 
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
-from gpudra_operator.localcluster.controlplane import free_port
-from gpudra_operator.localcluster.processes import dying_with_parent, stop_process
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_core.kubeapi import Kube, Obj, resource_type
+from gpudra_dev.localcluster.controlplane import free_port
+from gpudra_dev.localcluster.processes import dying_with_parent, stop_process
+from gpudra_dev.localcluster.waiting import wait_for
 
 NODE = resource_type("v1", "Node")
 FIX_HINT = "make kube-bin (builds the kubelet with the control plane; then set GPUDRA_KUBE_BIN as make test does)"

@@ -49,7 +49,7 @@ from pathlib import Path
 import ociimage
 from realkubelet import RealKubelet, isolation_problem
 
-from gpudra_operator.localcluster.processes import dying_with_parent, stop_process
+from gpudra_dev.localcluster.processes import dying_with_parent, stop_process
 
 CONTAINERD_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "crictl")
 CONTAINERD_FIX = ("make containerd (builds containerd, its runc shim, ctr and crictl from the Go module proxy "

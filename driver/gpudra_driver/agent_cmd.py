@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from gpudra_driver import eventloop
 
 if TYPE_CHECKING:
-    from gpudra_driver.consumable import ConsumableCapacity
+    from gpudra_core.consumable import ConsumableCapacity
     from gpudra_driver.health.feed import HealthFeed
     from gpudra_driver.health.monitor import HealthMonitor
 
@@ -28,7 +28,7 @@ log = logging.getLogger("gpudra.agent")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from gpudra_driver import consumable
+    from gpudra_core import consumable
 
     parser = subparsers.add_parser("agent", help="run the node agent (discovery, ResourceSlice publishing)")
     parser.add_argument("--driver", default=os.environ.get("GPUDRA_DRIVER", "gpu.gpudra.io"),
@@ -120,7 +120,7 @@ def _pod_uid(value: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpudra_driver import consumable
+    from gpudra_core import consumable
     from gpudra_driver.logsetup import configure_logging
 
     configure_logging(args.log_format)
@@ -208,7 +208,7 @@ def _health_feed(args: argparse.Namespace) -> HealthFeed | None:
 async def _sharing(args: argparse.Namespace, kube: object, events: object) -> ConsumableCapacity | None:
     """The sharing policy the flags ask for, if the API server keeps what it publishes (one dry
     run, retried until the server answers); else None, said once in the log and a Node event."""
-    from gpudra_driver.consumable import api_server_keeps_sharing
+    from gpudra_core.consumable import api_server_keeps_sharing
     from gpudra_driver.publisher import retrying
 
     sharing: ConsumableCapacity | None = args.sharing
@@ -257,7 +257,7 @@ async def _report_ready(path: Path, plugin: object, published: asyncio.Event) ->
 
 
 async def _main(args: argparse.Namespace) -> int:
-    from gpudra_driver.kubeapi import Kube, connect
+    from gpudra_core.kubeapi import Kube, connect
     from gpudra_driver.nodeevents import NodeEvents
     from gpudra_driver.plugin.mpsdaemons import report_restarts
     from gpudra_driver.plugin.sweep import LeakSweeper

@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from gpudra_driver.kubeapi import Kube, error_message, resource_type
+from gpudra_core.kubeapi import Kube, error_message, resource_type
 
 log = logging.getLogger("gpudra.agent")
 

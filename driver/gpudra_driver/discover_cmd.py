@@ -43,16 +43,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--health", action=argparse.BooleanOptionalAction, default=True,
                         help="probe each GPU once (lost, recovery action pending, NVML events supported) and show "
                              "the taints the agent would publish (docs/health.md) (default: on)")
-    from gpudra_driver import consumable
+    from gpudra_core import consumable
 
     consumable.add_arguments(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpudra_driver import limits
-    from gpudra_driver.consumable import from_args, share_devices
-    from gpudra_driver.quantity import format_quantity
+    from gpudra_core import limits
+    from gpudra_core.consumable import from_args, share_devices
+    from gpudra_core.quantity import format_quantity
     from gpudra_driver.discovery import numa_node_from_sysfs, nvidia_gpus_on_pci, scan
     from gpudra_driver.driverroot import DriverRoot, DriverRootError
     from gpudra_driver.nvml import NvmlUnavailable, load_nvml, resolve_spec

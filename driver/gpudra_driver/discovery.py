@@ -8,7 +8,7 @@ message that says what to check. A GPU (or one MIG device) that fails mid-scan i
 reported in ``warnings``; the others are still returned, because one bad GPU must not take the
 node's healthy ones off the market.
 
-MIG: see :mod:`gpudra_driver.devicemodel`; a GPU whose current MIG mode is enabled is published only
+MIG: see :mod:`gpudra_core.devicemodel`; a GPU whose current MIG mode is enabled is published only
 through its MIG devices.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpudra_driver.devicemodel import (
+from gpudra_core.devicemodel import (
     STANDARD_DOMAIN,
     AttrValue,
     Device,

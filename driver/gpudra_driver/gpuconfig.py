@@ -40,8 +40,8 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
-from gpudra_driver import limits
-from gpudra_driver.quantity import int64_value, parse_quantity
+from gpudra_core import limits
+from gpudra_core.quantity import int64_value, parse_quantity
 
 API_VERSION = "gpudra.io/v1alpha1"
 KIND = "GpuConfig"

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 
 from prometheus_client import Counter, Gauge, Histogram, Info
 
-from gpudra_driver import metrics_http
+from gpudra_core import metrics_http
 
 log = logging.getLogger("gpudra.agent")
 
@@ -124,5 +124,5 @@ def publish_failed() -> None:
 
 def serve(port: int, addr: str | None = None) -> None:
     """Serve ``/metrics`` on ``port`` in a background thread (0: do nothing); see
-    :func:`gpudra_driver.metrics_http.serve`."""
+    :func:`gpudra_core.metrics_http.serve`."""
     metrics_http.serve(port, addr, log)

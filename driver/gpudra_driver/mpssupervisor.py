@@ -105,7 +105,7 @@ from gpudra_driver.plugin.mps import (DEFAULT_MAX_SHM_SIZE, DEFAULT_SHM_SIZE, KI
                                       SUPERVISOR_SOCKET, DaemonSpec)
 from gpudra_driver.plugin.sockets import SocketAddress
 from gpudra_driver.processrecords import ProcessRecord, exited, kill_group, observe, open_recorded, wait_exited
-from gpudra_driver.quantity import format_quantity, parse_quantity
+from gpudra_core.quantity import format_quantity, parse_quantity
 
 log = logging.getLogger(__name__)
 

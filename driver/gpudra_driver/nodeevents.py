@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from gpudra_driver.kubeapi import Kube, core_event, error_message
+from gpudra_core.kubeapi import Kube, core_event, error_message
 
 log = logging.getLogger("gpudra.agent")
 

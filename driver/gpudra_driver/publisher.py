@@ -21,9 +21,9 @@ from functools import partial
 from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 
 from gpudra_driver import metrics
-from gpudra_driver.devicemodel import Device
+from gpudra_core.devicemodel import Device
 from gpudra_driver.health.apisupport import taints_dropped
-from gpudra_driver.kubeapi import Kube, Obj, error_message, is_status, resource_type
+from gpudra_core.kubeapi import Kube, Obj, error_message, is_status, resource_type
 from gpudra_driver.publishing import plan_publish
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")

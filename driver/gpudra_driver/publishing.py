@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpudra_driver.devicemodel import Device
-from gpudra_driver.diff import contains
+from gpudra_core.devicemodel import Device
+from gpudra_core.diff import contains
 from gpudra_driver.slices import build_slices
 
 Obj = dict[str, Any]

@@ -10,7 +10,7 @@ Failure behaviour (documented in docs/agent.md):
 * Per-GPU problems (one GPU erroring mid-scan, a MIG mode change pending): a WARNING when the
   problem appears, not again on every rescan while it persists.
 
-With a sharing policy (:mod:`gpudra_driver.consumable`) the discovered GPUs are handed on as
+With a sharing policy (:mod:`gpudra_core.consumable`) the discovered GPUs are handed on as
 published for sharing, to the publisher and the kubelet plugin alike.
 """
 
@@ -21,8 +21,8 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
-from gpudra_driver.consumable import ConsumableCapacity, share_devices
-from gpudra_driver.devicemodel import Device
+from gpudra_core.consumable import ConsumableCapacity, share_devices
+from gpudra_core.devicemodel import Device
 from gpudra_driver.discovery import Discovery, NvmlUnavailable, nvidia_gpus_on_pci, scan
 from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.nvml import load_nvml, resolve_spec

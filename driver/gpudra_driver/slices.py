@@ -5,7 +5,7 @@ do. Devices are sorted by name (naturally: gpu-2 before gpu-10) and cut into sli
 (64 while any device of the pool carries a taint: the API's limit for a slice with taints),
 so the same devices always land in the same slice with the same name; a publisher can compare
 desired and observed objects and write nothing when nothing changed. Every limit in
-:mod:`gpudra_driver.limits` is checked before anything is returned.
+:mod:`gpudra_core.limits` is checked before anything is returned.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from gpudra_driver import limits
-from gpudra_driver.consumable import policy_to_api
-from gpudra_driver.devicemodel import CAPACITIES, AttrValue, Device, DeviceTaint
-from gpudra_driver.quantity import format_quantity
+from gpudra_core import limits
+from gpudra_core.consumable import policy_to_api
+from gpudra_core.devicemodel import CAPACITIES, AttrValue, Device, DeviceTaint
+from gpudra_core.quantity import format_quantity
 
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceSlice"

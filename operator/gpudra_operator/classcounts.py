@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.allocatorhelper import AllocatorHelper, Compiled, Outcome
 from gpudra_operator.deviceclasses.celrefs import device_projection, selector_references
 from gpudra_operator.listwatch import ListThenWatch

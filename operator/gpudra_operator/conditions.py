@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gpudra_driver.kubeapi import rfc3339
+from gpudra_core.kubeapi import rfc3339
 
 READY = "Ready"
 AGENTS_READY = "AgentsReady"

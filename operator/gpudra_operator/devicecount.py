@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Set
 from typing import Any
 
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.classcounts import (ClassCount, ClassSelectors, Matcher, SliceMatches, count, known_matches,
                                          match_slices, unmatched_slice)
 from gpudra_operator.listwatch import ListThenWatch

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpudra_driver.kubeapi import EVENT_NAMESPACE, Kube, core_event
+from gpudra_core.kubeapi import EVENT_NAMESPACE, Kube, core_event
 
 from .conditions import CLASS_MATCHES_NO_DEVICE, DEGRADED, READY, find_condition
 

@@ -69,7 +69,7 @@ def _split(ref: str, default_namespace: str) -> tuple[str, str]:
 
 
 async def _explain(args: argparse.Namespace, namespace: str, name: str) -> str:
-    from gpudra_driver.kubeapi import Kube, connect
+    from gpudra_core.kubeapi import Kube, connect
     from gpudra_operator.explain import explain_live
     from gpudra_operator.explain.report import as_json, as_text, as_yaml
 
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     import yaml
     from kubernetes_asyncio.config import ConfigException
 
-    from gpudra_driver.kubeapi import NETWORK_ERRORS, error_message
+    from gpudra_core.kubeapi import NETWORK_ERRORS, error_message
     from gpudra_operator.allocatorhelper import AllocatorError, AllocatorUnavailable
     from gpudra_operator.explain import ExplainInputError
 

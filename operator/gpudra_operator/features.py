@@ -25,8 +25,8 @@ from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpudra_driver.consumable import FEATURE_GATE
-from gpudra_driver.kubeapi import Kube, error_message, is_status
+from gpudra_core.consumable import FEATURE_GATE
+from gpudra_core.kubeapi import Kube, error_message, is_status
 
 log = logging.getLogger("gpudra.operator")
 

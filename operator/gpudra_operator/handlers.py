@@ -14,7 +14,7 @@ from typing import Any
 import kopf
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpudra_driver.kubeapi import NETWORK_ERRORS, Deadlines, Kube, connect, error_message, resource_type
+from gpudra_core.kubeapi import NETWORK_ERRORS, Deadlines, Kube, connect, error_message, resource_type
 
 from . import metrics
 from .events import EventRecorder
@@ -44,7 +44,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="gpudra.io", key="last-handled-configuration")
     settings.posting.enabled = False  # Events go where `kubectl describe gdc` sees them: events.py
-    # kopf's own client under the same deadlines as ours (gpudra_driver.kubeapi.Deadlines): each
+    # kopf's own client under the same deadlines as ours (gpudra_core.kubeapi.Deadlines): each
     # request bounded, each watch ended by the server and, silent past that, by kopf.
     deadlines = Deadlines.from_environment()
     settings.networking.request_timeout = deadlines.request

@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpudra_driver.kubeapi import (API_ERRORS, Kube, Obj, drop_idle_connections, error_message, is_status,
+from gpudra_core.kubeapi import (API_ERRORS, Kube, Obj, drop_idle_connections, error_message, is_status,
                                    resource_type, rfc3339)
 
 from . import metrics

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 
-from gpudra_driver.kubeapi import Kube, Obj, ResourceType
+from gpudra_core.kubeapi import Kube, Obj, ResourceType
 
 log = logging.getLogger("gpudra.operator")
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, Info
 
-from gpudra_driver import metrics_http
+from gpudra_core import metrics_http
 
 log = logging.getLogger("gpudra.operator")
 
@@ -158,5 +158,5 @@ def forget_config(config_name: str) -> None:
 
 def serve(port: int, addr: str | None = None) -> None:
     """Serve ``/metrics`` on ``port`` in a background thread (0: do nothing); see
-    :func:`gpudra_driver.metrics_http.serve`."""
+    :func:`gpudra_core.metrics_http.serve`."""
     metrics_http.serve(port, addr, log)

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace, timing: Timing) -> int:
     import kopf
 
-    from gpudra_driver.kubeapi import Kube, connect
+    from gpudra_core.kubeapi import Kube, connect
 
     from .handlers import FIELD_MANAGER
     from .health import serve_health

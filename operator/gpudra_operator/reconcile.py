@@ -19,9 +19,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpudra_driver.devicepluginguard import CONFLICT as DEVICE_PLUGIN_CONFLICT
 from gpudra_driver.devicepluginguard import RESOLVED as DEVICE_PLUGIN_RESOLVED
-from gpudra_driver.diff import contains, dropped_fields
+from gpudra_core.diff import contains, dropped_fields
 from gpudra_driver.nodeevents import event_source
-from gpudra_driver.kubeapi import NETWORK_ERRORS, Kube, Obj, error_message, is_status, resource_type
+from gpudra_core.kubeapi import NETWORK_ERRORS, Kube, Obj, error_message, is_status, resource_type
 
 from .conditions import (ApplyError, Unsupported, agents_status, apply_conditions, class_matches_no_device,
                          summarize)

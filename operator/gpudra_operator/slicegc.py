@@ -23,7 +23,7 @@ from typing import Any
 from aiolimiter import AsyncLimiter
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpudra_driver.kubeapi import API_ERRORS, NETWORK_ERRORS, Kube, error_message, is_status, resource_type, rfc3339
+from gpudra_core.kubeapi import API_ERRORS, NETWORK_ERRORS, Kube, error_message, is_status, resource_type, rfc3339
 
 from .events import EventRecorder
 from .render import agent_selector

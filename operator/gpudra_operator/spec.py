@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from gpudra_driver.consumable import MAX_SHARES, parse_memory_step
+from gpudra_core.consumable import MAX_SHARES, parse_memory_step
 
 DEFAULT_DRIVER_NAME = "gpu.gpudra.io"
 DEFAULT_NAMESPACE = "gpudra-system"

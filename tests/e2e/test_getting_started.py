@@ -66,12 +66,12 @@ from ociimage import Entry, busybox_entries, write_image
 from realkubelet import kubelet_binary
 from realruntime import RealRuntimeNode, read_cri_log, runtime_problem
 
-from gpudra_driver.kubeapi import Kube, Obj, ResourceType, resource_type
-from gpudra_operator.localcluster.controlplane import ControlPlane
-from gpudra_operator.localcluster.driverroot import make_driver_root
-from gpudra_operator.localcluster.objects import delete_node
-from gpudra_operator.localcluster.pki import LocalPKI
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_core.kubeapi import Kube, Obj, ResourceType, resource_type
+from gpudra_dev.localcluster.controlplane import ControlPlane
+from gpudra_dev.localcluster.fakedriverroot import make_driver_root
+from gpudra_dev.localcluster.objects import delete_node
+from gpudra_dev.localcluster.pki import LocalPKI
+from gpudra_dev.localcluster.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"

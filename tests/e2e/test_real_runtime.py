@@ -48,12 +48,12 @@ from realkubelet import kubelet_binary
 from realruntime import CGROUP_ROOT, TEST_IMAGE, RealRuntimeNode, read_cri_log, runtime_problem
 from scrape import sample_value, scrape
 
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
-from gpudra_operator.localcluster.agents import AgentProcess, start_agent
-from gpudra_operator.localcluster.controlplane import ControlPlane, free_port
-from gpudra_operator.localcluster.driverroot import make_driver_root, make_pci_sysfs
-from gpudra_operator.localcluster.objects import delete_node
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_core.kubeapi import Kube, Obj, resource_type
+from gpudra_dev.localcluster.agents import AgentProcess, start_agent
+from gpudra_dev.localcluster.controlplane import ControlPlane, free_port
+from gpudra_dev.localcluster.fakedriverroot import make_driver_root, make_pci_sysfs
+from gpudra_dev.localcluster.objects import delete_node
+from gpudra_dev.localcluster.waiting import wait_for
 from gpudra_operator.render import render
 
 try:  # tests/seedobjects.py, or tests/integration/ (on sys.path only when integration tests are collected)
@@ -561,7 +561,7 @@ async def test_an_mps_claims_daemon_outlives_a_rolling_update_of_the_agent_pods(
     as pods. A pod's MPS claim gets its daemon in the supervisor's pod and, through CDI, its pipe
     directory and /dev/shm; the agent's DaemonSet is rolled; the daemon and the pod stay; the pod's
     end stops the daemon and puts the GPU back to DEFAULT."""
-    from gpudra_operator.localcluster import mockstate
+    from gpudra_dev.localcluster import mockstate
 
     node = runtime_node
     image = agent_image()

@@ -16,12 +16,12 @@ import yaml
 from cdispec import validate_claim_spec
 from nodestate import checkpoint_states
 
-from gpudra_driver.kubeapi import Obj, resource_type
-from gpudra_driver.plugin.kubelet_client import DraClient, register
-from gpudra_operator.localcluster.controlplane import find_binaries
-from gpudra_operator.localcluster.gpucluster import DEMO_NODES, LocalGpuCluster
-from gpudra_operator.localcluster.seed import published_device, run_seed
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_core.kubeapi import Obj, resource_type
+from gpudra_dev.kubelet_client import DraClient, register
+from gpudra_dev.localcluster.controlplane import find_binaries
+from gpudra_dev.localcluster.gpucluster import DEMO_NODES, LocalGpuCluster
+from gpudra_dev.localcluster.seed import published_device, run_seed
+from gpudra_dev.localcluster.waiting import wait_for
 
 SAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "samples"
 POD = resource_type("v1", "Pod")
@@ -120,7 +120,7 @@ async def test_too_big_a_request_stays_pending_and_the_troubleshooting_shows_why
     assert not pod["spec"].get("nodeName")
     # The README's troubleshooting steps, in order: `gpudra explain` first, which says why at once.
     explained = subprocess.run(
-        [sys.executable, "-m", "gpudra_operator.cli", "explain", "pod", f"default/{name}",
+        [sys.executable, "-m", "gpudra.cli", "explain", "pod", f"default/{name}",
          "--kubeconfig", str(gpu_cluster.plane.kubeconfig)], capture_output=True, text=True, timeout=60, check=False)
     assert explained.returncode == 0, explained.stderr
     conclusion = explained.stdout.splitlines()[-1]

@@ -23,11 +23,11 @@ from hypothesis import assume, example, given
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuconfig_cases import policy_error
-from gpudra_driver import limits
+from gpudra_core import limits
 from gpudra_driver.gpuconfig import GpuConfigError, decode
-from gpudra_driver.kubeapi import Kube, Obj, error_message, resource_type
-from gpudra_operator.localcluster.objects import create_scratch_namespace, delete_namespace
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_core.kubeapi import Kube, Obj, error_message, resource_type
+from gpudra_dev.localcluster.objects import create_scratch_namespace, delete_namespace
+from gpudra_dev.localcluster.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 

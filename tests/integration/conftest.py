@@ -12,10 +12,10 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
-from gpudra_operator.localcluster.agents import AgentProcess, start_agent
-from gpudra_operator.localcluster.controlplane import ControlPlane
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_core.kubeapi import Kube, Obj, resource_type
+from gpudra_dev.localcluster.agents import AgentProcess, start_agent
+from gpudra_dev.localcluster.controlplane import ControlPlane
+from gpudra_dev.localcluster.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = resource_type("apiextensions.k8s.io/v1", "CustomResourceDefinition")

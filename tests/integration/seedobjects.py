@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_core.kubeapi import Kube, Obj, resource_type
+from gpudra_dev.localcluster.waiting import wait_for
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 SEED = Path(__file__).resolve().parents[2] / "manifests" / "samples" / "seed-workload.yaml"

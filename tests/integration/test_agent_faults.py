@@ -15,12 +15,12 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
-from gpudra_operator.localcluster.agents import AgentProcess
-from gpudra_operator.localcluster.controlplane import ControlPlane
-from gpudra_operator.localcluster.driverroot import make_driver_root, make_pci_sysfs
-from gpudra_operator.localcluster.objects import events_about
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_core.kubeapi import Kube, Obj, resource_type
+from gpudra_dev.localcluster.agents import AgentProcess
+from gpudra_dev.localcluster.controlplane import ControlPlane
+from gpudra_dev.localcluster.fakedriverroot import make_driver_root, make_pci_sysfs
+from gpudra_dev.localcluster.objects import events_about
+from gpudra_dev.localcluster.waiting import wait_for
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 NODE = resource_type("v1", "Node")

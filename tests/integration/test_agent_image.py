@@ -9,10 +9,10 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
-from gpudra_operator.localcluster.controlplane import ControlPlane
-from gpudra_operator.localcluster.operatorproc import start_operator
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_core.kubeapi import Kube, Obj, resource_type
+from gpudra_dev.localcluster.controlplane import ControlPlane
+from gpudra_dev.localcluster.operatorproc import start_operator
+from gpudra_dev.localcluster.waiting import wait_for
 
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
 DAEMONSET = resource_type("apps/v1", "DaemonSet")

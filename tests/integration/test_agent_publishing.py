@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from gpudra_driver.discovery import scan
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_driver.nvml import load_nvml
 from gpudra_driver.publishing import plan_publish
-from gpudra_operator.localcluster.agents import AgentProcess
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.agents import AgentProcess
+from gpudra_dev.localcluster.waiting import wait_for
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")

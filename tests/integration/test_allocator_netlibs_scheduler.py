@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.allocatorhelper import AllocatorHelper
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.waiting import wait_for
 from schedpods import pinned_pod, scheduling_outcome
 
 pytestmark = pytest.mark.cluster

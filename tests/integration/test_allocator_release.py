@@ -23,9 +23,9 @@ from pathlib import Path
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from celcases import FAMILIES, SINCE
-from gpudra_driver.kubeapi import Kube
+from gpudra_core.kubeapi import Kube
 from gpudra_operator.allocatorhelper import AllocatorHelper
-from gpudra_operator.localcluster.controlplane import ControlPlane, find_binaries
+from gpudra_dev.localcluster.controlplane import ControlPlane, find_binaries
 
 TOO_COMPLEX = "too complex, exceeds cost limit"
 

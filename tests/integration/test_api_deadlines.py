@@ -25,15 +25,15 @@ from typing import Any, TypeVar
 import pytest
 import pytest_asyncio
 
-from gpudra_driver.devicemodel import AttrValue, Device
-from gpudra_driver.kubeapi import NETWORK_ERRORS, Deadlines, Kube, Obj, connect, resource_type
+from gpudra_core.devicemodel import AttrValue, Device
+from gpudra_core.kubeapi import NETWORK_ERRORS, Deadlines, Kube, Obj, connect, resource_type
 from gpudra_driver.publisher import SlicePublisher
 from gpudra_operator.events import EventRecorder
 from gpudra_operator.leaderelection import LEASE, Fence, LeaseElector, Timing
-from gpudra_operator.localcluster.controlplane import HOST, ControlPlane
-from gpudra_operator.localcluster.objects import fake_slice
-from gpudra_operator.localcluster.tcpproxy import TcpProxy
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.controlplane import HOST, ControlPlane
+from gpudra_dev.localcluster.objects import fake_slice
+from gpudra_dev.localcluster.tcpproxy import TcpProxy
+from gpudra_dev.localcluster.waiting import wait_for
 from gpudra_operator.reconcile import Reconciler
 from gpudra_operator.slicegc import SliceCollector
 

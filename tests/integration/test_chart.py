@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpudra_operator.localcluster.controlplane import find_binaries
+from gpudra_dev.localcluster.controlplane import find_binaries
 from gpudra_operator.render_cmd import render_documents
 
 REPO = Path(__file__).resolve().parents[2]

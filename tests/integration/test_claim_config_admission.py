@@ -27,10 +27,10 @@ from admissionpolicy import type_check_warnings
 from gpuconfig_cases import BAD, DOC_DRIVER, GOOD, doc_objects, gpu_config, mps, opaque_configs, policy_error
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpudra_driver import limits
+from gpudra_core import limits
 from gpudra_driver.gpuconfig import GpuConfigError, decode
-from gpudra_driver.kubeapi import Kube, Obj, error_message, resource_type
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_core.kubeapi import Kube, Obj, error_message, resource_type
+from gpudra_dev.localcluster.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 

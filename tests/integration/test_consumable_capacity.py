@@ -20,11 +20,11 @@ import pytest
 
 from schedpods import pinned_pod
 
-from gpudra_driver import consumable
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_core import consumable
+from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.events import EventRecorder
-from gpudra_operator.localcluster.agents import AgentProcess
-from gpudra_operator.localcluster.waiting import ConditionTimeout, wait_for
+from gpudra_dev.localcluster.agents import AgentProcess
+from gpudra_dev.localcluster.waiting import ConditionTimeout, wait_for
 from gpudra_operator.reconcile import Reconciler
 from seedobjects import published_devices
 

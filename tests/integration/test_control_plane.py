@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpudra_driver.kubeapi import Kube, Obj, error_message, resource_type
-from gpudra_operator.localcluster.controlplane import ControlPlane, ControlPlaneError, find_binaries
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_core.kubeapi import Kube, Obj, error_message, resource_type
+from gpudra_dev.localcluster.controlplane import ControlPlane, ControlPlaneError, find_binaries
+from gpudra_dev.localcluster.waiting import wait_for
 
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpudra_driver.kubeapi import Kube, Obj, error_message, resource_type
+from gpudra_core.kubeapi import Kube, Obj, error_message, resource_type
 from gpudra_operator import crd
 
 pytestmark = pytest.mark.cluster

@@ -7,11 +7,11 @@ from __future__ import annotations
 import secrets
 
 from counting import CountingKube
-from gpudra_driver.kubeapi import Kube, resource_type
+from gpudra_core.kubeapi import Kube, resource_type
 from gpudra_operator.classcounts import ClassSelectors, class_selectors
 from gpudra_operator.devicecount import DeviceCounts
-from gpudra_operator.localcluster.objects import fake_slice
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.objects import fake_slice
+from gpudra_dev.localcluster.waiting import wait_for
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 

@@ -20,12 +20,12 @@ from typing import Any
 import pytest_asyncio
 from seedobjects import published_devices
 
-from gpudra_driver.kubeapi import Kube, Obj, ResourceType, resource_type
-from gpudra_operator.localcluster import mockstate
-from gpudra_operator.localcluster.agents import AgentProcess
-from gpudra_operator.localcluster.driverroot import make_driver_root
-from gpudra_operator.localcluster.objects import events_about
-from gpudra_operator.localcluster.waiting import ConditionTimeout, wait_for
+from gpudra_core.kubeapi import Kube, Obj, ResourceType, resource_type
+from gpudra_dev.localcluster import mockstate
+from gpudra_dev.localcluster.agents import AgentProcess
+from gpudra_dev.localcluster.fakedriverroot import make_driver_root
+from gpudra_dev.localcluster.objects import events_about
+from gpudra_dev.localcluster.waiting import ConditionTimeout, wait_for
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")

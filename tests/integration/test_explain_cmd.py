@@ -18,11 +18,11 @@ from pathlib import Path
 import yaml
 
 from gpudra_driver.discovery import discover
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 from gpudra_driver.slices import build_slices
 from gpudra_operator.deviceclasses import render_device_class
-from gpudra_operator.localcluster.controlplane import ControlPlane
+from gpudra_dev.localcluster.controlplane import ControlPlane
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
@@ -30,7 +30,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "explain.md"
 
 
 def explain(kubeconfig: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpudra_operator.cli", "explain", *args, "--kubeconfig", str(kubeconfig)],
+    return subprocess.run([sys.executable, "-m", "gpudra.cli", "explain", *args, "--kubeconfig", str(kubeconfig)],
                           capture_output=True, text=True, timeout=60, check=False, env={**os.environ, **(env or {})})
 
 

@@ -31,11 +31,11 @@ from datetime import datetime, timezone
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from schedpods import pinned_pod, scheduling_outcome
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.allocatorhelper import AllocatorHelper
 from gpudra_operator.explain import explain_live
-from gpudra_operator.localcluster.controlplane import ControlPlane
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.controlplane import ControlPlane
+from gpudra_dev.localcluster.waiting import wait_for
 
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")

@@ -53,13 +53,13 @@ from explaincases import (ADMIN_ACCESS_LABEL, Case, claim_features, class_featur
                           rule_selects, slice_features)
 from schedpods import claim_names, extended_claim_name, pinned_pod, pinned_pod_with, scheduling_outcome
 
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.explain import explain_snapshot
 from gpudra_operator.allocatorhelper import AllocatorHelper
 from gpudra_operator.explain.gather import TAINT_RULE, read_snapshot
 from gpudra_operator.explain.verdict import ExtendedReport
-from gpudra_operator.localcluster.objects import create_fake_node, delete_node
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.objects import create_fake_node, delete_node
+from gpudra_dev.localcluster.waiting import wait_for
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from gpudra_driver.discovery import discover
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 from gpudra_driver.slices import build_slices
 from gpudra_operator.allocatorhelper import AllocatorHelper
@@ -28,8 +28,8 @@ from gpudra_operator.deviceclasses import render_device_class
 from gpudra_operator.explain import Verdict, explain_snapshot
 from gpudra_operator.explain.gather import ExplainInputError, read_snapshot
 from gpudra_operator.explain.report import as_text
-from gpudra_operator.localcluster.objects import create_fake_node, delete_node
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.objects import create_fake_node, delete_node
+from gpudra_dev.localcluster.waiting import wait_for
 from schedpods import scheduling_outcome
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")

@@ -17,13 +17,13 @@ from typing import Any
 import pytest_asyncio
 
 from counting import CountingKube
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.events import EventRecorder
 from gpudra_operator.reconcile import Reconciler
-from gpudra_operator.localcluster.controlplane import ControlPlane
-from gpudra_operator.localcluster.kubelet_sim import KubeletSimulator
-from gpudra_operator.localcluster.operatorproc import start_operator
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.controlplane import ControlPlane
+from gpudra_dev.localcluster.kubelet_sim import KubeletSimulator
+from gpudra_dev.localcluster.operatorproc import start_operator
+from gpudra_dev.localcluster.waiting import wait_for
 
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from gpudra_operator.localcluster.driverroot import make_driver_root
+from gpudra_dev.localcluster.fakedriverroot import make_driver_root
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGES_SH = REPO / "hack" / "images.sh"

@@ -30,15 +30,15 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from admissionpolicy import type_check_warnings, type_checked
 from argocd_health import health
 from scrape import sample_value, scrape
-from gpudra_driver.kubeapi import Kube, Obj, connect, error_message, resource_type
+from gpudra_core.kubeapi import Kube, Obj, connect, error_message, resource_type
 from gpudra_operator.leaderelection import LEASE, LEASE_NAME
-from gpudra_operator.localcluster.agents import AgentProcess, start_agent
-from gpudra_operator.localcluster.controlplane import ControlPlane, free_port
-from gpudra_operator.localcluster.kubelet_sim import KubeletSimulator
-from gpudra_operator.localcluster.objects import (create_fake_node, create_scratch_namespace, delete_namespace,
+from gpudra_dev.localcluster.agents import AgentProcess, start_agent
+from gpudra_dev.localcluster.controlplane import ControlPlane, free_port
+from gpudra_dev.localcluster.kubelet_sim import KubeletSimulator
+from gpudra_dev.localcluster.objects import (create_fake_node, create_scratch_namespace, delete_namespace,
                                                   delete_node)
-from gpudra_operator.localcluster.operatorproc import start_operator
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.operatorproc import start_operator
+from gpudra_dev.localcluster.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "manifests" / "base"

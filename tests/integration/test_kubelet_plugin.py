@@ -25,15 +25,15 @@ from cdispec import load_and_validate, validate_prepared
 from nodestate import checkpoint_states
 from seedobjects import published_devices, seed_objects
 
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_driver.plugin.checkpoint import is_leftover
 from gpudra_driver.plugin.state import CHECKPOINT_FILE
-from gpudra_driver.plugin.kubelet_client import DraClient, Registered, probe_health, register
+from gpudra_dev.kubelet_client import DraClient, Registered, probe_health, register
 from gpudra_driver.plugin.plugin import socket_paths
-from gpudra_operator.localcluster.agents import AgentProcess, start_agent
-from gpudra_operator.localcluster.controlplane import ControlPlane, free_port
-from gpudra_operator.localcluster.objects import events_about
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.agents import AgentProcess, start_agent
+from gpudra_dev.localcluster.controlplane import ControlPlane, free_port
+from gpudra_dev.localcluster.objects import events_about
+from gpudra_dev.localcluster.waiting import wait_for
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
@@ -577,8 +577,8 @@ async def test_time_slicing_is_set_on_the_gpu_undone_after_a_crash_and_reset_by_
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The real pynvml against the mock libnvidia-ml and the driver root's mock nvidia-smi, which
     record every change they make (localcluster/mockstate.py)."""
-    from gpudra_operator.localcluster import mockstate
-    from gpudra_operator.localcluster.driverroot import make_driver_root
+    from gpudra_dev.localcluster import mockstate
+    from gpudra_dev.localcluster.fakedriverroot import make_driver_root
 
     node = (await fake_nodes("h100"))["metadata"]["name"]
     root = make_driver_root(tmp_path / "driver-root", "dgx-h100")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from gpudra_driver.kubeapi import Kube, resource_type
-from gpudra_operator.localcluster.kubelet_sim import KubeletSimulator
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_core.kubeapi import Kube, resource_type
+from gpudra_dev.localcluster.kubelet_sim import KubeletSimulator
+from gpudra_dev.localcluster.waiting import wait_for
 
 DAEMONSET = resource_type("apps/v1", "DaemonSet")
 POD = resource_type("v1", "Pod")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gpudra_driver.kubeapi import Kube
+from gpudra_core.kubeapi import Kube
 from gpudra_operator.leaderelection import LEASE, LeaseElector, Timing
 
 TIMING = Timing()  # lease duration 10 s, renew deadline 7 s, retry period 2 s

@@ -18,15 +18,15 @@ import pytest
 from seedobjects import published_devices
 from test_kubelet_plugin import PluginAgent, allocated_claim, driver, plugin_agents, ref  # noqa: F401 (fixtures)
 
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
-from gpudra_driver.plugin.kubelet_client import DraClient
+from gpudra_core.kubeapi import Kube, Obj, resource_type
+from gpudra_dev.kubelet_client import DraClient
 from gpudra_driver.plugin.mpsdaemons import MpsDaemons, MpsUnavailable
-from gpudra_driver.quantity import parse_quantity
-from gpudra_operator.localcluster import mockstate
-from gpudra_operator.localcluster.agents import AgentProcess, start_mps_supervisor
-from gpudra_operator.localcluster.driverroot import make_driver_root
-from gpudra_operator.localcluster.objects import events_about
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_core.quantity import parse_quantity
+from gpudra_dev.localcluster import mockstate
+from gpudra_dev.localcluster.agents import AgentProcess, start_mps_supervisor
+from gpudra_dev.localcluster.fakedriverroot import make_driver_root
+from gpudra_dev.localcluster.objects import events_about
+from gpudra_dev.localcluster.waiting import wait_for
 
 EXCLUSIVE_PROCESS = 3
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")

@@ -29,16 +29,16 @@ from test_kubelet_plugin import allocated_claim, driver, plugin_agents, ref  # n
 from test_mps import EXCLUSIVE_PROCESS, mps_config
 
 from gpudra_driver import mpsmounts, mpssupervisor
-from gpudra_driver.kubeapi import Kube
-from gpudra_driver.plugin.kubelet_client import DraClient
+from gpudra_core.kubeapi import Kube
+from gpudra_dev.kubelet_client import DraClient
 from gpudra_driver.plugin.mps import DaemonSpec
 from gpudra_driver.plugin.mpsdaemons import MpsDaemons, MpsUnavailable
 from gpudra_driver.plugin.sockets import SocketAddress
-from gpudra_operator.localcluster import mockstate
-from gpudra_operator.localcluster.agents import AgentProcess, start_mps_supervisor
-from gpudra_operator.localcluster.driverroot import make_driver_root
-from gpudra_operator.localcluster.processes import stop_process
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster import mockstate
+from gpudra_dev.localcluster.agents import AgentProcess, start_mps_supervisor
+from gpudra_dev.localcluster.fakedriverroot import make_driver_root
+from gpudra_dev.localcluster.processes import stop_process
+from gpudra_dev.localcluster.waiting import wait_for
 
 CLAIM_A = "0c1d2e3f-0000-4000-8000-00000000000a"
 CLAIM_B = "0c1d2e3f-0000-4000-8000-00000000000b"

@@ -13,13 +13,13 @@ import pytest
 import pytest_asyncio
 
 from counting import CountingKube
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.events import EventRecorder
-from gpudra_operator.localcluster.controlplane import ControlPlane
-from gpudra_operator.localcluster.kubelet_sim import KubeletSimulator
-from gpudra_operator.localcluster.objects import events_about
-from gpudra_operator.localcluster.operatorproc import OperatorProcess, start_operator
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.controlplane import ControlPlane
+from gpudra_dev.localcluster.kubelet_sim import KubeletSimulator
+from gpudra_dev.localcluster.objects import events_about
+from gpudra_dev.localcluster.operatorproc import OperatorProcess, start_operator
+from gpudra_dev.localcluster.waiting import wait_for
 from gpudra_operator.reconcile import Reconciler
 
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")

@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from gpudra_driver.kubeapi import Kube, Obj, connect, resource_type
+from gpudra_core.kubeapi import Kube, Obj, connect, resource_type
 from gpudra_operator.leaderelection import LEASE, LEASE_NAME, LOST_LEASE_EXIT, Timing
-from gpudra_operator.localcluster.audit import AuditLog, is_dry_run, received
-from gpudra_operator.localcluster.controlplane import HOST, ControlPlane, find_binaries
-from gpudra_operator.localcluster.objects import events_about, install_crd
-from gpudra_operator.localcluster.replicas import Replica, Replicas
-from gpudra_operator.localcluster.tcpproxy import TcpProxy
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.audit import AuditLog, is_dry_run, received
+from gpudra_dev.localcluster.controlplane import HOST, ControlPlane, find_binaries
+from gpudra_dev.localcluster.objects import events_about, install_crd
+from gpudra_dev.localcluster.replicas import Replica, Replicas
+from gpudra_dev.localcluster.tcpproxy import TcpProxy
+from gpudra_dev.localcluster.waiting import wait_for
 from scrape import sample_value, scrape
 
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")

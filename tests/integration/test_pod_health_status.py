@@ -24,9 +24,9 @@ from pathlib import Path
 from test_real_kubelet import KubeletNode, delete_and_wait_unprepared, kubelet_node, start_seed_pod  # noqa: F401
 from seedobjects import published_devices
 
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
-from gpudra_operator.localcluster import mockstate
-from gpudra_operator.localcluster.waiting import ConditionTimeout, wait_for
+from gpudra_core.kubeapi import Kube, Obj, resource_type
+from gpudra_dev.localcluster import mockstate
+from gpudra_dev.localcluster.waiting import ConditionTimeout, wait_for
 
 POD = resource_type("v1", "Pod")
 NODE = resource_type("v1", "Node")

@@ -35,13 +35,13 @@ from realkubelet import RealKubelet, kubelet_binary
 from scrape import sample_value, scrape
 from seedobjects import published_devices, seed_objects
 
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_driver.plugin.plugin import socket_paths
-from gpudra_operator.localcluster.agents import AgentProcess, start_agent
-from gpudra_operator.localcluster.controlplane import ControlPlane, free_port
-from gpudra_operator.localcluster.driverroot import make_driver_root
-from gpudra_operator.localcluster.objects import delete_node, events_about
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.agents import AgentProcess, start_agent
+from gpudra_dev.localcluster.controlplane import ControlPlane, free_port
+from gpudra_dev.localcluster.fakedriverroot import make_driver_root
+from gpudra_dev.localcluster.objects import delete_node, events_about
+from gpudra_dev.localcluster.waiting import wait_for
 from gpudra_operator.render import render
 
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")

@@ -12,9 +12,9 @@ from typing import Any
 import pytest_asyncio
 
 from counting import CountingKube
-from gpudra_driver.kubeapi import Kube, Obj, ResourceType, resource_type
+from gpudra_core.kubeapi import Kube, Obj, ResourceType, resource_type
 from gpudra_operator.events import EventRecorder
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.waiting import wait_for
 from gpudra_operator.reconcile import Reconciler
 
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")

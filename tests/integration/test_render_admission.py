@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpudra_driver.kubeapi import Kube, error_message
+from gpudra_core.kubeapi import Kube, error_message
 from gpudra_operator.render import render
 
 pytestmark = pytest.mark.cluster

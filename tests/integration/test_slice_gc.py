@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest_asyncio
 
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.events import EventRecorder
-from gpudra_operator.localcluster.controlplane import ControlPlane
-from gpudra_operator.localcluster.objects import create_fake_node, delete_node, events_about, fake_slice
+from gpudra_dev.localcluster.controlplane import ControlPlane
+from gpudra_dev.localcluster.objects import create_fake_node, delete_node, events_about, fake_slice
 from gpudra_operator.render import agent_labels
 from gpudra_operator.slicegc import GcResult, SliceCollector
 from gpudra_operator.staleslices import NODE_GONE, NODE_UNSELECTED, OWNER_UID_MISMATCH, SUPERSEDED_GENERATION

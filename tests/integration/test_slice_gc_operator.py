@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
-from gpudra_operator.localcluster.controlplane import ControlPlane
-from gpudra_operator.localcluster.kubelet_sim import KubeletSimulator
-from gpudra_operator.localcluster.objects import events_about, fake_slice
-from gpudra_operator.localcluster.operatorproc import OperatorProcess, start_operator
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_core.kubeapi import Kube, Obj, resource_type
+from gpudra_dev.localcluster.controlplane import ControlPlane
+from gpudra_dev.localcluster.kubelet_sim import KubeletSimulator
+from gpudra_dev.localcluster.objects import events_about, fake_slice
+from gpudra_dev.localcluster.operatorproc import OperatorProcess, start_operator
+from gpudra_dev.localcluster.waiting import wait_for
 from gpudra_operator.staleslices import NODE_GONE
 
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")

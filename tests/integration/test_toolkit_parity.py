@@ -30,7 +30,7 @@ from gpudra_driver.plugin.checkpoint import Checkpoint
 from gpudra_driver.plugin.driverfiles import DriverFilesCache
 from gpudra_driver.plugin.model import ClaimRef
 from gpudra_driver.plugin.prepare import plan_prepare
-from gpudra_operator.localcluster.driverroot import make_driver_root
+from gpudra_dev.localcluster.fakedriverroot import make_driver_root
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.gpudra.io"

@@ -36,11 +36,11 @@ from packaging.tags import Tag
 from packaging.utils import parse_wheel_filename
 
 from gpudra_driver.discovery import discover
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 from gpudra_driver.slices import build_slices
 from gpudra_operator.deviceclasses import render_device_class
-from gpudra_operator.localcluster.controlplane import ControlPlane
+from gpudra_dev.localcluster.controlplane import ControlPlane
 
 REPO = Path(__file__).resolve().parents[2]
 WHEELS_SH = REPO / "hack" / "wheels.sh"

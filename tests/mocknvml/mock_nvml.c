@@ -2,7 +2,7 @@
  * gpudra mock NVML: a libnvidia-ml.so.1 that answers from a plain-text inventory instead of a GPU.
  *
  * Built by `make mock-nvml` (build/mock-nvml/libnvidia-ml.so, soname libnvidia-ml.so.1) and placed in
- * a fake driver root by gpudra_operator.localcluster.driverroot.make_driver_root, so the REAL pynvml
+ * a fake driver root by gpudra_dev.localcluster.fakedriverroot.make_driver_root, so the REAL pynvml
  * (nvidia-ml-py) and NVIDIA's nvidia-ctk (go-nvml) can be run against a simulated machine.
  *
  * Semantics follow the Python simulator driver/gpudra_driver/nvml/fake.py:

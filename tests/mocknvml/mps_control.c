@@ -54,7 +54,7 @@
  * <state>/mps/<pid>, lines `pipe <dir>`, `log <dir>`, `devices <devices>` and `serves <uuid>,...`
  * (the devices, indexes mapped to UUIDs; `all` when neither CUDA_VISIBLE_DEVICES nor an inventory
  * says which), so tests can find and kill every daemon of a root
- * (gpudra_operator.localcluster.mockstate.kill_mps_daemons).
+ * (gpudra_dev.localcluster.mockstate.kill_mps_daemons).
  *
  * Wire protocol (the mock's own): one connection per command; the client sends the line, the
  * daemon answers "OK\n" or "ERR\n" followed by the reply text, then closes.

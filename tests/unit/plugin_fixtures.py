@@ -12,7 +12,7 @@ from typing import Any
 from gpudra_driver.discovery import scan
 from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.plugin.driverfiles import DriverFilesCache
-from gpudra_operator.localcluster.driverroot import make_driver_root
+from gpudra_dev.localcluster.fakedriverroot import make_driver_root
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 from gpudra_driver.plugin.devicenodes import NodeDevice, node_devices
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from gpudra_operator.localcluster.agents import kubeconfig_ca_file
+from gpudra_dev.localcluster.agents import kubeconfig_ca_file
 
 
 def kubeconfig(tmp_path: Path, cluster: dict, current: str = "local") -> Path:

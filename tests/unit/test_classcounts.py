@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest_asyncio
 
-from gpudra_driver.kubeapi import Obj
+from gpudra_core.kubeapi import Obj
 from gpudra_operator.allocatorhelper import AllocatorHelper, Compiled, Outcome
 from gpudra_operator.classcounts import (ClassCount, ClassSelectors, SliceMatches, allocated_devices,
                                          class_selectors, count, known_matches, match_slices)

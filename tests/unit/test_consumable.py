@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from gpudra_driver import consumable
-from gpudra_driver.consumable import (ConsumableCapacity, memory_policy, policy_to_api, share_device,
+from gpudra_core import consumable
+from gpudra_core.consumable import (ConsumableCapacity, memory_policy, policy_to_api, share_device,
                                       share_devices, shares_policy)
-from gpudra_driver.devicemodel import AttrValue, Device, RequestPolicy
+from gpudra_core.devicemodel import AttrValue, Device, RequestPolicy
 from gpudra_driver.discovery import scan
 from gpudra_driver.nvml import load_nvml
 from gpudra_driver.rescan import Rescanner

@@ -250,7 +250,7 @@ async def test_a_call_cancelled_while_a_peer_holds_the_node_lock_leaves_no_lock_
     import asyncio
 
     from gpudra_driver.plugin.locking import node_lock
-    from gpudra_operator.localcluster.waiting import wait_for
+    from gpudra_dev.localcluster.waiting import wait_for
 
     state = make(tmp_path)
     with node_lock(state.lock_path):  # a peer instance
@@ -278,7 +278,7 @@ async def test_calls_queued_behind_one_are_done_as_one_batch_even_if_its_taker_i
     import time
 
     from gpudra_driver.plugin.locking import node_lock
-    from gpudra_operator.localcluster.waiting import wait_for
+    from gpudra_dev.localcluster.waiting import wait_for
 
     state = make(tmp_path)
     C = "0c1d2e3f-0000-4000-8000-00000000000c"
@@ -1048,7 +1048,7 @@ async def test_the_mps_restart_reports_go_on_through_a_corrupt_checkpoint(tmp_pa
 
     from gpudra_driver.plugin.mps import STATUS_FILE, DaemonSpec
     from gpudra_driver.plugin.mpsdaemons import report_restarts
-    from gpudra_operator.localcluster.waiting import wait_for
+    from gpudra_dev.localcluster.waiting import wait_for
 
     state = make(tmp_path)
     await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))

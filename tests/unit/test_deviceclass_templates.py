@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpudra_driver import devicemodel
+from gpudra_core import devicemodel
 from gpudra_operator.deviceclasses import (BUILTINS, RenderError, TemplateValueError, render_device_class,
                                            render_device_classes)
 from gpudra_operator.deviceclasses.celhelpers import (attribute_ref, capacity_ref, normalize_semver,

@@ -16,7 +16,7 @@ import pytest
 from gpudra_operator.classcounts import ClassCount, ClassSelectors, Matcher, class_selectors
 from gpudra_operator.devicecount import DeviceCounts, DriverSlices
 from gpudra_operator.events import EventRecorder
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.waiting import wait_for
 from gpudra_operator.reconcile import Reconciler
 
 DRIVER = "gpu.gpudra.io"

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from gpudra_driver import limits
-from gpudra_driver.devicemodel import (
+from gpudra_core import limits
+from gpudra_core.devicemodel import (
     ATTRIBUTES,
     CAPACITIES,
     AttrValue,

@@ -1,6 +1,6 @@
 """contains(): the compare-before-write check that keeps converged objects free of writes."""
 
-from gpudra_driver.diff import contains
+from gpudra_core.diff import contains
 
 
 def test_extra_live_fields_are_ignored_and_lists_compare_whole() -> None:
@@ -22,7 +22,7 @@ def test_canonicalised_quantities_equal_what_was_asked_for() -> None:
 
 
 def test_fields_this_manager_applied_and_no_longer_sends_are_found() -> None:
-    from gpudra_driver.diff import dropped_fields
+    from gpudra_core.diff import dropped_fields
 
     live = {"metadata": {"managedFields": [
         {"manager": "gpudra-operator", "operation": "Apply", "fieldsV1": {

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gpudra_driver import discover_cmd
-from gpudra_operator.localcluster.driverroot import make_driver_root
+from gpudra_dev.localcluster.fakedriverroot import make_driver_root
 
 
 def gpudra(*argv: str) -> int:
@@ -61,7 +61,7 @@ def test_table_output(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Mo
 
 
 def test_health_shows_what_one_probe_finds(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from gpudra_operator.localcluster import mockstate
+    from gpudra_dev.localcluster import mockstate
 
     root = tmp_path / "root"  # the simulator reads injected health from the root's state directory
     mockstate.set_recovery_action(root, "GPU-6992fa00-c02c-5e2f-a617-96ce040c16ef", 2)
@@ -123,7 +123,7 @@ def test_importing_the_command_is_cheap() -> None:
 
 def discover_real(*argv: str) -> subprocess.CompletedProcess[str]:
     """`gpudra discover --nvml real` as its own process: pynvml keeps one library per process."""
-    return subprocess.run([sys.executable, "-m", "gpudra_operator.cli", "discover", "--nvml", "real", *argv],
+    return subprocess.run([sys.executable, "-m", "gpudra.cli", "discover", "--nvml", "real", *argv],
                           capture_output=True, text=True, timeout=60, env={**os.environ, "GPUDRA_NVML": ""})
 
 
@@ -132,7 +132,7 @@ def test_real_nvml_from_a_driver_root_finds_what_the_simulator_describes(tmp_pat
     root = make_driver_root(tmp_path / "root", profile)
     done = discover_real("--driver-root", str(root), "--node-name", "n", "-o", "json")
     assert done.returncode == 0, done.stderr
-    simulated = subprocess.run([sys.executable, "-m", "gpudra_operator.cli", "discover", "--nvml", f"fake:{profile}",
+    simulated = subprocess.run([sys.executable, "-m", "gpudra.cli", "discover", "--nvml", f"fake:{profile}",
                                 "--node-name", "n", "-o", "json"], capture_output=True, text=True, check=True)
     real, fake = json.loads(done.stdout), json.loads(simulated.stdout)
     assert real["devices"] and real["devices"] == fake["devices"]

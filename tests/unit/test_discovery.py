@@ -8,7 +8,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpudra_driver.devicemodel import AttrValue, Device
+from gpudra_core.devicemodel import AttrValue, Device
 from gpudra_driver.discovery import NvmlUnavailable, discover, mig_profile_name, numa_node_from_sysfs, scan
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 

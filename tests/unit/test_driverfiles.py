@@ -17,7 +17,7 @@ from gpudra_driver.plugin.driverfiles import DriverFilesCache, DriverFilesError,
 from gpudra_driver.plugin.recovery import recover
 from gpudra_driver.plugin.model import ClaimRef
 from gpudra_driver.plugin.state import DeviceState
-from gpudra_operator.localcluster.driverroot import make_driver_root
+from gpudra_dev.localcluster.fakedriverroot import make_driver_root
 
 LIB = "usr/lib/x86_64-linux-gnu"
 A = "0c1d2e3f-0000-4000-8000-00000000000a"

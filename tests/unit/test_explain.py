@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpudra_driver.consumable import ConsumableCapacity, share_devices
+from gpudra_core.consumable import ConsumableCapacity, share_devices
 from gpudra_driver.discovery import discover
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 from gpudra_driver.slices import build_slices

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudra_operator.cli import kubectl_plugin, main
+from gpudra.cli import kubectl_plugin, main
 from gpudra_operator.explain_cmd import feature_gates
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from gpuconfig_cases import BAD, GOOD, Bad, doc_examples, doc_objects, gpu_config, mps, per_device
 
-from gpudra_driver import limits
+from gpudra_core import limits
 from gpudra_driver.gpuconfig import (DEFAULT, MAX_FIELDS, MAX_PER_DEVICE, MEMORY_RULE, QUANTITY_FORM, GpuConfig,
                                      GpuConfigError, Interval, Mps, MpsSettings, Sharing, Strategy, TimeSlicing,
                                      config_for_request, decode)

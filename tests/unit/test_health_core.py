@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from gpudra_driver.devicemodel import AttrValue, Device, DeviceTaint
+from gpudra_core.devicemodel import AttrValue, Device, DeviceTaint
 from gpudra_driver.health import xids
 from gpudra_driver.health.apisupport import probe_slice, taints_dropped
 from gpudra_driver.health.core import (
     MAX_FAULTS_PER_GPU, NO_INSTANCE, Ecc, Moment, Policy, Probe, Unmonitored, Xid, apply, carry_lost, expire, health_of,
     next_expiry, observe, taints, transitions,
 )
-from gpudra_driver.kubeapi import rfc3339
+from gpudra_core.kubeapi import rfc3339
 from gpudra_driver.slices import build_slices
 
 D = "gpu.example.com"

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from gpudra_driver.devicemodel import Device
+from gpudra_core.devicemodel import Device
 from gpudra_driver.discovery import scan
 from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.health.core import Policy
 from gpudra_driver.health.feed import HealthFeed
 from gpudra_driver.health.monitor import HealthMonitor
 from gpudra_driver.nvml import load_nvml
-from gpudra_operator.localcluster import mockstate
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster import mockstate
+from gpudra_dev.localcluster.waiting import wait_for
 
 D = "gpu.example.com"
 PROFILE = "l4x2"

@@ -12,14 +12,14 @@ import grpc
 import pytest
 from plugin_fixtures import DRIVER, NODE, fake_root
 
-from gpudra_driver.devicemodel import DeviceTaint
+from gpudra_core.devicemodel import DeviceTaint
 from gpudra_driver.discovery import scan
 from gpudra_driver.health.core import Moment, Policy, Probe, Unmonitored, Xid, observe, taints
 from gpudra_driver.health.feed import MESSAGE_MAX, HealthFeed, device_health
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 from gpudra_driver.plugin.gen import (dra_health_v1_pb2, dra_health_v1_pb2_grpc, dra_health_v1alpha1_pb2,
                                       dra_health_v1alpha1_pb2_grpc)
-from gpudra_driver.plugin.kubelet_client import register
+from gpudra_dev.kubelet_client import register
 from gpudra_driver.plugin.plugin import KubeletPlugin
 from gpudra_driver.plugin.sockets import SocketAddress
 

@@ -15,8 +15,8 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from gpudra_driver import kubeapi
-from gpudra_driver.kubeapi import Kube, connect, resource_type
+from gpudra_core import kubeapi
+from gpudra_core.kubeapi import Kube, connect, resource_type
 
 SERVER = "https://10.96.0.1:6443"
 
@@ -192,7 +192,7 @@ async def test_every_connection_to_the_api_server_has_tcp_keepalive(
 
 
 def test_the_deadlines_default_to_what_a_healthy_api_server_needs_and_the_environment_shortens_them() -> None:
-    from gpudra_driver.kubeapi import Deadlines
+    from gpudra_core.kubeapi import Deadlines
 
     default = Deadlines.from_environment("")
     assert (default.connect, default.request, default.watch) == (10, 30, 300)
@@ -209,7 +209,7 @@ def test_the_deadlines_default_to_what_a_healthy_api_server_needs_and_the_enviro
                                           ("watch=2.5", "watch"), ("request=soon", "request")])
 def test_a_deadline_that_is_no_deadline_is_refused_naming_the_variable_and_the_key(setting: str, key: str) -> None:
     """aiohttp reads a total of 0 as no deadline at all: the setting fails at start, saying where."""
-    from gpudra_driver.kubeapi import Deadlines
+    from gpudra_core.kubeapi import Deadlines
 
     with pytest.raises(ValueError) as refused:
         Deadlines.from_environment(f"connect=1,{setting}")
@@ -221,7 +221,7 @@ def test_a_deadline_that_is_no_deadline_is_refused_naming_the_variable_and_the_k
 def test_times_are_written_as_the_api_server_writes_them() -> None:
     from datetime import datetime, timedelta, timezone
 
-    from gpudra_driver.kubeapi import rfc3339
+    from gpudra_core.kubeapi import rfc3339
 
     when = datetime(2026, 12, 6, 1, 2, 3, 456789, timezone(timedelta(hours=2)))
     assert rfc3339(when) == "2026-12-05T23:02:03Z"  # metav1.Time: UTC, whole seconds, truncated

@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 
 from gpudra_driver import metrics as agent_metrics
 from gpudra_operator import metrics as operator_metrics
-from gpudra_operator.localcluster.controlplane import free_port
+from gpudra_dev.localcluster.controlplane import free_port
 from gpudra_operator.reconcile import Outcome
 
 
@@ -124,7 +124,7 @@ def test_the_endpoint_listens_on_ipv4_and_on_ipv6_where_the_kernel_has_it() -> N
 def test_a_kernel_without_ipv6_gets_the_ipv4_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
 
-    from gpudra_driver import metrics_http
+    from gpudra_core import metrics_http
 
     calls: list[str] = []
 

@@ -1,5 +1,5 @@
 """The REAL pynvml (nvidia-ml-py) against the mock libnvidia-ml.so.1 (tests/mocknvml, `make mock-nvml`)
-in a fake driver root (gpudra_operator.localcluster.driverroot), checked against the Python simulator.
+in a fake driver root (gpudra_dev.localcluster.fakedriverroot), checked against the Python simulator.
 
 pynvml keeps one loaded library per process (``pynvml.nvmlLib`` and a function-pointer cache), so each
 scenario runs in its own interpreter, which points pynvml at the root's ``libnvidia-ml.so.1``.
@@ -26,8 +26,8 @@ from gpudra_driver.nvml import load_nvml, profile_names
 from gpudra_driver.nvml.fake import load_profile
 from gpudra_driver.plugin.devicenodes import mig_cap_minor_fallback
 from gpudra_driver.slices import device_to_api
-from gpudra_operator.localcluster import driverroot, mockstate
-from gpudra_operator.localcluster.driverroot import INVENTORY_FILE, LIB_DIR, make_driver_root, mock_nvml_library
+from gpudra_dev.localcluster import fakedriverroot, mockstate
+from gpudra_dev.localcluster.fakedriverroot import INVENTORY_FILE, LIB_DIR, make_driver_root, mock_nvml_library
 
 # Runs the same calls against whatever NVML `n` is (real pynvml or the simulator) and records each
 # answer, or the pynvml exception class it raised; executed in-process for the simulator and in a
@@ -147,7 +147,7 @@ def _nvml_lib(root: Path) -> Path:
 
 
 def run_child(root: Path, script: str = CHILD, env: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:
-    child_env = {k: v for k, v in os.environ.items() if k != driverroot.INVENTORY_ENV}
+    child_env = {k: v for k, v in os.environ.items() if k != fakedriverroot.INVENTORY_ENV}
     child_env.update(env or {})
     proc = subprocess.run(
         [sys.executable, "-c", script, str(_nvml_lib(root))],
@@ -297,8 +297,8 @@ def test_missing_inventory_is_driver_not_loaded(mock_lib: Path, tmp_path: Path) 
 
 def test_inventory_from_env(mock_lib: Path, tmp_path: Path) -> None:
     root = make_driver_root(tmp_path / "root", "l4x2", library=mock_lib, device_nodes=False, extras=False)
-    other = driverroot.write_inventory(tmp_path / "h200.inventory", "h200")
-    real, _ = run_child(root, env={driverroot.INVENTORY_ENV: str(other)})
+    other = fakedriverroot.write_inventory(tmp_path / "h200.inventory", "h200")
+    real, _ = run_child(root, env={fakedriverroot.INVENTORY_ENV: str(other)})
     assert real == simulated("h200")
 
 
@@ -434,7 +434,7 @@ def test_exports(mock_lib: Path) -> None:
 
 
 def test_library_missing_names_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(driverroot.MOCK_NVML_ENV, str(tmp_path / "nope.so"))
+    monkeypatch.setenv(fakedriverroot.MOCK_NVML_ENV, str(tmp_path / "nope.so"))
     with pytest.raises(RuntimeError, match="make mock-nvml"):
         mock_nvml_library()
 
@@ -488,13 +488,13 @@ def test_driver_root_layout(mock_lib: Path, tmp_path: Path) -> None:
     _assert_chr(dev / "nvidia0", 195, 0)
     _assert_chr(dev / "nvidiactl", 195, 255)
     _assert_chr(dev / "nvidia-modeset", 195, 254)
-    _assert_chr(dev / "nvidia-uvm", driverroot.UVM_MAJOR, 0)
-    _assert_chr(dev / "nvidia-uvm-tools", driverroot.UVM_MAJOR, 1)
+    _assert_chr(dev / "nvidia-uvm", fakedriverroot.UVM_MAJOR, 0)
+    _assert_chr(dev / "nvidia-uvm-tools", fakedriverroot.UVM_MAJOR, 1)
     expected = set()
     for mig in prof.gpus[0].migs.values():
         for ci in (None, mig.compute_instance_id):
             minor = mig_cap_minor_fallback(0, mig.gpu_instance_id, ci)
-            _assert_chr(dev / "nvidia-caps" / f"nvidia-cap{minor}", driverroot.CAPS_MAJOR, minor)
+            _assert_chr(dev / "nvidia-caps" / f"nvidia-cap{minor}", fakedriverroot.CAPS_MAJOR, minor)
             expected.add(f"nvidia-cap{minor}")
     assert {p.name for p in (dev / "nvidia-caps").iterdir()} == expected == {
         "nvidia-cap21", "nvidia-cap22", "nvidia-cap84", "nvidia-cap85", "nvidia-cap93", "nvidia-cap94",

@@ -18,7 +18,7 @@ from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.health.core import Probe
 from gpudra_driver.health.monitor import probe
 from gpudra_driver.nvml import load_nvml
-from gpudra_operator.localcluster.driverroot import make_driver_root
+from gpudra_dev.localcluster.fakedriverroot import make_driver_root
 from test_mock_nvml import mock_lib  # noqa: F401 (the fixture: the built mock library, or how to build it)
 
 SECOND_GPU = """
@@ -113,7 +113,7 @@ import pynvml
 from pathlib import Path
 from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.nvml import load_nvml
-from gpudra_operator.localcluster import mockstate
+from gpudra_dev.localcluster import mockstate
 
 root = Path(sys.argv[1])
 INJECT = {"xid": mockstate.inject_xid, "ecc": mockstate.inject_ecc, "lost": mockstate.lose_gpu,
@@ -125,7 +125,7 @@ print(json.dumps(result, default=lambda v: "<" + type(v).__name__ + ">"))
 
 
 def _injector(root: Path) -> Any:
-    from gpudra_operator.localcluster import mockstate
+    from gpudra_dev.localcluster import mockstate
 
     table: dict[str, Callable[..., None]] = {"xid": mockstate.inject_xid, "ecc": mockstate.inject_ecc, "lost": mockstate.lose_gpu,
              "action": mockstate.set_recovery_action, "recover": mockstate.recover_gpu}

@@ -2,7 +2,7 @@
 on the mock libnvidia-ml.so.1, ``nvidia-smi -c`` and ``compute-policy``, and the mock
 ``nvidia-cuda-mps-control`` daemon and client, all run as separate processes on one fake driver
 root, sharing its state and recording each call in its calls.log
-(:mod:`gpudra_operator.localcluster.mockstate`).
+(:mod:`gpudra_dev.localcluster.mockstate`).
 
 Needs ``make mock-nvml mock-nvidia-smi mock-mps-control``. Every MPS test ends with no daemon left
 (the ``root`` fixture kills any and fails the test that left one).
@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from gpudra_driver.nvml.fake import FakeNvml, Profile, parse_profile
-from gpudra_operator.localcluster import mockstate
-from gpudra_operator.localcluster.driverroot import LIB_DIR, make_driver_root, mock_nvml_library
+from gpudra_dev.localcluster import mockstate
+from gpudra_dev.localcluster.fakedriverroot import LIB_DIR, make_driver_root, mock_nvml_library
 
 
 

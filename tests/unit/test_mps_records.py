@@ -24,7 +24,7 @@ from gpudra_driver import mpssupervisor
 from gpudra_driver.mpsmounts import empty_directory, helper_command
 from gpudra_driver.mpssupervisor import Daemon, Supervisor, restart_at, shm_size_of
 from gpudra_driver.processrecords import ProcessRecord, observe, open_recorded, same_process, start_time_of
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.waiting import wait_for
 from gpudra_driver.plugin import mpsdaemons
 from gpudra_driver.plugin.mps import DEFAULT_SHM_SIZE, DaemonSpec
 from gpudra_driver.plugin.mpsdaemons import MpsDaemons

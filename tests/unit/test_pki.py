@@ -7,7 +7,7 @@ import ssl
 import threading
 from pathlib import Path
 
-from gpudra_operator.localcluster.pki import LocalPKI
+from gpudra_dev.localcluster.pki import LocalPKI
 
 
 def test_a_server_certificate_verifies_with_x509_strict(tmp_path: Path) -> None:

@@ -18,10 +18,10 @@ from plugin_fixtures import DRIVER, NODE, claim, fake_root, result
 from gpudra_driver.discovery import scan
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 from gpudra_driver import metrics
-from gpudra_driver.plugin.kubelet_client import DraClient, RegistrationRefused, probe_health, register
+from gpudra_dev.kubelet_client import DraClient, RegistrationRefused, probe_health, register
 from gpudra_driver.plugin.plugin import KubeletPlugin, socket_paths
 from gpudra_driver.plugin.sockets import MAX_SOCKET_PATH, SocketAddress
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.waiting import wait_for
 
 A = "0c1d2e3f-0000-4000-8000-00000000000a"
 B = "0c1d2e3f-0000-4000-8000-00000000000b"

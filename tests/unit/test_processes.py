@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from gpudra_operator.localcluster.processes import dying_with_parent
-from gpudra_operator.localcluster.scratch import ScratchDir, remove_orphans
-from gpudra_operator.localcluster.waiting import wait_for
+from gpudra_dev.localcluster.processes import dying_with_parent
+from gpudra_dev.localcluster.scratch import ScratchDir, remove_orphans
+from gpudra_dev.localcluster.waiting import wait_for
 
 # A parent that starts `sleep` (through dying_with_parent, or plainly) and reports the child's PID.
 PARENT = """
 import subprocess, sys
-from gpudra_operator.localcluster.processes import dying_with_parent
+from gpudra_dev.localcluster.processes import dying_with_parent
 argv = ["sleep", "300"]
 child = subprocess.Popen(dying_with_parent(argv) if sys.argv[1] == "dying" else argv)
 print(child.pid, flush=True)
@@ -93,7 +93,7 @@ def _cleanup(parent: subprocess.Popen[str], child: int) -> None:
 OWNER = """
 import sys
 from pathlib import Path
-from gpudra_operator.localcluster.scratch import ScratchDir
+from gpudra_dev.localcluster.scratch import ScratchDir
 scratch = ScratchDir("gpudra-test-", Path(sys.argv[1]))
 (scratch.path / "data").write_text("etcd's, say")
 print(scratch.path, flush=True)

@@ -14,7 +14,7 @@ import virtualtime
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import REGISTRY
 
-from gpudra_driver.devicemodel import AttrValue, Device
+from gpudra_core.devicemodel import AttrValue, Device
 from gpudra_driver import publisher as publisher_module
 from gpudra_driver.publisher import SlicePublisher
 

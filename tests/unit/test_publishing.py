@@ -6,7 +6,7 @@ import copy
 import itertools
 from typing import Any
 
-from gpudra_driver.devicemodel import AttrValue, Device
+from gpudra_core.devicemodel import AttrValue, Device
 from gpudra_driver.publishing import PublishPlan, SliceRef, matches, plan_publish
 from gpudra_driver.slices import build_slices
 

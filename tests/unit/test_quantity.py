@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from gpudra_driver.quantity import format_quantity, int64_value, is_quantity, parse_quantity, quantity_value
+from gpudra_core.quantity import format_quantity, int64_value, is_quantity, parse_quantity, quantity_value
 
 
 @pytest.mark.parametrize(("text", "value"), [

@@ -1,4 +1,4 @@
-"""gpudra_driver.quantity against Kubernetes' own ``resource.ParseQuantity`` (through gpudra-allocator,
+"""gpudra_core.quantity against Kubernetes' own ``resource.ParseQuantity`` (through gpudra-allocator,
 tests/kubecel.py: ``isQuantity`` and ``quantity`` of k8s.io/apiserver's CEL library call it): a
 seeded generator of strings over the quantity alphabet (signs, digits, points, suffix letters,
 exponents, odd combinations, long digit strings, int64 and int32 edges), and for each one
@@ -13,8 +13,8 @@ from decimal import Decimal
 
 from kubecel import ask
 
-from gpudra_driver.limits import INT64_MAX
-from gpudra_driver.quantity import is_quantity, parse_quantity
+from gpudra_core.limits import INT64_MAX
+from gpudra_core.quantity import is_quantity, parse_quantity
 
 SEED = 1_35_4  # apimachinery v0.35.4
 COUNT = 5000

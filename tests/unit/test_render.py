@@ -302,7 +302,8 @@ def test_an_extended_resource_name_goes_into_its_device_class() -> None:
 
 
 def test_consumable_capacity_reaches_the_agents_as_flags_unless_the_api_server_drops_it() -> None:
-    from gpudra_driver import agent_cmd, consumable
+    from gpudra_core import consumable
+    from gpudra_driver import agent_cmd
     import argparse
 
     plain = container(render(config()).daemonset)["args"]

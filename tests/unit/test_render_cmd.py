@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gpudra_operator.allocatorhelper import available_minors
-from gpudra_operator.cli import main
+from gpudra.cli import main
 from gpudra_operator.render import render
 from gpudra_operator.crd import default_object
 
@@ -121,7 +121,7 @@ def test_other_documents_and_broken_files(capsys, tmp_path: Path) -> None:
 
 def test_console_script_reads_stdin() -> None:
     text = (SAMPLES / "gpudraconfig-minimal.yaml").read_text()
-    result = subprocess.run([sys.executable, "-m", "gpudra_operator.cli", "render", "-f", "-", "-o", "json"],
+    result = subprocess.run([sys.executable, "-m", "gpudra.cli", "render", "-f", "-", "-o", "json"],
                             input=text, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     assert [o["kind"] for o in json.loads(result.stdout)["items"]] == ["DaemonSet", "DeviceClass"]

@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpudra_driver.devicemodel import Device
+from gpudra_core.devicemodel import Device
 from gpudra_driver.discovery import nvidia_gpus_on_pci
 from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.rescan import NO_GPU_ON_PCI, Rescanner

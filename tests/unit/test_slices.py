@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from gpudra_driver import limits
-from gpudra_driver.devicemodel import AttrValue, Device
+from gpudra_core import limits
+from gpudra_core.devicemodel import AttrValue, Device
 from gpudra_driver.discovery import scan
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 from gpudra_driver.slices import build_slices, device_to_api, node_label_value, slice_name
@@ -172,7 +172,7 @@ def test_limit_helpers() -> None:
 
 
 def test_a_value_past_a_limit_changes_that_device_only_and_says_so() -> None:
-    from gpudra_driver.devicemodel import AttrValue
+    from gpudra_core.devicemodel import AttrValue
     from gpudra_driver.slices import build_slices, fit_devices
 
     devices = scan(FakeNvml(load_profile("l4x2"))).devices

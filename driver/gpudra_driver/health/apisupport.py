@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpudra_driver.kubeapi import Obj
+from gpudra_core.kubeapi import Obj
 
 FEATURE_GATE = "DRADeviceTaints"
 WHY_DROPPED = (f"the API server drops device taints from ResourceSlices: its {FEATURE_GATE} feature gate is off "
@@ -45,7 +45,7 @@ async def api_server_keeps_taints(kube: Any, driver: str, node: str) -> bool:
     too); other errors (the API server unreachable) are raised for the caller to retry."""
     from kubernetes_asyncio.client.exceptions import ApiException
 
-    from gpudra_driver.kubeapi import is_status
+    from gpudra_core.kubeapi import is_status
 
     probe = probe_slice(driver, node)
     try:

@@ -39,9 +39,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-from gpudra_driver.devicemodel import Device, DeviceTaint, TaintEffect
+from gpudra_core.devicemodel import Device, DeviceTaint, TaintEffect
 from gpudra_driver.health import xids as xid_catalogue
-from gpudra_driver.kubeapi import rfc3339  # whole seconds: a republished taint compares equal
+from gpudra_core.kubeapi import rfc3339  # whole seconds: a republished taint compares equal
 
 NO_INSTANCE = 0xFFFFFFFF  # NVML's GPU/compute instance ID of an event not tied to a MIG device
 MAX_FAULTS_PER_GPU = 32

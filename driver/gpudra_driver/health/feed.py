@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-from gpudra_driver.devicemodel import Device, DeviceTaint
+from gpudra_core.devicemodel import Device, DeviceTaint
 from gpudra_driver.health.core import describe, health_of
 
 Health: TypeAlias = Literal["HEALTHY", "UNHEALTHY", "UNKNOWN"]  # the kubelet API's HealthStatus names

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from gpudra_driver import metrics
-from gpudra_driver.devicemodel import Device, DeviceTaint
+from gpudra_core.devicemodel import Device, DeviceTaint
 from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.health import apisupport
 from gpudra_driver.health.feed import HealthFeed

@@ -23,7 +23,7 @@ the NVML API reference:
 The MIG-disabled and full-GPU answers were checked against NVML 580.159.04 on an H200.
 
 Health, injected at run time like the mock library's (the same ``<state>/events`` lines, written
-by ``gpudra_operator.localcluster.mockstate``; the format is in ``tests/mocknvml/mock_nvml.c``):
+by ``gpudra_dev.localcluster.mockstate``; the format is in ``tests/mocknvml/mock_nvml.c``):
 XID critical and double-bit ECC events through ``nvmlEventSetCreate`` / ``nvmlDeviceRegisterEvents``
 / ``nvmlEventSetWait_v2`` / ``nvmlEventSetFree``, a lost GPU (``GpuIsLost`` from lookups and from
 every call on it), and ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` through ``nvmlDeviceGetFieldValues``.

@@ -9,7 +9,7 @@ configs once (:mod:`gpudra_driver.gpuconfig`) and gives the planner (:mod:`.prep
 under the node lock, typed values that cost nothing more to use. A bad claim is its own error;
 its neighbours in the call, and the calls queued behind it, never wait for its checks.
 
-The bounds are the API's own (resource/v1, see :mod:`gpudra_driver.limits`): a claim the API
+The bounds are the API's own (resource/v1, see :mod:`gpudra_core.limits`): a claim the API
 server accepted always passes them."""
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from gpudra_driver import gpuconfig, limits
+from gpudra_core import limits
+from gpudra_driver import gpuconfig
 from gpudra_driver.gpuconfig import GpuConfig, GpuConfigError, Strategy
 from gpudra_driver.plugin.model import ClaimError, ClaimRef, is_uid
-from gpudra_driver.quantity import int64_value
+from gpudra_core.quantity import int64_value
 
 RESULTS = "status.allocation.devices.results"
 CONFIG = "status.allocation.devices.config"

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpudra_driver.devicemodel import Device
+from gpudra_core.devicemodel import Device
 
 CAPS_DIR = "/dev/nvidia-caps"
 

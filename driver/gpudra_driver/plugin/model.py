@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from gpudra_driver import limits
+from gpudra_core import limits
 
 # Kubernetes UIDs are RFC 4122 UUIDs; accept any short alphanumeric/dash string, which is all a UID
 # can be without breaking CDI device names and file names.

@@ -31,7 +31,7 @@ from typing import Any
 import grpc
 
 from gpudra_driver import metrics
-from gpudra_driver.devicemodel import Device
+from gpudra_core.devicemodel import Device
 from gpudra_driver.driverroot import DriverRoot, locate_nvml
 from gpudra_driver.nvml import load_nvml
 from gpudra_driver.plugin import service
@@ -259,7 +259,7 @@ class KubeletPlugin:
         except TimeoutError:
             return ClaimError(f"{ref}: reading it from the API server took over {self.claim_get_timeout:g}s")
         except Exception as error:  # the API server's answer, a dropped connection
-            from gpudra_driver.kubeapi import error_message
+            from gpudra_core.kubeapi import error_message
 
             return ClaimError(f"{ref}: reading it from the API server failed: {error_message(error) or error!r}")
 
@@ -278,7 +278,7 @@ def _unlink(path: Path) -> None:
 
 def claim_getter(kube: Any) -> GetClaim:
     """GET a ResourceClaim through the agent's one API adapter."""
-    from gpudra_driver.kubeapi import resource_type
+    from gpudra_core.kubeapi import resource_type
 
     claims = resource_type("resource.k8s.io/v1", "ResourceClaim")
 

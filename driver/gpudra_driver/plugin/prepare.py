@@ -13,7 +13,7 @@ from typing import Any
 
 from gpudra_driver.plugin.allocation import ClaimAllocation, read_claim
 from gpudra_driver.plugin.cdi import cdi_device_id
-from gpudra_driver.quantity import format_quantity
+from gpudra_core.quantity import format_quantity
 from gpudra_driver.plugin.checkpoint import COMPLETED, Checkpoint
 from gpudra_driver.plugin.devicenodes import NodeDevice
 from gpudra_driver.gpuconfig import GpuConfig, GpuConfigError, Mps, Strategy

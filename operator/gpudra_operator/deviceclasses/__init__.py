@@ -13,7 +13,7 @@ Safety, in layers, one module each:
   version), and the CEL string enters YAML as a double-quoted scalar, so no value can change the
   expression or the document's structure.
 * :mod:`.celrefs`: attribute and capacity names come from the driver's device model
-  (:mod:`gpudra_driver.devicemodel`); every finished CEL expression is scanned for references to
+  (:mod:`gpudra_core.devicemodel`); every finished CEL expression is scanned for references to
   them, so a hand-written name in an inline template is checked too.
 * :mod:`.shape`: the result must be exactly one ``resource.k8s.io/v1`` DeviceClass whose name (when
   set) is the spec's; anything else is a :class:`RenderError` that names the class.

@@ -1,16 +1,16 @@
 """The helpers templates build CEL with: each checks its value before it becomes CEL.
 
-:func:`quantity_literal` (a Kubernetes quantity, checked by :mod:`gpudra_driver.quantity`),
+:func:`quantity_literal` (a Kubernetes quantity, checked by :mod:`gpudra_core.quantity`),
 :func:`semver_literal` (a semantic version, ``8.0`` normalised to ``8.0.0``), :func:`attribute_ref`
-and :func:`capacity_ref` (names the agent publishes, from :mod:`gpudra_driver.devicemodel`) and
+and :func:`capacity_ref` (names the agent publishes, from :mod:`gpudra_core.devicemodel`) and
 :func:`driver_match` (the guard every built-in starts with)."""
 
 from __future__ import annotations
 
 import re
 
-from gpudra_driver import devicemodel, limits
-from gpudra_driver.quantity import is_quantity
+from gpudra_core import devicemodel, limits
+from gpudra_core.quantity import is_quantity
 from gpudra_operator.deviceclasses.errors import TemplateValueError
 from gpudra_operator.deviceclasses.escape import cel_string
 

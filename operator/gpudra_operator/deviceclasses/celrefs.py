@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from dataclasses import dataclass
 
-from gpudra_driver import devicemodel
+from gpudra_core import devicemodel
 from gpudra_operator.deviceclasses.errors import TemplateValueError
 
 # -- a small CEL lexer, enough to find attribute references outside string literals -------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpudra_driver import limits
+from gpudra_core import limits
 from gpudra_operator.deviceclasses.catalog import BUILTINS, builtin_source, check_parameters
 from gpudra_operator.deviceclasses.errors import RenderError, TemplateValueError
 from gpudra_operator.deviceclasses.sandbox import describe_error, render_text_here, template_context

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from gpudra_driver import limits
+from gpudra_core import limits
 from gpudra_operator.deviceclasses.celrefs import check_model_references
 from gpudra_operator.deviceclasses.errors import TemplateValueError
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpudra_driver.kubeapi import Kube
+from gpudra_core.kubeapi import Kube
 from gpudra_operator.allocatorhelper import AllocatorHelper, Compiled, ExtendedPlan, NodeOutcome, Outcome
 from gpudra_operator.explain.claims import claim_label, claim_requests
 from gpudra_operator.explain.extended import ExtendedClaim, extended_claim, owns_extended_claim

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpudra_driver.kubeapi import Kube, Obj, ResourceType, error_message, resource_type
+from gpudra_core.kubeapi import Kube, Obj, ResourceType, error_message, resource_type
 from gpudra_operator.explain.extended import EXTENDED_CLAIM_ANNOTATION
 
 POD = resource_type("v1", "Pod")

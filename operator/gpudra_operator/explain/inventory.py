@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from gpudra_driver.quantity import quantity_value
+from gpudra_core.quantity import quantity_value
 
 Obj = Mapping[str, Any]
 DeviceID = tuple[str, str, str]  # driver, pool, device

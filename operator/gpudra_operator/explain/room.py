@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal
 
-from gpudra_driver.quantity import format_quantity, quantity_value
+from gpudra_core.quantity import format_quantity, quantity_value
 from gpudra_operator.explain.inventory import CounterSets, Device, Holdings, Obj
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from gpudra_driver.quantity import quantity_value
+from gpudra_core.quantity import quantity_value
 from gpudra_operator.allocatorhelper import NodeOutcome, Outcome
 from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, all_model_references
 from gpudra_operator.explain.claims import Request, allocation, claim_label, claim_requests, untolerated_taints

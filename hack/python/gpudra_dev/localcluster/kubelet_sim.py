@@ -11,7 +11,7 @@ import datetime
 import logging
 from typing import Any
 
-from gpudra_driver.kubeapi import Kube, Obj, is_status, resource_type
+from gpudra_core.kubeapi import Kube, Obj, is_status, resource_type
 
 from .objects import FAKE_NODE_LABEL
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpudra_driver.kubeapi import Obj, resource_type
+from gpudra_core.kubeapi import Obj, resource_type
 
 from .gpucluster import LocalGpuCluster
 from .waiting import wait_for
@@ -50,7 +50,7 @@ async def published_device(cluster: LocalGpuCluster, pool: str, name: str) -> Ob
 
 async def prepare_claim(cluster: LocalGpuCluster, node_name: str, claim: Obj) -> list[str]:
     """Play the kubelet: register with the node's agent, then NodePrepareResources for ``claim``."""
-    from gpudra_driver.plugin.kubelet_client import DraClient, register
+    from gpudra_dev.kubelet_client import DraClient, register
 
     registration = cluster.registration_socket(node_name)
     await wait_for(lambda: _is_socket(registration), timeout=30, what=f"the agent's registration socket on {node_name}")

@@ -2,7 +2,7 @@
 mock MPS control daemons they left running.
 
 The mock ``libnvidia-ml.so.1``, ``nvidia-smi`` and ``nvidia-cuda-mps-control`` (``tests/mocknvml``,
-laid out by :func:`~gpudra_operator.localcluster.driverroot.make_driver_root`) run in different
+laid out by :func:`~gpudra_dev.localcluster.fakedriverroot.make_driver_root`) run in different
 processes but model one machine: what one sets, the others read, from files under
 ``<root>/run/gpudra-mock`` (each mock finds ``<root>`` from its own path; the format is documented
 in ``tests/mocknvml/mock_state.h``)::

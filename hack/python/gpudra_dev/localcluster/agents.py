@@ -1,7 +1,7 @@
 """Node agents as local subprocesses, one per fake Node: what a DaemonSet pod would run on a real
 GPU node, minus the container.
 
-Each agent gets a fake driver root of its own (:mod:`gpudra_operator.localcluster.driverroot`):
+Each agent gets a fake driver root of its own (:mod:`gpudra_dev.localcluster.fakedriverroot`):
 the driver's files and real device nodes its CDI specs point at. ``nvml="mock:<profile>"`` runs
 the agent as on a GPU node, ``--nvml real`` loading the root's mock ``libnvidia-ml.so.1`` through
 the real pynvml; ``nvml="fake:<profile>"`` keeps the Python simulator (fault injection, profiles
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import yaml
 
-from gpudra_operator.localcluster.driverroot import make_driver_root, make_pci_sysfs
-from gpudra_operator.localcluster.processes import dying_with_parent, stop_process
+from gpudra_dev.localcluster.fakedriverroot import make_driver_root, make_pci_sysfs
+from gpudra_dev.localcluster.processes import dying_with_parent, stop_process
 from gpudra_operator.render import AGENT_PROCESS_ENV
 
 
@@ -57,7 +57,7 @@ def start_agent(*, kubeconfig: Path, node_name: str, nvml: str, driver: str, wor
     if sysfs is None and profile is not None:  # the node's GPUs on its PCI bus, as on a GPU node
         sysfs = make_pci_sysfs(workdir / "sys", profile)
     agent_nvml = "real" if nvml.startswith(MOCK_PREFIX) else nvml
-    argv = [sys.executable, "-m", "gpudra_operator.cli", "agent", "--driver", driver,
+    argv = [sys.executable, "-m", "gpudra.cli", "agent", "--driver", driver,
             "--node-name", node_name, "--nvml", agent_nvml, "--kubeconfig", str(kubeconfig),
             *(["--driver-root", str(driver_root)] if driver_root is not None else []),
             *(["--sysfs", str(sysfs)] if sysfs is not None else []),
@@ -97,7 +97,7 @@ def start_mps_supervisor(*, plugin_dir: Path, driver_root: Path, workdir: Path,
     it, as they outlive the agent (stop them with mockstate.kill_mps_daemons)."""
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "mps-supervisor.log"
-    argv = [sys.executable, "-m", "gpudra_operator.cli", "mps-supervisor", "--plugin-dir", str(plugin_dir),
+    argv = [sys.executable, "-m", "gpudra.cli", "mps-supervisor", "--plugin-dir", str(plugin_dir),
             "--driver-root", str(driver_root), *extra_args]
     with log_path.open("ab") as log:
         process = subprocess.Popen(dying_with_parent(argv), stdout=log, stderr=subprocess.STDOUT,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from gpudra_driver.kubeapi import Kube, Obj, resource_type
+from gpudra_core.kubeapi import Kube, Obj, resource_type
 
 from .waiting import wait_for
 
@@ -96,7 +96,7 @@ async def events_about(kube: Kube, name: str, namespace: str = "default") -> lis
 
 async def install_crd(kube: Kube, timeout: float = 60) -> Obj:
     """The GpuDraConfig CRD applied (server-side) and Established; the live CRD."""
-    from ..crd import load_crd
+    from gpudra_operator.crd import load_crd
 
     crd = load_crd()
     await kube.apply(crd)

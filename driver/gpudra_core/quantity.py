@@ -28,7 +28,7 @@ import re
 from decimal import MAX_EMAX, MIN_EMIN, ROUND_UP, Context, Decimal
 from typing import Any, NamedTuple
 
-from gpudra_driver.limits import INT64_MAX, INT64_MIN
+from gpudra_core.limits import INT64_MAX, INT64_MIN
 
 _DIGITS = frozenset("0123456789")  # ASCII only: str.isdigit and int() take other scripts' digits too
 _SUFFIX_LETTERS = frozenset("eEinumkKMGTP")

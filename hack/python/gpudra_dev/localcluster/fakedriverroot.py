@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pynvml
 
+from gpudra_dev import REPO
 from gpudra_driver.nvml.fake import Profile, load_profile
 from gpudra_driver.plugin.devicenodes import _GIS_PER_GPU, _MINORS_PER_GI, mig_cap_minor_fallback
 
@@ -50,8 +51,7 @@ INVENTORY_ENV = "GPUDRA_MOCK_NVML_INVENTORY"  # read by the mock itself
 INVENTORY_FILE = "gpudra-mock-nvml.inventory"  # the mock's default: next to the library file
 LIB_DIR = Path("usr/lib/x86_64-linux-gnu")
 
-_REPO = Path(__file__).resolve().parents[3]
-_BUILT = _REPO / "build" / "mock-nvml" / "libnvidia-ml.so"
+_BUILT = REPO / "build" / "mock-nvml" / "libnvidia-ml.so"
 
 NVIDIA_MAJOR = 195  # /dev/nvidia<minor>, nvidiactl (255), nvidia-modeset (254)
 UVM_MAJOR = 510  # dynamic on a real host; any unused number here
@@ -246,7 +246,7 @@ def make_driver_root(
     # bytes, b"GPUDRAIN"; tests/mocknvml/mock_inventory.h): nvidia-smi lists the GPUs whose
     # /dev/nvidia<minor> exist where it runs and sets compute modes and time slices;
     # nvidia-cuda-mps-control is an MPS control daemon and client. Both share the root's state
-    # (gpudra_operator.localcluster.mockstate). The others are shell-script stand-ins.
+    # (gpudra_dev.localcluster.mockstate). The others are shell-script stand-ins.
     for tool in _BINARIES:
         path = bindir / tool
         mock = lib.parent / tool

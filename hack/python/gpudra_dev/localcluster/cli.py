@@ -1,4 +1,4 @@
-"""`gpudra local-cluster up|down`: a real control plane on this machine, kept up until Ctrl-C."""
+"""`gpudra-dev local-cluster up|down`: a real control plane on this machine, kept up until Ctrl-C."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def _up(state_dir: Path, pid_file: Path) -> int:
     if pid_file.exists():
         try:
             os.kill(int(pid_file.read_text()), 0)
-            print(f"a local cluster is already running (pid file {pid_file}); `gpudra local-cluster down` first")
+            print(f"a local cluster is already running (pid file {pid_file}); `gpudra-dev local-cluster down` first")
             return 1
         except (ProcessLookupError, ValueError):
             pid_file.unlink()

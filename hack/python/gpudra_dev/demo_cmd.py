@@ -1,4 +1,4 @@
-"""`gpudra demo`: the whole product on this machine, no cluster and no GPU needed.
+"""`gpudra-dev demo`: the whole product on this machine, no cluster and no GPU needed.
 
 A local control plane, three simulated GPU nodes (dgx-h100, dgx-a100-40gb, a100-80gb-mig) each
 with its own agent on simulated NVML, the operator, the sample GpuDraConfig, then the seed: a claim
@@ -18,10 +18,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from .localcluster.gpucluster import LocalGpuCluster
+from gpudra_dev import REPO
 
-SAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "samples"
+if TYPE_CHECKING:
+    from gpudra_dev.localcluster.gpucluster import LocalGpuCluster
+
+SAMPLES = REPO / "manifests" / "samples"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -34,7 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .localcluster.controlplane import ControlPlaneError, find_binaries
+    from gpudra_dev.localcluster.controlplane import ControlPlaneError, find_binaries
 
     if args.down:
         return _down(args.state_dir / "demo.pid")
@@ -78,8 +80,8 @@ def show(title: str, text: str) -> None:
 async def _demo(bin_dir: Path, workdir: Path, pid_file: Path, exit_after: bool) -> int:
     import os
 
-    from .localcluster.gpucluster import LocalGpuCluster
-    from .localcluster.seed import run_seed
+    from gpudra_dev.localcluster.gpucluster import LocalGpuCluster
+    from gpudra_dev.localcluster.seed import run_seed
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -126,11 +128,11 @@ UNFIT = "train-8x64gi"
 async def explain_unfit_claim(cluster: LocalGpuCluster) -> str:
     """A claim for 8 GPUs of >= 64Gi and a pod using it; once the scheduler has given up on the
     pod, what `gpudra explain pod` says about it."""
-    from gpudra_driver.kubeapi import resource_type
+    from gpudra_core.kubeapi import resource_type
 
     from .explain import explain_live
     from .explain.report import as_text
-    from .localcluster.waiting import wait_for
+    from gpudra_dev.localcluster.waiting import wait_for
 
     pods = resource_type("v1", "Pod")
     selector = f'device.capacity["{cluster.driver}"].memory.compareTo(quantity("64Gi")) >= 0'

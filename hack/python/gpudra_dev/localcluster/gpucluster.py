@@ -1,5 +1,5 @@
 """A whole gpudra installation on the local control plane: simulated GPU nodes, their agents, the
-operator, and a kubelet stand-in. `gpudra demo` and the e2e test both stand on it."""
+operator, and a kubelet stand-in. `gpudra-dev demo` and the e2e test both stand on it."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 
 import yaml
 
-from gpudra_driver.kubeapi import Kube, Obj, connect, resource_type
+from gpudra_core.kubeapi import Kube, Obj, connect, resource_type
 
-from ..crd import load_crd
+from gpudra_operator.crd import load_crd
 from .agents import AgentProcess, start_agent
 from .controlplane import ControlPlane
 from .kubelet_sim import KubeletSimulator

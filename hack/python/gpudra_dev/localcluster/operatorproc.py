@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpudra_operator.localcluster.processes import dying_with_parent, stop_process
+from gpudra_dev.localcluster.processes import dying_with_parent, stop_process
 
 
 @dataclass
@@ -37,7 +37,7 @@ def start_operator(*, kubeconfig: Path, log_path: Path, args: Sequence[str] = ("
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-            dying_with_parent([sys.executable, "-m", "gpudra_operator.cli", "operator", *args]),
+            dying_with_parent([sys.executable, "-m", "gpudra.cli", "operator", *args]),
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1", **(env or {})})
     return OperatorProcess(process, log_path)

@@ -15,7 +15,7 @@ Device types and names (stable across agent restarts and rescans, DNS labels):
 
 Sharing (KEP-5075, consumable capacity): a device may carry ``allow_multiple_allocations`` and a
 :class:`RequestPolicy` per capacity, which lets the scheduler put several claims on it, each
-consuming part of a capacity (:mod:`gpudra_driver.consumable` decides which devices and how).
+consuming part of a capacity (:mod:`gpudra_core.consumable` decides which devices and how).
 
 MIG rule: a GPU whose *current* MIG mode is enabled is not published as a full GPU, only its MIG
 devices are. Its memory and SMs belong to the MIG devices; advertising both would let the scheduler
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal, TypeAlias
 
-from gpudra_driver import limits
+from gpudra_core import limits
 
 AttrType: TypeAlias = Literal["string", "int", "bool", "version"]
 CapacityUnit: TypeAlias = Literal["bytes", "count"]

@@ -9,9 +9,9 @@ import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from gpudra_driver.kubeapi import Kube
+from gpudra_core.kubeapi import Kube
 
-from ..render import agent_labels
+from gpudra_operator.render import agent_labels
 from .objects import create_fake_node, fake_slice
 
 CREATE_CONCURRENCY = 32  # requests in flight while populating

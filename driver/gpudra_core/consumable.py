@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from gpudra_driver.devicemodel import Device, RequestPolicy
-from gpudra_driver.quantity import format_quantity, parse_quantity
+from gpudra_core.devicemodel import Device, RequestPolicy
+from gpudra_core.quantity import format_quantity, parse_quantity
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ async def api_server_keeps_sharing(kube: Any, driver: str, node: str) -> tuple[b
     retries."""
     from kubernetes_asyncio.client.exceptions import ApiException
 
-    from gpudra_driver.kubeapi import error_message, is_status
+    from gpudra_core.kubeapi import error_message, is_status
 
     try:
         stored = await kube.create(probe_slice(driver, node), dry_run=True)

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpudra_driver.kubeapi import Kube
+from gpudra_core.kubeapi import Kube
 
-from ..leaderelection import LEASE, LEASE_NAME
+from gpudra_operator.leaderelection import LEASE, LEASE_NAME
 from .controlplane import HOST, ControlPlane, free_port
 from .operatorproc import OperatorProcess, start_operator
 from .tcpproxy import TcpProxy

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpudra_driver.quantity import quantity_value
+from gpudra_core.quantity import quantity_value
 
 
 def contains(live: Any, desired: Any) -> bool:

@@ -1,0 +1,5 @@
+import sys
+
+from gpudra.cli import main
+
+sys.exit(main())
