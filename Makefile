@@ -121,8 +121,10 @@ test: venv allocator cdi-schema mock-nvml mock-nvidia-smi mock-mps-control
 unit: venv allocator cdi-schema cdi-tools mock-nvml mock-nvidia-smi mock-mps-control
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
+# mypy, and the layering contracts in pyproject.toml ([tool.importlinter]).
 typecheck: venv
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 demo: venv allocator mock-nvml
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \

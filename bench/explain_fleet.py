@@ -26,7 +26,7 @@ from typing import Any
 from bench import Context, Result, at_most, median
 from gpudra_driver.discovery import discover
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
-from gpudra_driver.slices import build_slices
+from gpudra_driver.publishing.slices import build_slices
 from gpudra_operator.allocatorhelper import AllocatorHelper
 from gpudra_operator.deviceclasses import render_device_class
 from gpudra_operator.explain import explain_snapshot

@@ -36,7 +36,7 @@ from gpudra_dev.localcluster.fleet import CREATE_CONCURRENCY, add_gpu_nodes, bou
 from gpudra_dev.localcluster.objects import FAKE_NODE_LABEL, fake_slice, install_crd
 from gpudra_dev.localcluster.operatorproc import start_operator
 from gpudra_dev.localcluster.waiting import wait_for
-from gpudra_operator.slicegc import SliceCollector
+from gpudra_operator.slicegc.apply import SliceCollector
 
 NODES = int(os.environ.get("BENCH_GC_NODES", "2000"))
 STALE = int(os.environ.get("BENCH_GC_STALE", "500"))

@@ -258,7 +258,7 @@ class Device:
     capacity: dict[str, int] = field(default_factory=dict)
     allow_multiple_allocations: bool = False
     request_policies: dict[str, RequestPolicy] = field(default_factory=dict)
-    taints: tuple[DeviceTaint, ...] = ()  # set by device health (gpudra_driver.health), not discovery
+    taints: tuple[DeviceTaint, ...] = ()  # set by device health (gpudra_driver.devicehealth), not discovery
 
     def __post_init__(self) -> None:
         limits.check_dns_label(f"device {self.name!r} name", self.name)

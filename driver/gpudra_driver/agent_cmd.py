@@ -21,8 +21,8 @@ from gpudra_driver import eventloop
 
 if TYPE_CHECKING:
     from gpudra_core.consumable import ConsumableCapacity
-    from gpudra_driver.health.feed import HealthFeed
-    from gpudra_driver.health.monitor import HealthMonitor
+    from gpudra_driver.devicehealth.feed import HealthFeed
+    from gpudra_driver.devicehealth.apply import HealthMonitor
 
 log = logging.getLogger("gpudra.agent")
 
@@ -102,7 +102,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _xid_list(value: str) -> frozenset[int]:
-    from gpudra_driver.health.xids import parse_list
+    from gpudra_driver.devicehealth.xids import parse_list
 
     try:
         return parse_list(value)
@@ -139,7 +139,7 @@ async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: obje
                        events: object, root: object) -> None:
     from gpudra_driver.discovery import numa_node_from_sysfs
     from gpudra_driver.devicepluginguard import DevicePluginGuard
-    from gpudra_driver.rescan import Rescanner
+    from gpudra_driver.publishing.rescan import Rescanner
 
     # the Node every 5 rescans (5 minutes by default): one GET, not a watch per agent
     guard = DevicePluginGuard(kube, args.node_name, allow=args.allow_device_plugin,  # type: ignore[arg-type]
@@ -148,7 +148,7 @@ async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: obje
     def publish_slices(devices):  # type: ignore[no-untyped-def]
         return publisher.set_devices([] if guard.blocked else devices)  # type: ignore[attr-defined]
 
-    from gpudra_driver.health.podevents import PodNotifier
+    from gpudra_driver.devicehealth.podevents import PodNotifier
 
     tell_pods = PodNotifier(plugin.state.prepared_claims, plugin.get_claim,  # type: ignore[attr-defined]
                             events.post_on_pod)  # type: ignore[attr-defined]
@@ -183,9 +183,9 @@ def _health_monitor(args: argparse.Namespace, root: object, publish: object, eve
     if not args.device_health:
         log.info("device health is off (--no-device-health): GPUs are published without taints")
         return None
-    from gpudra_driver.health.core import Policy
-    from gpudra_driver.health.feed import HealthFeed
-    from gpudra_driver.health.monitor import HealthMonitor
+    from gpudra_driver.devicehealth.plan import Policy
+    from gpudra_driver.devicehealth.feed import HealthFeed
+    from gpudra_driver.devicehealth.apply import HealthMonitor
 
     policy = Policy(driver=args.driver, informational_xids=args.informational_xids,
                     quiet_period=args.health_quiet_period, effect=args.health_taint_effect)
@@ -198,7 +198,7 @@ def _health_feed(args: argparse.Namespace) -> HealthFeed | None:
     """The device health the kubelet plugin streams to the kubelet (KEP-4680), if health is monitored."""
     if not args.device_health:
         return None
-    from gpudra_driver.health.feed import HealthFeed
+    from gpudra_driver.devicehealth.feed import HealthFeed
 
     # A device's health goes Unknown in pod status when no probe round refreshed it for this long:
     # a few rounds missed, not one late.
@@ -209,7 +209,7 @@ async def _sharing(args: argparse.Namespace, kube: object, events: object) -> Co
     """The sharing policy the flags ask for, if the API server keeps what it publishes (one dry
     run, retried until the server answers); else None, said once in the log and a Node event."""
     from gpudra_core.consumable import api_server_keeps_sharing
-    from gpudra_driver.publisher import retrying
+    from gpudra_driver.publishing.apply import retrying
 
     sharing: ConsumableCapacity | None = args.sharing
     if sharing is None:
@@ -259,10 +259,10 @@ async def _report_ready(path: Path, plugin: object, published: asyncio.Event) ->
 async def _main(args: argparse.Namespace) -> int:
     from gpudra_core.kubeapi import Kube, connect
     from gpudra_driver.nodeevents import NodeEvents
-    from gpudra_driver.plugin.mpsdaemons import report_restarts
+    from gpudra_driver.sharing.mps.apply import report_restarts
     from gpudra_driver.plugin.sweep import LeakSweeper
     from gpudra_driver.plugin.plugin import KubeletPlugin, claim_getter
-    from gpudra_driver.publisher import SlicePublisher
+    from gpudra_driver.publishing.apply import SlicePublisher
 
     from gpudra_driver.driverroot import DriverRoot, DriverRootError
 
@@ -298,8 +298,7 @@ async def _main(args: argparse.Namespace) -> int:
         return 1
     health = None
     if args.health_port:
-        from gpudra_driver.plugin import health as liveness
-
+        from gpudra_driver.plugin import liveness
         try:
             health, _ = await liveness.serve(args.health_port, plugin)
         except OSError as error:  # the probes could never pass: say why instead of being restarted

@@ -23,14 +23,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from gpudra_core.agentcontract import DEVICE_PLUGIN_CONFLICT as CONFLICT  # the operator reads them
+from gpudra_core.agentcontract import DEVICE_PLUGIN_RESOLVED as RESOLVED
 from gpudra_core.kubeapi import Kube, error_message, resource_type
 
 log = logging.getLogger("gpudra.agent")
 
 NODE = resource_type("v1", "Node")
 DEVICE_PLUGIN_RESOURCE = "nvidia.com/gpu"
-CONFLICT = "DevicePluginConflict"
-RESOLVED = "DevicePluginConflictResolved"
 Report = Callable[[str, str, str], Awaitable[None]]
 REPOST_INTERVAL = 900.0  # a conflict's event again every 15 minutes while it lasts (Events live an hour)
 

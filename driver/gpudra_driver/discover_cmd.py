@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from gpudra_driver.discovery import numa_node_from_sysfs, nvidia_gpus_on_pci, scan
     from gpudra_driver.driverroot import DriverRoot, DriverRootError
     from gpudra_driver.nvml import NvmlUnavailable, load_nvml, resolve_spec
-    from gpudra_driver.slices import build_slices, device_to_api
+    from gpudra_driver.publishing.slices import build_slices, device_to_api
 
     node = args.node_name or os.environ.get("NODE_NAME") or socket.gethostname().lower()
     spec = resolve_spec(args.nvml)
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
             devices = _with_health(nvml, devices, args.driver)
         slices = build_slices(args.driver, node, args.node_uid, args.generation, devices)
     except (NvmlUnavailable, DriverRootError) as exc:
-        from gpudra_driver.rescan import NO_GPU_ON_PCI
+        from gpudra_driver.publishing.rescan import NO_GPU_ON_PCI
 
         cpu_only = spec == "real" and nvidia_gpus_on_pci() == []
         print(f"gpudra discover: {exc}" + (f" ({NO_GPU_ON_PCI})" if cpu_only else ""), file=sys.stderr)
@@ -114,15 +114,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _with_health(nvml: Any, devices: list[Any], driver: str) -> list[Any]:
-    from gpudra_driver.health.core import Moment, Policy
-    from gpudra_driver.health.monitor import snapshot
+    from gpudra_driver.devicehealth.plan import Moment, Policy
+    from gpudra_driver.devicehealth.apply import snapshot
 
     return snapshot(nvml, devices, Policy(driver=driver), Moment.now())
 
 
 def _health(device: Any, driver: str) -> str:
     """``healthy``, ``unmonitored``, or ``unhealthy (<taint>, ...)``."""
-    from gpudra_driver.health.core import health_of
+    from gpudra_driver.devicehealth.plan import health_of
 
     state = health_of(device.taints, driver)
     if state != "unhealthy":

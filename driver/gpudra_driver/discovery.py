@@ -128,7 +128,7 @@ def scan(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = None) 
                 warnings.append(f"GPU {index} skipped: {exc}")
         # A value past an API limit (a 96-character product name) changes that device only; the
         # node's other devices publish (a LimitError in build_slices would hold up the whole pool).
-        from gpudra_driver.slices import fit_devices
+        from gpudra_driver.publishing.slices import fit_devices
 
         devices, fixes = fit_devices(devices)
         return Discovery(devices, warnings + fixes)

@@ -9,7 +9,7 @@ What the kubelet plugin calls (driver/gpudra_driver/plugin/):
   ``PREPARE.record(seconds, ok=False)`` outside a block;
 * ``set_prepared_claims(n)`` whenever the checkpoint's set of prepared claims changes.
 
-What device health calls (driver/gpudra_driver/health/): ``device_health(counts)`` with the number
+What device health calls (driver/gpudra_driver/devicehealth/): ``device_health(counts)`` with the number
 of devices per health state (healthy, unhealthy, unmonitored) whenever it recomputes them.
 
 What the publisher calls: ``published(devices, slices)`` after every successful sync (a no-op sync

@@ -11,15 +11,10 @@ from __future__ import annotations
 
 import logging
 
+from gpudra_core.agentcontract import event_source
 from gpudra_core.kubeapi import Kube, core_event, error_message
 
 log = logging.getLogger("gpudra.agent")
-
-def event_source(driver: str) -> str:
-    """The events' ``source.component``: per driver, so each GpuDraConfig's operator finds its
-    agents' events with one field selector (``source=gpudra-agent/<driver>``)."""
-    return f"gpudra-agent/{driver}"
-
 
 class NodeEvents:
     def __init__(self, kube: Kube, node: str, *, driver: str, host: str | None = None) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from gpudra_core.kubeapi import EVENT_NAMESPACE, Kube, core_event
 
-from .conditions import CLASS_MATCHES_NO_DEVICE, DEGRADED, READY, find_condition
+from gpudra_operator.conditions import CLASS_MATCHES_NO_DEVICE, DEGRADED, READY, find_condition
 
 COMPONENT = "gpudra-operator"
 log = logging.getLogger("gpudra.operator")

@@ -17,14 +17,14 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from gpudra_core.kubeapi import NETWORK_ERRORS, Deadlines, Kube, connect, error_message, resource_type
 
 from . import metrics
-from .events import EventRecorder
-from .classcounts import ClaimWatch
-from .devicecount import SLICE, DeviceCounts
-from .reconcile import CONFIG, DAEMONSET, DEVICE_CLASS, Reconciler
-from .slicegc import DEFAULT_DELETE_RATE, SliceCollector, gc_tick
-from .render import (AGENT_NAME, LABEL_CONFIG, LABEL_MANAGED_BY, MANAGED_BY, agent_selector, child_selector,
+from gpudra_operator.events import EventRecorder
+from gpudra_operator.classcounts import ClaimWatch
+from gpudra_operator.devicecount import SLICE, DeviceCounts
+from gpudra_operator.reconcile import CONFIG, DAEMONSET, DEVICE_CLASS, Reconciler
+from gpudra_operator.slicegc.apply import DEFAULT_DELETE_RATE, SliceCollector, gc_tick
+from gpudra_operator.render import (AGENT_NAME, LABEL_CONFIG, LABEL_MANAGED_BY, MANAGED_BY, agent_selector, child_selector,
                      configured_agent_image)
-from .spec import GpuDraConfig
+from gpudra_operator.spec import GpuDraConfig
 
 GROUP, VERSION, PLURAL = "gpudra.io", "v1alpha1", "gpudraconfigs"
 FINALIZER = "gpudra.io/cleanup"

@@ -11,7 +11,7 @@ import signal
 import socket
 from typing import Any
 
-from .leaderelection import LEASE_NAME, Timing
+from gpudra_operator.leaderelection import LEASE_NAME, Timing
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -74,9 +74,9 @@ async def _run(args: argparse.Namespace, timing: Timing) -> int:
 
     from gpudra_core.kubeapi import Kube, connect
 
-    from .handlers import FIELD_MANAGER
-    from .health import serve_health
-    from .leaderelection import LeaseElector, namespace_in_cluster, run_elected
+    from gpudra_operator.handlers import FIELD_MANAGER
+    from gpudra_operator.liveness import serve_health
+    from gpudra_operator.leaderelection import LeaseElector, namespace_in_cluster, run_elected
 
     # kopf would name itself after the OS user (getpass), which fails for a UID without a passwd
     # entry, such as the Deployment's 65532: the host name (the pod's) instead, or kopf's POD_ID.

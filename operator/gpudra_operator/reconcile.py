@@ -17,22 +17,20 @@ from typing import Any, TypeVar
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpudra_driver.devicepluginguard import CONFLICT as DEVICE_PLUGIN_CONFLICT
-from gpudra_driver.devicepluginguard import RESOLVED as DEVICE_PLUGIN_RESOLVED
+from gpudra_core.agentcontract import DEVICE_PLUGIN_CONFLICT, DEVICE_PLUGIN_RESOLVED, event_source
 from gpudra_core.diff import contains, dropped_fields
-from gpudra_driver.nodeevents import event_source
 from gpudra_core.kubeapi import NETWORK_ERRORS, Kube, Obj, error_message, is_status, resource_type
 
-from .conditions import (ApplyError, Unsupported, agents_status, apply_conditions, class_matches_no_device,
+from gpudra_operator.conditions import (ApplyError, Unsupported, agents_status, apply_conditions, class_matches_no_device,
                          summarize)
-from .classcounts import ClaimWatch, ClassCount, class_selectors
-from .devicecount import DeviceCounts
+from gpudra_operator.classcounts import ClaimWatch, ClassCount, class_selectors
+from gpudra_operator.devicecount import DeviceCounts
 from . import metrics
-from .events import EVENT_NAMESPACE, EventRecorder
-from .features import CONSUMABLE_CAPACITY_UNSUPPORTED, FeatureProbe
-from .render import (DEFAULT_AGENT_IMAGE, LABEL_CONFIG, LABEL_MANAGED_BY, MANAGED_BY, MPS_NAME, Rendered,
+from gpudra_operator.events import EVENT_NAMESPACE, EventRecorder
+from gpudra_operator.features import CONSUMABLE_CAPACITY_UNSUPPORTED, FeatureProbe
+from gpudra_operator.render import (DEFAULT_AGENT_IMAGE, LABEL_CONFIG, LABEL_MANAGED_BY, MANAGED_BY, MPS_NAME, Rendered,
                      child_selector, render)
-from .spec import GpuDraConfig, SpecError
+from gpudra_operator.spec import GpuDraConfig, SpecError
 
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")

@@ -62,7 +62,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpudra_driver.plugin.mps import SUPERVISOR_SOCKET
+from gpudra_core.agentcontract import MPS_SUPERVISOR_SOCKET
 from gpudra_operator.deviceclasses import RenderError, render_device_classes
 from gpudra_operator.spec import AgentSpec, ConsumableCapacitySpec, GpuDraConfig, thaw
 
@@ -257,7 +257,7 @@ def render_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_IMAG
         "readinessProbe": {"exec": {"command": ["test", "-f", AGENT_READY_FILE]}, "periodSeconds": 5},
         # Alive while its own sockets answer a fresh dial, as the kubelet's would (a socket file
         # removed from under it, a wedged event loop: restarted). Start-up (the checkpoint and CDI
-        # reconciliation) gets five minutes; waiting for NVML is alive (gpudra_driver.plugin.health).
+        # reconciliation) gets five minutes; waiting for NVML is alive (gpudra_driver.plugin.liveness).
         "startupProbe": {"grpc": {"port": AGENT_HEALTH_PORT, "service": AGENT_HEALTH_SERVICE},
                          "periodSeconds": 5, "timeoutSeconds": 10, "failureThreshold": 60},
         "livenessProbe": {"grpc": {"port": AGENT_HEALTH_PORT, "service": AGENT_HEALTH_SERVICE},
@@ -324,7 +324,7 @@ def _place_like_the_agents(pod_spec: Obj, agent: AgentSpec) -> None:
 
 
 def render_mps_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_IMAGE) -> Obj:
-    """The MPS supervisor (gpudra_driver.mpssupervisor) on every node that runs an agent: the same
+    """The MPS supervisor (gpudra_driver.sharing.mps.supervisor) on every node that runs an agent: the same
     image and placement. Never rolled with the agents: replacing its pod stops the MPS daemons of
     that node's claims, so it is replaced only when its pod is deleted (OnDelete). No API access
     (no token); its process namespace is shared with the pod's pause container, which reaps the
@@ -353,7 +353,7 @@ def render_mps_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_
         # the daemons open the GPUs' device nodes and get a mount namespace of their own (/dev/shm);
         # the claims' /dev/shm are tmpfs it mounts, propagated to the host (Bidirectional needs privileged)
         "securityContext": {"privileged": True, "readOnlyRootFilesystem": True},
-        "readinessProbe": {"exec": {"command": ["test", "-S", posixpath.join(mps_dir, SUPERVISOR_SOCKET)]},
+        "readinessProbe": {"exec": {"command": ["test", "-S", posixpath.join(mps_dir, MPS_SUPERVISOR_SOCKET)]},
                            "periodSeconds": 5},
         "volumeMounts": [
             {"name": "mps", "mountPath": mps_dir, "mountPropagation": "Bidirectional"},

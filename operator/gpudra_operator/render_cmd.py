@@ -24,7 +24,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from .crd import GROUP, VERSION
+from gpudra_operator.crd import GROUP, VERSION
 
 KIND = "GpuDraConfig"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -59,12 +59,12 @@ def _class_label(spec: Mapping[str, Any], class_name: str) -> str:
 def render_documents(documents: Sequence[Any], agent_image: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """The objects for every GpuDraConfig in ``documents``, and every problem found (each
     prefixed with the document's position and name). Pure; ``agent_image`` None is this release's."""
-    from .crd import default_object, openapi_schema
-    from .render import DEFAULT_AGENT_IMAGE, render
-    from .structuralschema import schema_errors
+    from gpudra_operator.crd import default_object, openapi_schema
+    from gpudra_operator.render import DEFAULT_AGENT_IMAGE, render
+    from gpudra_operator.structuralschema import schema_errors
 
     agent_image = agent_image or DEFAULT_AGENT_IMAGE
-    from .spec import SpecError
+    from gpudra_operator.spec import SpecError
 
     objects: list[dict[str, Any]] = []
     errors: list[str] = []
@@ -106,7 +106,7 @@ def selector_errors(objects: Sequence[Mapping[str, Any]], minors: Sequence[int])
     selectors (compile errors, cost past the limit), one line each."""
     import asyncio
 
-    from .allocatorhelper import AllocatorHelper
+    from gpudra_operator.allocatorhelper import AllocatorHelper
 
     selectors = [(obj["metadata"]["name"], index, str(((entry or {}).get("cel") or {}).get("expression", "")))
                  for obj in objects if obj.get("kind") == "DeviceClass"
@@ -129,7 +129,7 @@ def selector_errors(objects: Sequence[Mapping[str, Any]], minors: Sequence[int])
 
 
 def _minors(version: str | None) -> list[int]:
-    from .allocatorhelper import available_minors
+    from gpudra_operator.allocatorhelper import available_minors
 
     if version is None:
         return available_minors()
@@ -172,8 +172,8 @@ def run(args: argparse.Namespace) -> int:
     except yaml.YAMLError as error:
         print(f"gpudra render: {args.filename}: not valid YAML: {error}".replace("\n", " "), file=sys.stderr)
         return 1
-    from .allocatorhelper import AllocatorError, AllocatorUnavailable
-    from .render import configured_agent_image
+    from gpudra_operator.allocatorhelper import AllocatorError, AllocatorUnavailable
+    from gpudra_operator.render import configured_agent_image
 
     objects, errors = render_documents(documents, args.agent_image or configured_agent_image())
     if not errors and not objects:

@@ -13,7 +13,7 @@ import yaml
 from gpudra_driver.discovery import scan
 from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_driver.nvml import load_nvml
-from gpudra_driver.publishing import plan_publish
+from gpudra_driver.publishing.plan import plan_publish
 from gpudra_dev.localcluster.agents import AgentProcess
 from gpudra_dev.localcluster.waiting import wait_for
 

@@ -27,7 +27,7 @@ import pytest_asyncio
 
 from gpudra_core.devicemodel import AttrValue, Device
 from gpudra_core.kubeapi import NETWORK_ERRORS, Deadlines, Kube, Obj, connect, resource_type
-from gpudra_driver.publisher import SlicePublisher
+from gpudra_driver.publishing.apply import SlicePublisher
 from gpudra_operator.events import EventRecorder
 from gpudra_operator.leaderelection import LEASE, Fence, LeaseElector, Timing
 from gpudra_dev.localcluster.controlplane import HOST, ControlPlane
@@ -35,7 +35,7 @@ from gpudra_dev.localcluster.objects import fake_slice
 from gpudra_dev.localcluster.tcpproxy import TcpProxy
 from gpudra_dev.localcluster.waiting import wait_for
 from gpudra_operator.reconcile import Reconciler
-from gpudra_operator.slicegc import SliceCollector
+from gpudra_operator.slicegc.apply import SliceCollector
 
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
@@ -103,7 +103,7 @@ def gpu(index: int, memory_gib: int) -> Device:
 async def test_the_publisher_gives_up_a_silent_connection_and_publishes_the_next_change(
         kube: Kube, through_proxy: Callable[[str], Kube], proxy: TcpProxy, fake_nodes: Any,
         caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="gpudra_driver.publisher")
+    caplog.set_level(logging.WARNING, logger="gpudra_driver.publishing.apply")
     node = (await fake_nodes("deadline"))["metadata"]["name"]
     driver = f"dl{secrets.token_hex(3)}.gpudra.io"
     selector = f"spec.driver={driver},spec.nodeName={node}"

@@ -20,7 +20,7 @@ import yaml
 from gpudra_driver.discovery import discover
 from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
-from gpudra_driver.slices import build_slices
+from gpudra_driver.publishing.slices import build_slices
 from gpudra_operator.deviceclasses import render_device_class
 from gpudra_dev.localcluster.controlplane import ControlPlane
 

@@ -22,8 +22,8 @@ from gpudra_operator.events import EventRecorder
 from gpudra_dev.localcluster.controlplane import ControlPlane
 from gpudra_dev.localcluster.objects import create_fake_node, delete_node, events_about, fake_slice
 from gpudra_operator.render import agent_labels
-from gpudra_operator.slicegc import GcResult, SliceCollector
-from gpudra_operator.staleslices import NODE_GONE, NODE_UNSELECTED, OWNER_UID_MISMATCH, SUPERSEDED_GENERATION
+from gpudra_operator.slicegc.apply import GcResult, SliceCollector
+from gpudra_operator.slicegc.plan import NODE_GONE, NODE_UNSELECTED, OWNER_UID_MISMATCH, SUPERSEDED_GENERATION
 
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")

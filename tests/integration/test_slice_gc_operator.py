@@ -19,7 +19,7 @@ from gpudra_dev.localcluster.kubelet_sim import KubeletSimulator
 from gpudra_dev.localcluster.objects import events_about, fake_slice
 from gpudra_dev.localcluster.operatorproc import OperatorProcess, start_operator
 from gpudra_dev.localcluster.waiting import wait_for
-from gpudra_operator.staleslices import NODE_GONE
+from gpudra_operator.slicegc.plan import NODE_GONE
 
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")

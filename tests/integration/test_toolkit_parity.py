@@ -29,7 +29,7 @@ from gpudra_driver.plugin.cdi import CdiDir, cdi_device_id
 from gpudra_driver.plugin.checkpoint import Checkpoint
 from gpudra_driver.plugin.driverfiles import DriverFilesCache
 from gpudra_driver.plugin.model import ClaimRef
-from gpudra_driver.plugin.prepare import plan_prepare
+from gpudra_driver.plugin.plan import plan_prepare
 from gpudra_dev.localcluster.fakedriverroot import make_driver_root
 
 REPO = Path(__file__).resolve().parents[2]

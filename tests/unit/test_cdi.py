@@ -17,7 +17,7 @@ from gpudra_driver.plugin.checkpoint import Checkpoint
 from gpudra_driver.plugin.driverfiles import DriverFiles, DriverFilesCache
 from gpudra_driver.plugin.devicenodes import mig_cap_minor_fallback, read_mig_cap_minor
 from gpudra_driver.plugin.model import ClaimRef, PreparedClaim
-from gpudra_driver.plugin.prepare import plan_prepare
+from gpudra_driver.plugin.plan import plan_prepare
 
 UID = "0c1d2e3f-0000-4000-8000-000000000001"
 

@@ -12,7 +12,7 @@ from plugin_fixtures import DRIVER, NODE, claim, devices, result
 from gpudra_driver.plugin import checkpoint as ckpt
 from gpudra_driver.plugin.checkpoint import COMPLETED, STARTED, Checkpoint, CheckpointError
 from gpudra_driver.plugin.model import ClaimRef, PreparedClaim
-from gpudra_driver.plugin.prepare import plan_prepare
+from gpudra_driver.plugin.plan import plan_prepare
 
 A = "0c1d2e3f-0000-4000-8000-00000000000a"
 B = "0c1d2e3f-0000-4000-8000-00000000000b"

@@ -15,7 +15,7 @@ import pytest
 from gpudra_core.consumable import ConsumableCapacity, share_devices
 from gpudra_driver.discovery import discover
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
-from gpudra_driver.slices import build_slices
+from gpudra_driver.publishing.slices import build_slices
 from gpudra_operator.allocatorhelper import AllocatorError, AllocatorHelper
 from gpudra_operator.deviceclasses import render_device_class
 from gpudra_operator.explain import ExplainInputError, Snapshot, explain_snapshot

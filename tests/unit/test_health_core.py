@@ -1,4 +1,4 @@
-"""The pure core of device health (gpudra_driver.health.core): observations -> taints, recovery,
+"""The pure core of device health (gpudra_driver.devicehealth.plan): observations -> taints, recovery,
 MIG attribution, the 1.35 fallback, what people are told."""
 
 from __future__ import annotations
@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from gpudra_core.devicemodel import AttrValue, Device, DeviceTaint
-from gpudra_driver.health import xids
-from gpudra_driver.health.apisupport import probe_slice, taints_dropped
-from gpudra_driver.health.core import (
+from gpudra_driver.devicehealth import xids
+from gpudra_driver.devicehealth.apisupport import probe_slice, taints_dropped
+from gpudra_driver.devicehealth.plan import (
     MAX_FAULTS_PER_GPU, NO_INSTANCE, Ecc, Moment, Policy, Probe, Unmonitored, Xid, apply, carry_lost, expire, health_of,
     next_expiry, observe, taints, transitions,
 )
 from gpudra_core.kubeapi import rfc3339
-from gpudra_driver.slices import build_slices
+from gpudra_driver.publishing.slices import build_slices
 
 D = "gpu.example.com"
 POLICY = Policy(driver=D, quiet_period=60.0)

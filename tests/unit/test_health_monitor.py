@@ -15,9 +15,9 @@ import pytest_asyncio
 from gpudra_core.devicemodel import Device
 from gpudra_driver.discovery import scan
 from gpudra_driver.driverroot import DriverRoot
-from gpudra_driver.health.core import Policy
-from gpudra_driver.health.feed import HealthFeed
-from gpudra_driver.health.monitor import HealthMonitor
+from gpudra_driver.devicehealth.plan import Policy
+from gpudra_driver.devicehealth.feed import HealthFeed
+from gpudra_driver.devicehealth.apply import HealthMonitor
 from gpudra_driver.nvml import load_nvml
 from gpudra_dev.localcluster import mockstate
 from gpudra_dev.localcluster.waiting import wait_for

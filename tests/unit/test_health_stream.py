@@ -14,8 +14,8 @@ from plugin_fixtures import DRIVER, NODE, fake_root
 
 from gpudra_core.devicemodel import DeviceTaint
 from gpudra_driver.discovery import scan
-from gpudra_driver.health.core import Moment, Policy, Probe, Unmonitored, Xid, observe, taints
-from gpudra_driver.health.feed import MESSAGE_MAX, HealthFeed, device_health
+from gpudra_driver.devicehealth.plan import Moment, Policy, Probe, Unmonitored, Xid, observe, taints
+from gpudra_driver.devicehealth.feed import MESSAGE_MAX, HealthFeed, device_health
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 from gpudra_driver.plugin.gen import (dra_health_v1_pb2, dra_health_v1_pb2_grpc, dra_health_v1alpha1_pb2,
                                       dra_health_v1alpha1_pb2_grpc)

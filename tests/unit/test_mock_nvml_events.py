@@ -15,8 +15,8 @@ import pynvml
 import pytest
 
 from gpudra_driver.driverroot import DriverRoot
-from gpudra_driver.health.core import Probe
-from gpudra_driver.health.monitor import probe
+from gpudra_driver.devicehealth.plan import Probe
+from gpudra_driver.devicehealth.apply import probe
 from gpudra_driver.nvml import load_nvml
 from gpudra_dev.localcluster.fakedriverroot import make_driver_root
 from test_mock_nvml import mock_lib  # noqa: F401 (the fixture: the built mock library, or how to build it)

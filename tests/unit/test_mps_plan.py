@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 from plugin_fixtures import DRIVER, NODE, claim, devices, result
 
-from gpudra_driver.plugin import gpusettings, mps
+from gpudra_driver.sharing import plan as gpusettings
+
+from gpudra_driver.sharing.mps import plan as mps
 from gpudra_driver.plugin.checkpoint import Checkpoint
 from gpudra_driver.plugin.model import MPS, ClaimError, ClaimRef
-from gpudra_driver.plugin.prepare import plan_prepare
+from gpudra_driver.plugin.plan import plan_prepare
 
 UID = "0c1d2e3f-0000-4000-8000-0000000000aa"
 REF = ClaimRef("ns", "c1", UID)

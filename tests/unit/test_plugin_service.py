@@ -282,8 +282,7 @@ async def test_watch_raises_when_the_registration_socket_cannot_be_served(
 async def test_liveness_follows_the_sockets_the_kubelet_dials(root: Path) -> None:
     from grpc_health.v1 import health_pb2
 
-    from gpudra_driver.plugin import health
-
+    from gpudra_driver.plugin import liveness as health
     serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
     plugin = make_plugin(root, {})
     await plugin.start()
@@ -320,8 +319,7 @@ async def test_liveness_follows_the_sockets_the_kubelet_dials(root: Path) -> Non
 
 
 async def test_liveness_fails_when_the_dra_socket_is_gone_or_deaf(root: Path) -> None:
-    from gpudra_driver.plugin import health
-
+    from gpudra_driver.plugin import liveness as health
     plugin = make_plugin(root, {})
     await plugin.start()
     # the kubelet's own connection, open all along: it outlives the file, a new dial does not
@@ -348,7 +346,7 @@ async def test_liveness_fails_when_the_dra_socket_is_gone_or_deaf(root: Path) ->
 async def test_liveness_does_not_wait_for_the_node_lock(root: Path) -> None:
     """A peer instance holding the node lock (a long prepare in a rolling update) must not get this
     one restarted: the check's empty prepare takes no round and no lock."""
-    from gpudra_driver.plugin import health
+    from gpudra_driver.plugin import liveness as health
     from gpudra_driver.plugin.locking import LOCK_FILE, node_lock
 
     plugin = make_plugin(root, {})
@@ -363,8 +361,7 @@ async def test_liveness_does_not_wait_for_the_node_lock(root: Path) -> None:
 async def test_liveness_fails_when_a_socket_accepts_but_never_answers(root: Path) -> None:
     """A server that takes connections and says nothing (a wedged peer behind the file): the
     check gives up after its timeout instead of hanging the probe."""
-    from gpudra_driver.plugin import health
-
+    from gpudra_driver.plugin import liveness as health
     plugin = make_plugin(root, {})
     await plugin.start()
     try:
@@ -384,8 +381,7 @@ async def test_liveness_fails_when_a_socket_accepts_but_never_answers(root: Path
 async def test_liveness_fails_when_a_call_is_stuck_under_the_node_lock(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A call that has held the node lock longer than any call may (a hung disk): the sockets still
     answer the check's empty call, but no prepare would ever be answered again."""
-    from gpudra_driver.plugin import health
-
+    from gpudra_driver.plugin import liveness as health
     plugin = make_plugin(root, {})
     await plugin.start()
     try:
@@ -404,8 +400,7 @@ async def test_concurrent_checks_share_one_and_a_failure_is_logged_once(
     failing one does not flood the log."""
     from grpc_health.v1 import health_pb2
 
-    from gpudra_driver.plugin import health
-
+    from gpudra_driver.plugin import liveness as health
     calls = 0
     release = asyncio.Event()
 

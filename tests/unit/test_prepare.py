@@ -12,7 +12,7 @@ from plugin_fixtures import DRIVER, NODE, claim, devices, result
 from gpudra_driver.plugin.allocation import ClaimAllocation, json_size_at_least, read_claim
 from gpudra_driver.plugin.checkpoint import Checkpoint
 from gpudra_driver.plugin.model import ClaimError, ClaimRef, PreparedClaim, PreparedDevice
-from gpudra_driver.plugin.prepare import plan_prepare
+from gpudra_driver.plugin.plan import plan_prepare
 
 UID = "0c1d2e3f-0000-4000-8000-000000000001"
 OTHER = "9f9f9f9f-0000-4000-8000-000000000002"

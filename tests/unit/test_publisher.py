@@ -15,8 +15,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import REGISTRY
 
 from gpudra_core.devicemodel import AttrValue, Device
-from gpudra_driver import publisher as publisher_module
-from gpudra_driver.publisher import SlicePublisher
+from gpudra_driver.publishing import apply as publisher_module
+from gpudra_driver.publishing.apply import SlicePublisher
 
 DRIVER = "gpu.gpudra.io"
 NODE = "node-a"
@@ -78,7 +78,7 @@ async def run_for(seconds: float, publisher: SlicePublisher) -> None:
 
 
 def test_an_unreachable_api_server_is_listed_again_with_exponential_backoff(caplog) -> None:
-    caplog.set_level(logging.INFO, "gpudra_driver.publisher")
+    caplog.set_level(logging.INFO, "gpudra_driver.publishing.apply")
     kube = FlakyKube(lists=[OSError("connection refused")] * 10, watch_error=ConnectionResetError("cut"))
     publisher = SlicePublisher(kube, DRIVER, NODE)  # type: ignore[arg-type]
 
@@ -90,7 +90,7 @@ def test_an_unreachable_api_server_is_listed_again_with_exponential_backoff(capl
 
 
 def test_failed_writes_back_off_conflicts_replan_and_a_success_resets(caplog) -> None:
-    caplog.set_level(logging.INFO, "gpudra_driver.publisher")
+    caplog.set_level(logging.INFO, "gpudra_driver.publishing.apply")
     conflict = ApiException(status=409, reason="Conflict")
     kube = FlakyKube(applies=[conflict, OSError("reset"), OSError("reset"), OSError("reset")])
     publisher = SlicePublisher(kube, DRIVER, NODE)  # type: ignore[arg-type]
@@ -117,7 +117,7 @@ def test_failed_writes_back_off_conflicts_replan_and_a_success_resets(caplog) ->
 
 def test_waits_are_jittered_downwards_so_a_fleet_comes_back_spread_out(
         caplog, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    caplog.set_level(logging.INFO, "gpudra_driver.publisher")
+    caplog.set_level(logging.INFO, "gpudra_driver.publishing.apply")
     draws = iter([0.0, 0.5, 0.999, 0.25] * 3)
     monkeypatch.setattr(publisher_module, "jitter", lambda: next(draws))
     kube = FlakyKube(lists=[OSError("connection refused")] * 4, watch_error=ConnectionResetError("cut"))

@@ -7,8 +7,8 @@ import itertools
 from typing import Any
 
 from gpudra_core.devicemodel import AttrValue, Device
-from gpudra_driver.publishing import PublishPlan, SliceRef, matches, plan_publish
-from gpudra_driver.slices import build_slices
+from gpudra_driver.publishing.plan import PublishPlan, SliceRef, matches, plan_publish
+from gpudra_driver.publishing.slices import build_slices
 
 DRIVER = "gpu.gpudra.io"
 NODE = "node-a"

@@ -243,8 +243,8 @@ def test_agent_is_ready_only_once_registered_and_published() -> None:
 
 def test_agent_liveness_asks_the_port_and_service_the_agent_serves() -> None:
     """The probes dial what `gpudra agent --health-port` serves (service 'liveness', see
-    gpudra_driver.plugin.health); start-up has its own, longer budget."""
-    from gpudra_driver.plugin.health import CHECK_TIMEOUT, SERVICES
+    gpudra_driver.plugin.liveness); start-up has its own, longer budget."""
+    from gpudra_driver.plugin.liveness import CHECK_TIMEOUT, SERVICES
 
     c = container(render(config()).daemonset)
     port = int(c["args"][c["args"].index("--health-port") + 1])
@@ -334,8 +334,7 @@ def test_a_class_may_select_shared_gpus_with_cel() -> None:
 
 
 def test_spec_sharing_mps_adds_the_mps_supervisor_placed_like_the_agents() -> None:
-    from gpudra_driver import mpssupervisor
-
+    from gpudra_driver.sharing.mps import supervisor as mpssupervisor
     assert render(config()).mps_daemonset is None
     placement = {"nodeSelector": {"pool": "gpu"}, "tolerations": [{"operator": "Exists"}]}
     rendered = render(config({"sharing": {"mps": {}}, "agent": {"image": "reg/gpudra:1", **placement}}))

@@ -11,7 +11,7 @@ from pathlib import Path
 from gpudra_core.devicemodel import Device
 from gpudra_driver.discovery import nvidia_gpus_on_pci
 from gpudra_driver.driverroot import DriverRoot
-from gpudra_driver.rescan import NO_GPU_ON_PCI, Rescanner
+from gpudra_driver.publishing.rescan import NO_GPU_ON_PCI, Rescanner
 
 
 def pci(sysfs: Path, address: str, vendor: str, pci_class: str) -> None:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import virtualtime
 
-from gpudra_operator.slicegc import GcResult, delete_limiter, gc_ready
-from gpudra_operator.staleslices import (NODE_GONE, NODE_UNSELECTED, OWNER_UID_MISMATCH, SUPERSEDED_GENERATION,
+from gpudra_operator.slicegc.apply import GcResult, delete_limiter, gc_ready
+from gpudra_operator.slicegc.plan import (NODE_GONE, NODE_UNSELECTED, OWNER_UID_MISMATCH, SUPERSEDED_GENERATION,
                                          AgentPlacement, NodeInfo, SliceInfo, stale_slices)
 
 DRIVER = "gpu.gpudra.io"
@@ -219,7 +219,7 @@ def test_delete_limiter_spaces_deletes_at_the_rate_after_the_burst() -> None:
 def test_a_failed_list_decides_nothing_and_reports_one_error() -> None:
     from kubernetes_asyncio.client.exceptions import ApiException
 
-    from gpudra_operator.slicegc import SliceCollector
+    from gpudra_operator.slicegc.apply import SliceCollector
 
     class ForbiddenPods:
         def __init__(self) -> None:
@@ -274,7 +274,7 @@ def rfc3339(seconds: float) -> str:
 def test_a_last_run_in_the_future_delays_the_gc_by_one_interval_at_most() -> None:
     """status.gc.lastRun written by a clock that was ahead (or by hand) must not stop the GC until
     that time comes: it counts as a pass just now, and the next one follows an interval later."""
-    from gpudra_operator.slicegc import SliceCollector
+    from gpudra_operator.slicegc.apply import SliceCollector
 
     now = [1000.0]
     collector = SliceCollector(None, None, clock=lambda: now[0])  # type: ignore[arg-type]
@@ -288,7 +288,7 @@ def test_a_last_run_in_the_future_delays_the_gc_by_one_interval_at_most() -> Non
 def test_the_gc_schedule_counts_on_the_monotonic_clock(wall_step: float) -> None:
     """Read once, lastRun becomes a pass some seconds ago on the monotonic clock; a later step of
     the wall clock neither runs the GC early nor holds it back."""
-    from gpudra_operator.slicegc import SliceCollector
+    from gpudra_operator.slicegc.apply import SliceCollector
 
     mono, wall = [1000.0], [1_796_000_000.0]
     collector = SliceCollector(None, None, clock=lambda: mono[0], wall_clock=lambda: wall[0])  # type: ignore[arg-type]
@@ -302,7 +302,7 @@ def test_the_gc_schedule_counts_on_the_monotonic_clock(wall_step: float) -> None
 
 
 def test_without_a_last_run_the_first_pass_is_due_at_once() -> None:
-    from gpudra_operator.slicegc import SliceCollector
+    from gpudra_operator.slicegc.apply import SliceCollector
 
     collector = SliceCollector(None, None)  # type: ignore[arg-type]
     assert collector.seconds_until_due(gc_body(None)) <= 0

@@ -11,7 +11,7 @@ from plugin_fixtures import DRIVER, NODE, claim, devices, result
 from gpudra_driver import metrics
 from gpudra_driver.plugin.checkpoint import Checkpoint
 from gpudra_driver.plugin.model import ClaimRef
-from gpudra_driver.plugin.prepare import plan_prepare
+from gpudra_driver.plugin.plan import plan_prepare
 from gpudra_driver.plugin.sweep import HeldClaim, LeakSweeper, leak_reason
 
 A = "0c1d2e3f-0000-4000-8000-00000000000a"

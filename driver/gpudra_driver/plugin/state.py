@@ -40,17 +40,19 @@ from pathlib import Path
 from typing import Any
 
 from gpudra_driver.plugin import checkpoint as ckpt
-from gpudra_driver.plugin import gpusettings, mps, recovery
+from gpudra_driver.plugin import recovery
+from gpudra_driver.sharing import plan as gpusettings
+from gpudra_driver.sharing.mps import plan as mps
 from gpudra_driver.plugin.allocation import ClaimAllocation, read_claim
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.devicenodes import NodeDevice
 from gpudra_driver.plugin.driverfiles import DriverFilesError
 from gpudra_driver.plugin.faults import FaultHook
-from gpudra_driver.plugin.gpucontrol import GpuControl, GpuControlError
+from gpudra_driver.sharing.apply import GpuControl, GpuControlError
 from gpudra_driver.plugin.locking import LOCK_FILE, LOCK_TIMEOUT, LockTimeout, node_lock_async
 from gpudra_driver.plugin.model import ClaimError, ClaimRef, PreparedClaim
-from gpudra_driver.plugin.mpsdaemons import MpsDaemons
-from gpudra_driver.plugin.prepare import plan_prepare
+from gpudra_driver.sharing.mps.apply import MpsDaemons
+from gpudra_driver.plugin.plan import plan_prepare
 from gpudra_driver.plugin.sweep import HeldClaim
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ the API server can check (CEL types, cost) is left to the operator's server-side
 
 from gpudra_operator.deviceclasses.catalog import BUILTINS, Builtin
 from gpudra_operator.deviceclasses.errors import RenderError, TemplateValueError
-from gpudra_operator.deviceclasses.rendering import render_device_class, render_device_classes
+from gpudra_operator.deviceclasses.pipeline import render_device_class, render_device_classes
 
 __all__ = ["BUILTINS", "Builtin", "RenderError", "TemplateValueError", "render_device_class",
            "render_device_classes"]

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
-from gpudra_driver.processrecords import stat_fields
+from gpudra_core.procstat import stat_fields
 
 log = logging.getLogger("gpudra.operator")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
 from gpudra_core.devicemodel import Device, DeviceTaint
-from gpudra_driver.health.core import describe, health_of
+from gpudra_driver.devicehealth.plan import describe, health_of
 
 Health: TypeAlias = Literal["HEALTHY", "UNHEALTHY", "UNKNOWN"]  # the kubelet API's HealthStatus names
 MESSAGE_MAX = 1024  # the kubelet truncates longer messages

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpudra_core.devicemodel import Device
 from gpudra_core.diff import contains
-from gpudra_driver.slices import build_slices
+from gpudra_driver.publishing.slices import build_slices
 
 Obj = dict[str, Any]
 

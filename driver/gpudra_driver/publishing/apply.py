@@ -2,7 +2,7 @@
 
 A watch on our own slices (field selector: our driver on our node) feeds a local cache; any event,
 a rescan that changed the devices, or a failed write wakes the sync loop, which plans against the
-cache (:func:`gpudra_driver.publishing.plan_publish`) and writes only the difference. A deleted or
+cache (:func:`gpudra_driver.publishing.plan.plan_publish`) and writes only the difference. A deleted or
 foreign-edited slice is therefore restored as soon as its watch event arrives, not on a timer.
 
 An unreachable or failing API server is retried with exponential backoff (:mod:`tenacity`): a
@@ -22,9 +22,9 @@ from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 
 from gpudra_driver import metrics
 from gpudra_core.devicemodel import Device
-from gpudra_driver.health.apisupport import taints_dropped
+from gpudra_driver.devicehealth.apisupport import taints_dropped
 from gpudra_core.kubeapi import Kube, Obj, error_message, is_status, resource_type
-from gpudra_driver.publishing import plan_publish
+from gpudra_driver.publishing.plan import plan_publish
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 NODE = resource_type("v1", "Node")

@@ -1,6 +1,6 @@
 """Which process is which: a record of a process the MPS supervisor started (PID, start time,
 executable), checked against the process now behind that PID, and signals sent only through a
-pidfd opened on the recorded process (:mod:`gpudra_driver.mpssupervisor`). A PID a tenant wrote
+pidfd opened on the recorded process (:mod:`gpudra_driver.sharing.mps.supervisor`). A PID a tenant wrote
 down, or a PID reused since, is never signalled."""
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import signal
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from gpudra_core.procstat import stat_fields, stat_line_fields
 
 
 @dataclass(frozen=True)
@@ -34,25 +36,9 @@ class ProcessRecord:
         return cls(data["pid"], data["startTime"], data["exe"])
 
 
-def _fields(stat: bytes) -> list[bytes]:
-    """The fields of a ``/proc/<pid>/stat`` line after the command name (field 2), which may hold
-    spaces and parentheses: they are counted after its last ')'. Field n is index n - 3."""
-    return stat.rsplit(b")", 1)[1].split()
-
-
-def stat_fields(pid: int | str) -> list[bytes] | None:
-    """The fields of process ``pid``'s ``/proc/<pid>/stat`` after the command name (field n is
-    index n - 3); None when it is gone or the line cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return _fields(stat.read())
-    except (OSError, IndexError):
-        return None
-
-
 def start_time_of(stat: bytes) -> int:
     """Field 22 (starttime) of a ``/proc/<pid>/stat`` line."""
-    return int(_fields(stat)[19])
+    return int(stat_line_fields(stat)[19])
 
 
 def _executable(path: str) -> str:
@@ -71,7 +57,7 @@ def observe(pid: int) -> ProcessRecord | None:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             line = stat.read()
         exe = os.readlink(f"/proc/{pid}/exe")
-        if _fields(line)[0] == b"Z":
+        if stat_line_fields(line)[0] == b"Z":
             return None
         return ProcessRecord(pid, start_time_of(line), exe)
     except (OSError, IndexError, ValueError):

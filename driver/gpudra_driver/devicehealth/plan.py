@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
 from gpudra_core.devicemodel import Device, DeviceTaint, TaintEffect
-from gpudra_driver.health import xids as xid_catalogue
+from gpudra_driver.devicehealth import xids as xid_catalogue
 from gpudra_core.kubeapi import rfc3339  # whole seconds: a republished taint compares equal
 
 NO_INSTANCE = 0xFFFFFFFF  # NVML's GPU/compute instance ID of an event not tied to a MIG device

@@ -25,10 +25,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpudra_core.kubeapi import API_ERRORS, NETWORK_ERRORS, Kube, error_message, is_status, resource_type, rfc3339
 
-from .events import EventRecorder
-from .render import agent_selector
-from .spec import GpuDraConfig, parse_duration
-from .staleslices import AgentPlacement, NodeInfo, SliceInfo, Verdict, stale_slices
+from gpudra_operator.events import EventRecorder
+from gpudra_operator.render import agent_selector
+from gpudra_operator.spec import GpuDraConfig, parse_duration
+from gpudra_operator.slicegc.plan import AgentPlacement, NodeInfo, SliceInfo, Verdict, stale_slices
 
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")

@@ -5,7 +5,7 @@ A claim whose devices are shared with strategy MPS gets one control daemon of it
 directories under the plugin directory, ``<plugin-dir>/mps/<claimUID>/``:
 
 * ``pipe``: the daemon's control socket; a small tmpfs the supervisor mounts (``nosymfollow``,
-  :mod:`gpudra_driver.mpsmounts`), mounted into the claim's containers at ``/tmp/nvidia-mps``, the
+  :mod:`gpudra_driver.sharing.mps.mounts`), mounted into the claim's containers at ``/tmp/nvidia-mps``, the
   path ``CUDA_MPS_PIPE_DIRECTORY`` names for them;
 * ``shm``: the daemon's and the clients' ``/dev/shm``, where the MPS server and its clients meet:
   a tmpfs the supervisor mounts, of the size the claim's GpuConfig asks (``sharing.mps.shmSize``,
@@ -16,7 +16,7 @@ directories under the plugin directory, ``<plugin-dir>/mps/<claimUID>/``:
   the daemons it started. The ``pipe`` and ``shm`` directories are mounted read-write into the
   claim's containers, so nothing in them is trusted;
 * ``daemon.json``: what the daemon must be (:class:`DaemonSpec`), written by the agent and read by
-  the MPS supervisor (:mod:`gpudra_driver.mpssupervisor`), which runs the daemons outside the
+  the MPS supervisor (:mod:`gpudra_driver.sharing.mps.supervisor`), which runs the daemons outside the
   agent's container so that they outlive it (docs/sharing.md, "MPS").
 
 Like the GPU settings (:mod:`.gpusettings`), the daemons are derived from the checkpoint, so a
@@ -40,13 +40,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpudra_core.agentcontract import MPS_SUPERVISOR_SOCKET as SUPERVISOR_SOCKET  # in the MPS root
 from gpudra_driver.plugin.model import MPS, PreparedClaim
 
 ROOT = "mps"  # under the plugin directory
 CONTAINER_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # the MPS clients' default CUDA_MPS_PIPE_DIRECTORY
 SPEC_FILE = "daemon.json"  # in a claim's directory: written by the agent
 STATUS_FILE = "status.json"  # in a claim's directory: written by the supervisor
-SUPERVISOR_SOCKET = "supervisor.sock"  # in the MPS root: the supervisor's (one JSON line each way)
 # Seconds the supervisor waits for a daemon it killed (SIGKILL, with its process group) to go: a stop's
 # bound, which the agent waits for under its node lock (one stuck in the driver may never go).
 KILL_WAIT = 5.0

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from gpudra_driver.health.core import Transition
+from gpudra_driver.devicehealth.plan import Transition
 from gpudra_driver.plugin.model import PreparedClaim
 
 log = logging.getLogger("gpudra.agent.health")
