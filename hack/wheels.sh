@@ -87,7 +87,8 @@ stage_sources() {  # $1: a new directory to copy them into
   mkdir -p "$1"
   cp "$REPO/pyproject.toml" "$REPO/README.md" "$1/"
   (cd "$REPO" && tar -cf - --exclude=__pycache__ --exclude='*.pyc' --exclude='*.egg-info' \
-      --exclude=operator/gpudra_operator/bin operator/gpudra_operator driver/gpudra_driver) | tar -C "$1" -xf -
+      --exclude=operator/gpudra_operator/bin operator/gpudra_operator driver/gpudra driver/gpudra_core \
+      driver/gpudra_driver) | tar -C "$1" -xf -
 }
 
 python_bin="$(tools_python)"

@@ -7,7 +7,8 @@
 #   make wheels && docker buildx build --platform linux/amd64,linux/arm64 -f images/agent.Dockerfile dist/
 #
 # It installs the pure wheel (gpudra-<version>-py3-none-any.whl): the agent runs no
-# gpudra-allocator, so it carries none of its binaries (about 100 MB). Same two stages as the
+# gpudra-allocator, so it carries none of its binaries (about 100 MB), and of the wheel only the
+# agent (gpudra.component). Same two stages as the
 # operator image. No NVIDIA libraries are baked in: NVML comes from the host's driver root, mounted
 # read-only at /driver-root by the DaemonSet.
 # `make images` builds it through hack/images.sh: skipped when unchanged, and on a stand-in base
@@ -29,8 +30,13 @@ RUN set -eu; \
 FROM ${PYTHON_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
+# The agent alone: the CLI, the shared core and gpudra_driver, with the agent's requirements
+# (gpudra.component: the wheel's agent-image extra); no operator, kopf or Jinja2.
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links=/wheels gpudra \
+    pip install --no-cache-dir --no-index --no-deps --find-links=/wheels gpudra \
+    && python3 -m gpudra.component agent > /tmp/requirements.txt \
+    && pip install --no-cache-dir --no-index --find-links=/wheels -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt \
     && (pip uninstall --yes --quiet pip setuptools wheel || true)
 # Root, deliberately: a DRA kubelet plugin creates sockets and CDI specs in root-owned host
 # directories (/var/lib/kubelet/plugins*, /var/run/cdi) and opens /dev/nvidia* device nodes. The

@@ -35,8 +35,13 @@ FROM ${PYTHON_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 # The last check: the binaries of every supported release are there and run on this platform.
+# The operator alone: the CLI, the shared core and gpudra_operator, with the operator's requirements
+# (gpudra.component: the wheel's operator-image extra); no agent, gRPC, NVML bindings or uvloop.
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links=/wheels gpudra \
+    pip install --no-cache-dir --no-index --no-deps --find-links=/wheels gpudra \
+    && python3 -m gpudra.component operator > /tmp/requirements.txt \
+    && pip install --no-cache-dir --no-index --find-links=/wheels -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt \
     && (pip uninstall --yes --quiet pip setuptools wheel || true) \
     && bin="$(python3 -c 'import gpudra_operator, os; print(os.path.join(os.path.dirname(gpudra_operator.__file__), "bin"))')" \
     && set -- "$bin"/gpudra-allocator-1.* && [ -x "$1" ] \

@@ -122,6 +122,36 @@ for minor in allocatorhelper.available_minors():
     assert out.strip() == "[]", f"the agent image carries {out}"
 
 
+def test_each_image_carries_its_component_alone_and_no_development_tooling(images: dict[str, str]) -> None:
+    # gpudra.component narrows each image to the CLI, the shared core and one component, with that
+    # component's requirements only; the development package (gpudra_dev) is in no wheel at all.
+    importable = r"""
+import importlib.util, sys
+def found(module):
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
+print(" ".join(m for m in sys.argv[1:] if found(m)))
+"""
+    expected = {
+        "agent": ("gpudra gpudra_core gpudra_driver pynvml grpc uvloop",
+                  "gpudra_operator gpudra_dev kopf jinja2 jsonschema aiolimiter"),
+        "operator": ("gpudra gpudra_core gpudra_operator kopf jinja2 jsonschema",
+                     "gpudra_driver gpudra_dev pynvml grpc grpc_health uvloop google.protobuf"),
+    }
+    for name, (present, absent) in expected.items():
+        out = podman("run", "--rm", "--network=none", "--entrypoint", "python3", images[name], "-c", importable,
+                     *present.split(), *absent.split()).stdout.split()
+        assert out == present.split(), f"{name} image: importable {out}, expected exactly {present.split()}"
+    # The other component's subcommands say where they are, instead of a traceback.
+    for name, other in (("agent", "operator"), ("operator", "agent")):
+        proc = podman("run", "--rm", "--network=none", images[name], other, check=False)
+        assert proc.returncode == 2 and "is not installed here" in proc.stderr, (name, proc.stdout, proc.stderr)
+    assert "usage: gpudra explain" in podman("run", "--rm", "--network=none", images["operator"], "explain",
+                                             "--help").stdout
+
+
 def test_the_images_carry_no_build_tools_wheels_or_pip(images: dict[str, str]) -> None:
     # Python's own ensurepip wheels (the official python image has them) are part of the stdlib.
     check = r"""

@@ -144,6 +144,9 @@ def test_the_pure_wheel_and_the_sdist_carry_no_binaries(dist: dict[str, Path]) -
         names = archive.namelist()
     assert "gpudra_operator/explain_cmd.py" in names
     assert [n for n in names if "/bin/" in n] == []
+    # Every product package, and never the development package (hack/python/gpudra_dev).
+    packages = {n.split("/", 1)[0] for n in names if n.endswith("/__init__.py") and n.count("/") == 1}
+    assert packages == {"gpudra", "gpudra_core", "gpudra_driver", "gpudra_operator"}, packages
     with tarfile.open(dist["sdist"]) as sdist:
         members = sdist.getnames()
     assert any(m.endswith("gpudra_operator/explain_cmd.py") for m in members)
