@@ -296,6 +296,16 @@ def count(class_names: Iterable[str], driver: str, slices: Iterable[SliceMatches
     return [ClassCount(n, matching[n], taken[n], free[n], len(nodes[n])) for n in names]
 
 
+def class_status(applied: Sequence[str], counts: Sequence[ClassCount] | None,
+                 old_status: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``status.deviceClasses[]``: each applied class with its counts; while they are not known
+    yet, with the counts status held before (none for a class new to status) (pure)."""
+    if counts is not None:
+        return [c.to_status() for c in counts]
+    before = {e["name"]: e for e in old_status.get("deviceClasses") or [] if isinstance(e, Mapping) and "name" in e}
+    return [dict(before.get(name) or {"name": name}) for name in applied]
+
+
 def allocated_devices(claim: Obj) -> tuple[DeviceKey, ...]:
     """The devices a claim's allocation holds (adminAccess results hold nothing)."""
     results = ((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")) or []

@@ -24,12 +24,13 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Set
+from collections.abc import Awaitable, Callable, Mapping, Sequence, Set
 from typing import Any
 
 from gpudra_core.kubeapi import Kube, Obj, resource_type
-from gpudra_operator.classcounts import (ClassCount, ClassSelectors, Matcher, SliceMatches, count, known_matches,
-                                         match_slices, unmatched_slice)
+from gpudra_operator.classcounts import (ClaimWatch, ClassCount, ClassSelectors, Matcher, SliceMatches, class_selectors,
+                                         count, known_matches, match_slices, unmatched_slice)
+from gpudra_operator.features import FeatureProbe
 from gpudra_operator.listwatch import ListThenWatch
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
@@ -37,6 +38,7 @@ log = logging.getLogger("gpudra.operator")
 RECLASSIFY_AFTER = 2.0  # seconds the classes must stay the same before the slices are matched again
 BATCH = 100  # slices matched at a time in the background: 800 devices parsed again, not a list page's 4,000
 RETRY_INITIAL, RETRY_MAX = 1.0, 60.0  # seconds before matching again after the helper failed
+FIRST_LIST_WAIT = 2.0  # seconds a reconcile waits for a watch's first list before reporting without it
 
 
 class DriverSlices:
@@ -305,3 +307,44 @@ class DeviceCounts:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.matcher.close()
+
+
+class StatusCounts:
+    """The counts a config's status reports (``devices``, ``unhealthyDevices``, each class's in
+    ``deviceClasses[]``), from the operator's slice and claim watches. Without the watches (a
+    reconcile run in-process), and until they know, the counts status already holds stand."""
+
+    def __init__(self, device_counts: DeviceCounts | None, claims: ClaimWatch | None, features: FeatureProbe) -> None:
+        self.device_counts = device_counts
+        self.claims = claims  # the allocated devices, from one watch of all claims
+        self.features = features  # the cluster's release, whose DRA CEL matches the classes
+
+    async def classes(self, driver: str, device_classes: Sequence[Obj]) -> list[ClassCount] | None:
+        """Each class's counts, from the slice and claim watches; None until both have listed once,
+        and while a change of the classes is being matched. A first use waits for the first list a
+        moment (one status write with the counts rather than two); past that, status keeps the
+        counts it holds until they are in (a spec change converges without waiting)."""
+        if self.device_counts is None or self.claims is None:
+            return None
+        minor = await self.features.server_minor()
+        classes = tuple(class_selectors(c, minor) for c in device_classes)
+        allocated = self.claims.devices()  # built from every allocated claim: once per read
+        first = not self.device_counts.listed_once(driver) or allocated is None
+        counts = self.device_counts.class_counts(driver, classes, allocated or set())
+        if first:  # not when classes changed: their counts follow with the status refresh that ends it
+            await asyncio.gather(self.device_counts.wait_listed(driver, FIRST_LIST_WAIT),
+                                 self.claims.wait_listed(FIRST_LIST_WAIT))
+            allocated = self.claims.devices()
+            counts = self.device_counts.class_counts(driver, classes, allocated or set())
+        return None if allocated is None else counts
+
+    def devices(self, driver: str, old_status: Mapping[str, Any]) -> int:
+        """Devices the driver publishes, from the watch of its slices; until that has listed them
+        once (a replica that just became active), the count status already holds."""
+        known = self.device_counts.devices(driver) if self.device_counts is not None else None
+        return int(old_status.get("devices") or 0) if known is None else known
+
+    def unhealthy(self, driver: str, old_status: Mapping[str, Any]) -> int:
+        """Devices published with a taint that keeps pods off them (device health), as :meth:`devices`."""
+        known = self.device_counts.unhealthy(driver) if self.device_counts is not None else None
+        return int(old_status.get("unhealthyDevices") or 0) if known is None else known

@@ -17,10 +17,12 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from gpudra_core.kubeapi import NETWORK_ERRORS, Deadlines, Kube, connect, error_message, resource_type
 
 from . import metrics
+from gpudra_operator.childevents import ChildEvents
 from gpudra_operator.events import EventRecorder
 from gpudra_operator.classcounts import ClaimWatch
 from gpudra_operator.devicecount import SLICE, DeviceCounts
 from gpudra_operator.reconcile import CONFIG, DAEMONSET, DEVICE_CLASS, Reconciler
+from gpudra_operator.statusrefresh import StatusRefresh
 from gpudra_operator.slicegc.apply import DEFAULT_DELETE_RATE, SliceCollector, gc_tick
 from gpudra_operator.render import (AGENT_NAME, LABEL_CONFIG, LABEL_MANAGED_BY, MANAGED_BY, agent_selector, child_selector,
                      configured_agent_image)
@@ -65,10 +67,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.setdefault("stopping", asyncio.Event())
     memo.api = api
     memo.kube = Kube(api, FIELD_MANAGER, deadlines)
-    memo.device_counts = DeviceCounts(memo.kube, on_synced=lambda driver: memo.reconciler.refresh_driver(driver))
+    memo.device_counts = DeviceCounts(memo.kube, on_synced=lambda driver: memo.status_refresh.refresh_driver(driver))
     memo.claims = ClaimWatch(memo.kube)
     memo.reconciler = Reconciler(memo.kube, EventRecorder(memo.kube), agent_image=configured_agent_image(),
                                  device_counts=memo.device_counts, claims=memo.claims)
+    memo.status_refresh = StatusRefresh(memo.reconciler)
+    memo.child_events = ChildEvents(memo.reconciler, memo.status_refresh)
     logging.getLogger(__name__).info("agent image where spec.agent.image is unset: %s",
                                      memo.reconciler.agent_image)
     memo.slice_gc = SliceCollector(memo.kube, memo.reconciler.events, delete_rate=GC_DELETE_RATE)
@@ -78,7 +82,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 async def close(memo: kopf.Memo, **_: Any) -> None:
     # Background work first (a pending status refresh, a child event being judged): it would
     # only fail on the closed client, and kopf would hold the Lease's release until it had.
-    await memo.reconciler.close()
+    await memo.child_events.close()
     await memo.device_counts.close()
     await memo.claims.close()
     await memo.api.close()
@@ -159,10 +163,10 @@ async def collect_stale_slices(body: kopf.Body, memo: kopf.Memo, stopped: kopf.D
 async def child_changed(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
     """A child was edited or deleted (its owner is reconciled now), or its status moved (the
     owner's status follows); judged in the background, so that kopf's queue of events never
-    backs up behind status refreshes (Reconciler.on_child_event_soon)."""
+    backs up behind status refreshes (ChildEvents.on_event_soon)."""
     owner = (body.get("metadata", {}).get("labels") or {}).get(LABEL_CONFIG)
     if owner:
-        memo.reconciler.on_child_event_soon(owner, type, dict(body))
+        memo.child_events.on_event_soon(owner, type, dict(body))
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
@@ -173,7 +177,7 @@ async def cleanup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     config = GpuDraConfig.from_body(body)
     metrics.forget_config(config.name)
     memo.device_counts.forget(config.spec.driver_name)
-    async with memo.reconciler.lock(config.name):
+    async with memo.reconciler.locks.lock(config.name):
         async for device_class in kube.list(DEVICE_CLASS, label_selector=child_selector(config.name)):
             await kube.delete(DEVICE_CLASS, device_class["metadata"]["name"])
         namespace = config.spec.agent.namespace

@@ -192,7 +192,7 @@ async def test_a_reconcile_in_a_black_hole_fails_at_its_deadline_and_releases_it
     await kube.patch(CONFIG, config, {"spec": config_body(config, namespace, "80Gi")["spec"]})
     body = await kube.get(CONFIG, config)
     failed = await fails_within(DEADLINES.request + MARGIN, reconciler.reconcile(body), "the reconcile")
-    assert not reconciler.lock(config).locked()  # the next trigger is not stuck behind it
+    assert not reconciler.locks.lock(config).locked()  # the next trigger is not stuck behind it
     proxy.restore()
     restored = time.monotonic()
     await until_it_succeeds(lambda: reconciler.reconcile(body), timeout=DEADLINES.request + MARGIN,

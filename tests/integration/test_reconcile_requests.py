@@ -13,9 +13,11 @@ import pytest_asyncio
 
 from counting import CountingKube
 from gpudra_core.kubeapi import Kube, Obj, ResourceType, resource_type
+from gpudra_operator.childevents import ChildEvents
 from gpudra_operator.events import EventRecorder
 from gpudra_dev.localcluster.waiting import wait_for
 from gpudra_operator.reconcile import Reconciler
+from gpudra_operator.statusrefresh import StatusRefresh
 
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
@@ -47,13 +49,14 @@ async def test_child_events_cost_a_status_refresh_unless_a_child_was_edited(kube
     name = config["metadata"]["name"]
     counting = CountingKube(kube.api, "gpudra-operator")
     reconciler = Reconciler(counting, EventRecorder(counting))
+    child_events = ChildEvents(reconciler, StatusRefresh(reconciler))
     await reconciler.reconcile(config)  # creates the children; the new DaemonSet has no status yet
     assert (await live(kube, CONFIG, name))["status"]["agents"]["desired"] == 0
 
     # The echo of a class it just applied needs nothing at all.
     some_class = await live(kube, DEVICE_CLASS, config["spec"]["deviceClasses"][0]["name"])
     counting.requests.clear()
-    await reconciler.on_child_event(name, "ADDED", some_class)
+    await child_events.on_event(name, "ADDED", some_class)
     assert counting.requests == []
 
     # The DaemonSet controller schedules the agent on the fake Node: its status moves, and so does
@@ -67,7 +70,7 @@ async def test_child_events_cost_a_status_refresh_unless_a_child_was_edited(kube
 
     daemonset = await wait_for(scheduled, timeout=30, what="the DaemonSet controller to schedule the agent")
     counting.requests.clear()
-    await reconciler.on_child_event(name, "MODIFIED", daemonset)
+    await child_events.on_event(name, "MODIFIED", daemonset)
     writes = [(method, path) for method, path in counting.requests if method != "GET"]
     assert writes == [("PATCH", f"/apis/gpudra.io/v1alpha1/gpudraconfigs/{name}/status")], counting.requests
     assert len(counting.requests) <= 4, counting.requests  # + the device-plugin Events, when their reuse expired
@@ -76,13 +79,13 @@ async def test_child_events_cost_a_status_refresh_unless_a_child_was_edited(kube
 
     # Nothing moved since: reads only.
     counting.requests.clear()
-    await reconciler.on_child_event(name, "MODIFIED", daemonset)
+    await child_events.on_event(name, "MODIFIED", daemonset)
     assert counting.methods and set(counting.methods) == {"GET"} and len(counting.methods) <= 3, counting.requests
 
     # A hand edit is repaired by a full reconcile.
     edited = await kube.patch(DAEMONSET, "gpudra-agent", {"spec": {"template": {"spec": {"containers": [
         {"name": "agent", "image": "evil.example.com/x:1"}]}}}}, namespace=namespace, kind="strategic-merge")
-    await reconciler.on_child_event(name, "MODIFIED", edited)
+    await child_events.on_event(name, "MODIFIED", edited)
     restored = await live(kube, DAEMONSET, "gpudra-agent", namespace)
     assert restored["spec"]["template"]["spec"]["containers"][0]["image"] == reconciler.agent_image
 
@@ -100,12 +103,13 @@ async def test_a_refresh_after_a_spec_change_reconciles_instead(kube: Kube, conf
     name = config["metadata"]["name"]
     counting = CountingKube(kube.api, "gpudra-operator")
     reconciler = Reconciler(counting, EventRecorder(counting))
+    child_events = ChildEvents(reconciler, StatusRefresh(reconciler))
     await reconciler.reconcile(config)
     old = await live(kube, DAEMONSET, "gpudra-agent", namespace)
 
     await kube.patch(CONFIG, name, {"spec": {"agent": {"image": "example.com/gpudra:next"}}})
     counting.requests.clear()
-    await reconciler.on_child_event(name, "MODIFIED", old)  # as the last reconcile wrote it
+    await child_events.on_event(name, "MODIFIED", old)  # as the last reconcile wrote it
     assert "PATCH" in counting.methods, counting.requests
     daemonset = await live(kube, DAEMONSET, "gpudra-agent", namespace)
     assert daemonset["spec"]["template"]["spec"]["containers"][0]["image"] == "example.com/gpudra:next"

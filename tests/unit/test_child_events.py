@@ -1,4 +1,4 @@
-"""What an event on a config's child calls for (reconcile.child_event_action): a deletion or a
+"""What an event on a config's child calls for (childevents.child_event_action): a deletion or a
 hand edit is repaired by a full reconcile; the echo of the operator's own write or prune, or a
 DaemonSet whose status moved, is not (a DaemonSet's status is reported again)."""
 
@@ -8,7 +8,7 @@ import copy
 
 import pytest
 
-from gpudra_operator.reconcile import child_event_action
+from gpudra_operator.childevents import child_event_action
 
 DESIRED_DS = {"apiVersion": "apps/v1", "kind": "DaemonSet",
               "metadata": {"name": "gpudra-agent", "namespace": "gpudra-system",

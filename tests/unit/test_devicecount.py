@@ -1,6 +1,6 @@
 """The watch-fed counts of a driver's slices (devicecount.py), fed here as ListThenWatch feeds them,
 the classes matched by the real gpudra-allocator; and what the operator leaves running when it
-stops (devicecount.py, reconcile.py): nothing. kopf waits up to 5 s for the tasks left after its
+stops (devicecount.py, childevents.py): nothing. kopf waits up to 5 s for the tasks left after its
 cleanup before `gpudra operator` releases the Lease, so a pending debounce would hold up a
 SIGTERM's handover, then fail on the closed client."""
 
@@ -13,11 +13,14 @@ from typing import Any
 
 import pytest
 
+from gpudra_core.kubeapi import Kube
+from gpudra_operator.childevents import ChildEvents
 from gpudra_operator.classcounts import ClassCount, ClassSelectors, Matcher, class_selectors
 from gpudra_operator.devicecount import DeviceCounts, DriverSlices
 from gpudra_operator.events import EventRecorder
 from gpudra_dev.localcluster.waiting import wait_for
 from gpudra_operator.reconcile import Reconciler
+from gpudra_operator.statusrefresh import StatusRefresh
 
 DRIVER = "gpu.gpudra.io"
 
@@ -138,13 +141,15 @@ async def test_forget_drops_a_pending_match_too() -> None:
     await counts.close()
 
 
-async def test_reconciler_close_cancels_the_child_events_being_judged() -> None:
-    reconciler = Reconciler(None, EventRecorder(None))  # type: ignore[arg-type]
-    async with reconciler.lock("a"):  # a reconcile running: the child event waits for it
-        reconciler.on_child_event_soon("a", "MODIFIED", {"apiVersion": "apps/v1", "kind": "DaemonSet",
-                                                          "metadata": {"name": "x", "namespace": "n"}})
-        tasks = set(reconciler._child_tasks)
+async def test_closing_cancels_the_child_events_being_judged() -> None:
+    kube = Kube(None, "gpudra-operator")  # type: ignore[arg-type]  # never asked: nothing gets that far
+    reconciler = Reconciler(kube, EventRecorder(kube))
+    child_events = ChildEvents(reconciler, StatusRefresh(reconciler))
+    async with reconciler.locks.lock("a"):  # a reconcile running: the child event waits for it
+        child_events.on_event_soon("a", "MODIFIED", {"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                                     "metadata": {"name": "x", "namespace": "n"}})
+        tasks = set(child_events.in_flight)
         assert len(tasks) == 1
         await asyncio.sleep(0)
-        await reconciler.close()
-    assert all(t.cancelled() for t in tasks) and not reconciler._child_tasks
+        await child_events.close()
+    assert all(t.cancelled() for t in tasks) and not child_events.in_flight
