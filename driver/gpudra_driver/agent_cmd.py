@@ -313,7 +313,7 @@ async def _main(args: argparse.Namespace) -> int:
                                              report=events.post, interval=args.checkpoint_sweep_interval).run(),
                                  name="checkpoint-sweep"),
              asyncio.create_task(plugin.watch(), name="kubelet-plugin"),
-             asyncio.create_task(report_restarts(plugin.state.mps, plugin.state.prepared_claims, events.post),
+             asyncio.create_task(report_restarts(plugin.state.sharing.mps, plugin.state.prepared_claims, events.post),
                                  name="mps-restarts")]
     if args.ready_file:
         tasks.append(asyncio.create_task(

@@ -20,8 +20,8 @@ from gpudra_driver.plugin import checkpoint as ckpt
 from gpudra_driver.plugin import fsutil
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.faults import POINTS, FaultHook
+from gpudra_driver.plugin.locking import LOCK_TIMEOUT
 from gpudra_driver.plugin.model import ClaimError, ClaimRef
-from gpudra_driver.plugin.recovery import recover
 from gpudra_driver.plugin.state import DeviceState
 
 A = "0c1d2e3f-0000-4000-8000-00000000000a"
@@ -34,16 +34,28 @@ class Crash(BaseException):
 
 
 class CrashAt(FaultHook):
+    """Raises :class:`Crash` at its point; ``CrashAt()`` does nothing until armed."""
+
+    def __init__(self, point: str = "") -> None:
+        super().__init__(point)
+
+    def arm(self, point: str) -> None:
+        """Crash at ``point`` from now on (the state and its parts share this hook)."""
+        assert point in POINTS
+        self.point = point
+
     def __call__(self, point: str) -> None:
         if point == self.point:
             raise Crash(point)
 
 
 def make(tmp_path: Path, fault: FaultHook | None = None, boot: str = "boot-1",
-         cls: type[DeviceState] = DeviceState) -> DeviceState:
+         cls: type[DeviceState] = DeviceState, gpu_control: Any = None,
+         lock_timeout: float = LOCK_TIMEOUT) -> DeviceState:
     state = cls(tmp_path / "plugin", CdiDir(tmp_path / "cdi", DRIVER, driver_files()), driver=DRIVER, node=NODE,
-                boot_id=boot, fault=fault)
-    recover(state)
+                boot_id=boot, fault=fault if fault is not None else CrashAt(), gpu_control=gpu_control,
+                lock_timeout=lock_timeout)
+    state.recover()
     state.set_devices(devices())
     return state
 
@@ -253,12 +265,12 @@ async def test_a_call_cancelled_while_a_peer_holds_the_node_lock_leaves_no_lock_
     from gpudra_dev.localcluster.waiting import wait_for
 
     state = make(tmp_path)
-    with node_lock(state.lock_path):  # a peer instance
+    with node_lock(state.locks.path):  # a peer instance
         waiting = asyncio.ensure_future(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])))))
         queued = asyncio.ensure_future(state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")])))))
 
         async def both_wait() -> bool:
-            return state._one_call.locked() and not waiting.done() and not queued.done()
+            return state.locks.in_turn and not waiting.done() and not queued.done()
 
         await wait_for(both_wait, timeout=10, what="both calls to wait for the peer")
         waiting.cancel()
@@ -266,7 +278,7 @@ async def test_a_call_cancelled_while_a_peer_holds_the_node_lock_leaves_no_lock_
             await waiting
         assert not queued.done()  # still behind the peer, not behind the cancelled call
     assert (await asyncio.wait_for(queued, 10))[B].error is None
-    assert state.busy_for() == 0 and not state._one_call.locked()
+    assert state.locks.busy_for() == 0 and not state.locks.in_turn
     assert set(ckpt.load(state.checkpoint_path, "boot-1")[0].claims) == {B}
 
 
@@ -290,7 +302,7 @@ async def test_calls_queued_behind_one_are_done_as_one_batch_even_if_its_taker_i
         real_save(checkpoint)
 
     monkeypatch.setattr(state.checkpoint, "save", noting_save)
-    peer = node_lock(state.lock_path)
+    peer = node_lock(state.locks.path)
     peer.__enter__()  # a peer instance holds the node
     try:
         first = asyncio.ensure_future(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))),
@@ -300,13 +312,13 @@ async def test_calls_queued_behind_one_are_done_as_one_batch_even_if_its_taker_i
                                                             claim(C, name="c", results=[result("gpu-2")])))))
 
         async def all_wait() -> bool:
-            return len(state._queued) == 2
+            return state.queue.waiting == 2
 
         await wait_for(all_wait, timeout=10, what="two calls queued behind the first")
         assert "held by another agent instance" in ((await asyncio.wait_for(first, 10))[A].error or "")
 
         async def taken() -> bool:
-            return not state._queued  # the taker has both queued calls in its batch
+            return not state.queue.waiting  # the taker has both queued calls in its batch
 
         await wait_for(taken, timeout=10, what="the next call to take the queued ones")
         taker.cancel()
@@ -319,7 +331,7 @@ async def test_calls_queued_behind_one_are_done_as_one_batch_even_if_its_taker_i
     assert await state.unprepare([ClaimRef("ns", "c", C)]) == {C: None}
     # Behind a running call, two queued calls are one batch: one PrepareStarted write, one commit.
     del saves[:]
-    with node_lock(state.lock_path):
+    with node_lock(state.locks.path):
         running = asyncio.ensure_future(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])))))
         behind = [asyncio.ensure_future(state.prepare(items((ref, claim(ref.uid, name=ref.name, results=[result(g)])))))
                   for ref, g in ((REF_B, "gpu-1"), (ClaimRef("ns", "c", C), "gpu-2"))]
@@ -333,7 +345,7 @@ async def test_calls_queued_behind_one_are_done_as_one_batch_even_if_its_taker_i
 async def test_a_crash_anywhere_in_prepare_loses_nothing_and_leaves_nothing(tmp_path: Path, point: str) -> None:
     state = make(tmp_path)
     await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
-    state.fault = CrashAt(point)
+    state.fault.arm(point)
     with pytest.raises(Crash):
         await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
     restarted = make(tmp_path)  # a new agent instance: start-up reconciliation
@@ -354,7 +366,7 @@ async def test_a_crash_anywhere_in_prepare_loses_nothing_and_leaves_nothing(tmp_
 async def test_a_crash_in_unprepare_leaves_no_orphan_after_restart(tmp_path: Path) -> None:
     state = make(tmp_path)
     await state.prepare(items((REF_A, claim(A, name="a"))))
-    state.fault = CrashAt("unprepare-after-checkpoint")
+    state.fault.arm("unprepare-after-checkpoint")
     with pytest.raises(Crash):
         await state.unprepare([REF_A])
     assert spec_files(tmp_path)  # the spec outlived the crash...
@@ -390,10 +402,9 @@ async def test_a_lock_held_by_a_peer_past_the_timeout_is_an_error_for_each_claim
 
     from gpudra_driver.plugin.locking import node_lock
 
-    state = make(tmp_path)
+    state = make(tmp_path, lock_timeout=0.2)
     await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
-    state.lock_timeout = 0.2
-    with node_lock(state.lock_path):  # a peer instance holds it (another open file description)
+    with node_lock(state.locks.path):  # a peer instance holds it (another open file description)
         out = await asyncio.wait_for(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])),
                                                          (REF_B, claim(B, name="b", results=[result("gpu-1")])))), 10)
         gone = await asyncio.wait_for(state.unprepare([REF_B]), 10)
@@ -412,9 +423,8 @@ async def test_a_call_queued_behind_a_stuck_peer_waits_for_the_lock_only_within_
 
     from gpudra_driver.plugin.locking import node_lock
 
-    state = make(tmp_path)
-    state.lock_timeout = 30.0  # longer than the test would ever wait
-    with node_lock(state.lock_path):
+    state = make(tmp_path, lock_timeout=30.0)  # longer than the test would ever wait
+    with node_lock(state.locks.path):
         started = time.monotonic()
         out = await asyncio.wait_for(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))),
                                                    deadline=time.monotonic() + 0.3), 10)
@@ -741,7 +751,7 @@ def unreadable(patched: pytest.MonkeyPatch, path: Path) -> None:
 async def test_a_crash_while_an_adopted_claim_is_prepared_again_keeps_it_adopted(tmp_path: Path, point: str,
                                                                                  device: str) -> None:
     crashing = await adopted_a(tmp_path)
-    crashing.fault = CrashAt(point)
+    crashing.fault.arm(point)
     with pytest.raises(Crash):
         await crashing.prepare(items((REF_A, claim(A, name="a", results=[result(device)]))))
     restarted = make(tmp_path)
@@ -803,7 +813,7 @@ async def test_a_half_done_prepare_of_an_adopted_claim_found_without_a_listing_h
     from gpudra_driver.plugin.cdi import CdiDir
 
     crashing = await adopted_a(tmp_path)  # A's spec names gpu-3
-    crashing.fault = CrashAt("after-cdi-write")
+    crashing.fault.arm("after-cdi-write")
     with pytest.raises(Crash):  # allocated anew: its spec now names gpu-4
         await crashing.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-4")]))))
 
@@ -884,8 +894,7 @@ def gpu_uuid(name: str) -> str:
 
 async def test_time_slicing_is_set_with_the_prepare_and_reset_with_the_last_claim(tmp_path: Path) -> None:
     control = RecordingControl()
-    state = make(tmp_path)
-    state.gpu_control = control  # type: ignore[assignment]
+    state = make(tmp_path, gpu_control=control)
     out = await state.prepare(items((REF_A, sliced(A, "a", "gpu-2", shareID="s-a", consumedCapacity={"memory": "10Gi"}))))
     assert out[A].error is None and out[A].claim.devices[0].sharing.timeslice == 3
     assert control.applied == [(gpu_uuid("gpu-2"), 0, 3)]
@@ -907,8 +916,7 @@ async def test_time_slicing_is_set_with_the_prepare_and_reset_with_the_last_clai
 
 async def test_a_gpu_that_cannot_be_set_fails_only_its_claim_and_nothing_stays(tmp_path: Path) -> None:
     control = RecordingControl(fail_for={gpu_uuid("gpu-1")})
-    state = make(tmp_path)
-    state.gpu_control = control  # type: ignore[assignment]
+    state = make(tmp_path, gpu_control=control)
     out = await state.prepare(items((REF_A, sliced(A, "a", "gpu-1")), (REF_B, sliced(B, "b", "gpu-4"))))
     assert "Insufficient Permissions" in (out[A].error or "") and out[B].error is None
     assert set(ckpt.load(state.checkpoint_path, "boot-1")[0].claims) == {B} and state.cdi.claim_uids() == {B}
@@ -918,8 +926,8 @@ async def test_a_gpu_that_cannot_be_set_fails_only_its_claim_and_nothing_stays(t
 async def test_time_slicing_a_mig_device_or_mps_without_its_supervisor_is_refused_with_a_reason(tmp_path: Path) -> None:
     from gpudra_driver.plugin.devicenodes import NodeDevice
 
-    state = make(tmp_path)
-    state.gpu_control = RecordingControl()  # type: ignore[assignment]
+    control = RecordingControl()
+    state = make(tmp_path, gpu_control=control)
     mig = dict(state.devices or {})
     mig["gpu-3"] = NodeDevice("gpu-3", "MIG-0000", ("/dev/nvidia3",), kind="mig")
     state.set_devices(mig)
@@ -935,15 +943,14 @@ async def test_time_slicing_a_mig_device_or_mps_without_its_supervisor_is_refuse
     out = await state.prepare(items((REF_B, mps)))
     assert "the MPS supervisor is not running on this node" in (out[B].error or "")
     # EXCLUSIVE_PROCESS for the daemon, then DEFAULT again when the daemon could not be had
-    assert state.gpu_control.applied[-2:] == [(gpu_uuid("gpu-4"), 3, 0), (gpu_uuid("gpu-4"), 0, 0)]  # type: ignore[attr-defined]
+    assert control.applied[-2:] == [(gpu_uuid("gpu-4"), 3, 0), (gpu_uuid("gpu-4"), 0, 0)]
     assert B not in ckpt.load(state.checkpoint_path, "boot-1")[0].claims
 
 
 @pytest.mark.parametrize("point", ["after-checkpoint-started", "after-cdi-write"])
 async def test_a_crash_after_setting_a_gpu_is_undone_at_the_next_start(tmp_path: Path, point: str) -> None:
     control = RecordingControl()
-    state = make(tmp_path, fault=CrashAt(point))
-    state.gpu_control = control  # type: ignore[assignment]
+    state = make(tmp_path, fault=CrashAt(point), gpu_control=control)
     if point == "after-checkpoint-started":
         # the settings come after this point: the crash leaves nothing set, and nothing to undo
         with pytest.raises(Crash):
@@ -955,31 +962,29 @@ async def test_a_crash_after_setting_a_gpu_is_undone_at_the_next_start(tmp_path:
     assert control.applied == [(gpu_uuid("gpu-5"), 0, 3)]
     restarted = DeviceState(tmp_path / "plugin", state.cdi, driver=DRIVER, node=NODE, boot_id="boot-1",
                             gpu_control=control)  # type: ignore[arg-type]
-    recover(restarted)
+    restarted.recover()
     assert control.applied[-1] == (gpu_uuid("gpu-5"), 0, 0) and restarted.cdi.claim_uids() == set()
 
 
 async def test_a_crash_between_unprepare_and_the_reset_is_reset_at_the_next_start(tmp_path: Path) -> None:
     control = RecordingControl()
-    state = make(tmp_path)
-    state.gpu_control = control  # type: ignore[assignment]
+    state = make(tmp_path, gpu_control=control)
     assert (await state.prepare(items((REF_A, sliced(A, "a", "gpu-6")))))[A].error is None
     assert ckpt.load(state.checkpoint_path, "boot-1")[0].touched == {gpu_uuid("gpu-6")}
-    state.fault = CrashAt("unprepare-after-checkpoint")
+    state.fault.arm("unprepare-after-checkpoint")
     with pytest.raises(Crash):  # the entry is gone from the file, the GPU not reset yet
         await state.unprepare([REF_A])
     assert control.applied[-1] == (gpu_uuid("gpu-6"), 0, 3)
     restarted = DeviceState(tmp_path / "plugin", state.cdi, driver=DRIVER, node=NODE, boot_id="boot-1",
                             gpu_control=control)  # type: ignore[arg-type]
-    recover(restarted)
+    restarted.recover()
     assert control.applied[-1] == (gpu_uuid("gpu-6"), 0, 0)
     assert ckpt.load(restarted.checkpoint_path, "boot-1")[0].touched == frozenset()
 
 
 async def test_a_reset_that_fails_stays_recorded_and_the_next_start_does_it(tmp_path: Path) -> None:
     control = RecordingControl()
-    state = make(tmp_path)
-    state.gpu_control = control  # type: ignore[assignment]
+    state = make(tmp_path, gpu_control=control)
     both = items((REF_A, sliced(A, "a", "gpu-6")), (REF_B, sliced(B, "b", "gpu-7", "Short")))
     assert {u: r.error for u, r in (await state.prepare(both)).items()} == {A: None, B: None}
     touched = {gpu_uuid("gpu-6"), gpu_uuid("gpu-7")}
@@ -991,7 +996,7 @@ async def test_a_reset_that_fails_stays_recorded_and_the_next_start_does_it(tmp_
     control.fail_for = set()
     restarted = DeviceState(tmp_path / "plugin", state.cdi, driver=DRIVER, node=NODE, boot_id="boot-1",
                             gpu_control=control)  # type: ignore[arg-type]
-    recover(restarted)
+    restarted.recover()
     assert control.applied[-1] == (gpu_uuid("gpu-6"), 0, 0)
     assert ckpt.load(restarted.checkpoint_path, "boot-1")[0].touched == frozenset()
 
@@ -1076,7 +1081,7 @@ async def test_the_mps_restart_reports_go_on_through_a_corrupt_checkpoint(tmp_pa
             failures.append(error)
             raise
 
-    task = asyncio.create_task(report_restarts(state.mps, claims, report, interval=0.01))
+    task = asyncio.create_task(report_restarts(state.sharing.mps, claims, report, interval=0.01))
     try:
         state.checkpoint_path.write_bytes(b"{not json")  # prepared_claims() now raises
 

@@ -14,7 +14,6 @@ from plugin_fixtures import DRIVER, NODE, claim, devices, result
 from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.driverfiles import DriverFilesCache, DriverFilesError, scan_driver_files
-from gpudra_driver.plugin.recovery import recover
 from gpudra_driver.plugin.model import ClaimRef
 from gpudra_driver.plugin.state import DeviceState
 from gpudra_dev.localcluster.fakedriverroot import make_driver_root
@@ -87,7 +86,7 @@ def test_missing_device_nodes_fail_that_claim_only_and_write_nothing(tmp_path: P
     (root / "dev/nvidia3").unlink()  # the driver is still creating its nodes
     cdi = CdiDir(tmp_path / "cdi", DRIVER, DriverFilesCache(DriverRoot.at(str(root))))
     state = DeviceState(tmp_path / "plugin", cdi, driver=DRIVER, node=NODE, boot_id="b")
-    recover(state)
+    state.recover()
     state.set_devices(devices())
 
     import asyncio
@@ -192,7 +191,7 @@ def test_a_start_while_the_driver_is_not_ready_keeps_the_specs_and_serves(tmp_pa
     root = make_driver_root(tmp_path / "root", "dgx-h100")
     cdi = CdiDir(tmp_path / "cdi", DRIVER, DriverFilesCache(DriverRoot.at(str(root))))
     state = DeviceState(tmp_path / "plugin", cdi, driver=DRIVER, node=NODE, boot_id="b")
-    recover(state)
+    state.recover()
     state.set_devices(devices())
     out = asyncio.run(state.prepare([(ClaimRef("ns", "a", A), claim(A, name="a", results=[result("gpu-3")]))]))
     assert out[A].error is None
@@ -200,6 +199,6 @@ def test_a_start_while_the_driver_is_not_ready_keeps_the_specs_and_serves(tmp_pa
     shutil.rmtree(root / "dev")  # the driver is being reloaded
     again = DeviceState(tmp_path / "plugin", CdiDir(tmp_path / "cdi", DRIVER, DriverFilesCache(DriverRoot.at(str(root)))),
                         driver=DRIVER, node=NODE, boot_id="b")
-    recover(again)
+    again.recover()
     assert (tmp_path / "cdi" / f"k8s.{DRIVER}-claim_{A}.json").read_bytes() == spec
     assert again.prepared_count == 1

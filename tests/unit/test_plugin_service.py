@@ -227,6 +227,9 @@ async def test_concurrent_calls_each_change_the_state_alone_and_all_land(
     every claim ends up in the checkpoint with its own spec."""
     import asyncio
 
+    from contextlib import asynccontextmanager
+
+    from gpudra_driver.plugin import calllocks
     from gpudra_driver.plugin import checkpoint as ckpt
 
     uids = [f"0c1d2e3f-0000-4000-8000-00000000001{i}" for i in range(8)]
@@ -235,18 +238,21 @@ async def test_concurrent_calls_each_change_the_state_alone_and_all_land(
     await plugin.start()
     plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
     inside, most_inside = 0, 0
-    real_prepare_locked = plugin.state._prepare_locked
+    real_node_lock = calllocks.node_lock_async
 
-    def counting(*args):  # type: ignore[no-untyped-def]
+    @asynccontextmanager
+    async def counting(*args):  # type: ignore[no-untyped-def]
+        """The node lock, counting its holders: a call changes the node's state only inside it."""
         nonlocal inside, most_inside
-        inside += 1
-        most_inside = max(most_inside, inside)
-        try:
-            return real_prepare_locked(*args)
-        finally:
-            inside -= 1
+        async with real_node_lock(*args):
+            inside += 1
+            most_inside = max(most_inside, inside)
+            try:
+                yield
+            finally:
+                inside -= 1
 
-    monkeypatch.setattr(plugin.state, "_prepare_locked", counting)
+    monkeypatch.setattr(calllocks, "node_lock_async", counting)
     try:
         async with DraClient(plugin.dra_socket) as client:
             responses = await asyncio.gather(*(client.prepare([("ns", f"c{i}", uid)]) for i, uid in enumerate(uids)))
@@ -386,7 +392,7 @@ async def test_liveness_fails_when_a_call_is_stuck_under_the_node_lock(root: Pat
     await plugin.start()
     try:
         assert plugin.busy_for() == 0 and await health.liveness_problem(plugin) is None
-        monkeypatch.setattr(plugin.state, "_busy_since", time.monotonic() - health.CALL_STUCK_AFTER - 5)
+        monkeypatch.setattr(plugin.state.locks, "busy_since", time.monotonic() - health.CALL_STUCK_AFTER - 5)
         problem = await health.liveness_problem(plugin)
         assert problem is not None and "is not done" in problem
     finally:

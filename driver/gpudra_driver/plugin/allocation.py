@@ -61,6 +61,10 @@ class ClaimAllocation:
                    for c in self.configs.values())
 
 
+# A claim as read before the locks: what planning needs from it, or why it is refused.
+ReadClaim = ClaimAllocation | ClaimError
+
+
 def read_claim(ref: ClaimRef, fetched: Mapping[str, Any] | ClaimError | None, *,
                driver: str) -> ClaimAllocation | ClaimError:
     """The claim's allocation (``fetched``: the GET's result, None when not found, or why the GET

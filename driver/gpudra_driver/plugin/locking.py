@@ -6,7 +6,7 @@ plugin directory makes their read-modify-write sections exclusive. The kernel dr
 its holder dies (SIGKILL included), so a crashed agent never wedges the node.
 
 flock belongs to an open file description, so the lock is taken with a fresh descriptor each
-time; within one process calls are serialised before they get here (:mod:`.state`).
+time; within one process calls are serialised before they get here (:mod:`.calllocks`).
 :func:`node_lock_async` is the same lock for a call on the event loop: uncontended it never leaves
 the loop; contended (a peer instance holds it) it waits without blocking the loop.
 

@@ -160,3 +160,11 @@ class PreparedClaim:
     def from_json(cls, uid: str, data: dict[str, Any]) -> PreparedClaim:
         return cls(ClaimRef(data["namespace"], data["name"], uid),
                    tuple(PreparedDevice.from_json(d) for d in data["devices"]))
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    """One claim's answer to the kubelet: the prepared claim, or why it is not."""
+
+    claim: PreparedClaim | None = None
+    error: str | None = None

@@ -43,11 +43,10 @@ from gpudra_driver.plugin.devicenodes import CapMinor, node_devices, read_mig_ca
 from gpudra_driver.plugin.faults import FaultHook
 from gpudra_driver.sharing.apply import GpuControl
 from gpudra_driver.plugin.gen import pluginregistration_pb2_grpc
-from gpudra_driver.plugin.model import ClaimError, ClaimRef
+from gpudra_driver.plugin.model import ClaimError, ClaimRef, PrepareResult
 from gpudra_driver.plugin.registration import HEALTH_SERVICES, SUPPORTED_VERSIONS, RegistrationServicer
 from gpudra_driver.plugin.sockets import MAX_SOCKET_PATH, SocketAddress
-from gpudra_driver.plugin.recovery import recover
-from gpudra_driver.plugin.state import DeviceState, Fetched, PrepareResult
+from gpudra_driver.plugin.state import DeviceState, Fetched
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +116,10 @@ class KubeletPlugin:
         root = driver_root or DriverRoot.at("/")
         control = GpuControl(lambda: load_nvml(nvml, root), root.local / "usr/bin/nvidia-smi",
                              lambda: locate_nvml(root).path)
+        self._fetching = 0  # prepare calls whose claim GETs are in flight
         self.state = DeviceState(self.plugin_dir, CdiDir(cdi_dir, driver, self.driver_files, self.plugin_dir / mps.ROOT), driver=driver, node=node,
-                                 boot_id=boot_id or read_boot_id(), fault=fault or FaultHook(), gpu_control=control)
+                                 boot_id=boot_id or read_boot_id(), fault=fault or FaultHook(), gpu_control=control,
+                                 others_coming=lambda: self._fetching)
         self.api_versions = tuple(api_versions)
         self.health = health
         self.registration = RegistrationServicer(
@@ -126,8 +127,6 @@ class KubeletPlugin:
             (*(v for v in SUPPORTED_VERSIONS if v.split(".")[0] in self.api_versions),
              *(HEALTH_SERVICES if health is not None else ())))
         self.devices_known = asyncio.Event()
-        self._fetching = 0  # prepare calls whose claim GETs are in flight
-        self.state.others_coming = lambda: self._fetching
         self._dra_server: grpc.aio.Server | None = None
         self._reg_server: grpc.aio.Server | None = None
         self.registration_served = False  # the registration socket is up (after the first discovery)
@@ -144,7 +143,7 @@ class KubeletPlugin:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.registry_dir.mkdir(parents=True, exist_ok=True)
         self._remove_stale_sockets()
-        await asyncio.to_thread(recover, self.state)  # before any call can reach the state
+        await asyncio.to_thread(self.state.recover)  # before any call can reach the state
         metrics.set_prepared_claims(self.state.prepared_count)  # claims prepared by earlier instances
         self._dra_server = grpc.aio.server()
         for version in self.api_versions:
@@ -218,7 +217,7 @@ class KubeletPlugin:
 
     def busy_for(self) -> float:
         """Seconds the prepare/unprepare call running now has taken (0: none runs)."""
-        return self.state.busy_for()
+        return self.state.locks.busy_for()
 
     # -- the calls ------------------------------------------------------------------------------
     async def prepare(self, refs: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:

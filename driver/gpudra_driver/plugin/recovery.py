@@ -2,8 +2,8 @@
 
 Runs once per agent start, under the node lock (a peer instance may be serving during a rolling
 update), and again, under the lock a call holds, when a call finds the checkpoint corrupt
-(:meth:`.state.DeviceState._load`): the same path, so a corruption while the agent runs costs no
-restart. What a crash at any point can leave, and what happens to it, is decided by the pure
+(:mod:`.state`): the same path, so a corruption while the agent runs costs no restart. What a
+crash at any point can leave, and what happens to it, is decided by the pure
 :func:`checkpoint.reconcile`; this module reads the disk, applies the decision and writes the result:
 
 * half-done prepares (PrepareStarted) are rolled back: their specs go, the kubelet prepares again;
@@ -31,76 +31,92 @@ import logging
 import os
 import shutil
 import time
-from typing import TYPE_CHECKING
 
 from gpudra_driver.plugin import checkpoint as ckpt
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.driverfiles import DriverFilesError
-from gpudra_driver.plugin.locking import node_lock
-
-if TYPE_CHECKING:  # state.py calls recover_locked: no import at run time
-    from gpudra_driver.plugin.state import DeviceState
+from gpudra_driver.plugin.specs import ClaimSpecs
+from gpudra_driver.sharing.controller import SharingController
 
 log = logging.getLogger(__name__)
 
 
-def recover(state: DeviceState) -> ckpt.Reconciliation:
-    """Reconcile ``state``'s checkpoint with its CDI directory (blocking: run it off the event loop)."""
-    state.plugin_dir.mkdir(parents=True, exist_ok=True)
-    with node_lock(state.lock_path, state.lock_timeout):
-        return recover_locked(state)
+class Recovery:
+    """The reconciliation of one node's checkpoint, CDI specs, MPS daemons and GPU settings."""
 
+    def __init__(self, store: ckpt.CheckpointFile, specs: ClaimSpecs, sharing: SharingController, *,
+                 boot_id: str) -> None:
+        self.store = store
+        self.specs = specs
+        self.sharing = sharing
+        self.boot_id = boot_id
 
-def recover_locked(state: DeviceState, known: ckpt.Checkpoint | None = None) -> ckpt.Reconciliation:
-    """:func:`recover`, for a caller holding the node lock. ``known``: the checkpoint this
-    instance last read or wrote, whose claims' names the adopted ones keep."""
-    store, cdi = state.checkpoint, state.cdi
-    read = _read(store)
-    on_disk, listed = _list_specs(cdi)
-    loaded = read if read is not None else _adopt_kept_specs(state, on_disk, listed, known)
-    # an adopted spec is forgotten only when the directory was read and it is not there
-    result = ckpt.reconcile(loaded, on_disk if listed else on_disk | set(loaded.adopted))
-    if listed and read is not None and result.checkpoint.adopted:
-        # what kept specs name now: a crashed prepare of an adopted claim may have rewritten one
-        # (a start that just adopted them has read them already)
-        adopted = result.checkpoint.adopted
-        result = dataclasses.replace(result, checkpoint=result.checkpoint.adopting(
-            {uid: state.spec_devices(uid, pairs) for uid, pairs in adopted.items()}))
-    for uid in result.remove_specs:
-        cdi.remove(uid)
-    stale = [e.claim for u, e in result.checkpoint.claims.items()
-             if e.claim.devices and u in on_disk and not cdi.matches(e.claim)]
-    result = dataclasses.replace(result, rewrite_specs=result.rewrite_specs + tuple(stale))
-    for claim in result.rewrite_specs:
-        try:
-            cdi.write(claim)
-        except DriverFilesError as error:  # the driver is being (re)loaded: never crash-loop on
-            # it (running pods need their unprepare); a missing spec is written again when the
-            # kubelet next asks to prepare the claim
-            kept = "is kept as it is" if cdi.exists(claim.uid) else "is missing"
-            log.warning("%s: its CDI spec %s; it cannot be brought up to date now: %s", claim.ref, kept, error)
-    if on_disk or cdi.path.is_dir():
-        cdi.remove_temp_files()
-    # MPS daemons: those of claims gone or rolled back stop, those of prepared claims run, those of
-    # adopted claims stay as they are
-    for uid, problem in state._converge_mps(result.checkpoint).items():
-        log.warning("claim %s: %s", uid, problem)
-    # GPUs recorded as touched get what their remaining holders ask, or their defaults back
-    # (a claim rolled back, a crash between a checkpoint write and a reset, a reset that failed)
-    settled = result.checkpoint
-    if settled.touched:
-        settled = settled.untouched(state._converge(settled))
-        result = dataclasses.replace(result, checkpoint=settled)
-    if result.checkpoint != read or not store.is_cached:
-        # no file, or not one this boot can use (another boot's is replaced too: read once,
-        # warned once): write the reconciled one
-        store.save(result.checkpoint)
-    for leftover in store.leftovers():
-        os.unlink(leftover)
-    if result.changed:
-        log.info("reconciliation: rolled back %s, removed orphan specs %s, rewrote specs %s",
-                 list(result.rolled_back), list(result.remove_specs), [c.uid for c in result.rewrite_specs])
-    return result
+    def reconcile(self, known: ckpt.Checkpoint | None = None) -> ckpt.Reconciliation:
+        """The start-up reconciliation (:meth:`DeviceState.recover`), for a caller holding the node lock. ``known``: the checkpoint this
+        instance last read or wrote, whose claims' names the adopted ones keep."""
+        store, cdi = self.store, self.specs.cdi
+        read = _read(store)
+        on_disk, listed = _list_specs(cdi)
+        loaded = read if read is not None else self._adopt_kept_specs(on_disk, listed, known)
+        # an adopted spec is forgotten only when the directory was read and it is not there
+        result = ckpt.reconcile(loaded, on_disk if listed else on_disk | set(loaded.adopted))
+        if listed and read is not None and result.checkpoint.adopted:
+            # what kept specs name now: a crashed prepare of an adopted claim may have rewritten one
+            # (a start that just adopted them has read them already)
+            adopted = result.checkpoint.adopted
+            result = dataclasses.replace(result, checkpoint=result.checkpoint.adopting(
+                {uid: self.specs.held_devices(uid, pairs) for uid, pairs in adopted.items()}))
+        for uid in result.remove_specs:
+            cdi.remove(uid)
+        stale = [e.claim for u, e in result.checkpoint.claims.items()
+                 if e.claim.devices and u in on_disk and not cdi.matches(e.claim)]
+        result = dataclasses.replace(result, rewrite_specs=result.rewrite_specs + tuple(stale))
+        for claim in result.rewrite_specs:
+            try:
+                cdi.write(claim)
+            except DriverFilesError as error:  # the driver is being (re)loaded: never crash-loop on
+                # it (running pods need their unprepare); a missing spec is written again when the
+                # kubelet next asks to prepare the claim
+                kept = "is kept as it is" if cdi.exists(claim.uid) else "is missing"
+                log.warning("%s: its CDI spec %s; it cannot be brought up to date now: %s", claim.ref, kept, error)
+        if on_disk or cdi.path.is_dir():
+            cdi.remove_temp_files()
+        # MPS daemons: those of claims gone or rolled back stop, those of prepared claims run, those of
+        # adopted claims stay as they are
+        for uid, problem in self.sharing.converge_mps(result.checkpoint).items():
+            log.warning("claim %s: %s", uid, problem)
+        # GPUs recorded as touched get what their remaining holders ask, or their defaults back
+        # (a claim rolled back, a crash between a checkpoint write and a reset, a reset that failed)
+        settled = result.checkpoint
+        if settled.touched:
+            settled = settled.untouched(self.sharing.converge_gpus(settled))
+            result = dataclasses.replace(result, checkpoint=settled)
+        if result.checkpoint != read or not store.is_cached:
+            # no file, or not one this boot can use (another boot's is replaced too: read once,
+            # warned once): write the reconciled one
+            store.save(result.checkpoint)
+        for leftover in store.leftovers():
+            os.unlink(leftover)
+        if result.changed:
+            log.info("reconciliation: rolled back %s, removed orphan specs %s, rewrote specs %s",
+                     list(result.rolled_back), list(result.remove_specs), [c.uid for c in result.rewrite_specs])
+        return result
+
+    def _adopt_kept_specs(self, on_disk: set[str], listed: bool, known: ckpt.Checkpoint | None) -> ckpt.Checkpoint:
+        """In place of a corrupt checkpoint: every spec of ours adopted, with the devices it names,
+        and the name ``known`` gives its claim. Where the devices cannot be told, the start stops
+        (the next one tries again) rather than forget a spec or a device a running container may use."""
+        path, cdi = self.store.path, self.specs.cdi
+        if not listed:
+            raise RuntimeError(f"{path} is unusable and the CDI directory {cdi.path} "
+                               "cannot be read: cannot tell which specs running containers need")
+        named = {uid: cdi.device_names(uid) for uid in on_disk}
+        if unreadable := sorted(uid for uid, names in named.items() if names is None):
+            raise RuntimeError(f"{path} is unusable and the CDI specs of claim(s) {', '.join(unreadable)} "
+                               "cannot be read: cannot tell which devices running containers hold")
+        return ckpt.Checkpoint(self.boot_id).adopting(
+            {uid: [(self.specs.node, device) for device in names or ()] for uid, names in named.items()}).naming(
+            _known_names(known, on_disk))
 
 
 def _read(store: ckpt.CheckpointFile) -> ckpt.Checkpoint | None:
@@ -128,24 +144,6 @@ def _list_specs(cdi: CdiDir) -> tuple[set[str], bool]:
     except OSError as error:
         log.error("CDI directory %s is unusable: %s", cdi.path, error)
         return set(), False
-
-
-def _adopt_kept_specs(state: DeviceState, on_disk: set[str], listed: bool,
-                      known: ckpt.Checkpoint | None) -> ckpt.Checkpoint:
-    """In place of a corrupt checkpoint: every spec of ours adopted, with the devices it names,
-    and the name ``known`` gives its claim. Where the devices cannot be told, the start stops
-    (the next one tries again) rather than forget a spec or a device a running container may use."""
-    path, cdi = state.checkpoint.path, state.cdi
-    if not listed:
-        raise RuntimeError(f"{path} is unusable and the CDI directory {cdi.path} "
-                           "cannot be read: cannot tell which specs running containers need")
-    named = {uid: cdi.device_names(uid) for uid in on_disk}
-    if unreadable := sorted(uid for uid, names in named.items() if names is None):
-        raise RuntimeError(f"{path} is unusable and the CDI specs of claim(s) {', '.join(unreadable)} "
-                           "cannot be read: cannot tell which devices running containers hold")
-    return ckpt.Checkpoint(state.boot_id).adopting(
-        {uid: [(state.node, device) for device in names or ()] for uid, names in named.items()}).naming(
-        _known_names(known, on_disk))
 
 
 def _known_names(known: ckpt.Checkpoint | None, uids: set[str]) -> dict[str, tuple[str, str]]:

@@ -19,8 +19,7 @@ from gpudra_driver.plugin.gen import (
     dra_health_v1_pb2, dra_health_v1_pb2_grpc, dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc, dra_v1_pb2,
     dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc,
 )
-from gpudra_driver.plugin.model import ClaimRef
-from gpudra_driver.plugin.state import PrepareResult
+from gpudra_driver.plugin.model import ClaimRef, PrepareResult
 
 log = logging.getLogger(__name__)
 
