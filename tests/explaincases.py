@@ -70,7 +70,8 @@ from gpudra_core.devicemodel import DeviceTaint
 from gpudra_driver.discovery import discover
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 from gpudra_core.quantity import format_quantity, parse_quantity
-from gpudra_driver.publishing.slices import build_slices, slice_name, taint_to_api
+from gpudra_driver.publishing.slices import build_slices, slice_name
+from gpudra_driver.deviceapi import taint_to_api
 from gpudra_operator.deviceclasses import render_device_class
 
 Obj = dict[str, Any]

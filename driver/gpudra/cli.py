@@ -14,7 +14,7 @@ import sys
 SUBCOMMANDS: dict[str, str] = {
     "discover": "gpudra_driver.discover_cmd",
     "agent": "gpudra_driver.agent_cmd",
-    "mps-supervisor": "gpudra_driver.sharing.mps.supervisor",
+    "mps-supervisor": "gpudra_driver.plugin.sharing.mps.supervisor",
     "operator": "gpudra_operator.operator_cmd",
     "render": "gpudra_operator.render_cmd",
     "explain": "gpudra_operator.explain_cmd",

@@ -259,7 +259,7 @@ async def _report_ready(path: Path, plugin: object, published: asyncio.Event) ->
 async def _main(args: argparse.Namespace) -> int:
     from gpudra_core.kubeapi import Kube, connect
     from gpudra_driver.nodeevents import NodeEvents
-    from gpudra_driver.sharing.mps.apply import report_restarts
+    from gpudra_driver.plugin.sharing.mps.apply import report_restarts
     from gpudra_driver.plugin.sweep import LeakSweeper
     from gpudra_driver.plugin.plugin import KubeletPlugin, claim_getter
     from gpudra_driver.publishing.apply import SlicePublisher

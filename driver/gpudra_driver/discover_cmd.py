@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     from gpudra_driver.discovery import numa_node_from_sysfs, nvidia_gpus_on_pci, scan
     from gpudra_driver.driverroot import DriverRoot, DriverRootError
     from gpudra_driver.nvml import NvmlUnavailable, load_nvml, resolve_spec
-    from gpudra_driver.publishing.slices import build_slices, device_to_api
+    from gpudra_driver.publishing.slices import build_slices
+    from gpudra_driver.deviceapi import device_to_api
 
     node = args.node_name or os.environ.get("NODE_NAME") or socket.gethostname().lower()
     spec = resolve_spec(args.nvml)

@@ -33,6 +33,7 @@ from gpudra_core.devicemodel import (
     normalize_version,
 )
 from gpudra_driver.nvml import NvmlUnavailable
+from gpudra_driver.deviceapi import fit_devices
 
 __all__ = ["Discovery", "NvmlUnavailable", "discover", "mig_profile_name", "numa_node_from_sysfs",
            "nvidia_gpus_on_pci", "scan"]
@@ -128,8 +129,6 @@ def scan(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = None) 
                 warnings.append(f"GPU {index} skipped: {exc}")
         # A value past an API limit (a 96-character product name) changes that device only; the
         # node's other devices publish (a LimitError in build_slices would hold up the whole pool).
-        from gpudra_driver.publishing.slices import fit_devices
-
         devices, fixes = fit_devices(devices)
         return Discovery(devices, warnings + fixes)
     finally:

@@ -20,7 +20,7 @@ from test_kubelet_plugin import PluginAgent, allocated_claim, driver, plugin_age
 
 from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_dev.kubelet_client import DraClient
-from gpudra_driver.sharing.mps.apply import MpsDaemons, MpsUnavailable
+from gpudra_driver.plugin.sharing.mps.apply import MpsDaemons, MpsUnavailable
 from gpudra_core.quantity import parse_quantity
 from gpudra_dev.localcluster import mockstate
 from gpudra_dev.localcluster.agents import AgentProcess, start_mps_supervisor

@@ -28,13 +28,13 @@ from seedobjects import published_devices
 from test_kubelet_plugin import allocated_claim, driver, plugin_agents, ref  # noqa: F401 (fixtures)
 from test_mps import EXCLUSIVE_PROCESS, mps_config
 
-from gpudra_driver.sharing.mps import mounts as mpsmounts
+from gpudra_driver.plugin.sharing.mps import mounts as mpsmounts
 
-from gpudra_driver.sharing.mps import supervisor as mpssupervisor
+from gpudra_driver.plugin.sharing.mps import supervisor as mpssupervisor
 from gpudra_core.kubeapi import Kube
 from gpudra_dev.kubelet_client import DraClient
-from gpudra_driver.sharing.mps.plan import DaemonSpec
-from gpudra_driver.sharing.mps.apply import MpsDaemons, MpsUnavailable
+from gpudra_driver.plugin.sharing.mps.plan import DaemonSpec
+from gpudra_driver.plugin.sharing.mps.apply import MpsDaemons, MpsUnavailable
 from gpudra_driver.plugin.sockets import SocketAddress
 from gpudra_dev.localcluster import mockstate
 from gpudra_dev.localcluster.agents import AgentProcess, start_mps_supervisor

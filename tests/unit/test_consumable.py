@@ -19,7 +19,8 @@ from gpudra_core.devicemodel import AttrValue, Device, RequestPolicy
 from gpudra_driver.discovery import scan
 from gpudra_driver.nvml import load_nvml
 from gpudra_driver.publishing.rescan import Rescanner
-from gpudra_driver.publishing.slices import build_slices, device_to_api
+from gpudra_driver.publishing.slices import build_slices
+from gpudra_driver.deviceapi import device_to_api
 
 GI, MI = 2**30, 2**20
 H100 = 81559 * MI  # what NVML reports for an "80GB" H100

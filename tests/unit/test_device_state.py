@@ -871,7 +871,7 @@ class RecordingControl:
         self.fail_for = fail_for or set()
 
     def apply(self, uuid: str, settings) -> None:  # type: ignore[no-untyped-def]
-        from gpudra_driver.sharing.apply import GpuControlError
+        from gpudra_driver.plugin.sharing.apply import GpuControlError
 
         if uuid in self.fail_for:
             raise GpuControlError(f"GPU {uuid}: nvidia-smi compute-policy exited 3: Insufficient Permissions")
@@ -1031,7 +1031,7 @@ async def test_recovering_a_corrupt_checkpoint_in_place_keeps_the_mps_daemons_of
         tmp_path: Path) -> None:
     """Claims adopted from a corrupt checkpoint are still held by their pods: the daemon spec of
     one that had an MPS daemon stays (the supervisor keeps it running) until it is unprepared."""
-    from gpudra_driver.sharing.mps.plan import DaemonSpec
+    from gpudra_driver.plugin.sharing.mps.plan import DaemonSpec
 
     state = make(tmp_path)
     await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
@@ -1051,8 +1051,8 @@ async def test_the_mps_restart_reports_go_on_through_a_corrupt_checkpoint(tmp_pa
     checkpoint corrupted under it): the agent recovers in place instead of exiting."""
     import asyncio
 
-    from gpudra_driver.sharing.mps.plan import STATUS_FILE, DaemonSpec
-    from gpudra_driver.sharing.mps.apply import report_restarts
+    from gpudra_driver.plugin.sharing.mps.plan import STATUS_FILE, DaemonSpec
+    from gpudra_driver.plugin.sharing.mps.apply import report_restarts
     from gpudra_dev.localcluster.waiting import wait_for
 
     state = make(tmp_path)

@@ -7,7 +7,7 @@ import pytest
 
 from gpudra_core.devicemodel import AttrValue, Device, DeviceTaint
 from gpudra_driver.devicehealth import xids
-from gpudra_driver.devicehealth.apisupport import probe_slice, taints_dropped
+from gpudra_driver.publishing.apisupport import probe_slice, taints_dropped
 from gpudra_driver.devicehealth.plan import (
     MAX_FAULTS_PER_GPU, NO_INSTANCE, Ecc, Moment, Policy, Probe, Unmonitored, Xid, apply, carry_lost, expire, health_of,
     next_expiry, observe, taints, transitions,

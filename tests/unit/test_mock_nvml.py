@@ -25,7 +25,7 @@ from gpudra_driver.discovery import NvmlUnavailable, scan
 from gpudra_driver.nvml import load_nvml, profile_names
 from gpudra_driver.nvml.fake import load_profile
 from gpudra_driver.plugin.devicenodes import mig_cap_minor_fallback
-from gpudra_driver.publishing.slices import device_to_api
+from gpudra_driver.deviceapi import device_to_api
 from gpudra_dev.localcluster import fakedriverroot, mockstate
 from gpudra_dev.localcluster.fakedriverroot import INVENTORY_FILE, LIB_DIR, make_driver_root, mock_nvml_library
 
@@ -118,7 +118,7 @@ import pynvml
 pynvml.nvmlLib = ctypes.CDLL(sys.argv[1])
 from gpudra_driver.discovery import scan
 from gpudra_driver.nvml import NvmlUnavailable
-from gpudra_driver.publishing.slices import device_to_api
+from gpudra_driver.deviceapi import device_to_api
 result = {"probe": probe(pynvml)}
 try:
     d = scan(pynvml)

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from plugin_fixtures import DRIVER, NODE, claim, devices, result
 
-from gpudra_driver.sharing import plan as gpusettings
+from gpudra_driver.plugin.sharing import plan as gpusettings
 
-from gpudra_driver.sharing.mps import plan as mps
+from gpudra_driver.plugin.sharing.mps import plan as mps
 from gpudra_driver.plugin.checkpoint import Checkpoint
 from gpudra_driver.plugin.model import MPS, ClaimError, ClaimRef
 from gpudra_driver.plugin.plan import plan_prepare

@@ -20,14 +20,14 @@ from typing import Any
 
 import pytest
 
-from gpudra_driver.sharing.mps import supervisor as mpssupervisor
-from gpudra_driver.sharing.mps.mounts import empty_directory, helper_command
-from gpudra_driver.sharing.mps.supervisor import Daemon, Supervisor, restart_at, shm_size_of
-from gpudra_driver.sharing.mps.processes import ProcessRecord, observe, open_recorded, same_process, start_time_of
+from gpudra_driver.plugin.sharing.mps import supervisor as mpssupervisor
+from gpudra_driver.plugin.sharing.mps.mounts import empty_directory, helper_command
+from gpudra_driver.plugin.sharing.mps.supervisor import Daemon, Supervisor, restart_at, shm_size_of
+from gpudra_driver.plugin.sharing.mps.processes import ProcessRecord, observe, open_recorded, same_process, start_time_of
 from gpudra_dev.localcluster.waiting import wait_for
-from gpudra_driver.sharing.mps import apply as mpsdaemons
-from gpudra_driver.sharing.mps.plan import DEFAULT_SHM_SIZE, DaemonSpec
-from gpudra_driver.sharing.mps.apply import MpsDaemons
+from gpudra_driver.plugin.sharing.mps import apply as mpsdaemons
+from gpudra_driver.plugin.sharing.mps.plan import DEFAULT_SHM_SIZE, DaemonSpec
+from gpudra_driver.plugin.sharing.mps.apply import MpsDaemons
 from gpudra_driver.plugin.sockets import SocketAddress
 
 UID = "0c1d2e3f-0000-4000-8000-0000000000aa"

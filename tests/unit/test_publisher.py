@@ -15,7 +15,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import REGISTRY
 
 from gpudra_core.devicemodel import AttrValue, Device
-from gpudra_driver.publishing import apply as publisher_module
+from gpudra_driver import retrying as retrying_module
 from gpudra_driver.publishing.apply import SlicePublisher
 
 DRIVER = "gpu.gpudra.io"
@@ -57,7 +57,7 @@ class FlakyKube:
 @pytest.fixture(autouse=True)
 def no_jitter(monkeypatch: pytest.MonkeyPatch) -> None:
     """Exact waits to compare with; test_waits_are_jittered_downwards checks the jitter."""
-    monkeypatch.setattr(publisher_module, "jitter", lambda: 0.0)
+    monkeypatch.setattr(retrying_module, "jitter", lambda: 0.0)
 
 
 def publish_errors() -> float:
@@ -119,7 +119,7 @@ def test_waits_are_jittered_downwards_so_a_fleet_comes_back_spread_out(
         caplog, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     caplog.set_level(logging.INFO, "gpudra_driver.publishing.apply")
     draws = iter([0.0, 0.5, 0.999, 0.25] * 3)
-    monkeypatch.setattr(publisher_module, "jitter", lambda: next(draws))
+    monkeypatch.setattr(retrying_module, "jitter", lambda: next(draws))
     kube = FlakyKube(lists=[OSError("connection refused")] * 4, watch_error=ConnectionResetError("cut"))
     publisher = SlicePublisher(kube, DRIVER, NODE)  # type: ignore[arg-type]
     virtualtime.run(run_for(3.0, publisher))

@@ -334,7 +334,7 @@ def test_a_class_may_select_shared_gpus_with_cel() -> None:
 
 
 def test_spec_sharing_mps_adds_the_mps_supervisor_placed_like_the_agents() -> None:
-    from gpudra_driver.sharing.mps import supervisor as mpssupervisor
+    from gpudra_driver.plugin.sharing.mps import supervisor as mpssupervisor
     assert render(config()).mps_daemonset is None
     placement = {"nodeSelector": {"pool": "gpu"}, "tolerations": [{"operator": "Exists"}]}
     rendered = render(config({"sharing": {"mps": {}}, "agent": {"image": "reg/gpudra:1", **placement}}))

@@ -11,7 +11,8 @@ from gpudra_core import limits
 from gpudra_core.devicemodel import AttrValue, Device
 from gpudra_driver.discovery import scan
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
-from gpudra_driver.publishing.slices import build_slices, device_to_api, node_label_value, slice_name
+from gpudra_driver.publishing.slices import build_slices, node_label_value, slice_name
+from gpudra_driver.deviceapi import device_to_api
 
 DRIVER = "gpu.gpudra.io"
 NODE = "node-a"
@@ -173,7 +174,8 @@ def test_limit_helpers() -> None:
 
 def test_a_value_past_a_limit_changes_that_device_only_and_says_so() -> None:
     from gpudra_core.devicemodel import AttrValue
-    from gpudra_driver.publishing.slices import build_slices, fit_devices
+    from gpudra_driver.publishing.slices import build_slices
+    from gpudra_driver.deviceapi import fit_devices
 
     devices = scan(FakeNvml(load_profile("l4x2"))).devices
     long_name = "NVIDIA L4 " + "Extended Edition " * 5  # 95 characters, as NVML names can be

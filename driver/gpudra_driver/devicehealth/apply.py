@@ -17,7 +17,7 @@
   logged on the first and every 100th.
 * Publishing goes through the slice publisher, which retries with backoff like any slice change.
   Where the API server drops taints (Kubernetes 1.35) the monitor switches to leaving unhealthy
-  devices out (:mod:`gpudra_driver.devicehealth.apisupport`), says so once in the log and a Node event.
+  devices out (:mod:`gpudra_driver.publishing.apisupport`), says so once in the log and a Node event.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 from gpudra_driver import metrics
 from gpudra_core.devicemodel import Device, DeviceTaint
 from gpudra_driver.driverroot import DriverRoot
-from gpudra_driver.devicehealth import apisupport
+from gpudra_driver.publishing import apisupport
 from gpudra_driver.devicehealth.feed import HealthFeed
 from gpudra_driver.devicehealth.plan import (
     HEALTH_STATES, NO_INSTANCE, Ecc, GpuHealth, Mode, Moment, Observation, Policy, Probe, Transition, Unmonitored,
@@ -168,7 +168,7 @@ class HealthMonitor:
 
     async def check_api(self, kube: Any, node: str) -> None:
         """Find out once, by a dry run, whether taints are kept; retried until the server answers."""
-        from gpudra_driver.publishing.apply import retrying
+        from gpudra_driver.retrying import retrying
 
         def retry(state: Any) -> None:
             log.warning("checking device taint support failed (%r); retrying", state.outcome.exception())

@@ -13,25 +13,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Literal, TypeAlias
 
 from gpudra_core.devicemodel import Device, DeviceTaint
 from gpudra_driver.devicehealth.plan import describe, health_of
+from gpudra_driver.plugin.model import DeviceHealth, Health
 
-Health: TypeAlias = Literal["HEALTHY", "UNHEALTHY", "UNKNOWN"]  # the kubelet API's HealthStatus names
 MESSAGE_MAX = 1024  # the kubelet truncates longer messages
 # health.core's states -> the kubelet's: an unmonitored GPU's health is not known between probes
 HEALTH: dict[str, Health] = {"healthy": "HEALTHY", "unhealthy": "UNHEALTHY", "unmonitored": "UNKNOWN"}
-
-
-@dataclass(frozen=True)
-class DeviceHealth:
-    pool: str
-    device: str
-    health: Health
-    updated: float  # unix seconds: when this health was last determined
-    message: str = ""
 
 
 def device_health(pool: str, device: Device, device_taints: Sequence[DeviceTaint], driver: str,

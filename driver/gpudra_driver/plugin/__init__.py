@@ -9,7 +9,7 @@ One concern per module, the shape of dra-example-driver's kubelet plugin:
 * :mod:`.state`: prepare and unprepare: the order of their steps (crash safety), composing:
   :mod:`.calllocks` (one call at a time, then the node lock), :mod:`.batching` (queued prepare
   calls done as one batch), :mod:`.specs` (each claim's CDI spec written or removed),
-  :mod:`.rollback` (unfinished prepares undone) and :mod:`gpudra_driver.sharing.controller`
+  :mod:`.rollback` (unfinished prepares undone) and :mod:`gpudra_driver.plugin.sharing.controller`
   (GPU sharing settings and MPS daemons, from the checkpoint).
 * :mod:`.recovery`: start-up reconciliation of the checkpoint and the CDI directory.
 * :mod:`.allocation`: a claim read as tenant input (bounded, configs decoded) before any lock.

@@ -23,7 +23,7 @@ from typing import Any
 
 from gpudra_driver.plugin.driverfiles import DriverFiles, DriverFilesCache, device_node
 from gpudra_driver.plugin.fsutil import TEMP_MARK, remove, write_atomic
-from gpudra_driver.sharing.mps import plan as mps
+from gpudra_driver.plugin.sharing.mps import plan as mps
 from gpudra_driver.plugin.model import MPS, PreparedClaim
 
 CDI_CLASS = "claim"

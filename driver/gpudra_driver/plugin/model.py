@@ -9,7 +9,7 @@ import json
 import re
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 from gpudra_core import limits
 
@@ -168,3 +168,18 @@ class PrepareResult:
 
     claim: PreparedClaim | None = None
     error: str | None = None
+
+
+Health: TypeAlias = Literal["HEALTHY", "UNHEALTHY", "UNKNOWN"]  # the kubelet API's HealthStatus names
+
+
+@dataclass(frozen=True)
+class DeviceHealth:
+    """One device's health as DRAResourceHealth streams it to the kubelet (KEP-4680); the agent's
+    device health (gpudra_driver.devicehealth.feed) fills it."""
+
+    pool: str
+    device: str
+    health: Health
+    updated: float  # unix seconds: when this health was last determined
+    message: str = ""

@@ -17,10 +17,10 @@ from gpudra_core.quantity import format_quantity
 from gpudra_driver.plugin.checkpoint import COMPLETED, Checkpoint
 from gpudra_driver.plugin.devicenodes import NodeDevice
 from gpudra_driver.gpuconfig import GpuConfig, GpuConfigError, Mps, Strategy
-from gpudra_driver.sharing import plan as gpusettings
+from gpudra_driver.plugin.sharing import plan as gpusettings
 from gpudra_driver.plugin.model import (MPS, NOT_SHARED, TIME_SLICING, ClaimError, ClaimRef, DeviceSharing,
                                         PreparedClaim, PreparedDevice)
-from gpudra_driver.sharing.mps.plan import share_limits
+from gpudra_driver.plugin.sharing.mps.plan import share_limits
 
 MPS_MIN_COMPUTE_CAPABILITY = (7, 0)  # Volta: MPS limits (thread percentage, pinned memory) need it
 

@@ -35,13 +35,13 @@ from gpudra_core.devicemodel import Device
 from gpudra_driver.driverroot import DriverRoot, locate_nvml
 from gpudra_driver.nvml import load_nvml
 from gpudra_driver.plugin import service
-from gpudra_driver.sharing.mps import plan as mps
+from gpudra_driver.plugin.sharing.mps import plan as mps
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.checkpoint import read_boot_id
 from gpudra_driver.plugin.driverfiles import DriverFilesCache
 from gpudra_driver.plugin.devicenodes import CapMinor, node_devices, read_mig_cap_minor
 from gpudra_driver.plugin.faults import FaultHook
-from gpudra_driver.sharing.apply import GpuControl
+from gpudra_driver.plugin.sharing.apply import GpuControl
 from gpudra_driver.plugin.gen import pluginregistration_pb2_grpc
 from gpudra_driver.plugin.model import ClaimError, ClaimRef, PrepareResult
 from gpudra_driver.plugin.registration import HEALTH_SERVICES, SUPPORTED_VERSIONS, RegistrationServicer

@@ -36,7 +36,7 @@ from gpudra_driver.plugin import checkpoint as ckpt
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.driverfiles import DriverFilesError
 from gpudra_driver.plugin.specs import ClaimSpecs
-from gpudra_driver.sharing.controller import SharingController
+from gpudra_driver.plugin.sharing.controller import SharingController
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from collections.abc import Collection, Iterable, Sequence
 from gpudra_driver.plugin.checkpoint import Checkpoint, CheckpointFile
 from gpudra_driver.plugin.model import PreparedClaim
 from gpudra_driver.plugin.specs import ClaimSpecs
-from gpudra_driver.sharing.controller import SharingController
+from gpudra_driver.plugin.sharing.controller import SharingController
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from gpudra_driver.devicehealth.feed import DeviceHealth
+from gpudra_driver.plugin.model import DeviceHealth
 from gpudra_driver.plugin.gen import (
     dra_health_v1_pb2, dra_health_v1_pb2_grpc, dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc, dra_v1_pb2,
     dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc,

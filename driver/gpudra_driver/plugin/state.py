@@ -2,7 +2,7 @@
 safe (the role of dra-example-driver's device_state.go). Start-up is :mod:`.recovery`. Each step's
 own concern is a class of its own, composed here: whose turn it is (:mod:`.calllocks`), the queue
 of prepare calls (:mod:`.batching`), the CDI specs (:mod:`.specs`), GPU sharing settings and MPS
-daemons (:mod:`gpudra_driver.sharing.controller`), undoing unfinished prepares (:mod:`.rollback`).
+daemons (:mod:`gpudra_driver.plugin.sharing.controller`), undoing unfinished prepares (:mod:`.rollback`).
 
 Each claim is read first (:func:`.allocation.read_claim`: tenant input, bounded and decoded
 before any lock, so a bad claim costs its neighbours nothing). Then one call at a time per agent
@@ -54,11 +54,11 @@ from gpudra_driver.plugin.recovery import Recovery
 from gpudra_driver.plugin.rollback import Rollback
 from gpudra_driver.plugin.specs import ClaimSpecs
 from gpudra_driver.plugin.sweep import HeldClaim
-from gpudra_driver.sharing import plan as gpusettings
-from gpudra_driver.sharing.apply import GpuControl
-from gpudra_driver.sharing.controller import SharingController
-from gpudra_driver.sharing.mps import plan as mps
-from gpudra_driver.sharing.mps.apply import MpsDaemons
+from gpudra_driver.plugin.sharing import plan as gpusettings
+from gpudra_driver.plugin.sharing.apply import GpuControl
+from gpudra_driver.plugin.sharing.controller import SharingController
+from gpudra_driver.plugin.sharing.mps import plan as mps
+from gpudra_driver.plugin.sharing.mps.apply import MpsDaemons
 
 log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "checkpoint.json"

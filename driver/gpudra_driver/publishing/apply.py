@@ -14,38 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Callable, Sequence
 from functools import partial
 
-from tenacity import AsyncRetrying, RetryCallState, wait_exponential
+from tenacity import RetryCallState
 
 from gpudra_driver import metrics
 from gpudra_core.devicemodel import Device
-from gpudra_driver.devicehealth.apisupport import taints_dropped
+from gpudra_driver.publishing.apisupport import taints_dropped
 from gpudra_core.kubeapi import Kube, Obj, error_message, is_status, resource_type
 from gpudra_driver.publishing.plan import plan_publish
+from gpudra_driver.retrying import RETRY_INITIAL, retrying
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 NODE = resource_type("v1", "Node")
-RETRY_INITIAL = 0.2  # seconds before the first retry, doubling with each failure in a row
-RETRY_MAX = 30.0
-RETRY_JITTER = 0.2  # each wait is shortened by up to this fraction, at random
-jitter: Callable[[], float] = random.random  # in [0, 1); tests fix it
 log = logging.getLogger(__name__)
-
-
-def retrying(before_sleep: Callable[[RetryCallState], None]) -> AsyncRetrying:
-    """Retry on any error until it succeeds (cancellation still ends it), ``before_sleep`` saying
-    why and for how long. One object per sequence: tenacity keeps a sequence's state in it."""
-    return AsyncRetrying(wait=_jittered, before_sleep=before_sleep)
-
-
-_exponential = wait_exponential(multiplier=RETRY_INITIAL, max=RETRY_MAX)
-
-
-def _jittered(state: RetryCallState) -> float:
-    return _exponential(state) * (1 - RETRY_JITTER * jitter())
 
 
 class SlicePublisher:

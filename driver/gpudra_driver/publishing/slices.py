@@ -10,17 +10,14 @@ desired and observed objects and write nothing when nothing changed. Every limit
 
 from __future__ import annotations
 
-import dataclasses
-
 import hashlib
 import re
 from collections.abc import Iterable
 from typing import Any
 
 from gpudra_core import limits
-from gpudra_core.consumable import policy_to_api
-from gpudra_core.devicemodel import CAPACITIES, AttrValue, Device, DeviceTaint
-from gpudra_core.quantity import format_quantity
+from gpudra_core.devicemodel import Device
+from gpudra_driver.deviceapi import device_to_api
 
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceSlice"
@@ -85,84 +82,6 @@ def build_slices(
             spec["devices"] = [device_to_api(d) for d in chunk]
         slices.append({"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec})
     return slices
-
-
-def check_attribute_value(where: str, val: AttrValue) -> None:
-    """The API's limits on one attribute value (``LimitError`` naming ``where``)."""
-    if val.type == "string":
-        limits.check_string_value(where, str(val.value))
-    elif val.type == "version":
-        limits.check_version_value(where, str(val.value))
-    elif val.type == "int":
-        limits.check_int_value(where, int(val.value))
-
-
-def fit_devices(devices: list[Device]) -> tuple[list[Device], list[str]]:
-    """The devices as the API will take them, and what had to change (pure). A value past a limit
-    must not hold up the whole pool: a string attribute over 64 characters (NVML product names
-    reach 96) is cut to 64, an attribute value the API refuses otherwise is left out, and a device
-    that still does not fit is skipped; each change is one warning naming the device."""
-    fitted: list[Device] = []
-    warnings: list[str] = []
-    for device in devices:
-        attributes = dict(device.attributes)
-        for key, val in device.attributes.items():
-            try:
-                check_attribute_value(f"device {device.name} attribute {key}", val)
-            except limits.LimitError as error:
-                if val.type == "string":
-                    attributes[key] = AttrValue.of_string(str(val.value)[:limits.MAX_ATTRIBUTE_STRING_LENGTH])
-                    warnings.append(f"{error}; published cut to {limits.MAX_ATTRIBUTE_STRING_LENGTH} characters")
-                else:
-                    del attributes[key]
-                    warnings.append(f"{error}; published without it")
-        candidate = dataclasses.replace(device, attributes=attributes) if attributes != device.attributes else device
-        try:
-            device_to_api(candidate)
-        except (limits.LimitError, ValueError) as error:
-            warnings.append(f"device {device.name} skipped: {error}")
-            continue
-        fitted.append(candidate)
-    return fitted, warnings
-
-
-def device_to_api(device: Device) -> dict[str, Any]:
-    """One v1 Device entry: ``{name, attributes: {k: {type: v}}, capacity: {k: {value: qty}}}``, and
-    for a shared device ``allowMultipleAllocations: true`` and each capacity's ``requestPolicy``."""
-    subject = f"device {device.name}"
-    limits.check_dns_label(f"{subject} name", device.name)
-    limits.check_device_entries(subject, device.attributes, device.capacity)
-    attributes: dict[str, Any] = {}
-    for key, val in sorted(device.attributes.items()):
-        where = f"{subject} attribute {key}"
-        limits.check_qualified_name(where, key)
-        check_attribute_value(where, val)
-        attributes[key] = val.to_api()
-    capacity: dict[str, Any] = {}
-    for key, amount in sorted(device.capacity.items()):
-        limits.check_qualified_name(f"{subject} capacity {key}", key)
-        spec = CAPACITIES.get(key)
-        binary = spec is not None and spec.unit == "bytes"
-        capacity[key] = {"value": format_quantity(amount, binary=binary)}
-        if key in device.request_policies:
-            capacity[key]["requestPolicy"] = policy_to_api(device.request_policies[key], binary=binary)
-    entry: dict[str, Any] = {"name": device.name, "attributes": attributes}
-    if capacity:
-        entry["capacity"] = capacity
-    if device.allow_multiple_allocations:
-        entry["allowMultipleAllocations"] = True
-    if device.taints:
-        limits.check_taints(subject, [(t.key, t.value) for t in device.taints])
-        entry["taints"] = [taint_to_api(t) for t in device.taints]
-    return entry
-
-
-def taint_to_api(taint: DeviceTaint) -> dict[str, str]:
-    """``{key, value?, effect, timeAdded}``; an empty value is left out, as the API server does."""
-    entry = {"key": taint.key, "effect": taint.effect, "timeAdded": taint.time_added}
-    if taint.value:
-        entry["value"] = taint.value
-    return entry
 
 
 def slice_name(node_name: str, driver: str, index: int) -> str:

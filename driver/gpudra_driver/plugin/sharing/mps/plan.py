@@ -5,7 +5,7 @@ A claim whose devices are shared with strategy MPS gets one control daemon of it
 directories under the plugin directory, ``<plugin-dir>/mps/<claimUID>/``:
 
 * ``pipe``: the daemon's control socket; a small tmpfs the supervisor mounts (``nosymfollow``,
-  :mod:`gpudra_driver.sharing.mps.mounts`), mounted into the claim's containers at ``/tmp/nvidia-mps``, the
+  :mod:`gpudra_driver.plugin.sharing.mps.mounts`), mounted into the claim's containers at ``/tmp/nvidia-mps``, the
   path ``CUDA_MPS_PIPE_DIRECTORY`` names for them;
 * ``shm``: the daemon's and the clients' ``/dev/shm``, where the MPS server and its clients meet:
   a tmpfs the supervisor mounts, of the size the claim's GpuConfig asks (``sharing.mps.shmSize``,
@@ -16,7 +16,7 @@ directories under the plugin directory, ``<plugin-dir>/mps/<claimUID>/``:
   the daemons it started. The ``pipe`` and ``shm`` directories are mounted read-write into the
   claim's containers, so nothing in them is trusted;
 * ``daemon.json``: what the daemon must be (:class:`DaemonSpec`), written by the agent and read by
-  the MPS supervisor (:mod:`gpudra_driver.sharing.mps.supervisor`), which runs the daemons outside the
+  the MPS supervisor (:mod:`gpudra_driver.plugin.sharing.mps.supervisor`), which runs the daemons outside the
   agent's container so that they outlive it (docs/sharing.md, "MPS").
 
 Like the GPU settings (:mod:`.gpusettings`), the daemons are derived from the checkpoint, so a

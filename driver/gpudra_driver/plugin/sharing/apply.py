@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpudra_driver.sharing.plan import GpuSettings
+from gpudra_driver.plugin.sharing.plan import GpuSettings
 
 SMI_TIMEOUT = 10.0  # seconds; a hung driver call must not hold the node lock past the kubelet's budget
 KILL_WAIT = 5.0  # seconds to wait for a killed nvidia-smi; one in uninterruptible sleep is left behind

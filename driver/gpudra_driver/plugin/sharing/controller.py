@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 
 from gpudra_driver.plugin.checkpoint import Checkpoint
 from gpudra_driver.plugin.model import PreparedClaim, PrepareResult
-from gpudra_driver.sharing import plan as gpusettings
-from gpudra_driver.sharing.apply import GpuControl, GpuControlError
-from gpudra_driver.sharing.mps import plan as mps
-from gpudra_driver.sharing.mps.apply import MpsDaemons
+from gpudra_driver.plugin.sharing import plan as gpusettings
+from gpudra_driver.plugin.sharing.apply import GpuControl, GpuControlError
+from gpudra_driver.plugin.sharing.mps import plan as mps
+from gpudra_driver.plugin.sharing.mps.apply import MpsDaemons
 
 log = logging.getLogger(__name__)
 

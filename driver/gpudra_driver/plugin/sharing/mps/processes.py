@@ -1,6 +1,6 @@
 """Which process is which: a record of a process the MPS supervisor started (PID, start time,
 executable), checked against the process now behind that PID, and signals sent only through a
-pidfd opened on the recorded process (:mod:`gpudra_driver.sharing.mps.supervisor`). A PID a tenant wrote
+pidfd opened on the recorded process (:mod:`gpudra_driver.plugin.sharing.mps.supervisor`). A PID a tenant wrote
 down, or a PID reused since, is never signalled."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The agent's side of the MPS daemons (I/O): the spec files the MPS supervisor converges on, and
-its answer (:mod:`gpudra_driver.sharing.mps.supervisor`). Called under the node lock, off the event loop
+its answer (:mod:`gpudra_driver.plugin.sharing.mps.supervisor`). Called under the node lock, off the event loop
 (the calls block on the supervisor, which waits only for the claims named in the call: another
 claim's slow daemon does not hold the node lock). A call that only stops daemons (an unprepare, a
 rollback) waits at most :data:`STOP_TIMEOUT`: the supervisor kills them at once, so their exit,
@@ -19,7 +19,7 @@ from typing import Any
 
 from gpudra_driver.plugin.fsutil import remove, write_atomic
 from gpudra_driver.plugin.model import PreparedClaim, is_uid
-from gpudra_driver.sharing.mps.plan import KILL_WAIT, SPEC_FILE, STATUS_FILE, SUPERVISOR_SOCKET, DaemonSpec
+from gpudra_driver.plugin.sharing.mps.plan import KILL_WAIT, SPEC_FILE, STATUS_FILE, SUPERVISOR_SOCKET, DaemonSpec
 from gpudra_driver.plugin.sockets import SocketAddress
 
 log = logging.getLogger(__name__)

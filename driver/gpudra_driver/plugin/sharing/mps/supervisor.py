@@ -8,12 +8,12 @@ DaemonSet of their own (``gpudra-mps-<config>``) that is not rolled with the age
 of the plugin directory only ``mps/``.
 
 The desired state is files: the agent writes ``<plugin-dir>/mps/<claimUID>/daemon.json``
-(:class:`gpudra_driver.sharing.mps.plan.DaemonSpec`) and removes it; this process converges on them:
+(:class:`gpudra_driver.plugin.sharing.mps.plan.DaemonSpec`) and removes it; this process converges on them:
 
 * a spec without a running daemon: the claim's ``pipe`` directory becomes a small tmpfs
   (``nosymfollow``; emptied when it already is one) and its ``shm`` directory a tmpfs of the spec's
   size (the claim's ``/dev/shm``), both bounded in bytes and inodes and charged to the memory of
-  whoever writes them, not to the kubelet's disk (:mod:`gpudra_driver.sharing.mps.mounts`); then
+  whoever writes them, not to the kubelet's disk (:mod:`gpudra_driver.plugin.sharing.mps.mounts`); then
   ``nvidia-cuda-mps-control -f`` from the driver root, with
   ``CUDA_VISIBLE_DEVICES`` the claim's GPUs and the claim's pipe and log directories; ready once
   its control socket answers; then the limits, through the control socket;
@@ -42,7 +42,7 @@ container using it, so no client is left; a rolled-back prepare never had contai
 restarted for a changed spec takes the claim's MPS server from its clients either way (MPS clients
 cannot reconnect, and ``quit`` waits for them to exit). The kill goes through the daemon's pidfd:
 it is stopped first (so it starts no server meanwhile), then every process below it, its process
-group and itself are killed (:func:`~gpudra_driver.sharing.mps.processes.kill_group`), and the stop
+group and itself are killed (:func:`~gpudra_driver.plugin.sharing.mps.processes.kill_group`), and the stop
 waits at most :data:`KILL_TIMEOUT` for it to go: what the agent waits for is bounded by the
 process's exit, not by the tenant.
 
@@ -52,7 +52,7 @@ control socket, a symlink) may be forged. So the supervisor takes no decision fr
 
 * it keeps its own record of each daemon it starts, in :data:`STATE_DIR` (``mps/supervisor/``,
   mode 0700, never mounted into a container): PID, start time (``/proc/<pid>/stat`` field 22) and
-  executable (:mod:`gpudra_driver.sharing.mps.processes`), written before the daemon's program runs (the
+  executable (:mod:`gpudra_driver.plugin.sharing.mps.processes`), written before the daemon's program runs (the
   helper that execs it waits for the record), so no daemon runs unrecorded. A supervisor started
   again in place (possible where it is not a container of its own, e.g. in the local cluster)
   adopts a running daemon only if the record matches the process now behind that PID and names
@@ -62,7 +62,7 @@ control socket, a symlink) may be forged. So the supervisor takes no decision fr
   namespace of its own), so a symlink a tenant plants (``control`` pointing at another claim's
   socket, the PID file at a file of the supervisor's) is not followed;
 * a (re)started daemon gets an emptied pipe directory: what a tenant left there goes, removed
-  without recursion (a bounded tmpfs holds at most :data:`~gpudra_driver.sharing.mps.mounts.PIPE_INODES`).
+  without recursion (a bounded tmpfs holds at most :data:`~gpudra_driver.plugin.sharing.mps.mounts.PIPE_INODES`).
   The tenant's containers still mount it and may keep writing into it, so the emptying stops
   after :data:`EMPTY_OPS` operations or :data:`EMPTY_TIMEOUT` seconds and that start fails; each
   claim's filesystem work runs in a thread of its own (:func:`in_thread`), so no claim waits for
@@ -97,14 +97,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpudra_driver.sharing.mps.mounts import (PIPE_INODES, PIPE_SIZE, VIEW_FAILED, empty_directory, helper_command,
+from gpudra_driver.plugin.sharing.mps.mounts import (PIPE_INODES, PIPE_SIZE, VIEW_FAILED, empty_directory, helper_command,
                                      mount_tmpfs, remove_tree, shm_inodes, unmount)
 from gpudra_driver.plugin.fsutil import remove, write_atomic
 from gpudra_driver.plugin.model import is_uid
-from gpudra_driver.sharing.mps.plan import (DEFAULT_MAX_SHM_SIZE, DEFAULT_SHM_SIZE, KILL_WAIT, SPEC_FILE, STATUS_FILE,
+from gpudra_driver.plugin.sharing.mps.plan import (DEFAULT_MAX_SHM_SIZE, DEFAULT_SHM_SIZE, KILL_WAIT, SPEC_FILE, STATUS_FILE,
                                       SUPERVISOR_SOCKET, DaemonSpec)
 from gpudra_driver.plugin.sockets import SocketAddress
-from gpudra_driver.sharing.mps.processes import ProcessRecord, exited, kill_group, observe, open_recorded, wait_exited
+from gpudra_driver.plugin.sharing.mps.processes import ProcessRecord, exited, kill_group, observe, open_recorded, wait_exited
 from gpudra_core.quantity import format_quantity, parse_quantity
 
 log = logging.getLogger(__name__)
@@ -532,7 +532,7 @@ class Supervisor:
         log.info("MPS control daemon of claim %s ready (PID %s, GPUs %s)", uid, daemon.pid, ",".join(daemon.spec.gpus))
 
     async def _spawn(self, uid: str, daemon: Daemon) -> str | None:
-        """Start the daemon through the helper (:mod:`gpudra_driver.sharing.mps.mounts`), in a session of its
+        """Start the daemon through the helper (:mod:`gpudra_driver.plugin.sharing.mps.mounts`), in a session of its
         own; it runs the control daemon only once this process has recorded it. None, or why not."""
         base = self.root / uid
         command = helper_command(str(self.control), ["-f"], base / "shm" if self.isolate_shm else None)

@@ -1,4 +1,4 @@
-"""The mounts of an MPS claim's directories (:mod:`gpudra_driver.sharing.mps.supervisor`), and the removal
+"""The mounts of an MPS claim's directories (:mod:`gpudra_driver.plugin.sharing.mps.supervisor`), and the removal
 of what a tenant left in them without walking more of it than a bounded tmpfs can hold.
 
 Each claim's ``pipe`` and ``shm`` are tmpfs mounts of a fixed size and number of inodes: a tenant
@@ -8,7 +8,7 @@ also ``nosymfollow``: a link planted there (``control`` at another claim's socke
 a file of the supervisor's) is followed by no one, so the supervisor's client calls need no view
 of their own.
 
-``python -m gpudra_driver.sharing.mps.mounts [--shm DIR] -- PROGRAM ARGS...`` is how the supervisor starts
+``python -m gpudra_driver.plugin.sharing.mps.mounts [--shm DIR] -- PROGRAM ARGS...`` is how the supervisor starts
 a daemon: a fresh single-threaded process (no ``preexec_fn`` in a threaded supervisor) that waits
 for one line on stdin (the supervisor sends it once its record of this PID is written: a
 supervisor that dies before that closes the pipe, and the helper exits without starting
@@ -172,7 +172,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--shm"]:
         shm, argv = argv[1], argv[2:]
     if argv[:1] != ["--"] or len(argv) < 2:
-        print("usage: python -m gpudra_driver.sharing.mps.mounts [--shm DIR] -- PROGRAM ARGS...", file=sys.stderr)
+        print("usage: python -m gpudra_driver.plugin.sharing.mps.mounts [--shm DIR] -- PROGRAM ARGS...", file=sys.stderr)
         return 2
     line = sys.stdin.buffer.readline(MAX_GO_LINE)
     if line == b"go\n":
@@ -184,7 +184,7 @@ def main(argv: list[str]) -> int:
             given = None
         if not isinstance(given, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                   for k, v in given.items()):
-            print("gpudra_driver.sharing.mps.mounts: the environment is not an object of strings", file=sys.stderr)
+            print("gpudra_driver.plugin.sharing.mps.mounts: the environment is not an object of strings", file=sys.stderr)
             return 2
         env = given
     else:
@@ -193,7 +193,7 @@ def main(argv: list[str]) -> int:
         if shm is not None:
             _enter_view(shm)
     except OSError as error:
-        print(f"gpudra_driver.sharing.mps.mounts: {error}", file=sys.stderr)
+        print(f"gpudra_driver.plugin.sharing.mps.mounts: {error}", file=sys.stderr)
         return VIEW_FAILED
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
