@@ -324,7 +324,7 @@ def _place_like_the_agents(pod_spec: Obj, agent: AgentSpec) -> None:
 
 
 def render_mps_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_IMAGE) -> Obj:
-    """The MPS supervisor (gpudra_driver.sharing.mps.supervisor) on every node that runs an agent: the same
+    """The MPS supervisor (gpudra_driver.plugin.sharing.mps.supervisor) on every node that runs an agent: the same
     image and placement. Never rolled with the agents: replacing its pod stops the MPS daemons of
     that node's claims, so it is replaced only when its pod is deleted (OnDelete). No API access
     (no token); its process namespace is shared with the pod's pause container, which reaps the
