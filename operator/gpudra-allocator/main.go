@@ -8,7 +8,9 @@
 //
 // Protocol: one JSON object per line on stdin, one answer per line on stdout, in order. Every
 // request may carry "id" (echoed), "featureGates" (name -> bool, over this release's defaults, as
-// an administrator sets --feature-gates) and "timeoutSeconds" (default 60). Ops:
+// an administrator sets --feature-gates), "timeoutSeconds" (default 60) and "filterTimeoutSeconds"
+// (the scheduler's DynamicResourcesArgs.filterTimeout: 0, its default, is 10 s where the
+// DRASchedulerFilterTimeout gate is on; negative: none). Ops:
 //
 //	features  -> {"release", "defaults", "gates", "deviceTaintRules"}: the gates in effect, and
 //	          whether this build applies DeviceTaintRules (one built with -tags notaintrules, the
@@ -65,11 +67,16 @@ import (
 
 const defaultTimeout = 60 * time.Second
 
+// kube-scheduler's DynamicResourcesArgs.filterTimeout default (pkg/scheduler/apis/config:
+// DynamicResourcesFilterTimeoutDefault), applied where DRASchedulerFilterTimeout is on.
+const defaultFilterTimeout = 10 * time.Second
+
 type request struct {
-	ID             json.RawMessage `json:"id,omitempty"`
-	Op             string          `json:"op"`
-	FeatureGates   map[string]bool `json:"featureGates"`
-	TimeoutSeconds float64         `json:"timeoutSeconds"`
+	ID                   json.RawMessage `json:"id,omitempty"`
+	Op                   string          `json:"op"`
+	FeatureGates         map[string]bool `json:"featureGates"`
+	TimeoutSeconds       float64         `json:"timeoutSeconds"`
+	FilterTimeoutSeconds float64         `json:"filterTimeoutSeconds"`
 
 	Expressions []string      `json:"expressions"`
 	Devices     []matchDevice `json:"devices"`
@@ -396,6 +403,13 @@ func allocate(ctx context.Context, r request, gates map[string]bool, cache *drac
 	if err != nil {
 		return failure(err)
 	}
+	filterTimeout := time.Duration(0)
+	switch {
+	case r.FilterTimeoutSeconds > 0:
+		filterTimeout = time.Duration(r.FilterTimeoutSeconds * float64(time.Second))
+	case r.FilterTimeoutSeconds == 0 && gates["DRASchedulerFilterTimeout"]:
+		filterTimeout = defaultFilterTimeout
+	}
 	answers := make([]nodeAnswer, len(r.Nodes))
 	work := make(chan int)
 	var wg sync.WaitGroup
@@ -405,7 +419,7 @@ func allocate(ctx context.Context, r request, gates map[string]bool, cache *drac
 			defer wg.Done()
 			for i := range work {
 				node := r.Nodes[i]
-				results, err := allocator.Allocate(ctx, node, claimsOn(i))
+				results, err := allocateOn(ctx, allocator, node, claimsOn(i), filterTimeout)
 				answers[i] = nodeAnswer{Name: node.Name, Results: results, Error: errorText(err)}
 			}
 		}()
@@ -447,4 +461,21 @@ func nodeClaims(r request) (func(int) []*resourceapi.ResourceClaim, error) {
 		}
 		return append(append(make([]*resourceapi.ResourceClaim, 0, len(r.Claims)+1), r.Claims...), built[r.NodeExtended[i]])
 	}, nil
+}
+
+// allocateOn: the allocator on one node within the scheduler's filter timeout, as its Filter runs
+// it: a node that takes longer is the scheduler's error for the pod (it retries with backoff).
+func allocateOn(ctx context.Context, allocator structured.Allocator, node *v1.Node,
+	claims []*resourceapi.ResourceClaim, timeout time.Duration) ([]resourceapi.AllocationResult, error) {
+	if timeout <= 0 {
+		return allocator.Allocate(ctx, node, claims)
+	}
+	nodeCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	results, err := allocator.Allocate(nodeCtx, node, claims)
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		return nil, fmt.Errorf("node %s: timed out trying to allocate devices (the scheduler's filter timeout, %s)",
+			node.Name, timeout)
+	}
+	return results, err
 }

@@ -140,9 +140,14 @@ class AllocatorHelper:
     """One gpudra-allocator process for a cluster's release; use ``async with``."""
 
     def __init__(self, server_minor: int | None = None, *, feature_gates: Mapping[str, bool] | None = None,
-                 timeout: float = DEFAULT_TIMEOUT, where: Path | None = None, idle_close: float | None = None) -> None:
+                 timeout: float = DEFAULT_TIMEOUT, where: Path | None = None, idle_close: float | None = None,
+                 filter_timeout: float | None = None) -> None:
+        """``filter_timeout``: the seconds kube-scheduler's DynamicResources Filter gives one node
+        (its ``filterTimeout`` argument); None: the release's default (10 s where the
+        DRASchedulerFilterTimeout gate is on), 0: none."""
         self.choice = choose(server_minor, where)
         self.feature_gates = dict(feature_gates or {})
+        self.filter_timeout = filter_timeout
         self.timeout = timeout
         self.idle_close = idle_close
         self._idle: asyncio.TimerHandle | None = None
@@ -205,8 +210,9 @@ class AllocatorHelper:
     async def ask(self, request: Obj, timeout: float | None = None) -> Obj:
         """One request (``op`` and its fields) answered; :class:`AllocatorError` when refused."""
         timeout = self.timeout if timeout is None else timeout
-        line = json.dumps({**request, "featureGates": self.feature_gates, "timeoutSeconds": timeout},
-                          separators=(",", ":")).encode() + b"\n"
+        filter_timeout = 0 if self.filter_timeout is None else (self.filter_timeout or -1)
+        line = json.dumps({**request, "featureGates": self.feature_gates, "timeoutSeconds": timeout,
+                           "filterTimeoutSeconds": filter_timeout}, separators=(",", ":")).encode() + b"\n"
         async with self._lock:
             if self._process is None or self._process.returncode is not None:
                 self._process = await self._start()

@@ -56,6 +56,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--feature-gates", type=feature_gates, default={}, metavar="Name=true,Other=false",
                         help="the DRA feature gates the cluster's kube-scheduler was started with, over its release's "
                              "defaults (default: none)")
+    parser.add_argument("--filter-timeout", type=float, default=None, metavar="SECONDS",
+                        help="the time kube-scheduler's DynamicResources plugin gives one node (its filterTimeout "
+                             "argument; default: the release's, 10 s with DRASchedulerFilterTimeout on; 0: none)")
     parser.set_defaults(run=run)
 
 
@@ -76,7 +79,7 @@ async def _explain(args: argparse.Namespace, namespace: str, name: str) -> str:
     api = await connect(args.kubeconfig)
     try:
         verdict = await explain_live(Kube(api, field_manager="gpudra-explain"), args.kind, namespace, name,
-                                     args.driver, feature_gates=args.feature_gates)
+                                     args.driver, feature_gates=args.feature_gates, filter_timeout=args.filter_timeout)
     finally:
         await api.close()
     return {"text": as_text, "yaml": as_yaml, "json": as_json}[args.output](verdict)

@@ -442,3 +442,24 @@ async def test_allocate_adds_each_nodes_variant_of_the_extended_claim_after_the_
         with pytest.raises(AllocatorError, match="one entry per node"):
             await helper.allocate(classes=[EXTENDED_CLASS], slices=slices, allocated_claims=[], claims=[],
                                   nodes=nodes, pod=pod, extended_claims=plan.variants, node_extended=[0])
+
+
+@pytest.mark.parametrize("minor", MINORS)
+async def test_a_node_past_the_schedulers_filter_timeout_is_its_error(minor: int) -> None:
+    slices = [slice_("n1", [device("gpu-0"), device("gpu-1")])]
+    async with AllocatorHelper(minor) as helper:
+        assert (await helper.features())["defaults"]["DRASchedulerFilterTimeout"] is True  # beta, on, since 1.34
+        ok = await helper.allocate(classes=[GPU_CLASS], slices=slices, allocated_claims=[],
+                                   claims=[claim("c", exactly("r", 2))], nodes=NODES)
+        assert ok[0].results is not None  # well inside the default 10 s
+    # A filter timeout no allocation can meet: the scheduler's error for the node, not "does not fit".
+    async with AllocatorHelper(minor, filter_timeout=1e-9) as helper:
+        (late,) = await helper.allocate(classes=[GPU_CLASS], slices=slices, allocated_claims=[],
+                                        claims=[claim("c", exactly("r", 2))], nodes=NODES)
+        assert late.results is None and late.error is not None and "timed out trying to allocate devices" in late.error
+    # Without one (0), or with the gate off, the same node answers.
+    for helper_args in ({"filter_timeout": 0}, {"feature_gates": {"DRASchedulerFilterTimeout": False}}):
+        async with AllocatorHelper(minor, **helper_args) as helper:  # type: ignore[arg-type]
+            (outcome,) = await helper.allocate(classes=[GPU_CLASS], slices=slices, allocated_claims=[],
+                                               claims=[claim("c", exactly("r", 2))], nodes=NODES)
+            assert outcome.results is not None, helper_args

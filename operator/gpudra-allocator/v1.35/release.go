@@ -21,6 +21,7 @@ var defaultGates = map[string]bool{
 	"DRAPartitionableDevices":      false,
 	"DRAPrioritizedList":           true,
 	"DRAResourceClaimDeviceStatus": true,
+	"DRASchedulerFilterTimeout":    true,
 }
 
 func allocatorFeatures(g map[string]bool) structured.Features {

@@ -22,6 +22,7 @@ var defaultGates = map[string]bool{
 	"DRAPartitionableDevices":      true,
 	"DRAPrioritizedList":           true,
 	"DRAResourceClaimDeviceStatus": true,
+	"DRASchedulerFilterTimeout":    true,
 }
 
 func allocatorFeatures(g map[string]bool) structured.Features {

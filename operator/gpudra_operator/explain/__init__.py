@@ -31,11 +31,12 @@ MATCH_BATCH = 2000  # devices per match request: a few MB of JSON each
 
 
 async def explain_live(kube: Kube, kind: str, namespace: str, name: str, driver: str, *,
-                       feature_gates: Mapping[str, bool] | None = None) -> Verdict:
+                       feature_gates: Mapping[str, bool] | None = None, filter_timeout: float | None = None) -> Verdict:
     """`gpudra explain pod|claim`: read the pod's or claim's snapshot from the cluster and explain it
     with the allocator of the cluster's release, started with ``feature_gates`` over that release's
     defaults (those the cluster's kube-scheduler runs with)."""
-    async with AllocatorHelper(await server_minor(kube), feature_gates=feature_gates) as helper:
+    async with AllocatorHelper(await server_minor(kube), feature_gates=feature_gates,
+                               filter_timeout=filter_timeout) as helper:
         await helper.features()  # a missing helper or an unknown gate is said before the cluster is read
         snapshot = await read_snapshot(kube, kind, namespace, name, driver)
         return await explain_snapshot(snapshot, driver, helper)
