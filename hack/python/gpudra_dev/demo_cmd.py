@@ -130,8 +130,8 @@ async def explain_unfit_claim(cluster: LocalGpuCluster) -> str:
     pod, what `gpudra explain pod` says about it."""
     from gpudra_core.kubeapi import resource_type
 
-    from .explain import explain_live
-    from .explain.report import as_text
+    from gpudra_operator.explain import explain_live
+    from gpudra_operator.explain.report import as_text
     from gpudra_dev.localcluster.waiting import wait_for
 
     pods = resource_type("v1", "Pod")
