@@ -3,7 +3,9 @@
 2,000 nodes x 8 H100s (dgx-h100 slices as the agent builds them), a quarter of the GPUs held by
 other claims; the time to explain an 8-GPU claim no node can hold (every node's allocation tried,
 every device's selectors run and counted) and a 2-GPU claim that fits; then the 8-GPU claim on a
-one-node cluster. No control plane: the objects are what `gpudra explain` reads.
+one-node cluster; and the 8-GPU ask as a pod's extended resource (KEP-5004: the helper builds the
+scheduler's claim for each node first), as a ratio to the same ask as a claim. No control plane:
+the objects are what `gpudra explain` reads.
 
 The baseline, in the same run, is the Python port this replaced (its own allocator and CEL, up to
 commit 68fb70a): with ``BENCH_EXPLAIN_PORT_TREE`` naming a checkout of that commit (``git worktree
@@ -62,6 +64,32 @@ def claim(count: int) -> dict[str, Any]:
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
                 "deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": count,
                 "selectors": [{"cel": {"expression": MEMORY}}]}}]}}}
+
+
+RESOURCE = "nvidia.com/gpu"
+
+
+async def explain_extended_once(nodes: int, count: int) -> tuple[float, bool, str]:
+    """A pod asking ``count`` of the extended resource a DeviceClass maps (KEP-5004), no claim: the
+    helper builds the scheduler's claim for every node, then the allocator runs as for a claim."""
+    slices, node_objects, held = fleet(nodes)
+    device_class = render_device_class(DRIVER, DRIVER, template="all")
+    device_class["spec"]["extendedResourceName"] = RESOURCE
+    selective = {**device_class, "metadata": {**device_class["metadata"], "name": "big"},
+                 "spec": {**device_class["spec"], "selectors": [*device_class["spec"].get("selectors", []),
+                                                                {"cel": {"expression": MEMORY}}]}}
+    selective["spec"]["extendedResourceName"] = RESOURCE
+    del device_class["spec"]["extendedResourceName"]
+    pod = {"metadata": {"name": "p", "namespace": "team", "uid": "p"},
+           "spec": {"containers": [{"name": "main", "resources": {"requests": {RESOURCE: str(count)},
+                                                                  "limits": {RESOURCE: str(count)}}}]}}
+    snapshot = Snapshot(target="pod team/p", pod=pod, claims=[], classes={DRIVER: device_class, "big": selective},
+                        slices=slices, nodes=[{**n, "status": {"allocatable": {"cpu": "64"}}} for n in node_objects],
+                        other_claims=held, namespace=None, server_minor=MINOR, extended=[RESOURCE])
+    started = time.perf_counter()
+    async with AllocatorHelper(MINOR) as helper:
+        verdict = await explain_snapshot(snapshot, DRIVER, helper)
+    return time.perf_counter() - started, verdict.satisfiable, verdict.conclusion
 
 
 async def explain_once(nodes: int, count: int) -> tuple[float, bool, str]:
@@ -131,12 +159,22 @@ async def run(ctx: Context) -> list[Result]:
             seconds, satisfiable, conclusion = await explain_once(nodes, count)
             timings[(nodes, count)].append(seconds)
             assert satisfiable == (count == 2), conclusion
+    # The same 8-GPU ask as a pod's extended resource (the scheduler's claim built per node), in turn.
+    extended: list[float] = []
+    for _ in range(ctx.repeat):
+        seconds, satisfiable, conclusion = await explain_extended_once(NODES, 8)
+        extended.append(seconds)
+        assert not satisfiable and "container-0-request-0" in conclusion, conclusion
     names = {(NODES, 8): f"explain, {NODES} nodes x 8 GPUs, no node fits (8 of 6 free)",
              (NODES, 2): f"explain, {NODES} nodes x 8 GPUs, fits everywhere (2 GPUs)",
              (1, 8): "explain, one node x 8 GPUs, does not fit (8 of 6 free)"}
     results = [at_most(names[case], median(timings[case]), "s", 15 if case[0] > 1 else 1,
                        "Kubernetes' allocator in gpudra-allocator 1.36, its start included")
                for case in cases]
+    results.append(at_most(f"explain, {NODES} nodes x 8 GPUs, the same ask as an extended resource (KEP-5004): "
+                           "vs as a claim", median(extended) / median(timings[(NODES, 8)]), "x", 1.25,
+                           f"extended {median(extended):.3f}s, claim {median(timings[(NODES, 8)]):.3f}s; "
+                           "the scheduler's claim built for each node by the helper"))
     if PORT_TREE:
         port: dict[tuple[int, int], list[float]] = {case: [] for case in cases}
         port_imports: list[float] = []
