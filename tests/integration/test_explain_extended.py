@@ -30,7 +30,7 @@ from gpudra_operator.explain.gather import ExplainInputError, read_snapshot
 from gpudra_operator.explain.report import as_text
 from gpudra_dev.localcluster.objects import create_fake_node, delete_node
 from gpudra_dev.localcluster.waiting import wait_for
-from schedpods import scheduling_outcome
+from schedpods import pinned_pod_with, scheduling_outcome
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
@@ -41,17 +41,15 @@ GATE = "gpudra.io/explain-first"
 
 
 def container(name: str, requests: dict[str, str], *, sidecar: bool = False) -> Obj:
-    body: Obj = {"name": name, "image": "registry.k8s.io/pause:3.10", "resources": {"requests": requests,
-                                                                                    "limits": requests}}
+    body: Obj = {"name": name, "resources": {"requests": requests, "limits": requests}}
     if sidecar:
         body["restartPolicy"] = "Always"
     return body
 
 
 def pod(name: str, namespace: str, node: str, containers: list[Obj], init: list[Obj] | None = None) -> Obj:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, "schedulingGates": [{"name": GATE}],
-                     "initContainers": init or [], "containers": containers}}
+    """Pinned to ``node``, held by the scheduling gate, no claim of its own."""
+    return pinned_pod_with(name, namespace, node, {}, gate=GATE, containers=containers, init_containers=init or ())
 
 
 async def explain_pod(kube: Kube, helper: AllocatorHelper, namespace: str, name: str, driver: str) -> Verdict:

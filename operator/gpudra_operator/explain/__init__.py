@@ -13,8 +13,8 @@ resources, as the helper answers it). Imperative shell: :mod:`.gather` reads the
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from gpudra_core.kubeapi import Kube
@@ -99,15 +99,13 @@ async def explain_snapshot(snapshot: Snapshot, driver: str, helper: AllocatorHel
                                     for expression, outcome in zip(asked.expressions, row))
     nodes: list[NodeOutcome] = []
     if asked.pending and asked.candidates:
-        common = AllocationInput(classes=[dict(c) for c in snapshot.classes.values()],
-                                 slices=[dict(s) for s in asked.slices],
-                                 allocated_claims=[dict(c) for c in asked.holders],
-                                 device_taint_rules=[dict(r) for r in asked.taint_rules])
+        allocate = partial(helper.allocate, classes=[dict(c) for c in snapshot.classes.values()],
+                           slices=[dict(s) for s in asked.slices], allocated_claims=[dict(c) for c in asked.holders],
+                           device_taint_rules=[dict(r) for r in asked.taint_rules])
         if built is None:
-            nodes = await common.allocate(helper, claims=[dict(c) for c in asked.pending],
-                                          nodes=[dict(n) for n in asked.candidates])
+            nodes = await allocate(claims=[dict(c) for c in asked.pending], nodes=[dict(n) for n in asked.candidates])
         else:
-            nodes = await _allocate_with_extended(helper, common, built, snapshot.pod or {},
+            nodes = await _allocate_with_extended(allocate, built, snapshot.pod or {},
                                                   [dict(c) for c in asked.pending if c is not built.claim],
                                                   [dict(n) for n in asked.candidates])
     verdict = explain(asked, Answers(release=str(features.get("release")), nodes=nodes, selectors=outcomes,
@@ -115,7 +113,7 @@ async def explain_snapshot(snapshot: Snapshot, driver: str, helper: AllocatorHel
     verdict.notes = notes + verdict.notes
     if built is not None:
         verdict.extended = built.report(asked.candidates)
-        _explain_extended(verdict, built, asked.candidates)
+        _explain_extended(verdict, asked.candidates)
     return verdict
 
 
@@ -128,9 +126,7 @@ async def _replay_extended(snapshot: Snapshot, driver: str, helper: AllocatorHel
     plan: ExtendedPlan | None = await helper.extended(
         pod=dict(pod), classes=[dict(c) for c in snapshot.classes.values()],
         claims=[dict(c) for c in snapshot.extended_claims],
-        # The nodes the pod may go to: the claim most of them get is the one explained.
-        nodes=[dict(n) for n in nodes_of(snapshot.slices, snapshot.nodes)
-               if snapshot.nodes is None or pod_fits_node(pod, n)])
+        nodes=_pod_nodes(snapshot))  # the claim most of them get is the one explained
     if plan is None:
         gates = features.get("gates") or {}
         why = ("the scheduler's DRAExtendedResource gate is off (Kubernetes 1.35's default; --feature-gates "
@@ -146,25 +142,13 @@ async def _replay_extended(snapshot: Snapshot, driver: str, helper: AllocatorHel
     return built, built.notes
 
 
-@dataclass(frozen=True)
-class AllocationInput:
-    """What every ``allocate`` of one explain shares."""
-
-    classes: list[dict[str, Any]]
-    slices: list[dict[str, Any]]
-    allocated_claims: list[dict[str, Any]]
-    device_taint_rules: list[dict[str, Any]]
-
-    async def allocate(self, helper: AllocatorHelper, *, claims: Sequence[dict[str, Any]],
-                       nodes: Sequence[dict[str, Any]], pod: dict[str, Any] | None = None,
-                       extended_claims: Sequence[dict[str, Any]] = (),
-                       node_extended: Sequence[int] = ()) -> list[NodeOutcome]:
-        return await helper.allocate(classes=self.classes, slices=self.slices, allocated_claims=self.allocated_claims,
-                                     device_taint_rules=self.device_taint_rules, claims=claims, nodes=nodes, pod=pod,
-                                     extended_claims=extended_claims, node_extended=node_extended)
+def _pod_nodes(snapshot: Snapshot) -> list[dict[str, Any]]:
+    """The nodes the pod's own node selection leaves (all of them when Nodes are not readable)."""
+    return [dict(n) for n in nodes_of(snapshot.slices, snapshot.nodes)
+            if snapshot.nodes is None or pod_fits_node(snapshot.pod, n)]
 
 
-async def _allocate_with_extended(helper: AllocatorHelper, common: AllocationInput, built: ExtendedClaim,
+async def _allocate_with_extended(allocate: Callable[..., Awaitable[list[NodeOutcome]]], built: ExtendedClaim,
                                   pod: Obj, pending: Sequence[dict[str, Any]],
                                   candidates: Sequence[dict[str, Any]]) -> list[NodeOutcome]:
     """The allocator on each candidate as the scheduler's Filter runs it for a pod with extended
@@ -184,8 +168,8 @@ async def _allocate_with_extended(helper: AllocatorHelper, common: AllocationInp
         else:
             asked.append(node)
             variants.append(-1 if plan is None or plan.variant is None else plan.variant)
-    answers = iter(await common.allocate(helper, claims=pending, nodes=asked, pod=dict(pod),
-                                         extended_claims=built.variants, node_extended=variants) if asked else [])
+    answers = iter(await allocate(claims=pending, nodes=asked, pod=dict(pod), extended_claims=built.variants,
+                                  node_extended=variants) if asked else [])
     return [decided.get(n["metadata"]["name"]) or next(answers) for n in candidates]
 
 
@@ -193,8 +177,7 @@ def _without_claims(snapshot: Snapshot, built: ExtendedClaim, features: Mapping[
                     notes: list[str]) -> Verdict:
     """A pod with extended resources alone for which no node leaves DRA anything to allocate: on
     each node it may use, device plugins serve them all or the scheduler turns the node down."""
-    pod = snapshot.pod or {}
-    candidates = [n for n in nodes_of(snapshot.slices, snapshot.nodes) if snapshot.nodes is None or pod_fits_node(pod, n)]
+    candidates = _pod_nodes(snapshot)
     report = built.report(candidates)
     verdict = Verdict(target=snapshot.target, satisfiable=bool(report.device_plugin_nodes),
                       nodes=list(report.device_plugin_nodes), error=None, conclusion="", claims=[], notes=notes,
@@ -208,11 +191,11 @@ def _without_claims(snapshot: Snapshot, built: ExtendedClaim, features: Mapping[
                               + ", ".join(report.device_plugin_nodes))
     elif not candidates:
         verdict.conclusion = "no node can run the pod: its node selection excludes every node"
-    _explain_extended(verdict, built, candidates)
+    _explain_extended(verdict, candidates)
     return verdict
 
 
-def _explain_extended(verdict: Verdict, built: ExtendedClaim, candidates: Sequence[Obj]) -> None:
+def _explain_extended(verdict: Verdict, candidates: Sequence[Obj]) -> None:
     """Notes on where the extended resources are not DRA's, and the conclusion where no node can
     take the pod at all."""
     report = verdict.extended

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpudra_operator.allocatorhelper import ExtendedNode, ExtendedPlan
+from gpudra_operator.explain.claims import claim_label
 from gpudra_operator.explain.inventory import Obj
 from gpudra_operator.explain.ownership import ours_only
 from gpudra_operator.explain.verdict import ExtendedReport
@@ -46,15 +47,15 @@ class ExtendedClaim:
     main: int | None  # the variant most of the nodes get: the one explained
     claim: dict[str, Any] | None  # that variant as a claim to explain; None when none of its requests is the driver's
     notes: list[str] = field(default_factory=list)
-    _nodes: dict[str, ExtendedNode] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._nodes = {n.name: n for n in self.plan.nodes}
 
     def node(self, name: str) -> ExtendedNode | None:
-        if not self._nodes:
-            self._nodes = {n.name: n for n in self.plan.nodes}
         return self._nodes.get(name)
 
     def report(self, candidates: Sequence[Obj]) -> ExtendedReport:
-        label = claim_label_for(self.claim) if self.claim is not None else ""
+        label = claim_label(self.claim) if self.claim is not None else ""
         main: Obj = self.plan.variants[self.main] if self.main is not None else {}
         report = ExtendedReport(claim=label, resources=dict(self.plan.resources), classes=dict(self.plan.classes),
                                 requests=list(main.get("requests") or []), mappings=list(main.get("mappings") or []))
@@ -68,11 +69,6 @@ class ExtendedClaim:
             elif plan.variant is None:
                 report.device_plugin_nodes.append(name)
         return report
-
-
-def claim_label_for(claim: Obj) -> str:
-    meta = claim.get("metadata") or {}
-    return f"{meta.get('namespace')}/{meta.get('name')}"
 
 
 def extended_claim(pod: Obj, plan: ExtendedPlan, classes: Mapping[str, Obj], driver: str) -> ExtendedClaim:
@@ -102,7 +98,7 @@ def extended_claim(pod: Obj, plan: ExtendedPlan, classes: Mapping[str, Obj], dri
                       for name, amount in sorted(plan.resources.items()))
     if explained is not None:
         notes.append(f"the pod asks for extended resources that DeviceClasses map to DRA devices ({asked}): the "
-                     f"scheduler builds claim {claim_label_for(explained)} for it on each node (created when the pod "
+                     f"scheduler builds claim {claim_label(explained)} for it on each node (created when the pod "
                      "is bound); explained below with the pod's claims")
     if plan.prior:
         notes.append(f"claim {meta.get('namespace')}/{plan.prior} is from an earlier scheduling attempt: the scheduler "
