@@ -144,10 +144,13 @@ async def _limits_set(root: Path, pipe: Path, times: int) -> bool:
 
 async def _adopted(mps_root: Path, uid: str, pid: int) -> bool:
     try:
-        status = (await asyncio.to_thread(MpsDaemons(mps_root, timeout=5).sync))[uid]
+        # Naming the claim waits for its pass: a supervisor just started answers a sync that
+        # names none before its first pass over the claims has reported anything.
+        statuses = await asyncio.to_thread(MpsDaemons(mps_root, timeout=5).sync, [uid])
     except MpsUnavailable:  # not listening yet
         return False
-    return status["state"] == "Ready" and status["pid"] == pid
+    status = statuses.get(uid) or {}
+    return status.get("state") == "Ready" and status.get("pid") == pid
 
 
 async def test_sigkill_mid_prepare_of_an_mps_claim_leaks_no_daemon_and_restores_the_gpu(

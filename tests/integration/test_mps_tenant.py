@@ -77,7 +77,7 @@ class Node:
         return await asyncio.to_thread(MpsDaemons(self.mps).converge, specs)
 
     async def status(self, uid: str) -> dict[str, object]:
-        return dict((await asyncio.to_thread(MpsDaemons(self.mps, timeout=30).sync))[uid])
+        return dict((await asyncio.to_thread(MpsDaemons(self.mps, timeout=30).sync, [uid]))[uid])
 
     def daemons_of(self, uid: str) -> list[int]:
         return [d.pid for d in mockstate.mps_daemons(self.root) if d.pipe_dir == self.mps / uid / "pipe"]
