@@ -151,7 +151,7 @@ async def test_a_checkpoint_changed_by_another_instance_is_read_again_even_with_
     assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims.keys() == {A, B}
 
 
-async def test_a_prepare_writes_started_specs_commit_in_order_and_never_fsyncs(
+async def test_a_prepare_writes_specs_then_commits_with_prepare_started_only_for_side_effects_and_never_fsyncs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The durability contract (docs/kubelet-plugin.md): atomic renames, no fsync of file or
     directory on the prepare or unprepare path."""
@@ -178,8 +178,8 @@ async def test_a_prepare_writes_started_specs_commit_in_order_and_never_fsyncs(
     monkeypatch.setattr(os, "fdatasync", no_fsync)
     out = await state.prepare(items((REF_A, claim(A, name="a")), (REF_B, claim(B, name="b", results=[result("gpu-1")]))))
     assert out[A].error is None and out[B].error is None
-    assert writes == ["checkpoint a:PrepareStarted,b:PrepareStarted", "spec a", "spec b",
-                      "checkpoint a:PrepareCompleted,b:PrepareCompleted"]
+    # plain claims (new, no side effect outside the CDI directory): the specs, then one commit
+    assert writes == ["spec a", "spec b", "checkpoint a:PrepareCompleted,b:PrepareCompleted"]
     assert state.prepared_count == 2
     del writes[:]
     await state.prepare(items((REF_A, claim(A, name="a"))))  # answered again: nothing written
@@ -187,6 +187,17 @@ async def test_a_prepare_writes_started_specs_commit_in_order_and_never_fsyncs(
     assert await state.unprepare([REF_A]) == {A: None}
     assert writes == ["checkpoint b:PrepareCompleted"] and state.cdi.claim_uids() == {B}
     assert state.prepared_count == 1
+    del writes[:]
+    # a claim with a side effect (time-slicing its GPU) is recorded as PrepareStarted first, so a
+    # restart knows what to undo; so is a claim allocated anew over its entry
+    state.sharing.gpu_control = RecordingControl()  # type: ignore[assignment]
+    assert (await state.prepare(items((REF_A, sliced(A, "a", "gpu-2")))))[A].error is None
+    assert writes == ["checkpoint a:PrepareStarted,b:PrepareCompleted", "spec a",
+                      "checkpoint a:PrepareCompleted,b:PrepareCompleted"]
+    del writes[:]
+    assert (await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-3")])))))[B].error is None
+    assert writes == ["checkpoint a:PrepareCompleted,b:PrepareStarted", "spec b",
+                      "checkpoint a:PrepareCompleted,b:PrepareCompleted"]
 
 
 def commit_fails(patched: pytest.MonkeyPatch, state: DeviceState, uid: str, *, after_writing: bool = False,
@@ -329,7 +340,7 @@ async def test_calls_queued_behind_one_are_done_as_one_batch_even_if_its_taker_i
     assert (await asyncio.wait_for(queued, 10))[C].error is None
     assert set(ckpt.load(state.checkpoint_path, "boot-1")[0].claims) == {C}
     assert await state.unprepare([ClaimRef("ns", "c", C)]) == {C: None}
-    # Behind a running call, two queued calls are one batch: one PrepareStarted write, one commit.
+    # Behind a running call, two queued calls are one batch: one commit (plain claims: no PrepareStarted).
     del saves[:]
     with node_lock(state.locks.path):
         running = asyncio.ensure_future(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])))))
@@ -338,17 +349,30 @@ async def test_calls_queued_behind_one_are_done_as_one_batch_even_if_its_taker_i
         await wait_for(all_wait, timeout=10, what="two calls queued behind a running one")
     outs = await asyncio.wait_for(asyncio.gather(running, *behind), 10)
     assert [out[uid].error for out, uid in zip(outs, (A, B, C))] == [None, None, None]
-    assert saves == [{A}, {A}, {A, B, C}, {A, B, C}]  # A alone, then B and C together
+    assert saves == [{A}, {A, B, C}]  # A alone, then B and C together
 
 
+@pytest.mark.parametrize("kind", ["plain", "time-sliced"])  # one checkpoint write, or two phases
 @pytest.mark.parametrize("point", [p for p in POINTS if not p.startswith("unprepare")])
-async def test_a_crash_anywhere_in_prepare_loses_nothing_and_leaves_nothing(tmp_path: Path, point: str) -> None:
-    state = make(tmp_path)
+async def test_a_crash_anywhere_in_prepare_loses_nothing_and_leaves_nothing(tmp_path: Path, point: str,
+                                                                            kind: str) -> None:
+    control = RecordingControl()
+    state = make(tmp_path, gpu_control=control)
     await state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+
+    def claim_b() -> dict[str, Any]:
+        return claim(B, name="b", results=[result("gpu-1")]) if kind == "plain" else sliced(B, "b", "gpu-1")
+
     state.fault.arm(point)
+    if kind == "plain" and point == "after-checkpoint-started":  # one write: no such step to crash in
+        assert (await state.prepare(items((REF_B, claim_b()))))[B].error is None
+        assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims[B].state == ckpt.COMPLETED
+        return
     with pytest.raises(Crash):
-        await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
-    restarted = make(tmp_path)  # a new agent instance: start-up reconciliation
+        await state.prepare(items((REF_B, claim_b())))
+    if kind == "plain" and point == "after-cdi-write":  # the spec is there, nothing names it yet
+        assert state.cdi.claim_uids() == {A, B} and set(ckpt.load(state.checkpoint_path, "boot-1")[0].claims) == {A}
+    restarted = make(tmp_path, gpu_control=control)  # a new agent instance: start-up reconciliation
     # the writers' temp and scratch files are gone too: a crash may have left them half-written
     assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", "serialize.lock"]
     claims = ckpt.load(restarted.checkpoint_path, "boot-1")[0].claims
@@ -357,7 +381,9 @@ async def test_a_crash_anywhere_in_prepare_loses_nothing_and_leaves_nothing(tmp_
     assert all(e.state == ckpt.COMPLETED for e in claims.values())
     assert restarted.cdi.claim_uids() == set(claims)  # no orphan spec, no missing one
     assert not [n for n in os.listdir(tmp_path / "cdi") if n.startswith(".")]  # no temp files
-    out = await restarted.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
+    if kind == "time-sliced":  # the GPU's setting: kept with a committed claim, undone otherwise
+        assert control.applied[-1] == (gpu_uuid("gpu-1"), 0, 3 if prepared_b else 0)
+    out = await restarted.prepare(items((REF_B, claim_b())))
     assert out[B].error is None and restarted.cdi.claim_uids() == {A, B}
     for uid in (A, B):
         load_and_validate(restarted.cdi.spec_path(uid))
@@ -667,18 +693,40 @@ async def test_start_up_rewrites_a_spec_that_differs_from_the_checkpoint(tmp_pat
 
 @pytest.mark.parametrize("point", ["after-checkpoint-started", "after-cdi-write"])
 async def test_a_live_peer_rolls_back_what_a_crashed_instance_left_half_done(tmp_path: Path, point: str) -> None:
-    """A rolling update: two instances on one node, one SIGKILLed mid-prepare. The one still
-    running cleans up at its next call instead of leaving the spec and entry until a restart."""
-    live = make(tmp_path)
-    crashing = make(tmp_path, fault=CrashAt(point))
+    """A rolling update: two instances on one node, one SIGKILLed mid-prepare of a claim with a
+    side effect. The one still running cleans up at its next call instead of leaving the spec,
+    the entry and the GPU's setting until a restart."""
+    control = RecordingControl()
+    live = make(tmp_path, gpu_control=control)
+    crashing = make(tmp_path, fault=CrashAt(point), gpu_control=control)
     with pytest.raises(Crash):
-        await crashing.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+        await crashing.prepare(items((REF_A, sliced(A, "a", "gpu-0"))))
     assert ckpt.load(live.checkpoint_path, "boot-1")[0].half_done == (A,)
     out = await live.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-0")]))))
     assert out[B].error is None  # gpu-0 is no longer held by the dead prepare
     saved = ckpt.load(live.checkpoint_path, "boot-1")[0]
     assert {u: e.state for u, e in saved.claims.items()} == {B: ckpt.COMPLETED}
     assert live.cdi.claim_uids() == {B}
+    assert not control.applied or control.applied[-1] == (gpu_uuid("gpu-0"), 0, 0)  # its defaults back
+
+
+async def test_a_live_peer_serves_beside_what_a_crashed_one_write_prepare_left_and_removes_it(tmp_path: Path) -> None:
+    """The same with a plain claim: killed between its spec and its commit, it left only a spec no
+    entry names. No container can name it (the kubelet got no answer), the device is free; the
+    live instance's next unprepare, under the node lock, removes it."""
+    live = make(tmp_path)
+    crashing = make(tmp_path, fault=CrashAt("after-cdi-write"))
+    with pytest.raises(Crash):
+        await crashing.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+    assert ckpt.load(live.checkpoint_path, "boot-1")[0].claims == {} and live.cdi.claim_uids() == {A}
+    out = await live.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-0")]))))
+    assert out[B].error is None
+    C = "0c1d2e3f-0000-4000-8000-00000000000c"
+    out = await live.prepare(items((ClaimRef("ns", "c", C), claim(C, name="c", results=[result("gpu-1")]))))
+    assert out[C].error is None and live.cdi.claim_uids() == {A, B, C}
+    assert await live.unprepare([ClaimRef("ns", "c", C)]) == {C: None}
+    assert live.cdi.claim_uids() == {B}  # the orphan went with it
+    assert set(ckpt.load(live.checkpoint_path, "boot-1")[0].claims) == {B}
 
 
 async def test_a_live_peers_unprepare_rolls_back_what_a_crashed_instance_left_half_done(tmp_path: Path) -> None:
@@ -705,10 +753,11 @@ async def test_the_kubelets_retry_through_the_live_peer_prepares_the_claim_afres
 
 async def test_a_half_done_spec_that_cannot_be_removed_keeps_its_entry_for_a_later_try(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    live = make(tmp_path)
-    crashing = make(tmp_path, fault=CrashAt("after-cdi-write"))
+    control = RecordingControl()
+    live = make(tmp_path, gpu_control=control)
+    crashing = make(tmp_path, fault=CrashAt("after-cdi-write"), gpu_control=control)
     with pytest.raises(Crash):
-        await crashing.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")]))))
+        await crashing.prepare(items((REF_A, sliced(A, "a", "gpu-0"))))
 
     def refuse(uid: str) -> bool:
         raise PermissionError(13, "Permission denied")

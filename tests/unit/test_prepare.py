@@ -335,3 +335,24 @@ def test_json_size_stops_at_the_limit_whatever_the_width(wide: object) -> None:
     # the best of a few rounds: what the walk costs, not what the machine's other load does
     seconds = min(timeit.repeat(lambda: json_size_at_least(wide, 10 * 1024), number=1, repeat=5))
     assert seconds < 0.01, f"{seconds * 1e3:.1f} ms"
+
+
+def test_only_a_claim_with_a_side_effect_or_an_entry_to_replace_needs_prepare_started() -> None:
+    from dataclasses import replace
+
+    from gpudra_driver.plugin.model import MPS, TIME_SLICING, DeviceSharing
+    from gpudra_driver.plugin.plan import needs_prepare_started
+
+    plain = plan(claim(UID, results=[result("gpu-3")])).claim
+    shared = plan(claim(UID, results=[result("gpu-3", shareID="s-1", consumedCapacity={"memory": "10Gi"})])).claim
+    assert not needs_prepare_started(EMPTY, [plain])  # a new claim, nothing outside the CDI directory
+    assert not needs_prepare_started(EMPTY, [shared])  # a share of consumable capacity: only its spec
+    for sharing in (DeviceSharing(TIME_SLICING, timeslice=3), DeviceSharing(MPS, active_thread_percentage=50)):
+        with_effect = replace(plain, devices=(replace(plain.devices[0], sharing=sharing),))
+        assert needs_prepare_started(EMPTY, [with_effect])
+        other = plan(claim(OTHER, name="c2", results=[result("gpu-4")]), ref=ClaimRef("ns", "c2", OTHER)).claim
+        assert needs_prepare_started(EMPTY, [other, with_effect])  # one in the batch is enough
+    completed = EMPTY.started(plain).completed(UID)
+    assert needs_prepare_started(completed, [plain])  # allocated anew: replaces its entry
+    assert needs_prepare_started(EMPTY.adopting({UID: [(NODE, "gpu-3")]}), [plain])  # an adopted claim
+    assert not needs_prepare_started(completed, [])

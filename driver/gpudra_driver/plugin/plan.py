@@ -7,7 +7,7 @@ and the reason. Nothing here does I/O, and nothing costs more than a look at the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +95,17 @@ def plan_prepare(ref: ClaimRef, claim: ClaimAllocation | Mapping[str, Any] | Cla
         if (problem := gpusettings.conflict(device, others)) is not None:
             raise ClaimError(f"{ref}: {problem}")
     return Plan(PreparedClaim(ref, prepared), done=False)
+
+
+def needs_prepare_started(before: Checkpoint, planned: Sequence[PreparedClaim]) -> bool:
+    """Whether preparing ``planned`` on ``before`` needs the PrepareStarted write: when it does
+    something outside the CDI directory that a restart must be able to undo (sharing: GPU
+    settings, an MPS daemon), or replaces an entry (a claim allocated anew, an adopted one).
+    Otherwise the specs are written and the claims committed with one checkpoint write: a crash in
+    between leaves only specs that no entry names, which start-up and the next unprepare under
+    the node lock remove (:meth:`.state.DeviceState`)."""
+    return any(claim.uid in before.claims or claim.uid in before.adopted
+               or any(device.sharing != NOT_SHARED for device in claim.devices) for claim in planned)
 
 
 def _sharing(ref: ClaimRef, configs: Mapping[str, GpuConfig | ClaimError], requests: list[str], device: NodeDevice,

@@ -1,5 +1,6 @@
 """Undoing prepares that did not complete, while the agent runs: a crashed peer's half-done ones
-found under the node lock, and this call's own when its commit fails. The kubelet got no answer
+(and the orphan specs of its one-write prepares) found under the node lock, and this call's own
+when its commit fails. The kubelet got no answer
 for them and prepares them again, so nothing of theirs may stay: their specs, MPS daemons and GPU
 settings go. Except an adopted claim's (kept from a corrupt checkpoint: its pods may still run),
 which stays adopted with the devices its spec names now. Start-up's rollback is :mod:`.recovery`'s."""
@@ -46,6 +47,21 @@ class Rollback:
         rolled = checkpoint.rolled_back(*gone, *kept).adopting(kept)
         self.sharing.converge_mps_quietly(rolled)
         return rolled.untouched(self.sharing.settle(checkpoint, rolled))
+
+    def orphan_specs(self, checkpoint: Checkpoint, keep: Collection[str] = ()) -> None:
+        """Best effort: remove the specs of ours that no entry of ``checkpoint`` names (other than
+        ``keep``'s). Under the node lock no live instance is between a spec and its commit, so such
+        a spec is what an instance killed there left of a one-write prepare (:func:`.plan.
+        needs_prepare_started`); the kubelet got no answer for it, and no container names it."""
+        try:
+            orphans = self.specs.cdi.claim_uids() - checkpoint.claims.keys() - checkpoint.adopted.keys() - set(keep)
+        except OSError as error:
+            log.warning("listing the CDI directory for orphan specs failed: %s", error)
+            return
+        if orphans:
+            log.info("removing the CDI specs of claim(s) %s, left by an agent instance that crashed before "
+                     "their commit", sorted(orphans))
+            self.specs.remove_quietly(orphans)
 
     def readopted(self, original: Checkpoint, failed: Iterable[PreparedClaim]) -> dict[str, list[tuple[str, str]]]:
         """The adoptions of the ``failed`` prepares' adopted claims: the devices their spec names

@@ -16,20 +16,23 @@ or more kubelet calls):
    (:meth:`.recovery.Recovery.reconcile`), so the node serves on without a restart;
 2. plans each claim (pure, :func:`plan_prepare`); an already completed claim is answered again;
 3. writes the checkpoint with the new claims as PrepareStarted (and the GPUs whose sharing settings
-   they change as touched);
+   they change as touched), only if the batch does something outside the CDI directory or replaces
+   an entry (:func:`.plan.needs_prepare_started`);
 4. applies the claims' GPU sharing settings and MPS daemons, then writes one CDI spec per claim;
 5. writes the checkpoint with them as PrepareCompleted, claims whose spec failed dropped. This is
    the commit; then it answers.
 
-Unprepare drops the entries (one checkpoint write), then removes the specs.
+So a plain claim (new, no sharing) costs one checkpoint write, and one with side effects two.
+Unprepare drops the entries (one checkpoint write), then removes the specs, and with them any spec
+no entry names (:meth:`.rollback.Rollback.orphan_specs`).
 
 Every write is a temp file renamed into place, with no fsync (:mod:`.fsutil`): the state promises to
 survive the agent process and the kubelet, not the kernel. A crash between any two steps leaves
 what :mod:`.recovery` resolves at the next start: PrepareStarted entries are rolled back (the
 kubelet never got an answer and prepares again), specs without a completed entry are orphans and
-go, a completed entry's missing spec is rewritten. PrepareStarted is kept, although the specs alone
-could be reconciled, because sharing and MPS add side effects outside the CDI directory that
-start-up must be able to roll back.
+go (a one-write prepare killed between its specs and its commit leaves just that), a completed
+entry's missing spec is rewritten. PrepareStarted stays for sharing and MPS because their side
+effects are outside the CDI directory: only the entry tells start-up what to roll back.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from gpudra_driver.plugin.devicenodes import NodeDevice
 from gpudra_driver.plugin.faults import FaultHook
 from gpudra_driver.plugin.locking import LOCK_FILE, LOCK_TIMEOUT
 from gpudra_driver.plugin.model import ClaimError, ClaimRef, PreparedClaim, PrepareResult
-from gpudra_driver.plugin.plan import plan_prepare
+from gpudra_driver.plugin.plan import needs_prepare_started, plan_prepare
 from gpudra_driver.plugin.recovery import Recovery
 from gpudra_driver.plugin.rollback import Rollback
 from gpudra_driver.plugin.specs import ClaimSpecs
@@ -176,8 +179,9 @@ class DeviceState:
         # GPUs this call may move away from their defaults: recorded before they are changed
         checkpoint = checkpoint.touching(gpusettings.touches(original, checkpoint))
         try:
-            self.checkpoint.save(checkpoint)
-            self.fault("after-checkpoint-started")
+            if needs_prepare_started(original, planned):
+                self.checkpoint.save(checkpoint)
+                self.fault("after-checkpoint-started")
             settled, ready = self.sharing.apply(original, planned, results)
             written = self.specs.write(ready, results)
             failed = [claim for claim in planned if claim not in written]
@@ -262,6 +266,7 @@ class DeviceState:
         remaining = checkpoint.without(*uids)
         if remaining.half_done:
             remaining = self.rollback.half_done(remaining)
+        self.rollback.orphan_specs(remaining, keep=uids)
         if remaining != checkpoint:
             self.checkpoint.save(remaining)
             self.fault("unprepare-after-checkpoint")
