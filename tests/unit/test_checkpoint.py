@@ -118,8 +118,11 @@ def test_save_is_atomic_private_and_read_back(tmp_path: Path) -> None:
     done = Checkpoint("b").started(prepared(A, "gpu-0")).completed(A)
     for checkpoint in (Checkpoint("b"), Checkpoint("b").started(prepared(A, "gpu-0")), done):
         store.save(checkpoint)
-        assert path.read_bytes() == ckpt.encode(checkpoint) and os.listdir(tmp_path) == ["checkpoint.json"]
-    assert path.stat().st_mode & 0o777 == 0o600
+        assert path.read_bytes() == ckpt.encode(checkpoint)
+        # the checkpoint and its scratch file (the previous content; none before the second save)
+        assert set(os.listdir(tmp_path)) <= {"checkpoint.json", ".checkpoint.json.scratch-volatile"}
+    assert path.stat().st_mode & 0o777 == 0o600 and store.scratch.stat().st_mode & 0o777 == 0o600
+    assert ckpt.is_leftover(store.scratch.name, path.name)  # start-up removes it with the temp files
     assert store.prepared_count == 1 and ckpt.CheckpointFile(path, "b").load() == done
 
 
@@ -229,3 +232,22 @@ def test_adopted_claims_names_round_trip_canonically_and_go_with_their_adoption(
 def test_boot_id_is_read_from_the_kernel() -> None:
     boot_id = ckpt.read_boot_id()
     assert len(boot_id) == 36 and boot_id == ckpt.read_boot_id()
+
+
+def test_a_read_without_the_lock_that_races_a_save_is_read_again(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save overwrites the file the checkpoint was before the last save: a reader without the
+    node lock that opened it then may read it half-overwritten. The checksum tells; it reads again."""
+    from gpudra_driver.plugin import fsutil
+
+    store = ckpt.CheckpointFile(tmp_path / "checkpoint.json", "boot-1")
+    saved = ckpt.Checkpoint("boot-1").started(PreparedClaim(ClaimRef("ns", "a", A), ())).completed(A)
+    store.save(saved)
+    good = (tmp_path / "checkpoint.json").read_bytes()
+    reads = iter([good[: len(good) // 2] + b"x" * (len(good) - len(good) // 2), good])
+    monkeypatch.setattr(fsutil, "read_file", lambda path: next(reads))
+    fresh = ckpt.CheckpointFile(tmp_path / "checkpoint.json", "boot-1")
+    assert fresh.load_unlocked() == saved
+    monkeypatch.setattr(fsutil, "read_file", lambda path: b"{torn")  # corrupt for good: raises
+    with pytest.raises(ckpt.CheckpointError):
+        fresh.load_unlocked()

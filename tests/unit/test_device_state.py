@@ -159,13 +159,22 @@ async def test_a_prepare_writes_specs_then_commits_with_prepare_started_only_for
     writes: list[str] = []
     real_write_atomic = fsutil.write_atomic
 
-    def recording_write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    def note(path: Path, data: bytes) -> None:
         if path.name == "checkpoint.json":
             loaded = ckpt.decode(data)
             writes.append("checkpoint " + ",".join(f"{e.claim.ref.name}:{e.state}" for _, e in sorted(loaded.claims.items())))
         else:
             writes.append("spec " + ("a" if A in path.name else "b"))
+
+    def recording_write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+        note(path, data)
         real_write_atomic(path, data, mode=mode)
+
+    real_write_exchanging = fsutil.write_exchanging
+
+    def recording_write_exchanging(path: Path, data: bytes, scratch: Path, *, mode: int = 0o644) -> None:
+        note(path, data)
+        real_write_exchanging(path, data, scratch, mode=mode)
 
     def no_fsync(fd: int) -> None:
         raise AssertionError("fsync on the prepare path")
@@ -173,6 +182,7 @@ async def test_a_prepare_writes_specs_then_commits_with_prepare_started_only_for
     from gpudra_driver.plugin import cdi
 
     monkeypatch.setattr(fsutil, "write_atomic", recording_write_atomic)
+    monkeypatch.setattr(fsutil, "write_exchanging", recording_write_exchanging)
     monkeypatch.setattr(cdi, "write_atomic", recording_write_atomic)
     monkeypatch.setattr(os, "fsync", no_fsync)
     monkeypatch.setattr(os, "fdatasync", no_fsync)

@@ -48,6 +48,9 @@ READS = (1, 2, 3)
 STARTED = "PrepareStarted"
 COMPLETED = "PrepareCompleted"
 STATES = (STARTED, COMPLETED)
+# The scratch file a save writes (:meth:`CheckpointFile.scratch`): the name earlier agents gave
+# theirs, so every version since treats it as disposable.
+SCRATCH_SUFFIX = "scratch-volatile"
 
 
 class CheckpointError(Exception):
@@ -374,12 +377,32 @@ class CheckpointFile:
         return checkpoint
 
     def save(self, checkpoint: Checkpoint) -> None:
-        """Replace the file atomically (temp file, rename; see :mod:`.fsutil` for why no fsync)."""
+        """Replace the file atomically (a scratch file exchanged with it; see :mod:`.fsutil` for
+        why, and for why no fsync)."""
         self._cached = None
         data = encode(checkpoint)
-        fsutil.write_atomic(self.path, data, mode=0o600)
+        fsutil.write_exchanging(self.path, data, self.scratch, mode=0o600)
         self._cached = (data, checkpoint)
         self.prepared_count = checkpoint.completed_count()
+
+    @property
+    def scratch(self) -> Path:
+        """The file each save writes and then exchanges with the checkpoint."""
+        return self.path.with_name(f".{self.path.name}.{SCRATCH_SUFFIX}")
+
+    def load_unlocked(self, attempts: int = 5) -> Checkpoint:
+        """:meth:`load` for a caller without the node lock (a periodic task): a read that races a
+        save may see the file that save is overwriting (:func:`.fsutil.write_exchanging`), which
+        fails its checksum; it is read again. A file still corrupt after ``attempts`` raises."""
+        for attempt in range(attempts):
+            try:
+                return self.load()
+            except NewerCheckpoint:
+                raise
+            except CheckpointError:
+                if attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     @property
     def last(self) -> Checkpoint | None:
@@ -397,10 +420,10 @@ class CheckpointFile:
 
 
 def is_leftover(name: str, checkpoint_name: str) -> bool:
-    """A temp file of an interrupted write, or a scratch file of an earlier agent (they kept two,
-    exchanged with the checkpoint)."""
+    """A temp file of an interrupted write, or a scratch file (this agent's, which a crash may have
+    left half-written; earlier agents' kept two)."""
     prefix = f".{checkpoint_name}."
-    return name.startswith(prefix + fsutil.TEMP_MARK[1:]) or name in {prefix + "scratch-durable", prefix + "scratch-volatile"}
+    return name.startswith(prefix + fsutil.TEMP_MARK[1:]) or name in {prefix + "scratch-durable", prefix + SCRATCH_SUFFIX}
 
 
 def load(path: Path, boot_id: str) -> tuple[Checkpoint, str | None]:

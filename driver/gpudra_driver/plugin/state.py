@@ -110,13 +110,16 @@ class DeviceState:
         self.devices = dict(devices)
 
     def prepared_claims(self) -> list[PreparedClaim]:
-        """The claims the checkpoint holds as prepared (PrepareCompleted)."""
-        return [entry.claim for entry in self.checkpoint.load().claims.values() if entry.state == ckpt.COMPLETED]
+        """The claims the checkpoint holds as prepared (PrepareCompleted); for callers without the
+        node lock."""
+        return [entry.claim for entry in self.checkpoint.load_unlocked().claims.values()
+                if entry.state == ckpt.COMPLETED]
 
     def held_claims(self) -> list[HeldClaim]:
         """What the leak sweep looks up: the prepared claims, and the adopted ones whose name is
-        known (an adoption at start-up knows none: see :meth:`.recovery.Recovery.reconcile`)."""
-        checkpoint = self.checkpoint.load()
+        known (an adoption at start-up knows none: see :meth:`.recovery.Recovery.reconcile`); for
+        callers without the node lock."""
+        checkpoint = self.checkpoint.load_unlocked()
         held = [HeldClaim.of(e.claim) for e in checkpoint.claims.values() if e.state == ckpt.COMPLETED]
         return held + [HeldClaim(ClaimRef(namespace, name, uid), checkpoint.adopted[uid])
                        for uid, (namespace, name) in checkpoint.adopted_names.items() if uid in checkpoint.adopted]
@@ -179,7 +182,8 @@ class DeviceState:
         # GPUs this call may move away from their defaults: recorded before they are changed
         checkpoint = checkpoint.touching(gpusettings.touches(original, checkpoint))
         try:
-            if needs_prepare_started(original, planned):
+            started = needs_prepare_started(original, planned)
+            if started:
                 self.checkpoint.save(checkpoint)
                 self.fault("after-checkpoint-started")
             settled, ready = self.sharing.apply(original, planned, results)
@@ -194,7 +198,8 @@ class DeviceState:
             if failed:
                 self.sharing.converge_mps(checkpoint)
             checkpoint = checkpoint.untouched(self.sharing.settle(settled, checkpoint))
-            self.checkpoint.save(checkpoint)
+            if started or checkpoint != original:  # one write: none at all when every claim failed
+                self.checkpoint.save(checkpoint)
         except OSError as error:  # adopted claims stay adopted, with the devices their spec names now
             for claim in planned:
                 results.setdefault(claim.uid, PrepareResult(error=f"{claim.ref}: recording the prepared "
