@@ -5,11 +5,12 @@ ETCD_VERSION ?= v3.6.16
 PYTHON ?= python3
 VENV ?= .venv
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv allocator kube-bin helm-bin cdi-schema cdi-tools nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry test unit typecheck demo demo-down bench fuzz explain-diff protos wheels images image-operator image-agent base-image clean
+.PHONY: help venv allocator kube-bin helm-bin cdi-schema cdi-tools nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry dra-example-driver test unit typecheck demo demo-down bench fuzz explain-diff protos wheels images image-operator image-agent base-image clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
@@ -23,7 +24,8 @@ help:
 	@echo "make mock-nvml  build the mock libnvidia-ml.so.1 (tests/mocknvml) the tests run pynvml and nvidia-ctk against"
 	@echo "make mock-nvidia-smi mock-mps-control  the fake driver roots' nvidia-smi and nvidia-cuda-mps-control (tests/mocknvml)"
 	@echo "make registry   build CNCF Distribution's registry (pinned, from the Go module proxy) the getting-started test pushes to"
-	@echo "make bench      benchmarks (not part of make test)"
+	@echo "make dra-example-driver  build Kubernetes' reference DRA driver (pinned, from the Go module proxy) that make bench times the agent against"
+	@echo "make bench      benchmarks (not part of make test; BENCH_ARGS=\"gc prepare_latency\" runs some)"
 	@echo "make fuzz       the tenant-input fuzz suite (tests/fuzz) with many more examples than make test runs (FUZZ_EXAMPLES=...)"
 	@echo "make explain-diff  gpudra explain vs the real scheduler on 300 random cases (EXPLAIN_SEED=..., EXPLAIN_CASES=...)"
 	@echo "make protos     regenerate the kubelet plugin's gRPC stubs"
@@ -106,6 +108,12 @@ containerd:
 registry:
 	@hack/registry-bin.sh
 
+# Kubernetes' reference DRA driver (sigs.k8s.io/dra-example-driver's kubelet plugin) that
+# bench/prepare_latency.py times beside the agent, built from the Go module proxy, cached under
+# ~/.cache/gpudra/dra-example-driver/<version>.
+dra-example-driver:
+	@hack/dra-example-driver.sh
+
 test: venv allocator cdi-schema mock-nvml mock-nvidia-smi mock-mps-control
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
 	  helm="$$(hack/helm-bin.sh | tail -n 1)" && test -n "$$helm" && \
@@ -133,8 +141,12 @@ demo: venv allocator mock-nvml
 demo-down:
 	@$(BIN)/gpudra-dev demo --down
 
-bench: venv allocator
-	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && GPUDRA_KUBE_BIN="$$bin_dir" $(BIN)/python -m bench
+bench: venv allocator mock-nvml mock-nvidia-smi mock-mps-control
+	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
+	  dra_example="$$(hack/dra-example-driver.sh | tail -n 1)" && test -n "$$dra_example" && \
+	  containerd_dir="$$(hack/containerd-bin.sh | tail -n 1)" && test -n "$$containerd_dir" && \
+	  GPUDRA_KUBE_BIN="$$bin_dir" GPUDRA_DRA_EXAMPLE_DIR="$$dra_example" GPUDRA_CONTAINERD_DIR="$$containerd_dir" \
+	  $(BIN)/python -m bench $(BENCH_ARGS)
 
 # The longer run of the fuzz suite over tenant input (make test runs it with the "ci" profile).
 FUZZ_EXAMPLES ?= 5000
