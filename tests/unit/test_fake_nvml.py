@@ -207,3 +207,41 @@ def test_load_nvml_specs(monkeypatch: pytest.MonkeyPatch, profile_file: Callable
         load_nvml("fake:/no/such/file.yaml")
     with pytest.raises(ValueError, match="unknown NVML spec"):
         load_nvml("mock")
+
+
+def test_event_wait_blocks_until_a_line_is_appended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait sleeps on inotify like the mock library, not by looking at the file every 10 ms (an
+    idle agent's health thread woke 100 times a second: 1-2 % of a core); an injected line still
+    ends it at once, whether the events file existed before or not."""
+    import threading
+    import time
+
+    from gpudra_dev.localcluster import mockstate
+
+    nvml = started(FakeNvml(load_profile("l4x2"), tmp_path / "state"))
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    uuid = nvml.nvmlDeviceGetUUID(handle)
+    event_set = nvml.nvmlEventSetCreate()
+    nvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, event_set)
+    looks = 0
+    next_event = FakeNvml._next_event
+
+    def counted(self: FakeNvml, target: Any) -> Any:
+        nonlocal looks
+        looks += 1
+        return next_event(self, target)
+
+    monkeypatch.setattr(FakeNvml, "_next_event", counted)
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        nvml.nvmlEventSetWait_v2(event_set, 500)
+    assert looks <= 3, f"the file was read {looks} times in a 0.5 s wait: polled, not blocked"
+
+    for xid in (79, 48):  # the file is created by the first line, appended to by the second
+        timer = threading.Timer(0.2, mockstate._append_event, (tmp_path / "state", f"xid {uuid} {xid}"))
+        started_at = time.monotonic()
+        timer.start()
+        data = nvml.nvmlEventSetWait_v2(event_set, 10_000)
+        timer.join()
+        assert data.eventData == xid and time.monotonic() - started_at < 2.0
+    nvml.nvmlEventSetFree(event_set)
+    assert event_set.inotify == -1

@@ -29,7 +29,8 @@ XID critical and double-bit ECC events through ``nvmlEventSetCreate`` / ``nvmlDe
 every call on it), and ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` through ``nvmlDeviceGetFieldValues``.
 The state directory is the one given (:func:`gpudra_driver.nvml.load_nvml` passes
 ``$GPUDRA_MOCK_STATE_DIR``, else ``<driver root>/run/gpudra-mock``); without one nothing is injected.
-The wait looks at the file every 10 ms (the mock library uses inotify).
+The wait blocks on inotify on the state directory, like the mock library's (where inotify is
+unavailable it looks at the file every 10 ms).
 
 Profiles (YAML) describe the machine; see ``gpudra_driver/profiles/*.yaml`` and
 :func:`load_profile`. Fault injection per GPU or MIG device: ``fail: true`` makes
@@ -41,7 +42,9 @@ makes ``nvmlInit`` fail.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
+import select
 import threading
 import time
 from dataclasses import dataclass, field
@@ -275,13 +278,62 @@ class EventData:
 
 
 class _EventSet:
-    """Opaque like pynvml's c_nvmlEventSet_t: registered types per GPU index, and how far into the
-    events file it has delivered."""
+    """Opaque like pynvml's c_nvmlEventSet_t: registered types per GPU index, how far into the
+    events file it has delivered, and an inotify descriptor on the state directory (-1: none)."""
 
-    def __init__(self, offset: int) -> None:
+    def __init__(self, offset: int, inotify: int = -1) -> None:
         self.masks: dict[int, int] = {}
         self.offset = offset
+        self.inotify = inotify
         self.freed = False
+
+    def close(self) -> None:
+        self.freed = True
+        if self.inotify >= 0:
+            os.close(self.inotify)
+            self.inotify = -1
+
+    def __del__(self) -> None:  # a set never freed (a test's): its descriptor goes with it
+        if self.inotify >= 0:
+            try:
+                os.close(self.inotify)
+            except OSError:
+                pass
+
+
+_IN_NONBLOCK, _IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC  # inotify_init1's flags are these
+_IN_MODIFY, _IN_MOVED_TO, _IN_CREATE = 0x2, 0x80, 0x100
+_libc: Any = None
+
+
+def _watch_dir(path: Path) -> int:
+    """An inotify descriptor (non-blocking) told of every write to, creation in or move into
+    ``path``; -1 where inotify is unavailable. The mock library watches its state directory alike."""
+    global _libc
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        fd = int(_libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC))
+    except (OSError, AttributeError):  # not Linux, or no such call
+        return -1
+    if fd < 0:
+        return -1
+    if _libc.inotify_add_watch(fd, os.fsencode(path), _IN_MODIFY | _IN_CREATE | _IN_MOVED_TO) < 0:
+        os.close(fd)
+        return -1
+    return fd
+
+
+def _wait_readable(fd: int, timeout: float) -> None:
+    """Until ``fd`` (an inotify descriptor) has news or ``timeout`` seconds passed; drains it."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    if poller.poll(max(0, math.ceil(timeout * 1000))):
+        try:
+            while os.read(fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
 
 
 def _read_lines(path: Path, offset: int) -> tuple[list[str], int]:
@@ -514,15 +566,22 @@ class FakeNvml:
 
     def nvmlEventSetCreate(self) -> _EventSet:
         self._ready()
+        inotify = -1
+        if self._events is not None:  # watched before the file is measured: no line slips in between
+            try:
+                self._events.parent.mkdir(parents=True, exist_ok=True)
+                inotify = _watch_dir(self._events.parent)
+            except OSError:
+                pass  # waits look every _WAIT_STEP instead
         try:  # only events from now on, as NVML
             offset = self._events.stat().st_size if self._events is not None else 0
         except FileNotFoundError:
             offset = 0
-        return _EventSet(offset)
+        return _EventSet(offset, inotify)
 
     def nvmlEventSetFree(self, event_set: _EventSet) -> None:
         self._ready()
-        self._event_set(event_set).freed = True
+        self._event_set(event_set).close()
 
     def nvmlDeviceGetSupportedEventTypes(self, handle: _Handle) -> int:
         self._gpu(handle, "nvmlDeviceGetSupportedEventTypes")
@@ -545,9 +604,15 @@ class FakeNvml:
             data = self._next_event(target)
             if data is not None:
                 return data
-            if time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise pynvml.NVMLError_Timeout()
-            time.sleep(min(_WAIT_STEP, max(0.0, deadline - time.monotonic())))  # a blocking call's wait
+            if self._events is None:  # nothing is ever injected: a blocking call's wait, all of it
+                time.sleep(left)
+            elif target.inotify >= 0:  # until the state directory changes (queued since create)
+                _wait_readable(target.inotify, left)
+            else:
+                time.sleep(min(_WAIT_STEP, left))  # no inotify: look again every 10 ms
 
     def nvmlEventSetWait(self, event_set: _EventSet, timeoutms: int) -> Any:
         return self.nvmlEventSetWait_v2(event_set, timeoutms)
