@@ -34,8 +34,8 @@ Targets (``make bench`` exits 1 when one misses):
   far noisier than the whole-run p99 it would excuse.) p99 against the Go reference and the Go
   reference against the bare baseline are reported without targets.
 
-All servers take eight turns of every scenario each, in an order where every server follows every
-server, itself included, equally often and sits on average mid-run (:func:`turn_order`), so that a
+All servers take eight turns of every scenario each, in an order where every server takes every
+place and follows every other server about equally often (a Williams square, :func:`turn_order`), so that a
 noisy machine's drift, and what one server leaves running after its turn, hit them alike. Where
 the files go, as on a node: the checkpoints on the disk file system (``/var/lib/kubelet``; here the
 work directory), the CDI specs on tmpfs (``/dev/shm`` here, ``/var/run/cdi`` there), for both
@@ -86,7 +86,7 @@ PROFILES = REPO / "driver" / "gpudra_driver" / "profiles"
 # is on a node. The checkpoint stays on the work directory's disk file system, as /var/lib/kubelet is.
 GPUS = 64
 CONCURRENCY = 16
-CHUNKS = 8  # turns per server: with four servers, one de Bruijn sequence forward and back (turn_order)
+CHUNKS = 8  # turns per server: with four servers, a Williams square forward and back (turn_order)
 TARGET = 1.25  # against the bare baseline
 REFERENCE_TARGET = 1.0  # against the Go reference driver
 # The reference driver: hack/dra-example-driver.sh pins the version (DRA_EXAMPLE_VERSION) and builds it.
@@ -156,32 +156,23 @@ async def throughput(client: DraClient, claims: list[tuple[str, str, str]]) -> f
 
 
 def turn_order(n: int, turns_each: int) -> list[int]:
-    """The order of the turns of ``n`` servers, ``turns_each`` turns each: a de Bruijn sequence of
-    order 2 (every ordered pair of servers, a server and itself included, follows once), then the
-    same reversed, repeated. So every server follows every server (itself too) equally often,
-    within one pair: whatever a server leaves running when its turn ends (the Go runtime's GC, a
-    CDI cache refresh, writeback of what it wrote, the API server's follow-up) lands on each
-    server alike, the A/A pair included, and not on whoever happens to come next. And each
-    server's turns sit, on average, in the middle of the run: a steady drift of the machine cancels.
-    Exactly so when ``n * turns_each`` is a multiple of ``2 * n * n`` (four servers, eight turns)."""
-    sequence: list[int] = []
-    digits = [0] * 3
-
-    def extend(t: int, p: int) -> None:  # the standard construction, from Lyndon words
-        if t > 2:
-            if 2 % p == 0:
-                sequence.extend(digits[1:p + 1])
-            return
-        digits[t] = digits[t - p]
-        extend(t + 1, p)
-        for j in range(digits[t - p] + 1, n):
-            digits[t] = j
-            extend(t + 1, t)
-
-    extend(1, 1)
+    """The order of the turns of ``n`` servers (``n`` even), ``turns_each`` turns each: rows of a
+    Williams square, the crossover design of clinical trials. In every ``n`` rows each server
+    takes each place in a row once, and follows each other server once, so that what a server
+    leaves running when its turn ends (the Go runtime's GC, a CDI cache refresh, writeback of what
+    it wrote, the API server's follow-up) lands on each server alike, the A/A pair included; the
+    second ``n`` rows are the first in reverse order, so that a drift of the machine over the run,
+    steady or not, hits each server's turns alike. (A de Bruijn order, tried first, put one server's
+    turns at both ends of the run and another's in its middle: the A/A pair came out 1.2-1.6x apart.)"""
+    first = [0]
+    for k in range(1, n):  # 0, 1, n-1, 2, n-2, ...
+        first.append((k + 1) // 2 if k % 2 else n - k // 2)
+    rows = [[(x + r) % n for x in first] for r in range(n)]
     order: list[int] = []
+    block = 0
     while len(order) < n * turns_each:
-        order += sequence if len(order) // len(sequence) % 2 == 0 else sequence[::-1]
+        order += [x for row in (rows if block % 2 == 0 else rows[::-1]) for x in row]
+        block += 1
     return order[:n * turns_each]
 
 
@@ -401,7 +392,7 @@ async def measure_all(plane: ControlPlane, kube: Kube, work: Path, rounds: int,
                 DraClient(ref_registered.endpoint, ref_registered.version) as ref:
             measured = await measure({"baseline": (bare, claims), "baseline-again": (again, claims),
                                       "plugin": (plugin, claims), "reference": (ref, ref_claims)}, rounds)
-        base, ours, again_, go = (measured[name] for name in SERVERS)
+        base, again_, ours, go = (measured[name] for name in SERVERS)  # SERVERS order
         await kube.delete(NODE, node)
         await kube.delete(NAMESPACE, namespace)
         return {"rounds": rounds, "event_loop": loop, "gpus": GPUS, "concurrency": CONCURRENCY,
