@@ -22,7 +22,6 @@ checkpoint (boot ID) and makes the kubelet prepare every claim again.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 from collections.abc import Callable
@@ -35,7 +34,8 @@ _RENAME_EXCHANGE = 2  # linux/fs.h
 
 def _load_renameat2() -> Callable[..., int] | None:
     try:
-        function = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).renameat2
+        # the interpreter's own symbols, libc's among them (find_library would run ldconfig)
+        function = ctypes.CDLL(None, use_errno=True).renameat2
     except (OSError, AttributeError):  # a libc without it (glibc < 2.28, some others)
         return None
     function.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
