@@ -21,13 +21,13 @@ import functools
 import os
 import secrets
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from bench import Context, Result, at_most, median
+from bench._watchlog import WatchLog
 from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_dev.localcluster.agents import AgentProcess, start_agent
 from gpudra_dev.localcluster.controlplane import free_port
@@ -37,53 +37,11 @@ SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 PROFILES = Path(__file__).resolve().parents[1] / "driver" / "gpudra_driver" / "profiles"
 IDLE_WINDOW_S = 10.0
 IDLE_CPU_TARGET = 0.01  # fraction of one core
-TIMEOUT_S = 60
 
 
-class SliceEvents:
-    """A watch on one node's slices of one driver; records (arrival time, type, object)."""
-
-    def __init__(self, kube: Kube, driver: str, node: str) -> None:
-        self.kube = kube
-        self.selector = f"spec.driver={driver},spec.nodeName={node}"
-        self.events: list[tuple[float, str, Obj]] = []
-        self._changed = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        page = await self.kube.request("GET", SLICE.path(), query={"fieldSelector": self.selector})
-        self._task = asyncio.create_task(self._run(page["metadata"]["resourceVersion"]))
-
-    async def _run(self, version: str) -> None:
-        async for kind, obj in self.kube.watch(SLICE, field_selector=self.selector, resource_version=version):
-            if kind in ("ADDED", "MODIFIED", "DELETED"):
-                self.events.append((time.perf_counter(), kind, obj))
-                self._changed.set()
-
-    def mark(self) -> int:
-        return len(self.events)
-
-    async def first(self, since: int, match: Callable[[str, Obj], bool], what: str) -> tuple[float, Obj]:
-        """Arrival time and object of the first event after ``since`` that ``match``es."""
-        deadline = time.monotonic() + TIMEOUT_S
-        while True:
-            for at, kind, obj in self.events[since:]:
-                if match(kind, obj):
-                    return at, obj
-            since = len(self.events)
-            self._changed.clear()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"no slice event for {what} within {TIMEOUT_S}s")
-            try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
-            except TimeoutError:
-                pass
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+def slice_events(kube: Kube, driver: str, node: str) -> WatchLog:
+    """A recorded watch on one node's slices of one driver."""
+    return WatchLog(kube, SLICE, field_selector=f"spec.driver={driver},spec.nodeName={node}")
 
 
 def devices_of(obj: Obj) -> list[str]:
@@ -154,7 +112,7 @@ async def run(ctx: Context) -> list[Result]:
         cpu = 0.0
         for i in range(max(3, ctx.repeat // 2)):  # each start is a new interpreter: fewer rounds
             node = await agents.node("start")
-            events = SliceEvents(kube, driver, node)
+            events = slice_events(kube, driver, node)
             await events.start()
             started = time.perf_counter()
             # as the DaemonSet runs it: metrics and health served (and its process env, which
@@ -172,7 +130,7 @@ async def run(ctx: Context) -> list[Result]:
 
         # deleted -> restored, on one long-lived agent
         node = await agents.node("restore")
-        events = SliceEvents(kube, driver, node)
+        events = slice_events(kube, driver, node)
         await events.start()
         agents.start(node, "fake:l4x2", driver)
         _, live = await events.first(0, lambda kind, obj: len(devices_of(obj)) == 2, "the L4s")
@@ -192,7 +150,7 @@ async def run(ctx: Context) -> list[Result]:
         profile = yaml.safe_load((PROFILES / "dgx-h100.yaml").read_text())
         path = ctx.workdir("profiles") / f"{node}.yaml"
         _write(path, profile)
-        events = SliceEvents(kube, driver, node)
+        events = slice_events(kube, driver, node)
         await events.start()
         agents.start(node, f"fake:{path}", driver, rescan_interval=0.05)
         await events.first(0, lambda kind, obj: len(devices_of(obj)) == 8, "the H100s")

@@ -59,6 +59,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import Context, Result, median
+from bench._watchlog import WatchLog
 from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_dev.localcluster.agents import AgentProcess, start_agent
 from gpudra_dev.localcluster.controlplane import ControlPlane
@@ -210,59 +211,11 @@ def metrics_kubelet(realkubelet: ModuleType, kubelet: Any, client_ca: Path) -> A
                           runtime_endpoint=kubelet.runtime_endpoint, taint=kubelet.taint)
 
 
-class PodEvents:
-    """A watch on the namespace's pods; records (arrival time, type, pod)."""
-
-    def __init__(self, kube: Kube, namespace: str) -> None:
-        self.kube, self.namespace = kube, namespace
-        self.events: list[tuple[float, str, Obj]] = []
-        self._changed = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        page = await self.kube.request("GET", POD.path(self.namespace))
-        self._task = asyncio.create_task(self._run(page["metadata"]["resourceVersion"]))
-
-    async def _run(self, version: str) -> None:
-        while True:  # the server ends a watch after its timeout; go on from the last version seen
-            async for kind, obj in self.kube.watch(POD, self.namespace, resource_version=version):
-                if kind == "ERROR":
-                    raise RuntimeError(f"pod watch failed: {obj}")
-                version = obj["metadata"]["resourceVersion"]
-                if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    self.events.append((time.perf_counter(), kind, obj))
-                    self._changed.set()
-
-    def mark(self) -> int:
-        return len(self.events)
-
-    async def first(self, since: int, match: Callable[[str, Obj], bool], what: str,
-                    failure: Callable[[], str]) -> tuple[float, Obj]:
-        """Arrival time and pod of the first event after ``since`` that ``match``es."""
-        deadline = time.monotonic() + TIMEOUT_S
-        while True:
-            if self._task is not None and self._task.done():
-                self._task.result()  # the watch's error
-            for at, kind, obj in self.events[since:]:
-                if (kind != "DELETED" and not obj["metadata"].get("deletionTimestamp")
-                        and obj.get("status", {}).get("phase") in ("Failed", "Succeeded")):
-                    raise RuntimeError(f"pod {obj['metadata']['name']} ended: {obj['status']}\n{failure()}")
-                if match(kind, obj):
-                    return at, obj
-            since = len(self.events)
-            self._changed.clear()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"no pod event for {what} within {TIMEOUT_S}s\n{failure()}")
-            try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
-            except TimeoutError:
-                pass
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+def pod_ended(kind: str, pod: Obj) -> None:
+    """A pod that ended (a bench pod never should) fails the wait at once."""
+    if (kind != "DELETED" and not pod["metadata"].get("deletionTimestamp")
+            and pod.get("status", {}).get("phase") in ("Failed", "Succeeded")):
+        raise RuntimeError(f"pod {pod['metadata']['name']} ended: {pod['status']}")
 
 
 @dataclass
@@ -299,7 +252,7 @@ class PodStartNode:
         self.runtime: Any = None
         self.agent: AgentProcess | None = None
         self.namespace: str | None = None
-        self.pods: PodEvents | None = None
+        self.pods: WatchLog | None = None
         self.classes: list[str] = []
         self.client = plane.pki.issue("bench-pod-start", "gpudra-bench-pod-start")
 
@@ -348,7 +301,7 @@ class PodStartNode:
                                 "metadata": {"name": "one-gpu", "namespace": self.namespace},
                                 "spec": {"spec": {"devices": {"requests": [
                                     {"name": "gpu", "exactly": {"deviceClassName": self.device_class}}]}}}})
-        self.pods = PodEvents(self.kube, self.namespace)
+        self.pods = WatchLog(self.kube, POD, self.namespace, timeout=TIMEOUT_S)
         await self.pods.start()
 
     async def close(self) -> list[str]:
@@ -421,10 +374,10 @@ class PodStartNode:
         await self.kube.create(self.pod(name, kind))
         bound_at, _ = await self.pods.first(
             mark, lambda _type, pod: pod["metadata"]["name"] == name and bool(pod["spec"].get("nodeName")),
-            f"pod {name} bound", self.failure)
+            f"pod {name} bound", pod_ended, self.failure)
         running_at, running = await self.pods.first(
             mark, lambda _type, pod: pod["metadata"]["name"] == name and pod["status"].get("phase") == "Running",
-            f"pod {name} Running", self.failure)
+            f"pod {name} Running", pod_ended, self.failure)
         started_s = await asyncio.to_thread(self.container_started, running) - wall
         claims = [s["resourceClaimName"] for s in running["status"].get("resourceClaimStatuses") or []
                   if s.get("resourceClaimName")]
@@ -434,7 +387,7 @@ class PodStartNode:
         mark = self.pods.mark()
         await self.kube.delete(POD, name, self.namespace)
         await self.pods.first(mark, lambda event, pod: event == "DELETED" and pod["metadata"]["name"] == name,
-                              f"pod {name} gone", self.failure)
+                              f"pod {name} gone", pod_ended, self.failure)
         for claim in claims:
             await wait_for(lambda: _gone(self.kube, claim, self.namespace), timeout=60, what=f"claim {claim} deleted")
 
