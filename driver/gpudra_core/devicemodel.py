@@ -116,6 +116,8 @@ CAPACITIES: Mapping[str, CapacitySpec] = _by_name(
     CapacitySpec("encoders", "count", "Video encoders (NVENC).", _MIG),
     CapacitySpec("jpegEngines", "count", "JPEG decoders (NVJPG).", _MIG),
     CapacitySpec("ofaEngines", "count", "Optical flow accelerators (OFA).", _MIG),
+    CapacitySpec("computeSlices", "count", "MIG compute slices (the 'g' of a profile: 3 for 3g.40gb); "
+                 "only on dynamic MIG placements.", _MIG),
 )
 
 
@@ -244,6 +246,37 @@ class DeviceTaint:
 
 
 @dataclass(frozen=True)
+class CounterSet:
+    """Counters a pool shares between devices (KEP-4815, partitionable devices): what a device that
+    consumes them takes is no longer available to the others. Names are DNS labels; values counts."""
+
+    name: str
+    counters: Mapping[str, int]
+
+    def __post_init__(self) -> None:
+        limits.check_dns_label(f"counter set {self.name!r} name", self.name)
+        for key, value in self.counters.items():
+            limits.check_dns_label(f"counter set {self.name} counter {key!r}", key)
+            if type(value) is not int or value < 0:
+                raise ValueError(f"counter set {self.name}: counter {key!r} must be a non-negative int")
+
+
+@dataclass(frozen=True)
+class CounterConsumption:
+    """What a device takes from one :class:`CounterSet` of its pool while it is allocated."""
+
+    counter_set: str
+    counters: Mapping[str, int]
+
+    def __post_init__(self) -> None:
+        limits.check_dns_label(f"counter set {self.counter_set!r} name", self.counter_set)
+        for key, value in self.counters.items():
+            limits.check_dns_label(f"consumed counter {key!r} of {self.counter_set}", key)
+            if type(value) is not int or value < 0:
+                raise ValueError(f"consumed counter {key!r} of {self.counter_set} must be a non-negative int")
+
+
+@dataclass(frozen=True)
 class Device:
     """One allocatable device. ``capacity`` values are bytes (unit ``bytes``) or counts.
 
@@ -259,6 +292,11 @@ class Device:
     allow_multiple_allocations: bool = False
     request_policies: dict[str, RequestPolicy] = field(default_factory=dict)
     taints: tuple[DeviceTaint, ...] = ()  # set by device health (gpudra_driver.devicehealth), not discovery
+    # Dynamic MIG (partitionable devices): what this device takes from its GPU's counters, and, on
+    # the whole GPU only, the counter set its hardware provides (published in the pool's counter
+    # slice; :func:`gpudra_driver.publishing.slices.build_slices`).
+    consumes_counters: tuple[CounterConsumption, ...] = ()
+    provides_counters: CounterSet | None = None
 
     def __post_init__(self) -> None:
         limits.check_dns_label(f"device {self.name!r} name", self.name)
@@ -303,9 +341,22 @@ def gpu_device_name(index: int) -> str:
 
 
 def mig_device_name(parent_index: int, profile: str, gi_id: int, ci_id: int) -> str:
-    name = f"gpu-{parent_index}-mig-{re.sub(r'[^a-z0-9]', '', profile.lower())}-{gi_id}-{ci_id}"
+    name = f"gpu-{parent_index}-mig-{_profile_label(profile)}-{gi_id}-{ci_id}"
     limits.check_dns_label("MIG device name", name)
     return name
+
+
+def mig_placement_name(parent_index: int, profile: str, start: int) -> str:
+    """A dynamic MIG placement: ``gpu-<parentIndex>-mig-<profile>-at<start>`` (``start``: its first
+    memory slice), e.g. ``gpu-0-mig-3g40gb-at4``. Never a static MIG device's name, which ends in
+    two numbers."""
+    name = f"gpu-{parent_index}-mig-{_profile_label(profile)}-at{start}"
+    limits.check_dns_label("MIG placement name", name)
+    return name
+
+
+def _profile_label(profile: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", profile.lower())
 
 
 # -- value normalisation ----------------------------------------------------------------------

@@ -18,6 +18,11 @@ MAX_TAINTS_PER_DEVICE = 16  # DeviceTaintsMaxLength
 MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE = 32  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
 MAX_POOL_NAME_LENGTH = 253
 MAX_DRIVER_NAME_LENGTH = 63  # DriverNameMaxLength (a DNS subdomain, validated like a CSI driver)
+# Partitionable devices (KEP-4815)
+MAX_COUNTER_SETS_PER_SLICE = 8  # ResourceSliceMaxCounterSets
+MAX_COUNTERS_PER_SET = 32  # ResourceSliceMaxCountersPerCounterSet
+MAX_COUNTER_CONSUMPTIONS_PER_DEVICE = 2  # ResourceSliceMaxDeviceCounterConsumptionsPerDevice
+MAX_COUNTERS_PER_CONSUMPTION = 32  # ResourceSliceMaxCountersPerDeviceCounterConsumption
 
 # Device attributes
 MAX_ATTRIBUTE_STRING_LENGTH = 64  # DeviceAttributeMaxValueLength: string and version values
@@ -156,6 +161,12 @@ def check_devices_per_slice(subject: str, count: int, *, taints_or_counters: boo
     limit = MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS if taints_or_counters else MAX_DEVICES_PER_SLICE
     if count > limit:
         raise LimitError(subject, f"{count} devices, the limit per ResourceSlice is {limit}")
+
+
+def check_counters(subject: str, counters: Sized, limit: int) -> None:
+    """A counter set's counters, or what one device consumes of one set."""
+    if not 0 < len(counters) <= limit:
+        raise LimitError(subject, f"{len(counters)} counters, must be 1..{limit}")
 
 
 def check_taints(subject: str, taints: Sequence[tuple[str, str]]) -> None:

@@ -21,6 +21,7 @@ from gpudra_driver import eventloop
 
 if TYPE_CHECKING:
     from gpudra_core.consumable import ConsumableCapacity
+    from gpudra_driver.discovery import MigMode
     from gpudra_driver.devicehealth.feed import HealthFeed
     from gpudra_driver.devicehealth.apply import HealthMonitor
 
@@ -64,6 +65,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="publish GPUs even where NVIDIA's device plugin advertises nvidia.com/gpu on the "
                              "node (by default nothing is published there: a GPU must not be handed out twice)")
     consumable.add_arguments(parser)
+    from gpudra_driver.discovery import add_mig_argument
+
+    add_mig_argument(parser)
     parser.add_argument("--nvidia-cdi-hook", default=None, metavar="PATH",
                         help="host path of NVIDIA's nvidia-cdi-hook for the CDI specs' hooks (default: "
                              "looked up in the driver root; none found: libraries are also mounted at "
@@ -163,7 +167,7 @@ async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: obje
                           numa_node_of=functools.partial(numa_node_from_sysfs, sysfs=sysfs), sysfs=sysfs,
                           driver_root=root,  # type: ignore[arg-type]
                           report=events.post, gate=guard.check,  # type: ignore[attr-defined]
-                          sharing=await _sharing(args, kube, events))
+                          sharing=await _sharing(args, kube, events), mig=await _mig_mode(args, kube, events))
     if health is None:
         await rescanner.run()
         return
@@ -230,6 +234,30 @@ async def _sharing(args: argparse.Namespace, kube: object, events: object) -> Co
     await events.post("Warning", "ConsumableCapacityUnsupported", message)  # type: ignore[attr-defined]
     return None
 
+
+
+async def _mig_mode(args: argparse.Namespace, kube: object, events: object) -> MigMode:
+    """``--mig dynamic`` if the API server keeps counter sets (one dry run, retried until the
+    server answers); else static MIG, said once in the log and a Node event."""
+    from gpudra_core.migpartitions import api_server_keeps_counters
+    from gpudra_driver.publishing.apply import retrying
+
+    if args.mig != "dynamic":
+        return "static"
+
+    def retry(state):  # type: ignore[no-untyped-def]
+        log.warning("checking partitionable devices failed (%r); retrying", state.outcome.exception())
+
+    answer: tuple[bool, str] = await retrying(retry)(api_server_keeps_counters, kube, args.driver, args.node_name)
+    kept, why = answer
+    if kept:
+        log.info("dynamic MIG: MIG-enabled GPUs without MIG devices are published as every placement they could have")
+        return "dynamic"
+    message = (f"--mig dynamic is ignored: {why}. MIG-enabled GPUs are published as the MIG devices that exist "
+               "(static MIG); upgrade to Kubernetes 1.36 or enable the gate on the API server and scheduler")
+    log.error("%s", message)
+    await events.post("Warning", "DynamicMigUnsupported", message)  # type: ignore[attr-defined]
+    return "static"
 
 
 READINESS_RECHECK = 1.0  # seconds between looks at whether the registration still holds

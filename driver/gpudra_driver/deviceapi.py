@@ -5,11 +5,12 @@ what NVML reports; slice building serialises the fitted devices."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpudra_core import limits
 from gpudra_core.consumable import policy_to_api
-from gpudra_core.devicemodel import CAPACITIES, AttrValue, Device, DeviceTaint
+from gpudra_core.devicemodel import CAPACITIES, AttrValue, CounterConsumption, CounterSet, Device, DeviceTaint
 from gpudra_core.quantity import format_quantity
 
 
@@ -80,7 +81,34 @@ def device_to_api(device: Device) -> dict[str, Any]:
     if device.taints:
         limits.check_taints(subject, [(t.key, t.value) for t in device.taints])
         entry["taints"] = [taint_to_api(t) for t in device.taints]
+    if device.consumes_counters:
+        entry["consumesCounters"] = consumption_to_api(subject, device.consumes_counters)
     return entry
+
+
+def consumption_to_api(subject: str, consumptions: Sequence[CounterConsumption]) -> list[dict[str, Any]]:
+    """``consumesCounters``: at most 2 sets, each named once, each with 1..32 counters."""
+    if len(consumptions) > limits.MAX_COUNTER_CONSUMPTIONS_PER_DEVICE:
+        raise limits.LimitError(subject, f"{len(consumptions)} counter consumptions, the limit is "
+                                         f"{limits.MAX_COUNTER_CONSUMPTIONS_PER_DEVICE}")
+    if len({c.counter_set for c in consumptions}) != len(consumptions):
+        raise limits.LimitError(subject, "consumes from one counter set twice")
+    entries = []
+    for consumption in consumptions:
+        limits.check_counters(f"{subject} consumption of {consumption.counter_set}", consumption.counters,
+                              limits.MAX_COUNTERS_PER_CONSUMPTION)
+        entries.append({"counterSet": consumption.counter_set, "counters": counters_to_api(consumption.counters)})
+    return entries
+
+
+def counter_set_to_api(counter_set: CounterSet) -> dict[str, Any]:
+    """One ``sharedCounters`` entry: ``{name, counters: {<name>: {value}}}``."""
+    limits.check_counters(f"counter set {counter_set.name}", counter_set.counters, limits.MAX_COUNTERS_PER_SET)
+    return {"name": counter_set.name, "counters": counters_to_api(counter_set.counters)}
+
+
+def counters_to_api(counters: Mapping[str, int]) -> dict[str, dict[str, str]]:
+    return {name: {"value": format_quantity(value, binary=False)} for name, value in sorted(counters.items())}
 
 
 def taint_to_api(taint: DeviceTaint) -> dict[str, str]:

@@ -44,8 +44,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="probe each GPU once (lost, recovery action pending, NVML events supported) and show "
                              "the taints the agent would publish (docs/health.md) (default: on)")
     from gpudra_core import consumable
+    from gpudra_driver.discovery import add_mig_argument
 
     consumable.add_arguments(parser)
+    add_mig_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         nvml = load_nvml(spec, DriverRoot.at(args.driver_root))
         # sysfs knows NUMA nodes NVML may not; only consult it for the real hardware.
-        result = scan(nvml, numa_node_of=numa_node_from_sysfs if spec == "real" else None)
+        result = scan(nvml, numa_node_of=numa_node_from_sysfs if spec == "real" else None, mig=args.mig)
         sharing = from_args(args)
         devices, unshared = share_devices(result.devices, sharing)
         if args.health:

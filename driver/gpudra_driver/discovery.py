@@ -9,7 +9,9 @@ reported in ``warnings``; the others are still returned, because one bad GPU mus
 node's healthy ones off the market.
 
 MIG: see :mod:`gpudra_core.devicemodel`; a GPU whose current MIG mode is enabled is published only
-through its MIG devices.
+through its MIG devices (``mig="static"``, the default). With ``mig="dynamic"`` a MIG-enabled GPU
+that has no MIG devices is published as every placement it could have, plus itself, over counters
+(:mod:`gpudra_core.migpartitions`), from the profiles and placements NVML reports for it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from types import ModuleType
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 from gpudra_core.devicemodel import (
     STANDARD_DOMAIN,
@@ -32,11 +34,15 @@ from gpudra_core.devicemodel import (
     normalize_pci_bus_id,
     normalize_version,
 )
+from gpudra_core.migpartitions import MigGeometry, MigProfile, partition_gpu
 from gpudra_driver.nvml import NvmlUnavailable
 from gpudra_driver.deviceapi import fit_devices
 
-__all__ = ["Discovery", "NvmlUnavailable", "discover", "mig_profile_name", "numa_node_from_sysfs",
-           "nvidia_gpus_on_pci", "scan"]
+__all__ = ["MIG_MODES", "Discovery", "MigMode", "NvmlUnavailable", "discover", "mig_profile_name",
+           "numa_node_from_sysfs", "nvidia_gpus_on_pci", "read_mig_geometry", "scan"]
+
+MigMode: TypeAlias = Literal["static", "dynamic"]
+MIG_MODES: tuple[MigMode, ...] = ("static", "dynamic")
 
 log = logging.getLogger(__name__)
 
@@ -91,17 +97,30 @@ class _CallFailed(Exception):
         self.error = error
 
 
-def discover(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = None) -> list[Device]:
+def add_mig_argument(parser: Any) -> None:
+    """``--mig static|dynamic``, for the agent and ``gpudra discover``."""
+    parser.add_argument("--mig", choices=MIG_MODES, default="static",
+                        help="MIG-enabled GPUs: 'static' publishes the MIG devices that exist; 'dynamic' publishes "
+                             "every MIG placement a GPU without MIG devices could have, over counters the "
+                             "scheduler allocates (Kubernetes 1.36+; docs/mig.md) (default: %(default)s)")
+
+
+def discover(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = None,
+             mig: MigMode = "static") -> list[Device]:
     """The devices to publish; warnings are logged. See :func:`scan`."""
-    result = scan(nvml, numa_node_of=numa_node_of)
+    result = scan(nvml, numa_node_of=numa_node_of, mig=mig)
     for warning in result.warnings:
         log.warning("%s", warning)
     return result.devices
 
 
-def scan(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = None) -> Discovery:
+def scan(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = None,
+         mig: MigMode = "static") -> Discovery:
     """Enumerate GPUs and MIG devices. ``numa_node_of(pci_bus_id)`` is the fallback when NVML has no
-    NUMA answer (e.g. :func:`numa_node_from_sysfs`); without it such devices carry no numaNode."""
+    NUMA answer (e.g. :func:`numa_node_from_sysfs`); without it such devices carry no numaNode.
+    ``mig``: how a MIG-enabled GPU is published (see the module's docstring)."""
+    if mig not in MIG_MODES:
+        raise ValueError(f"mig must be one of {MIG_MODES}, not {mig!r}")
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
@@ -124,7 +143,7 @@ def scan(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = None) 
         warnings: list[str] = []
         for index in range(count):
             try:
-                devices += _scan_gpu(nvml, index, system, numa_node_of, warnings)
+                devices += _scan_gpu(nvml, index, system, numa_node_of, warnings, mig)
             except (_CallFailed, ValueError) as exc:
                 warnings.append(f"GPU {index} skipped: {exc}")
         # A value past an API limit (a 96-character product name) changes that device only; the
@@ -144,6 +163,7 @@ def _scan_gpu(
     system: _System,
     numa_node_of: Callable[[str], int | None] | None,
     warnings: list[str],
+    mig: MigMode = "static",
 ) -> list[Device]:
     call = _caller(nvml)
     handle = call("nvmlDeviceGetHandleByIndex", index)
@@ -174,20 +194,25 @@ def _scan_gpu(
             f"GPU {index} ({uuid}) has a MIG mode change pending; publishing by the current mode "
             "until the GPU is reset"
         )
+    whole = Device(
+        name=gpu_device_name(index),
+        attributes={
+            "type": AttrValue.of_string("gpu"),
+            "uuid": AttrValue.of_string(uuid),
+            **common,
+            "index": AttrValue.of_int(index),
+            "minor": AttrValue.of_int(minor),
+        },
+        capacity={"memory": memory},
+    )
     if mig_mode is None or mig_mode[0] != nvml.NVML_DEVICE_MIG_ENABLE:
-        return [
-            Device(
-                name=gpu_device_name(index),
-                attributes={
-                    "type": AttrValue.of_string("gpu"),
-                    "uuid": AttrValue.of_string(uuid),
-                    **common,
-                    "index": AttrValue.of_int(index),
-                    "minor": AttrValue.of_int(minor),
-                },
-                capacity={"memory": memory},
+        if mig == "dynamic" and mig_mode is not None:
+            warnings.append(
+                f"GPU {index} ({uuid}) is MIG-capable but its MIG mode is disabled: published as a whole GPU, "
+                f"without dynamic MIG placements; enable MIG mode while no workload uses it "
+                f"(`nvidia-smi -i {index} -mig 1`, then a GPU reset where the GPU needs one) and restart the agent"
             )
-        ]
+        return [whole]
 
     migs: list[Device] = []
     for slot in range(call("nvmlDeviceGetMaxMigDeviceCount", handle)):
@@ -202,12 +227,61 @@ def _scan_gpu(
             migs.append(_mig_device(call, mig_handle, slot, index, uuid, minor, memory, common))
         except (_CallFailed, ValueError) as exc:
             warnings.append(f"MIG device {slot} on GPU {index} skipped: {exc}")
+    if mig == "dynamic":
+        if migs:  # instances someone else made: never changed, and nothing may overlap them
+            warnings.append(
+                f"GPU {index} ({uuid}) has {len(migs)} MIG device(s) gpudra did not create: published as they "
+                "are (static MIG), without dynamic placements, until they are destroyed"
+            )
+            return migs
+        try:
+            return partition_gpu(whole, read_mig_geometry(nvml, handle))
+        except (_CallFailed, ValueError) as exc:
+            warnings.append(f"GPU {index} ({uuid}): its MIG profiles cannot be read ({exc}); "
+                            "it publishes nothing until they can")
+            return []
     if not migs:
         warnings.append(
             f"GPU {index} ({uuid}) has MIG mode enabled but no MIG devices: it publishes nothing "
             "until MIG devices are created or MIG mode is disabled"
         )
     return migs
+
+
+def read_mig_geometry(nvml: Any, handle: Any) -> MigGeometry:
+    """Every GPU instance profile NVML reports for the GPU and each one's possible placements
+    (``nvmlDeviceGetGpuInstanceProfileInfoV``, ``nvmlDeviceGetGpuInstancePossiblePlacements_v2``),
+    in NVML's profile order. A profile index the GPU lacks answers NOT_SUPPORTED (or, past the
+    driver's last profile, INVALID_ARGUMENT) and is skipped."""
+    import ctypes
+
+    call = _caller(nvml)
+    profiles: list[MigProfile] = []
+    for index in range(int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 18))):
+        try:
+            info = call("nvmlDeviceGetGpuInstanceProfileInfo", handle, index)
+        except _CallFailed as exc:
+            if isinstance(exc.error, (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument)):
+                continue
+            raise
+        count = ctypes.c_uint(0)
+        call("nvmlDeviceGetGpuInstancePossiblePlacements", handle, info.id, None, ctypes.byref(count))
+        placements = (nvml.c_nvmlGpuInstancePlacement_t * count.value)()
+        call("nvmlDeviceGetGpuInstancePossiblePlacements", handle, info.id, placements, ctypes.byref(count))
+        found = placements[: count.value]
+        sizes = {p.size for p in found}
+        if len(sizes) > 1:
+            raise ValueError(f"MIG profile {info.id}: placements of different sizes {sorted(sizes)}")
+        name = _text(info.name).removeprefix("MIG ").strip()
+        if not name:
+            raise ValueError(f"MIG profile {info.id} has no name")
+        profiles.append(MigProfile(
+            name=name, profile_id=int(info.id), compute_slices=int(info.sliceCount),
+            memory_mib=int(info.memorySizeMB), multiprocessors=int(info.multiprocessorCount),
+            copy_engines=int(info.copyEngineCount), decoders=int(info.decoderCount),
+            encoders=int(info.encoderCount), jpeg_engines=int(info.jpegCount), ofa_engines=int(info.ofaCount),
+            placement_size=sizes.pop() if sizes else 1, starts=tuple(int(p.start) for p in found)))
+    return MigGeometry(tuple(p for p in profiles if p.starts))
 
 
 def _mig_device(

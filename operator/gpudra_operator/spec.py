@@ -341,6 +341,24 @@ class SharingSpec:
                    mps=None if d.get("mps") is None else MpsSpec.from_dict(d["mps"], f"{path}.mps"))
 
 
+MIG_MODES = ("static", "dynamic")
+
+
+@dataclass(frozen=True)
+class MigSpec:
+    """spec.mig: how the agents publish MIG-enabled GPUs (the agent's ``--mig``)."""
+
+    mode: str = "static"
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str = "spec.mig") -> MigSpec:
+        d = _map(data, path)
+        mode = _str(d.get("mode"), f"{path}.mode", cls.mode)
+        if mode not in MIG_MODES:
+            raise SpecError(f"{path}.mode", f"must be one of {', '.join(MIG_MODES)}, not {mode!r}")
+        return cls(mode=mode)
+
+
 @dataclass(frozen=True)
 class GpuDraConfigSpec:
     driver_name: str = DEFAULT_DRIVER_NAME
@@ -348,6 +366,7 @@ class GpuDraConfigSpec:
     device_classes: tuple[DeviceClassSpec, ...] = ()
     resource_slice_gc: GcSpec = field(default_factory=GcSpec)
     sharing: SharingSpec = field(default_factory=SharingSpec)
+    mig: MigSpec = field(default_factory=MigSpec)
 
     @classmethod
     def from_dict(cls, data: Any, path: str = "spec") -> GpuDraConfigSpec:
@@ -360,6 +379,7 @@ class GpuDraConfigSpec:
                                  for i, c in enumerate(classes)),
             resource_slice_gc=GcSpec.from_dict(d.get("resourceSliceGC"), f"{path}.resourceSliceGC"),
             sharing=SharingSpec.from_dict(d.get("sharing"), f"{path}.sharing"),
+            mig=MigSpec.from_dict(d.get("mig"), f"{path}.mig"),
         )
 
     @classmethod

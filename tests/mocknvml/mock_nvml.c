@@ -19,6 +19,18 @@
  *  - GPU/compute instance calls (GetGpuInstanceById, GpuInstanceGetInfo, ComputeInstanceGetInfo,
  *    Get{Gpu,Compute}InstanceProfileInfo v1) answer from the MIG devices, enough for go-nvlib's
  *    MigDevice.GetProfile, which nvidia-ctk calls for every MIG device;
+ *  - GPU instance profiles of a GPU with a MIG catalog (migCatalog/migProfile lines: every profile NVML
+ *    reports on that model), whatever its MIG mode and MIG devices: nvmlDeviceGetGpuInstanceProfileInfo
+ *    (v1 struct), ...ProfileInfoV and ...ProfileInfoByIdV (v2 or v3 struct, any other version:
+ *    ARGUMENT_VERSION_MISMATCH) answer the catalog's entry, NOT_SUPPORTED for an index the model lacks,
+ *    INVALID_ARGUMENT for an index >= NVML_GPU_INSTANCE_PROFILE_COUNT (0x12) or an ID the model lacks;
+ *    nvmlDeviceGetGpuInstancePossiblePlacements_v2 (by profile ID) answers every placement of the
+ *    profile: placements NULL -> *count = the number; *count too small -> INSUFFICIENT_SIZE with *count
+ *    set to the number. All of them: NOT_SUPPORTED on a GPU without MIG support and on a MIG handle.
+ *    GpuInstanceGetInfo then names the catalog's profile ID (matched by the MIG device's GPU instance
+ *    profile name) and placement size (start 0: the inventory has no placements). A MIG-capable GPU
+ *    without a catalog derives profile info from its MIG devices (ID = the index, indexes 7..0x11:
+ *    NOT_SUPPORTED) and has no placements (NOT_SUPPORTED);
  *  - nvmlDevice{Get,Set}ComputeMode: per GPU, shared with other processes through a file under the
  *    driver root (mock_state.h), default DEFAULT (0); Set takes DEFAULT, PROHIBITED (2) or
  *    EXCLUSIVE_PROCESS (3), anything else (EXCLUSIVE_THREAD, 1, whose support NVML removed,
@@ -64,6 +76,14 @@
  *   numaNode 0                       (absent: NVML has no NUMA answer -> NOT_SUPPORTED)
  *   migCapable 1 / migMode 1 1 (current pending) / maxMigDevices 7
  *   fail nvmlDeviceGetMemoryInfo 15
+ *   migCatalog a100-sxm4-80gb 8 7   (optional: <model> <memory slices> <compute slices>; before migProfile)
+ *   migProfile 0 19 1 7 14 1 0 0 0 0 9728 1g.10gb 1 0,1,2,3,4,5,6
+ *                                    (one per GPU instance profile of the catalog, before any `mig`:
+ *                                    <NVML_GPU_INSTANCE_PROFILE_* index> <profile id> <slices> <instances>
+ *                                    <SMs> <copy engines> <decoders> <encoders> <jpeg> <ofa> <memory MiB>
+ *                                    <name> <placement size> <placement starts, comma-separated>; index
+ *                                    < 0x12, index and id unique, slices <= compute slices, placements
+ *                                    distinct and inside the memory slices, instances <= placements)
  *   mig 0
  *   uuid MIG-... / profile 3g.40gb / gpuInstanceId 2 / computeInstanceId 0
  *   attributes 42 3 2 0 0 0 3 3 40192  (the c_nvmlDeviceAttributes fields in order)
@@ -89,6 +109,8 @@
 #define MAX_GPUS 64
 #define MAX_MIG_SLOTS 16
 #define MAX_FAULTS 8
+#define MAX_MEMORY_SLICES 16 /* 8 on every MIG-capable GPU so far */
+#define PROFILE_SLOTS MOCK_GPU_INSTANCE_PROFILE_COUNT
 #define TEXT_LEN 96
 #define LINE_LEN 512
 #define INVENTORY_ENV "GPUDRA_MOCK_NVML_INVENTORY"
@@ -120,6 +142,15 @@ struct device {
     struct instance gi_handle, ci_handle;
 };
 
+/* One GPU instance profile of a MIG catalog (migProfile), at its NVML_GPU_INSTANCE_PROFILE_* index. */
+struct mig_profile {
+    int present;
+    unsigned int id, slices, instances, sm, ce, dec, enc, jpeg, ofa;
+    unsigned long long memory_mib;
+    char name[TEXT_LEN];
+    unsigned int size, nstarts, starts[MAX_MEMORY_SLICES];
+};
+
 struct gpu {
     struct device dev; /* the full-GPU handle */
     char name[TEXT_LEN];
@@ -135,6 +166,10 @@ struct gpu {
     unsigned int mig_current, mig_pending;
     unsigned int max_migs;
     struct device migs[MAX_MIG_SLOTS];
+    int has_catalog; /* migCatalog */
+    char catalog[TEXT_LEN];
+    unsigned int memory_slices, compute_slices;
+    struct mig_profile profiles[PROFILE_SLOTS];
     int lost;                     /* from <state>/events: lost / recover */
     unsigned int recovery_action; /* from <state>/events: action / recover */
 };
@@ -203,6 +238,101 @@ static int add_fault(struct device *d, const char *value) {
     copy_text(d->faults[d->nfaults].call, sizeof d->faults[0].call, call);
     d->faults[d->nfaults].code = code;
     d->nfaults++;
+    return 0;
+}
+
+/* A whole token of decimal digits (no sign, nothing after it) at most `max`; 0 on success. */
+static int parse_number(const char *tok, unsigned long long max, unsigned long long *out) {
+    char *end;
+    if (!tok || *tok < '0' || *tok > '9') return -1;
+    errno = 0;
+    *out = strtoull(tok, &end, 10);
+    return *end || errno || *out > max ? -1 : 0;
+}
+
+/* A MIG GPU instance profile name: <n>g.<m>gb, optionally followed by +me, +gfx, -me, +me.all, ... */
+static int valid_profile_name(const char *name) {
+    size_t n = strspn(name, "0123456789");
+    if (!n || name[n] != 'g' || name[n + 1] != '.') return 0;
+    name += n + 2;
+    n = strspn(name, "0123456789");
+    if (!n || strncmp(name + n, "gb", 2)) return 0;
+    name += n + 2;
+    if (!*name) return 1;
+    return (*name == '+' || *name == '-') && name[1] &&
+           strspn(name + 1, "abcdefghijklmnopqrstuvwxyz.") == strlen(name + 1);
+}
+
+/* `migCatalog <model> <memory slices> <compute slices>` (once per GPU); 0 on success. */
+static int parse_catalog(struct gpu *g, const char *value) {
+    char copy[LINE_LEN], *save = NULL;
+    unsigned long long memory, compute;
+    if (g->has_catalog) return -1;
+    copy_text(copy, sizeof copy, value);
+    const char *model = strtok_r(copy, " \t", &save);
+    if (!model || strlen(model) >= sizeof g->catalog) return -1;
+    if (parse_number(strtok_r(NULL, " \t", &save), MAX_MEMORY_SLICES, &memory) != 0 || memory < 1) return -1;
+    if (parse_number(strtok_r(NULL, " \t", &save), memory, &compute) != 0 || compute < 1) return -1;
+    if (strtok_r(NULL, " \t", &save)) return -1;
+    copy_text(g->catalog, sizeof g->catalog, model);
+    g->memory_slices = (unsigned int)memory;
+    g->compute_slices = (unsigned int)compute;
+    g->has_catalog = 1;
+    return 0;
+}
+
+/* `migProfile <index> <id> <slices> <instances> <sm> <ce> <dec> <enc> <jpeg> <ofa> <memMiB> <name> <size>
+ * <start,start,...>` (after migCatalog); every field a whole token; 0 on success. */
+static int parse_mig_profile(struct gpu *g, const char *value) {
+    enum { FIELDS = 14, NAME = 11, STARTS = 13 };
+    char copy[LINE_LEN], *save = NULL, *tok[FIELDS + 1];
+    unsigned long long num[FIELDS];
+    struct mig_profile p;
+    if (!g->has_catalog) return -1;
+    copy_text(copy, sizeof copy, value);
+    int n = 0;
+    for (char *t = strtok_r(copy, " \t", &save); t; t = strtok_r(NULL, " \t", &save)) {
+        if (n > FIELDS) return -1;
+        tok[n++] = t;
+    }
+    if (n != FIELDS) return -1;
+    for (int i = 0; i < FIELDS; i++)
+        if (i != NAME && i != STARTS && parse_number(tok[i], i == 10 ? ~0ULL : 0xFFFFFFFFULL, &num[i]) != 0) return -1;
+    if (!valid_profile_name(tok[NAME]) || strlen(tok[NAME]) >= sizeof p.name) return -1;
+    memset(&p, 0, sizeof p);
+    unsigned int index = (unsigned int)num[0];
+    p.id = (unsigned int)num[1];
+    p.slices = (unsigned int)num[2];
+    p.instances = (unsigned int)num[3];
+    p.sm = (unsigned int)num[4];
+    p.ce = (unsigned int)num[5];
+    p.dec = (unsigned int)num[6];
+    p.enc = (unsigned int)num[7];
+    p.jpeg = (unsigned int)num[8];
+    p.ofa = (unsigned int)num[9];
+    p.memory_mib = num[10];
+    copy_text(p.name, sizeof p.name, tok[NAME]);
+    p.size = (unsigned int)num[12];
+    if (num[0] >= PROFILE_SLOTS || g->profiles[index].present) return -1;
+    if (p.slices < 1 || p.slices > g->compute_slices || p.size < 1 || p.size > g->memory_slices) return -1;
+    for (unsigned int i = 0; i < PROFILE_SLOTS; i++)
+        if (g->profiles[i].present && g->profiles[i].id == p.id) return -1;
+    /* the starts: comma-separated, each a number, distinct, the placement inside the memory slices */
+    char *starts = tok[STARTS], *comma;
+    if (starts[strlen(starts) - 1] == ',') return -1;
+    for (char *s = starts; s; s = comma ? comma + 1 : NULL) {
+        unsigned long long start;
+        comma = strchr(s, ',');
+        if (comma) *comma = 0;
+        if (p.nstarts >= MAX_MEMORY_SLICES || parse_number(s, g->memory_slices - 1, &start) != 0) return -1;
+        if (start + p.size > g->memory_slices) return -1;
+        for (unsigned int i = 0; i < p.nstarts; i++)
+            if (p.starts[i] == start) return -1;
+        p.starts[p.nstarts++] = (unsigned int)start;
+    }
+    if (p.instances < 1 || p.instances > p.nstarts) return -1;
+    p.present = 1;
+    g->profiles[index] = p;
     return 0;
 }
 
@@ -284,7 +414,9 @@ static nvmlReturn_t load_inventory(int *init_error) {
         else if (!strcmp(key, "migMode")) bad = sscanf(value, "%u %u", &g->mig_current, &g->mig_pending) != 2;
         else if (!strcmp(key, "maxMigDevices")) {
             bad = sscanf(value, "%u", &g->max_migs) != 1 || g->max_migs > MAX_MIG_SLOTS;
-        } else bad = 1;
+        } else if (!strcmp(key, "migCatalog")) bad = parse_catalog(g, value) != 0;
+        else if (!strcmp(key, "migProfile")) bad = parse_mig_profile(g, value) != 0;
+        else bad = 1;
     }
     fclose(f);
     if (bad) {
@@ -801,9 +933,11 @@ UNSUPPORTED_DEVICE_CALL(nvmlDeviceGetEccMode, "nvmlDeviceGetEccMode", int *curre
 
 /* -- MIG GPU and compute instances -------------------------------------------------------------
  * Enough for go-nvlib's MigDevice.GetProfile (nvidia-ctk): instance handles point into the MIG
- * device they belong to; profile IDs are NVML's profile *indexes* (NVML_GPU_INSTANCE_PROFILE_<n>_SLICE,
- * NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE) derived from the slice counts; only the profiles some MIG
- * device of the GPU uses are known (others: NOT_SUPPORTED); +me/gfx variants are not modelled. */
+ * device they belong to. A GPU with a MIG catalog answers its GPU instance profiles from it (IDs as
+ * NVML gives them). Without one, GPU instance profile IDs are NVML's profile *indexes*
+ * (NVML_GPU_INSTANCE_PROFILE_<n>_SLICE) derived from the slice counts, and only the profiles some MIG
+ * device of the GPU uses are known (others: NOT_SUPPORTED). Compute instance profile IDs are always
+ * the indexes (NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE) derived from the slice counts. */
 
 /* Slice count -> profile index (the same table for GPU and compute instance profiles). */
 static const unsigned int profile_slices[] = {1, 2, 3, 4, 7, 8, 6};
@@ -852,18 +986,34 @@ EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuI
     return NVML_ERROR_NOT_FOUND;
 }
 
+/* The GPU instance profile name of a MIG device's profile: "1c.3g.20gb" -> "3g.20gb". */
+static const char *gi_profile_name(const char *profile) {
+    const char *p = profile + strspn(profile, "0123456789");
+    return p != profile && p[0] == 'c' && p[1] == '.' ? p + 2 : profile;
+}
+
+/* The catalog profile a MIG device's GPU instance is, by name; NULL when none. */
+static const struct mig_profile *catalog_profile_of(const struct device *m) {
+    const struct gpu *g = gpu_of(m);
+    if (!g->has_catalog) return NULL;
+    for (unsigned int i = 0; i < PROFILE_SLOTS; i++)
+        if (g->profiles[i].present && !strcmp(g->profiles[i].name, gi_profile_name(m->profile))) return &g->profiles[i];
+    return NULL;
+}
+
 EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, mock_gpu_instance_info_t *info) {
     READY();
     struct device *m = instance_mig(gpuInstance, 0);
     if (!m) return NVML_ERROR_INVALID_ARGUMENT;
     OUT(info);
+    const struct mig_profile *cp = catalog_profile_of(m);
     int profile = profile_index(m->attrs.gpuInstanceSliceCount);
-    if (profile < 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (!cp && profile < 0) return NVML_ERROR_NOT_SUPPORTED;
     memset(info, 0, sizeof *info);
     info->device = &gpu_of(m)->dev;
     info->id = m->gi;
-    info->profileId = (unsigned int)profile;
-    info->placement.size = m->attrs.gpuInstanceSliceCount;
+    info->profileId = cp ? cp->id : (unsigned int)profile;
+    info->placement.size = cp ? cp->size : m->attrs.gpuInstanceSliceCount;
     return NVML_SUCCESS;
 }
 
@@ -889,16 +1039,32 @@ EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo(nvmlComputeInstance_t computeInst
     return nvmlComputeInstanceGetInfo_v2(computeInstance, info);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
-                                                        mock_gpu_instance_profile_info_t *info) {
-    GPU(device, "nvmlDeviceGetGpuInstanceProfileInfo", g);
-    if (!g->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
-    OUT(info);
-    if (profile >= PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+/* Profile `profile` (an NVML index below PROFILE_SLOTS) of a MIG-capable GPU, and its name (without
+ * "MIG "): the catalog's entry; without a catalog, derived from the first MIG device whose GPU instance
+ * has that many slices. NOT_SUPPORTED when there is none. */
+static nvmlReturn_t profile_info(const struct gpu *g, unsigned int profile, mock_gpu_instance_profile_info_t *info,
+                                 const char **name) {
+    memset(info, 0, sizeof *info);
+    if (g->has_catalog) {
+        const struct mig_profile *p = &g->profiles[profile];
+        if (!p->present) return NVML_ERROR_NOT_SUPPORTED;
+        info->id = p->id;
+        info->sliceCount = p->slices;
+        info->instanceCount = p->instances;
+        info->multiprocessorCount = p->sm;
+        info->copyEngineCount = p->ce;
+        info->decoderCount = p->dec;
+        info->encoderCount = p->enc;
+        info->jpegCount = p->jpeg;
+        info->ofaCount = p->ofa;
+        info->memorySizeMB = p->memory_mib;
+        *name = p->name;
+        return NVML_SUCCESS;
+    }
+    if (profile >= PROFILE_COUNT) return NVML_ERROR_NOT_SUPPORTED; /* +me/gfx variants: not derived */
     for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++) {
         const struct device *m = &g->migs[s];
         if (!m->present || m->attrs.gpuInstanceSliceCount != profile_slices[profile]) continue;
-        memset(info, 0, sizeof *info);
         info->id = profile;
         info->sliceCount = profile_slices[profile];
         info->instanceCount = g->max_migs / profile_slices[profile];
@@ -911,9 +1077,128 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, uns
         info->jpegCount = m->attrs.sharedJpegCount;
         info->ofaCount = m->attrs.sharedOfaCount;
         info->memorySizeMB = m->attrs.memorySizeMB;
+        *name = gi_profile_name(m->profile);
         return NVML_SUCCESS;
     }
     return NVML_ERROR_NOT_SUPPORTED;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
+                                                        mock_gpu_instance_profile_info_t *info) {
+    GPU(device, "nvmlDeviceGetGpuInstanceProfileInfo", g);
+    if (!g->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    OUT(info);
+    if (profile >= PROFILE_SLOTS) return NVML_ERROR_INVALID_ARGUMENT;
+    mock_gpu_instance_profile_info_t out;
+    const char *name;
+    nvmlReturn_t ret = profile_info(g, profile, &out, &name);
+    if (ret == NVML_SUCCESS) *info = out;
+    return ret;
+}
+
+/* A versioned profile info struct NVML fills: v2 or v3 (info->version); to any other version NVML
+ * answers ARGUMENT_VERSION_MISMATCH. */
+static int profile_info_version_ok(const void *info) {
+    unsigned int version;
+    memcpy(&version, info, sizeof version);
+    return version == MOCK_GPU_INSTANCE_PROFILE_INFO_V2 || version == MOCK_GPU_INSTANCE_PROFILE_INFO_V3;
+}
+
+/* Fill a v2 or v3 profile info struct (as its version says) from `in` and the profile's name. */
+static void put_profile_info_v(void *info, const mock_gpu_instance_profile_info_t *in, const char *name) {
+    unsigned int version;
+    memcpy(&version, info, sizeof version);
+    if (version == MOCK_GPU_INSTANCE_PROFILE_INFO_V2) {
+        mock_gpu_instance_profile_info_v2_t *v2 = info;
+        memset(v2, 0, sizeof *v2);
+        v2->version = version;
+        v2->id = in->id;
+        v2->isP2pSupported = in->isP2pSupported;
+        v2->sliceCount = in->sliceCount;
+        v2->instanceCount = in->instanceCount;
+        v2->multiprocessorCount = in->multiprocessorCount;
+        v2->copyEngineCount = in->copyEngineCount;
+        v2->decoderCount = in->decoderCount;
+        v2->encoderCount = in->encoderCount;
+        v2->jpegCount = in->jpegCount;
+        v2->ofaCount = in->ofaCount;
+        v2->memorySizeMB = in->memorySizeMB;
+        snprintf(v2->name, sizeof v2->name, "MIG %s", name);
+    } else {
+        mock_gpu_instance_profile_info_v3_t *v3 = info;
+        memset(v3, 0, sizeof *v3);
+        v3->version = version;
+        v3->id = in->id;
+        v3->sliceCount = in->sliceCount;
+        v3->instanceCount = in->instanceCount;
+        v3->multiprocessorCount = in->multiprocessorCount;
+        v3->copyEngineCount = in->copyEngineCount;
+        v3->decoderCount = in->decoderCount;
+        v3->encoderCount = in->encoderCount;
+        v3->jpegCount = in->jpegCount;
+        v3->ofaCount = in->ofaCount;
+        v3->memorySizeMB = in->memorySizeMB;
+        snprintf(v3->name, sizeof v3->name, "MIG %s", name);
+        v3->capabilities = 0; /* no P2P, no graphics */
+    }
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t device, unsigned int profile, void *info) {
+    GPU(device, "nvmlDeviceGetGpuInstanceProfileInfo", g);
+    if (!g->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    OUT(info);
+    if (!profile_info_version_ok(info)) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (profile >= PROFILE_SLOTS) return NVML_ERROR_INVALID_ARGUMENT;
+    mock_gpu_instance_profile_info_t out;
+    const char *name;
+    nvmlReturn_t ret = profile_info(g, profile, &out, &name);
+    if (ret == NVML_SUCCESS) put_profile_info_v(info, &out, name);
+    return ret;
+}
+
+/* The NVML index of the GPU's profile with this ID, or -1: the catalog's; without one the ID is the index. */
+static int profile_of_id(const struct gpu *g, unsigned int id) {
+    if (!g->has_catalog) return id < PROFILE_SLOTS ? (int)id : -1;
+    for (unsigned int i = 0; i < PROFILE_SLOTS; i++)
+        if (g->profiles[i].present && g->profiles[i].id == id) return (int)i;
+    return -1;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoByIdV(nvmlDevice_t device, unsigned int profileId, void *info) {
+    GPU(device, "nvmlDeviceGetGpuInstanceProfileInfoById", g);
+    if (!g->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    OUT(info);
+    if (!profile_info_version_ok(info)) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    int profile = profile_of_id(g, profileId);
+    if (profile < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    mock_gpu_instance_profile_info_t out;
+    const char *name;
+    nvmlReturn_t ret = profile_info(g, (unsigned int)profile, &out, &name);
+    if (ret == NVML_SUCCESS) put_profile_info_v(info, &out, name);
+    return ret;
+}
+
+/* Every possible placement of the profile with this ID (whatever GPU instances exist), in NVML's
+ * two-call protocol. Only a GPU with a MIG catalog knows its placements. */
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t device, unsigned int profileId,
+                                                                  mock_placement_t *placements, unsigned int *count) {
+    GPU(device, "nvmlDeviceGetGpuInstancePossiblePlacements", g);
+    if (!g->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    OUT(count);
+    if (!g->has_catalog) return NVML_ERROR_NOT_SUPPORTED;
+    int profile = profile_of_id(g, profileId);
+    if (profile < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    const struct mig_profile *p = &g->profiles[profile];
+    if (placements && *count < p->nstarts) {
+        *count = p->nstarts;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; placements && i < p->nstarts; i++) {
+        placements[i].start = p->starts[i];
+        placements[i].size = p->size;
+    }
+    *count = p->nstarts;
+    return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t gpuInstance, unsigned int profile,

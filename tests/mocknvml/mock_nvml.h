@@ -8,6 +8,8 @@
  *   mock_memory_t         <-> pynvml.c_nvmlMemory_t       (nvmlDeviceGetMemoryInfo)
  *   mock_memory_v2_t      <-> pynvml.c_nvmlMemory_v2_t    (nvmlDeviceGetMemoryInfo_v2)
  *   mock_device_attrs_t   <-> pynvml.c_nvmlDeviceAttributes (nvmlDeviceGetAttributes_v2)
+ *   mock_gpu_instance_profile_info_t / _v2_t <-> pynvml.c_nvmlGpuInstanceProfileInfo_t / _v2_t
+ *   mock_placement_t      <-> pynvml.c_nvmlGpuInstancePlacement_t
  *   mock_event_data_t     <-> pynvml.c_nvmlEventData_t     (nvmlEventSetWait_v2)
  *   mock_field_value_t    <-> pynvml.c_nvmlFieldValue_t    (nvmlDeviceGetFieldValues)
  */
@@ -149,6 +151,47 @@ typedef struct {
     unsigned int ofaCount;
     unsigned long long memorySizeMB;
 } mock_gpu_instance_profile_info_t;
+
+#define MOCK_GPU_INSTANCE_PROFILE_COUNT 0x12 /* NVML_GPU_INSTANCE_PROFILE_COUNT */
+#define MOCK_DEVICE_NAME_V2_SIZE 96          /* NVML_DEVICE_NAME_V2_BUFFER_SIZE */
+
+/* <-> pynvml.c_nvmlGpuInstanceProfileInfo_v2_t (nvmlDeviceGetGpuInstanceProfileInfoV, ...ByIdV) */
+typedef struct {
+    unsigned int version;
+    unsigned int id;
+    unsigned int isP2pSupported;
+    unsigned int sliceCount;
+    unsigned int instanceCount;
+    unsigned int multiprocessorCount;
+    unsigned int copyEngineCount;
+    unsigned int decoderCount;
+    unsigned int encoderCount;
+    unsigned int jpegCount;
+    unsigned int ofaCount;
+    unsigned long long memorySizeMB;
+    char name[MOCK_DEVICE_NAME_V2_SIZE];
+} mock_gpu_instance_profile_info_v2_t;
+
+/* nvmlGpuInstanceProfileInfo_v3_t (go-nvml's GetGpuInstanceProfileInfoV().V3()): isP2pSupported gone,
+ * capabilities (NVML_GPU_INSTANCE_PROFILE_CAPS_*) at the end. */
+typedef struct {
+    unsigned int version;
+    unsigned int id;
+    unsigned int sliceCount;
+    unsigned int instanceCount;
+    unsigned int multiprocessorCount;
+    unsigned int copyEngineCount;
+    unsigned int decoderCount;
+    unsigned int encoderCount;
+    unsigned int jpegCount;
+    unsigned int ofaCount;
+    unsigned long long memorySizeMB;
+    char name[MOCK_DEVICE_NAME_V2_SIZE];
+    unsigned int capabilities;
+} mock_gpu_instance_profile_info_v3_t;
+
+#define MOCK_GPU_INSTANCE_PROFILE_INFO_V2 MOCK_STRUCT_VERSION(sizeof(mock_gpu_instance_profile_info_v2_t), 2) /* 0x02000098 */
+#define MOCK_GPU_INSTANCE_PROFILE_INFO_V3 MOCK_STRUCT_VERSION(sizeof(mock_gpu_instance_profile_info_v3_t), 3) /* 0x03000098 */
 
 typedef struct {
     unsigned int id;

@@ -58,6 +58,7 @@ def test_capacities_by_device_type() -> None:
     assert capacity_names("gpu") == ["memory", "shares"]  # shares: only with consumable capacity
     assert capacity_names("mig") == [
         "memory", "multiprocessors", "copyEngines", "decoders", "encoders", "jpegEngines", "ofaEngines",
+        "computeSlices",  # dynamic MIG placements only
     ]
     assert capacity_names() == list(CAPACITIES)
     assert is_capacity("memory") and is_capacity("gpu.gpudra.io/memory", driver="gpu.gpudra.io")

@@ -9,7 +9,9 @@ import pynvml
 import pytest
 
 from gpudra_core.devicemodel import AttrValue, Device
-from gpudra_driver.discovery import NvmlUnavailable, discover, mig_profile_name, numa_node_from_sysfs, scan
+from gpudra_core.migpartitions import MigGeometry, MigProfile, partition_gpu
+from gpudra_driver.discovery import (NvmlUnavailable, discover, mig_profile_name, numa_node_from_sysfs,
+                                    read_mig_geometry, scan)
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 
 MIB = 2**20
@@ -90,7 +92,33 @@ A100_MIG = [
     mig(2, "MIG-af0b139d-3158-5c41-8413-198c8e438c5a", "1g.10gb", 10, 14, 1, 0, 9728),
 ]
 
+def h100_profile(name: str, pid: int, slices: int, sm: int, mib: int, ce: int, dec: int, jpeg: int, ofa: int,
+                 size: int, starts: tuple[int, ...]) -> MigProfile:
+    return MigProfile(name=name, profile_id=pid, compute_slices=slices, memory_mib=mib, multiprocessors=sm,
+                      copy_engines=ce, decoders=dec, encoders=0, jpeg_engines=jpeg, ofa_engines=ofa,
+                      placement_size=size, starts=starts)
+
+
+# What NVML reports for an H100 80GB HBM3 (`nvidia-smi mig -lgip`, `-lgipp`), in its profile order
+H100_GEOMETRY = MigGeometry((
+    h100_profile("1g.10gb", 19, 1, 16, 9984, 1, 1, 1, 0, 1, (0, 1, 2, 3, 4, 5, 6)),
+    h100_profile("2g.20gb", 14, 2, 32, 20096, 2, 2, 2, 0, 2, (0, 2, 4)),
+    h100_profile("3g.40gb", 9, 3, 60, 40448, 3, 3, 3, 0, 4, (0, 4)),
+    h100_profile("4g.40gb", 5, 4, 64, 40448, 4, 4, 4, 0, 4, (0,)),
+    h100_profile("7g.80gb", 0, 7, 132, 81152, 8, 7, 7, 1, 8, (0,)),
+    h100_profile("1g.10gb+me", 20, 1, 16, 9984, 1, 1, 1, 1, 1, (0, 1, 2, 3, 4, 5, 6)),
+    h100_profile("1g.20gb", 15, 1, 26, 20096, 1, 1, 1, 0, 2, (0, 2, 4, 6)),
+))
+H100_DYNAMIC = [
+    d for i, (uuid, bus) in enumerate([("GPU-3f1c2a5e-8d4b-5c6e-9a7f-1b2c3d4e5f60", "0000:18:00.0"),
+                                       ("GPU-7a8b9c0d-1e2f-5a3b-8c4d-5e6f7a8b9c0d", "0000:2a:00.0")])
+    for d in partition_gpu(gpu(i, uuid, "NVIDIA H100 80GB HBM3", "Hopper", "9.0.0", "570.133.20", "12.8.0", bus, 0,
+                               81559), H100_GEOMETRY)
+]
+MIG_MODE = {"h100-dynamic-mig": "dynamic"}  # the others: the default, static
+
 EXPECTED = {
+    "h100-dynamic-mig": H100_DYNAMIC,
     "dgx-a100-40gb": DGX_A100,
     "dgx-h100": DGX_H100,
     "h200": H200,
@@ -101,10 +129,32 @@ EXPECTED = {
 
 @pytest.mark.parametrize("profile", sorted(EXPECTED))
 def test_discovery_of_every_shipped_profile(fake: Callable[[str], FakeNvml], profile: str) -> None:
-    result = scan(fake(profile))
+    result = scan(fake(profile), mig=MIG_MODE.get(profile, "static"))  # type: ignore[arg-type]
     assert result.warnings == []
     # Device equality compares every attribute's type tag and value, and every capacity.
     assert result.devices == EXPECTED[profile]
+
+
+def test_the_mig_geometry_is_what_nvml_reports(fake: Callable[[str], FakeNvml]) -> None:
+    nvml = fake("h100-dynamic-mig")
+    nvml.nvmlInit()
+    try:
+        assert read_mig_geometry(nvml, nvml.nvmlDeviceGetHandleByIndex(1)) == H100_GEOMETRY
+    finally:
+        nvml.nvmlShutdown()
+
+
+def test_dynamic_mig_leaves_gpus_without_mig_mode_and_with_foreign_mig_devices_as_they_are(
+        fake: Callable[[str], FakeNvml]) -> None:
+    plain = scan(fake("dgx-h100"), mig="dynamic")  # MIG-capable, MIG mode disabled
+    assert plain.devices == DGX_H100
+    assert len(plain.warnings) == 8 and "its MIG mode is disabled" in plain.warnings[0]
+    assert "`nvidia-smi -i 0 -mig 1`" in plain.warnings[0]
+    static = scan(fake("a100-80gb-mig"), mig="dynamic")  # MIG devices someone else created
+    assert static.devices == A100_MIG
+    assert static.warnings == ["GPU 0 (GPU-51521ace-0579-559b-b008-e94ddc1e940f) has 3 MIG device(s) gpudra did not "
+                               "create: published as they are (static MIG), without dynamic placements, until they "
+                               "are destroyed"]
 
 
 def test_every_shipped_profile_has_an_expectation() -> None:

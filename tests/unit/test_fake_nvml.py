@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -8,9 +9,9 @@ import pynvml
 import pytest
 
 from gpudra_driver.nvml import NvmlUnavailable, load_nvml, profile_names
-from gpudra_driver.nvml.fake import FakeNvml, load_profile, parse_profile
+from gpudra_driver.nvml.fake import FakeNvml, load_mig_catalog, load_profile, parse_mig_catalog, parse_profile
 
-SHIPPED = ["a100-80gb-mig", "dgx-a100-40gb", "dgx-h100", "h200", "l4x2"]
+SHIPPED = ["a100-80gb-mig", "dgx-a100-40gb", "dgx-h100", "h100-dynamic-mig", "h200", "l4x2"]
 
 
 def started(nvml: FakeNvml) -> FakeNvml:
@@ -245,3 +246,200 @@ def test_event_wait_blocks_until_a_line_is_appended(tmp_path: Path, monkeypatch:
         assert data.eventData == xid and time.monotonic() - started_at < 2.0
     nvml.nvmlEventSetFree(event_set)
     assert event_set.inotify == -1
+
+
+# -- GPU instance profiles (MIG catalogs) ----------------------------------------------------------
+
+A100_80GB = {  # NVML index: (id, slices, instances, SMs, CE, DEC, ENC, JPEG, OFA, MiB, name, starts, size)
+    0: (19, 1, 7, 14, 1, 0, 0, 0, 0, 9728, "1g.10gb", [0, 1, 2, 3, 4, 5, 6], 1),
+    7: (20, 1, 1, 14, 1, 1, 0, 1, 1, 9728, "1g.10gb+me", [0, 1, 2, 3, 4, 5, 6], 1),
+    9: (15, 1, 4, 14, 1, 1, 0, 0, 0, 19968, "1g.20gb", [0, 2, 4, 6], 2),
+    1: (14, 2, 3, 28, 2, 1, 0, 0, 0, 19968, "2g.20gb", [0, 2, 4], 2),
+    2: (9, 3, 2, 42, 3, 2, 0, 0, 0, 40192, "3g.40gb", [0, 4], 4),
+    3: (5, 4, 1, 56, 4, 2, 0, 0, 0, 40192, "4g.40gb", [0], 4),
+    4: (0, 7, 1, 98, 7, 5, 0, 1, 1, 80896, "7g.80gb", [0], 8),
+}
+H100_80GB = {
+    0: (19, 1, 7, 16, 1, 1, 0, 1, 0, 9984, "1g.10gb", [0, 1, 2, 3, 4, 5, 6], 1),
+    7: (20, 1, 1, 16, 1, 1, 0, 1, 1, 9984, "1g.10gb+me", [0, 1, 2, 3, 4, 5, 6], 1),
+    9: (15, 1, 4, 26, 1, 1, 0, 1, 0, 20096, "1g.20gb", [0, 2, 4, 6], 2),
+    1: (14, 2, 3, 32, 2, 2, 0, 2, 0, 20096, "2g.20gb", [0, 2, 4], 2),
+    2: (9, 3, 2, 60, 3, 3, 0, 3, 0, 40448, "3g.40gb", [0, 4], 4),
+    3: (5, 4, 1, 64, 4, 4, 0, 4, 0, 40448, "4g.40gb", [0], 4),
+    4: (0, 7, 1, 132, 8, 7, 0, 7, 1, 81152, "7g.80gb", [0], 8),
+}
+INFO_FIELDS = ("id", "sliceCount", "instanceCount", "multiprocessorCount", "copyEngineCount", "decoderCount",
+               "encoderCount", "jpegCount", "ofaCount", "memorySizeMB")
+
+
+def placements(nvml: FakeNvml, handle: Any, profile_id: int) -> list[tuple[int, int]]:
+    """pynvml's two-call protocol, as a caller of the real binding writes it."""
+    count = ctypes.c_uint(0)
+    assert nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, None, ctypes.byref(count)) == 0
+    buf = (pynvml.c_nvmlGpuInstancePlacement_t * count.value)()
+    assert nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, buf, ctypes.byref(count)) == 0
+    return [(p.start, p.size) for p in buf[: count.value]]
+
+
+@pytest.mark.parametrize(("name", "expected"), [("a100-80gb-mig", A100_80GB), ("h100-dynamic-mig", H100_80GB)])
+def test_gpu_instance_profiles_from_the_catalog(fake: Callable[[str], FakeNvml], name: str,
+                                                expected: dict[int, tuple[Any, ...]]) -> None:
+    nvml = started(fake(name))
+    for gpu in range(nvml.nvmlDeviceGetCount()):
+        h = nvml.nvmlDeviceGetHandleByIndex(gpu)
+        for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            if index not in expected:
+                for version in (1, 2):
+                    with pytest.raises(pynvml.NVMLError_NotSupported):
+                        nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, index, version)
+                continue
+            *values, profile, starts, size = expected[index]
+            v2 = nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, index)
+            v1 = nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, index, version=1)
+            by_id = nvml.nvmlDeviceGetGpuInstanceProfileInfoById(h, values[0])
+            assert type(v2) is pynvml.c_nvmlGpuInstanceProfileInfo_v2_t and type(by_id) is type(v2)
+            assert type(v1) is pynvml.c_nvmlGpuInstanceProfileInfo_t
+            for info in (v1, v2, by_id):
+                assert [getattr(info, f) for f in INFO_FIELDS] == values and info.isP2pSupported == 0
+            assert v2.version == by_id.version == pynvml.nvmlGpuInstanceProfileInfo_v2
+            assert v2.name == by_id.name == f"MIG {profile}"  # str, as pynvml's _PrintableStructure decodes
+            assert placements(nvml, h, values[0]) == [(start, size) for start in starts]
+
+
+def test_possible_placements_protocol(fake: Callable[[str], FakeNvml]) -> None:
+    nvml = started(fake("h100-dynamic-mig"))
+    h = nvml.nvmlDeviceGetHandleByIndex(1)
+    count = ctypes.c_uint(99)
+    nvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, 15, None, ctypes.byref(count))
+    assert count.value == 4  # placements NULL: how many
+    short = (pynvml.c_nvmlGpuInstancePlacement_t * 4)()
+    count.value = 3
+    with pytest.raises(pynvml.NVMLError_InsufficientSize):
+        nvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, 15, short, ctypes.byref(count))
+    assert count.value == 4 and short[0].size == 0  # the needed number, nothing written
+    # a larger buffer, a pointer to it and a plain c_uint count are fine too
+    big = (pynvml.c_nvmlGpuInstancePlacement_t * 8)()
+    count = ctypes.c_uint(8)
+    nvml.nvmlDeviceGetGpuInstancePossiblePlacements(
+        h, 15, ctypes.cast(big, ctypes.POINTER(pynvml.c_nvmlGpuInstancePlacement_t)), ctypes.pointer(count))
+    assert count.value == 4 and [(p.start, p.size) for p in big[:5]] == [(0, 2), (2, 2), (4, 2), (6, 2), (0, 0)]
+    one = pynvml.c_nvmlGpuInstancePlacement_t()
+    count = ctypes.c_uint(1)
+    nvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, 0, ctypes.byref(one), count)
+    assert (one.start, one.size, count.value) == (0, 8, 1)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, 15, None, None)  # count NULL
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, 99, None, ctypes.byref(count))  # no such ID
+
+
+def test_gpu_instance_profile_errors(fake: Callable[[str], FakeNvml], profile_file: Callable[..., Path]) -> None:
+    nvml = started(fake("a100-80gb-mig"))
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT)
+    with pytest.raises(pynvml.NVMLError_FunctionNotFound):  # pynvml knows versions 1 and 2 only
+        nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, 0, version=3)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetGpuInstanceProfileInfoById(h, 99)
+    mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):  # profiles belong to the GPU, not a MIG device
+        nvml.nvmlDeviceGetGpuInstanceProfileInfo(mig, 0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nvml.nvmlDeviceGetGpuInstancePossiblePlacements(mig, 19, None, ctypes.byref(ctypes.c_uint()))
+    l4 = started(fake("l4x2"))
+    for call in (lambda n, g: n.nvmlDeviceGetGpuInstanceProfileInfo(g, 0),
+                 lambda n, g: n.nvmlDeviceGetGpuInstanceProfileInfoById(g, 19),
+                 lambda n, g: n.nvmlDeviceGetGpuInstancePossiblePlacements(g, 19, None, ctypes.byref(ctypes.c_uint()))):
+        with pytest.raises(pynvml.NVMLError_NotSupported):  # no MIG support
+            call(l4, l4.nvmlDeviceGetHandleByIndex(0))
+    # MIG disabled: the profiles are still there (NVML answers them whatever the MIG mode)
+    dgx = started(fake("dgx-h100"))
+    assert dgx.nvmlDeviceGetGpuInstanceProfileInfo(dgx.nvmlDeviceGetHandleByIndex(0), 4).id == 0
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        fake("dgx-h100").nvmlDeviceGetGpuInstanceProfileInfo(None, 0)
+    # faults name the call without a version suffix, like the mock library's
+    path = profile_file("h200", lambda d: d["gpus"][0].update(fail={"nvmlDeviceGetGpuInstanceProfileInfo": "Unknown"}))
+    faulty = started(FakeNvml(load_profile(str(path))))
+    with pytest.raises(pynvml.NVMLError_Unknown):
+        faulty.nvmlDeviceGetGpuInstanceProfileInfo(faulty.nvmlDeviceGetHandleByIndex(0), 0)
+
+
+def test_gpu_instance_profiles_without_a_catalog(profile_file: Callable[..., Path]) -> None:
+    """Derived from the MIG devices (ID = the index), no placements: what the mock library answers."""
+    nvml = started(FakeNvml(load_profile(str(profile_file("a100-80gb-mig", lambda d: d["gpus"][0].pop("migCatalog"))))))
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE)
+    assert [getattr(info, f) for f in INFO_FIELDS] == [2, 3, 2, 42, 3, 2, 0, 0, 0, 40192]
+    assert info.name == "MIG 3g.40gb"
+    assert nvml.nvmlDeviceGetGpuInstanceProfileInfoById(h, 0).name == "MIG 1g.10gb"
+    for index in (pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE, pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1):
+        with pytest.raises(pynvml.NVMLError_NotSupported):  # no MIG device of that size
+            nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, index)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, 2, None, ctypes.byref(ctypes.c_uint()))
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda g: g.update(migCatalog="a100-sxm4-81gb"), "unknown MIG catalog 'a100-sxm4-81gb'"),
+        (lambda g: g.update(migCatalog="../h200"), "unknown MIG catalog"),
+        (lambda g: g.update(migCapable=False, migDevices=None, migMode="disabled"), "migCatalog needs migCapable"),
+        (lambda g: g["migDevices"][0].update(profile="3g.39gb"),
+         "profile '3g.39gb' is not in MIG catalog a100-sxm4-80gb"),
+    ],
+)
+def test_mig_catalog_reference_is_checked(profile_file: Callable[..., Path], edit: Any, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        load_profile(str(profile_file("a100-80gb-mig", lambda d: edit(d["gpus"][0]))))
+
+
+def _catalog_doc() -> dict[str, Any]:
+    return {
+        "memorySlices": 8, "computeSlices": 7,
+        "profiles": [{
+            "name": "1g.10gb", "index": 0, "id": 19, "slices": 1, "instances": 7, "multiprocessors": 14,
+            "copyEngines": 1, "decoders": 0, "encoders": 0, "jpeg": 0, "ofa": 0, "memoryMiB": 9728,
+            "placements": {"starts": [0, 1, 2, 3, 4, 5, 6], "size": 1},
+        }],
+    }
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda d: d.update(colour="red"), "unknown field"),
+        (lambda d: d.pop("memorySlices"), "missing field 'memorySlices'"),
+        (lambda d: d.update(profiles=[]), "non-empty list"),
+        (lambda d: d["profiles"][0].update(colour="red"), r"profiles\[0\]: unknown field"),
+        (lambda d: d["profiles"][0].pop("ofa"), "missing field.*ofa"),
+        (lambda d: d["profiles"][0]["placements"].pop("size"), "missing field.*size"),
+        (lambda d: d["profiles"][0]["placements"].update(end=3), "unknown field"),
+        (lambda d: d["profiles"][0]["placements"].update(starts=[0, 7], size=2), r"placements starting at \[7\]"),
+        (lambda d: d["profiles"][0]["placements"].update(starts=[0, 0]), "distinct"),
+        (lambda d: d["profiles"][0]["placements"].update(starts=[]), "non-empty"),
+        (lambda d: d["profiles"][0].update(index=18), "not an NVML_GPU_INSTANCE_PROFILE"),
+        (lambda d: d["profiles"][0].update(slices=8), "7 compute slices"),
+        (lambda d: d["profiles"][0].update(instances=8), "only 7 placements"),
+        (lambda d: d["profiles"][0].update(memoryMiB="9728"), "expected an integer"),
+        (lambda d: d["profiles"][0].update(jpeg=True), "expected an integer"),
+        (lambda d: d["profiles"][0].update(decoders=-1), "expected an integer >= 0"),
+        (lambda d: d["profiles"][0].update(name="1g 10gb"), "not a MIG profile name"),
+        (lambda d: d["profiles"].append(dict(d["profiles"][0], index=7)), "profile id 19 appears more than once"),
+        (lambda d: d["profiles"].append(dict(d["profiles"][0], id=20)), "profile index 0 appears more than once"),
+    ],
+)
+def test_mig_catalog_validation(edit: Any, match: str) -> None:
+    doc = _catalog_doc()
+    parse_mig_catalog("t", doc)
+    edit(doc)
+    with pytest.raises(ValueError, match=match):
+        parse_mig_catalog("t", doc)
+
+
+def test_mig_catalog_reaches_the_profile() -> None:
+    gpu = load_profile("h100-dynamic-mig").gpus[0]
+    assert gpu.mig_catalog is load_mig_catalog("h100-sxm5-80gb")
+    assert gpu.mig_mode == (1, 1) and not gpu.migs
+    assert load_profile("l4x2").gpus[0].mig_catalog is None

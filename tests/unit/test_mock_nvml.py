@@ -8,6 +8,7 @@ scenario runs in its own interpreter, which points pynvml at the root's ``libnvi
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import os
 import stat
@@ -23,7 +24,7 @@ import yaml
 
 from gpudra_driver.discovery import NvmlUnavailable, scan
 from gpudra_driver.nvml import load_nvml, profile_names
-from gpudra_driver.nvml.fake import load_profile
+from gpudra_driver.nvml.fake import MigProfileSpec, load_mig_catalog, load_profile
 from gpudra_driver.plugin.devicenodes import mig_cap_minor_fallback
 from gpudra_driver.deviceapi import device_to_api
 from gpudra_dev.localcluster import fakedriverroot, mockstate
@@ -47,6 +48,36 @@ def _norm(v):
     if isinstance(v, (list, tuple)):
         return [_norm(x) for x in v]
     return v
+
+def placements(n, h, profile_id, short=False):
+    """pynvml's two-call protocol: the count, then the placements into a buffer that size (one
+    smaller when ``short``): [count, [[start, size], ...]] or [count, error, count after]."""
+    count = ctypes.c_uint(0)
+    n.nvmlDeviceGetGpuInstancePossiblePlacements(h, profile_id, None, ctypes.byref(count))
+    wanted = count.value
+    count.value = wanted - 1 if short else wanted
+    buf = (n.c_nvmlGpuInstancePlacement_t * max(wanted, 1))()
+    try:
+        n.nvmlDeviceGetGpuInstancePossiblePlacements(h, profile_id, buf, ctypes.byref(count))
+    except n.NVMLError as e:
+        return [wanted, "!" + type(e).__name__, count.value]
+    return [wanted, [[p.start, p.size] for p in buf[:count.value]]]
+
+def probe_gpu_instance_profiles(n, rec, key, h):
+    """Every GPU instance profile index (and one past the last), by index (v2, v1) and by ID, with its
+    placements; the error answers."""
+    for index in range(n.NVML_GPU_INSTANCE_PROFILE_COUNT + 1):
+        info = rec(f"{key}.gip{index}", n.nvmlDeviceGetGpuInstanceProfileInfo, h, index)
+        rec(f"{key}.gip{index}.v1", n.nvmlDeviceGetGpuInstanceProfileInfo, h, index, 1)
+        if info is None:
+            continue
+        rec(f"{key}.gip{index}.byId", n.nvmlDeviceGetGpuInstanceProfileInfoById, h, info.id)
+        rec(f"{key}.gip{index}.placements", placements, n, h, info.id)
+        rec(f"{key}.gip{index}.placements.short", placements, n, h, info.id, True)
+    rec(f"{key}.gip.v3", n.nvmlDeviceGetGpuInstanceProfileInfo, h, 0, 3)
+    rec(f"{key}.gip.byId.unknown", n.nvmlDeviceGetGpuInstanceProfileInfoById, h, 99)
+    rec(f"{key}.gipp.unknown", placements, n, h, 99)
+    rec(f"{key}.gipp.nullCount", n.nvmlDeviceGetGpuInstancePossiblePlacements, h, 0, None, None)
 
 def probe(n):
     out = {}
@@ -77,6 +108,7 @@ def probe(n):
                      "ComputeMode"):
             rec(f"{i}.{call}", getattr(n, "nvmlDeviceGet" + call), h)
         rec(f"{i}.IsMig", n.nvmlDeviceIsMigDeviceHandle, h)
+        probe_gpu_instance_profiles(n, rec, str(i), h)
         # the compute mode round trip: settable modes, then refused ones, back to DEFAULT
         for mode in (3, 2, 1, 4, 0):
             rec(f"{i}.SetComputeMode.{mode}", n.nvmlDeviceSetComputeMode, h, mode)
@@ -94,6 +126,8 @@ def probe(n):
                          "Attributes", "GpuInstanceId", "ComputeInstanceId", "ComputeMode"):
                 rec(f"{i}.mig{slot}.{call}", getattr(n, "nvmlDeviceGet" + call), m)
             rec(f"{i}.mig{slot}.IsMig", n.nvmlDeviceIsMigDeviceHandle, m)
+            rec(f"{i}.mig{slot}.gip0", n.nvmlDeviceGetGpuInstanceProfileInfo, m, 0)
+            rec(f"{i}.mig{slot}.gipp", placements, n, m, 0)
             rec(f"{i}.mig{slot}.SetComputeMode", n.nvmlDeviceSetComputeMode, m, 3)
             mig_uuid = out[f"{i}.mig{slot}.UUID"]
             if isinstance(mig_uuid, str) and not mig_uuid.startswith("!"):
@@ -119,9 +153,10 @@ pynvml.nvmlLib = ctypes.CDLL(sys.argv[1])
 from gpudra_driver.discovery import scan
 from gpudra_driver.nvml import NvmlUnavailable
 from gpudra_driver.deviceapi import device_to_api
+import os
 result = {"probe": probe(pynvml)}
 try:
-    d = scan(pynvml)
+    d = scan(pynvml, mig=os.environ.get("MIG_MODE", "static"))
     result["devices"] = [device_to_api(x) for x in d.devices]
     result["warnings"] = d.warnings
 except NvmlUnavailable as e:
@@ -157,10 +192,10 @@ def run_child(root: Path, script: str = CHILD, env: dict[str, str] | None = None
     return json.loads(proc.stdout), proc.stderr
 
 
-def simulated(ref: str) -> dict[str, Any]:
+def simulated(ref: str, mig: str = "static") -> dict[str, Any]:
     result: dict[str, Any] = {"probe": _probe_ns["probe"](load_nvml(f"fake:{ref}"))}
     try:
-        d = scan(load_nvml(f"fake:{ref}"))
+        d = scan(load_nvml(f"fake:{ref}"), mig=mig)  # type: ignore[arg-type]
         result["devices"] = [device_to_api(x) for x in d.devices]
         result["warnings"] = d.warnings
     except NvmlUnavailable as exc:
@@ -182,8 +217,9 @@ def assert_same(real: dict[str, Any], sim: dict[str, Any]) -> None:
 @pytest.mark.parametrize("name", profile_names())
 def test_real_pynvml_on_mock_equals_simulator(name: str, mock_lib: Path, tmp_path: Path) -> None:
     root = make_driver_root(tmp_path / "root", name, library=mock_lib, device_nodes=False)
-    real, _ = run_child(root)
-    sim = simulated(name)
+    mig = "dynamic" if name == "h100-dynamic-mig" else "static"  # MIG enabled, no MIG devices: dynamic MIG's
+    real, _ = run_child(root, env={"MIG_MODE": mig})
+    sim = simulated(name, mig)
     assert real["devices"], "the profile discovers no devices"
     assert_same(real, sim)
 
@@ -257,6 +293,128 @@ def test_edge_cases_equal_simulator(mock_lib: Path, tmp_path: Path) -> None:
     assert real["probe"]["2.mig0.byUUID.IsMig"] == 1 and real["probe"]["2.byUUID.Index"] == 2
     assert mockstate.calls(root) == [f"nvml SetComputeMode {gpu['uuid']} {mode}"
                                      for gpu in EDGE_PROFILE["gpus"] for mode in (3, 2, 0)]
+    # GPU instance profiles without a MIG catalog: derived from the MIG devices (ID = the index), no
+    # placements; none on a GPU without MIG support
+    probe = real["probe"]
+    assert probe["2.gip2.v1"] == {
+        "id": 2, "isP2pSupported": 0, "sliceCount": 3, "instanceCount": 2, "multiprocessorCount": 42,
+        "copyEngineCount": 3, "decoderCount": 2, "encoderCount": 0, "jpegCount": 0, "ofaCount": 0,
+        "memorySizeMB": 19968,
+    }
+    assert probe["2.gip2"]["name"] == "MIG 3g.20gb" and probe["2.gip2.byId"] == probe["2.gip2"]
+    assert probe["2.gip0"]["id"] == 0 and probe["2.gip0"]["memorySizeMB"] == 4864
+    assert probe["2.gip2.placements"] == probe["2.gip4"] == probe["2.gip7"] == "!NVMLError_NotSupported"
+    assert probe["2.gip18"] == "!NVMLError_InvalidArgument"
+    assert probe["3.gip0"] == probe["5.gip0"] == probe["5.gipp.unknown"] == "!NVMLError_NotSupported"
+
+
+# -- GPU instance profiles from a MIG catalog ------------------------------------------------------
+
+
+def profile_info_v1(spec: MigProfileSpec) -> dict[str, Any]:
+    """What pynvml's c_nvmlGpuInstanceProfileInfo_t holds for a catalog profile."""
+    return {
+        "id": spec.id, "isP2pSupported": 0, "sliceCount": spec.slices, "instanceCount": spec.instances,
+        "multiprocessorCount": spec.multiprocessors, "copyEngineCount": spec.copy_engines,
+        "decoderCount": spec.decoders, "encoderCount": spec.encoders, "jpegCount": spec.jpeg,
+        "ofaCount": spec.ofa, "memorySizeMB": spec.memory_mib,
+    }
+
+
+@pytest.mark.parametrize(("name", "model"),
+                         [("a100-80gb-mig", "a100-sxm4-80gb"), ("h100-dynamic-mig", "h100-sxm5-80gb")])
+def test_gpu_instance_profiles_from_the_catalog(name: str, model: str, mock_lib: Path, tmp_path: Path) -> None:
+    root = make_driver_root(tmp_path / "root", name, library=mock_lib, device_nodes=False)
+    real, _ = run_child(root)
+    assert_same(real, simulated(name))
+    catalog = load_mig_catalog(model)
+    profile = load_profile(name)
+    assert all(gpu.mig_catalog == catalog for gpu in profile.gpus)
+    probe = real["probe"]
+    for gpu in range(len(profile.gpus)):
+        for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT + 1):
+            key, spec = f"{gpu}.gip{index}", catalog.by_index(index)
+            if index == pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
+                assert probe[key] == probe[f"{key}.v1"] == "!NVMLError_InvalidArgument"
+            elif spec is None:
+                assert probe[key] == probe[f"{key}.v1"] == "!NVMLError_NotSupported"
+            else:
+                v1 = profile_info_v1(spec)
+                assert probe[f"{key}.v1"] == v1
+                assert probe[key] == probe[f"{key}.byId"] == {
+                    "version": pynvml.nvmlGpuInstanceProfileInfo_v2, **v1, "name": f"MIG {spec.name}"}
+                # NVML's two-call protocol: every possible placement, whatever GPU instances exist
+                starts = [[start, spec.placement_size] for start in spec.placement_starts]
+                assert probe[f"{key}.placements"] == [len(starts), starts]
+                assert probe[f"{key}.placements.short"] == [len(starts), "!NVMLError_InsufficientSize", len(starts)]
+        assert probe[f"{gpu}.gip.v3"] == "!NVMLError_FunctionNotFound"  # pynvml has no version 3
+        assert probe[f"{gpu}.gip.byId.unknown"] == "!NVMLError_InvalidArgument"
+        assert probe[f"{gpu}.gipp.unknown"] == probe[f"{gpu}.gipp.nullCount"] == "!NVMLError_InvalidArgument"
+    migs = [k for k in probe if k.endswith((".gip0", ".gipp")) and ".mig" in k]
+    assert len(migs) == 2 * sum(len(g.migs) for g in profile.gpus)
+    assert all(probe[k] == "!NVMLError_NotSupported" for k in migs)  # a MIG handle has no profiles
+
+
+# The inventory lines a catalog becomes, checked as strictly as the others: nvmlInit refuses a bad one.
+INIT_ONLY = r'''
+import ctypes, json, os, sys
+lib = ctypes.CDLL(sys.argv[1])
+codes = []
+for path in sys.argv[2:]:
+    os.environ["GPUDRA_MOCK_NVML_INVENTORY"] = path
+    codes.append(lib.nvmlInit_v2())
+    if codes[-1] == 0:
+        lib.nvmlShutdown()
+print(json.dumps(codes))
+'''
+
+GOOD_PROFILE = "migProfile 0 19 1 7 16 1 1 0 1 0 9984 1g.10gb 1 0,1,2,3,4,5,6"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "migProfile 18 19 1 7 16 1 1 0 1 0 9984 1g.10gb 1 0,1,2,3,4,5,6",  # index >= PROFILE_COUNT
+        "migProfile 0 19 1 7 16 1 1 0 1 0 9984 1g.10gb 1 0,1,2,3,4,5,6\n" + GOOD_PROFILE,  # index twice
+        "migProfile 0 20 1 7 16 1 1 0 1 0 9984 1g.10gb 1 0,1,2,3,4,5,6",  # ID 20 twice
+        "migProfile 0 19 1 7 16 1 1 0 1 0 9984 1g.10gb 2 0,1,2,3,4,5,7",  # 7+2 past 8 memory slices
+        "migProfile 0 19 1 7 16 1 1 0 1 0 9984 1g.10gb 1 0,1,2,3,4,5,9",  # start past the slices
+        "migProfile 0 19 1 8 16 1 1 0 1 0 9984 1g.10gb 1 0,1,2,3,4,5,6",  # more instances than placements
+        "migProfile 0 19 8 7 16 1 1 0 1 0 9984 1g.10gb 1 0,1,2,3,4,5,6",  # more slices than the GPU's 7
+        "migProfile 0 19 1 7 16 1 1 0 1 0 9984 1g.10gb 1 0,1,2,3,3,5,6",  # a start twice
+        "migProfile 0 19 1 7 16 1 1 0 1 0 9984 1g.10gb 1 0,1,2,",  # trailing comma
+        "migProfile 0 19 1 7 16 1 1 0 1 0 9984 1g.10gb 1 0,,1",  # empty start
+        "migProfile 0 19 1 7 16 1 1 0 1 0 9984 1g.10gb 1",  # no placements
+        "migProfile 0 19 1 7 16 1 1 0 1 0 9984 1g.10gb 1 0,1 extra",  # a field too many
+        "migProfile 0 19 1 7 16 1 1 0 1 9984 1g.10gb 1 0,1,2,3,4,5,6",  # a field too few
+        "migCatalog h100-sxm5-80gb 8 7",  # a second catalog
+    ],
+)
+def test_inventory_catalog_lines_are_strict(bad: str, mock_lib: Path, tmp_path: Path) -> None:
+    text = fakedriverroot.inventory_text(load_profile("h100-dynamic-mig"))
+    assert GOOD_PROFILE + "\n" in text and text.count("migCatalog ") == 2
+    good, broken = tmp_path / "good.inventory", tmp_path / "bad.inventory"
+    good.write_text(text)
+    first_gpu = text.index(GOOD_PROFILE)
+    broken.write_text(text[:first_gpu] + bad + text[first_gpu + len(GOOD_PROFILE):])
+    # a migProfile before any migCatalog, and one after a `mig` line, are refused too
+    early = tmp_path / "early.inventory"
+    early.write_text(text.replace("migCatalog h100-sxm5-80gb 8 7\n", "", 1))
+    proc = subprocess.run([sys.executable, "-c", INIT_ONLY, str(mock_lib), str(good), str(broken), str(early)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_UNKNOWN, pynvml.NVML_ERROR_UNKNOWN]
+    assert f"{broken} line" in proc.stderr and "cannot parse it" in proc.stderr
+
+
+def test_catalog_lines_after_a_mig_device_are_refused(mock_lib: Path, tmp_path: Path) -> None:
+    text = fakedriverroot.inventory_text(load_profile("a100-80gb-mig"))
+    line = next(x for x in text.splitlines() if x.startswith("migProfile 4 "))
+    late = tmp_path / "late.inventory"
+    late.write_text(text.replace(line + "\n", "") + line + "\n")  # into the last MIG device
+    proc = subprocess.run([sys.executable, "-c", INIT_ONLY, str(mock_lib), str(late)],
+                          capture_output=True, text=True, timeout=60)
+    assert json.loads(proc.stdout) == [pynvml.NVML_ERROR_UNKNOWN], proc.stderr
 
 
 # -- nvmlInit failures ---------------------------------------------------------------------------
@@ -332,7 +490,25 @@ ci = pynvml.nvmlGpuInstanceGetComputeInstanceById(gi, 0)
 rec("ci.byId.unknown", pynvml.nvmlGpuInstanceGetComputeInstanceById, gi, 3)
 gp = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 1)
 out["gi.profile"] = [gp.id, gp.sliceCount, gp.memorySizeMB]
-rec("gi.profile.unused", pynvml.nvmlDeviceGetGpuInstanceProfileInfo, h, pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE, 1)
+rec("gi.profile.7g", lambda: pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE).id)
+class InfoV3(ctypes.Structure):  # nvmlGpuInstanceProfileInfo_v3_t, which pynvml does not define
+    _fields_ = [(f, ctypes.c_uint) for f in ("version", "id", "sliceCount", "instanceCount", "multiprocessorCount",
+                "copyEngineCount", "decoderCount", "encoderCount", "jpegCount", "ofaCount")] + [
+               ("memorySizeMB", ctypes.c_ulonglong), ("name", ctypes.c_char * 96), ("capabilities", ctypes.c_uint)]
+def profile_v(fn, arg, version, struct=pynvml.c_nvmlGpuInstanceProfileInfo_v2_t):
+    info = struct()
+    info.version = version
+    pynvml._nvmlCheckReturn(getattr(pynvml.nvmlLib, fn)(h, ctypes.c_uint(arg), ctypes.byref(info)))
+    name = info.name.decode() if isinstance(info.name, bytes) else info.name
+    return [info.version, info.id, info.sliceCount, info.memorySizeMB, name, getattr(info, "capabilities", None)]
+v3 = (3 << 24) | ctypes.sizeof(InfoV3)
+rec("gi.profileV.v3", profile_v, "nvmlDeviceGetGpuInstanceProfileInfoV", 2, v3, InfoV3)
+rec("gi.profileV.badVersion", profile_v, "nvmlDeviceGetGpuInstanceProfileInfoV", 2, (1 << 24) | 0x98)
+v2 = pynvml.nvmlGpuInstanceProfileInfo_v2
+rec("gi.profileV.oldSize", profile_v, "nvmlDeviceGetGpuInstanceProfileInfoV", 2, v2 - 8)
+rec("gi.profileById.v3", profile_v, "nvmlDeviceGetGpuInstanceProfileInfoByIdV", gp.id, v3, InfoV3)
+rec("gi.profileById.badVersion", profile_v, "nvmlDeviceGetGpuInstanceProfileInfoByIdV", gp.id, 0)
+out["infoV3.size"] = ctypes.sizeof(InfoV3)
 cp = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, 0, 1)
 out["ci.profile"] = [cp.id, cp.sliceCount, cp.multiprocessorCount]
 rec("nvmlVersion", pynvml.nvmlSystemGetNVMLVersion)
@@ -367,8 +543,11 @@ print(json.dumps(out))
 '''
 
 
-def test_direct_calls(mock_lib: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("catalog", [True, False], ids=["catalog", "derived"])
+def test_direct_calls(catalog: bool, mock_lib: Path, tmp_path: Path) -> None:
     prof = load_profile("a100-80gb-mig")
+    if not catalog:  # a static-MIG GPU without a catalog: profiles derived from its MIG devices
+        prof = dataclasses.replace(prof, gpus=tuple(dataclasses.replace(g, mig_catalog=None) for g in prof.gpus))
     gpu = prof.gpus[0]
     root = make_driver_root(tmp_path / "root", prof, library=mock_lib, device_nodes=False, extras=False)
     proc = subprocess.run(
@@ -378,16 +557,25 @@ def test_direct_calls(mock_lib: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     mib = 1024 * 1024
+    v3 = 0x03000098
+    # the 3g.40gb GPU instance: catalog ID 9 and a 4-memory-slice placement, or the index and its slices
+    gi_id, size = (9, 4) if catalog else (pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 3)
     assert out == {
         "pre.GetCount": "!NVMLError_Uninitialized",
         "pre.HandleByIndex": "!NVMLError_Uninitialized",
         "serial": "!NVMLError_NotSupported",
         "temperature": "!NVMLError_NotSupported",
         "gi.byId.unknown": "!NVMLError_NotFound",
-        "gi.info": [2, pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 3],
+        "gi.info": [2, gi_id, size],
         "ci.byId.unknown": "!NVMLError_NotFound",
-        "gi.profile": [pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 3, 40192],
-        "gi.profile.unused": "!NVMLError_NotSupported",
+        "gi.profile": [gi_id, 3, 40192],
+        "gi.profile.7g": 0 if catalog else "!NVMLError_NotSupported",  # unused: unknown without a catalog
+        "infoV3.size": 0x98,
+        "gi.profileV.v3": [v3, gi_id, 3, 40192, "MIG 3g.40gb", 0],
+        "gi.profileById.v3": [v3, gi_id, 3, 40192, "MIG 3g.40gb", 0],
+        "gi.profileV.badVersion": "!NVMLError_ArgumentVersionMismatch",
+        "gi.profileV.oldSize": "!NVMLError_ArgumentVersionMismatch",
+        "gi.profileById.badVersion": "!NVMLError_ArgumentVersionMismatch",
         "ci.profile": [pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, 3, 42],
         "nvmlVersion": "12.570.133.20",
         "errorString": "GPU is lost",
@@ -426,7 +614,9 @@ def test_exports(mock_lib: Path) -> None:
         "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceIsMigDeviceHandle",
         "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", "nvmlDeviceGetGpuInstanceId",
         "nvmlDeviceGetComputeInstanceId", "nvmlDeviceGetAttributes_v2", "nvmlDeviceGetComputeMode",
-        "nvmlDeviceSetComputeMode",
+        "nvmlDeviceSetComputeMode", "nvmlDeviceGetGpuInstanceProfileInfo", "nvmlDeviceGetGpuInstanceProfileInfoV",
+        "nvmlDeviceGetGpuInstanceProfileInfoByIdV", "nvmlDeviceGetGpuInstancePossiblePlacements_v2",
+        "nvmlDeviceGetGpuInstanceById", "nvmlGpuInstanceGetInfo",
     ):
         assert hasattr(lib, symbol), symbol
     soname = subprocess.run(["readelf", "-d", str(mock_lib)], capture_output=True, text=True).stdout

@@ -322,6 +322,23 @@ def test_consumable_capacity_reaches_the_agents_as_flags_unless_the_api_server_d
     assert consumable.from_args(parsed) == consumable.ConsumableCapacity(512 * 2**20, 4)
 
 
+def test_spec_mig_mode_reaches_the_agents_as_a_flag() -> None:
+    from gpudra_driver import agent_cmd
+    from gpudra_operator.spec import SpecError
+    import argparse
+
+    plain = container(render(config()).daemonset)["args"]
+    assert "--mig" not in plain  # static: the agent's default
+    assert container(render(config({"mig": {"mode": "static"}})).daemonset)["args"] == plain
+    args = container(render(config({"mig": {"mode": "dynamic"}})).daemonset)["args"]
+    assert args[args.index("--mig"):][:2] == ["--mig", "dynamic"]
+    parser = argparse.ArgumentParser(prog="gpudra")
+    agent_cmd.add_parser(parser.add_subparsers())
+    assert parser.parse_args(args).mig == "dynamic"
+    with pytest.raises(SpecError, match=r"spec.mig.mode.*must be one of static, dynamic, not 'auto'"):
+        render(config({"mig": {"mode": "auto"}}))
+
+
 def test_a_class_may_select_shared_gpus_with_cel() -> None:
     inline = ('apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: {{ name }}\nspec:\n'
               '  selectors:\n  - cel:\n      expression: {{ (driver_match ~ " && device.allowMultipleAllocations")'

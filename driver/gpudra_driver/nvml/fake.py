@@ -14,6 +14,15 @@ the NVML API reference:
 * MIG-instance queries (GPU/compute instance ID, parent handle) on a full-GPU handle raise
   ``NVMLError_InvalidArgument``; ``nvmlDeviceGetAttributes`` on a full GPU raises ``NotSupported``;
   per-GPU queries (minor, PCI, NUMA, MIG mode) on a MIG handle raise ``NotSupported``;
+* GPU instance profiles (``nvmlDeviceGetGpuInstanceProfileInfo`` v1/v2, ``...ProfileInfoById``,
+  ``nvmlDeviceGetGpuInstancePossiblePlacements``) answer from the GPU's MIG catalog (``migCatalog:
+  <model>``, ``gpudra_driver/profiles/mig/<model>.yaml``: every profile NVML reports on that model),
+  whatever the MIG mode and whatever MIG devices exist, as NVML does: ``NotSupported`` on a GPU without
+  MIG support, on a MIG handle and for a profile index the model lacks, ``InvalidArgument`` for an
+  index >= ``NVML_GPU_INSTANCE_PROFILE_COUNT`` and for a profile ID the model lacks; placements follow
+  NVML's two-call protocol (``InsufficientSize`` with the needed count when the buffer is short). A
+  MIG-capable GPU without a catalog derives a profile's info from its MIG devices (ID = the index) and
+  has no placements (``NotSupported``), like the mock library;
 * ``nvmlDevice{Get,Set}ComputeMode``: per GPU, in memory (per simulator), ``DEFAULT`` at first; Set
   takes ``DEFAULT``, ``PROHIBITED`` and ``EXCLUSIVE_PROCESS``, anything else (``EXCLUSIVE_THREAD``,
   whose support NVML removed, included) raises ``InvalidArgument``; both raise ``NotSupported`` on a
@@ -33,17 +42,21 @@ The wait blocks on inotify on the state directory, like the mock library's (wher
 unavailable it looks at the file every 10 ms).
 
 Profiles (YAML) describe the machine; see ``gpudra_driver/profiles/*.yaml`` and
-:func:`load_profile`. Fault injection per GPU or MIG device: ``fail: true`` makes
-``nvmlDeviceGetUUID`` raise ``NVMLError_Unknown``; ``fail: {nvmlDeviceGetMemoryInfo: GpuIsLost}``
-makes the named call raise ``NVMLError_<name>``. A profile-level ``initError: DriverNotLoaded``
+:func:`load_profile`. A MIG-capable GPU names its model's MIG catalog with ``migCatalog: <model>``
+(``gpudra_driver/profiles/mig/<model>.yaml``, :func:`parse_mig_catalog` has its schema). Fault
+injection per GPU or MIG device: ``fail: true`` makes ``nvmlDeviceGetUUID`` raise
+``NVMLError_Unknown``; ``fail: {nvmlDeviceGetMemoryInfo: GpuIsLost}`` makes the named call raise
+``NVMLError_<name>``. A profile-level ``initError: DriverNotLoaded``
 makes ``nvmlInit`` fail.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
+import re
 import select
 import threading
 import time
@@ -75,6 +88,45 @@ class MigSpec:
 
 
 @dataclass(frozen=True)
+class MigProfileSpec:
+    """One GPU instance profile as NVML reports it (``nvidia-smi mig -lgip`` / ``-lgipp``)."""
+
+    name: str  # "1g.10gb", "1g.10gb+me"; NVML's profile name is "MIG " + this
+    index: int  # the NVML_GPU_INSTANCE_PROFILE_* constant nvmlDeviceGetGpuInstanceProfileInfo takes
+    id: int  # nvmlGpuInstanceProfileInfo_t.id, what -lgip prints and the placement calls take
+    slices: int  # sliceCount: compute slices
+    instances: int  # instanceCount
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg: int
+    ofa: int
+    memory_mib: int  # memorySizeMB
+    placement_starts: tuple[int, ...]  # first memory slice of each possible placement
+    placement_size: int  # memory slices a placement occupies
+
+
+@dataclass(frozen=True)
+class MigCatalog:
+    """Every GPU instance profile NVML reports on one GPU model (``profiles/mig/<model>.yaml``)."""
+
+    model: str
+    memory_slices: int
+    compute_slices: int
+    profiles: tuple[MigProfileSpec, ...]
+
+    def by_index(self, index: int) -> MigProfileSpec | None:
+        return next((p for p in self.profiles if p.index == index), None)
+
+    def by_id(self, profile_id: int) -> MigProfileSpec | None:
+        return next((p for p in self.profiles if p.id == profile_id), None)
+
+    def by_name(self, name: str) -> MigProfileSpec | None:
+        return next((p for p in self.profiles if p.name == name), None)
+
+
+@dataclass(frozen=True)
 class GpuSpec:
     name: str
     uuid: str
@@ -93,6 +145,7 @@ class GpuSpec:
     max_mig_devices: int
     migs: dict[int, MigSpec]  # slot -> device
     fail: dict[str, str] = field(default_factory=dict)
+    mig_catalog: MigCatalog | None = None  # the model's GPU instance profiles (migCatalog)
 
 
 @dataclass(frozen=True)
@@ -108,11 +161,18 @@ class Profile:
 _GPU_KEYS = {
     "name", "uuid", "brand", "architecture", "cudaComputeCapability", "memoryMiB", "memoryUsedMiB",
     "minor", "busId", "pciDeviceId", "pciSubSystemId", "numaNode", "migCapable", "migMode",
-    "migModePending", "maxMigDevices", "migDevices", "fail",
+    "migModePending", "maxMigDevices", "migDevices", "fail", "migCatalog",
 }
 _MIG_KEYS = {"uuid", "profile", "gpuInstanceId", "computeInstanceId", "slot", "attributes", "fail"}
 _MIG_ATTRIBUTE_KEYS = {name for name, _ in pynvml.c_nvmlDeviceAttributes._fields_}
 _PROFILE_KEYS = {"description", "driverVersion", "cudaDriverVersion", "initError", "defaults", "gpus"}
+_CATALOG_KEYS = {"memorySlices", "computeSlices", "profiles"}
+_CATALOG_PROFILE_KEYS = {
+    "name", "index", "id", "slices", "instances", "multiprocessors", "copyEngines", "decoders", "encoders",
+    "jpeg", "ofa", "memoryMiB", "placements",
+}
+_PLACEMENT_KEYS = {"starts", "size"}
+_MIG_PROFILE_NAME = re.compile(r"[0-9]+g\.[0-9]+gb(\+[a-z.]+|-me)?")
 
 
 def load_profile(ref: str) -> Profile:
@@ -177,6 +237,15 @@ def _parse_gpu(where: str, index: int, raw: dict[str, Any]) -> GpuSpec:
             )
         if migs and not (mig_capable and current):
             raise ValueError("migDevices need migCapable: true and migMode: enabled")
+        catalog = None
+        if raw.get("migCatalog") is not None:
+            if not mig_capable:
+                raise ValueError("migCatalog needs migCapable: true")
+            catalog = load_mig_catalog(str(raw["migCatalog"]))
+            for slot, m in migs.items():
+                if catalog.by_name(gpu_instance_profile(m.profile)) is None:
+                    raise ValueError(f"MIG device in slot {slot}: profile {m.profile!r} is not in MIG catalog "
+                                     f"{catalog.model} ({', '.join(p.name for p in catalog.profiles)})")
         return GpuSpec(
             name=raw["name"],
             uuid=raw["uuid"],
@@ -195,11 +264,117 @@ def _parse_gpu(where: str, index: int, raw: dict[str, Any]) -> GpuSpec:
             max_mig_devices=int(raw.get("maxMigDevices", 7 if mig_capable else 0)),
             migs=migs,
             fail=_faults(raw.get("fail")),
+            mig_catalog=catalog,
         )
     except KeyError as exc:
         raise ValueError(f"{where}: missing field {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc}") from None
+
+
+def mig_catalog_names() -> list[str]:
+    """The shipped MIG catalogs (``gpudra_driver/profiles/mig/<model>.yaml``)."""
+    folder = resources.files("gpudra_driver") / "profiles" / "mig"
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+@functools.cache
+def load_mig_catalog(model: str) -> MigCatalog:
+    """The shipped MIG catalog of a GPU model, e.g. ``h100-sxm5-80gb``."""
+    resource = resources.files("gpudra_driver") / "profiles" / "mig" / f"{model}.yaml"
+    if "/" in model or not resource.is_file():
+        raise ValueError(f"unknown MIG catalog {model!r}; shipped catalogs: {', '.join(mig_catalog_names())}")
+    return parse_mig_catalog(model, yaml.safe_load(resource.read_text()))
+
+
+def parse_mig_catalog(model: str, doc: Any) -> MigCatalog:
+    """A MIG catalog document::
+
+        memorySlices: 8          # placement units
+        computeSlices: 7
+        profiles:                # one per GPU instance profile NVML reports on the model
+          - {name: 1g.10gb, index: 0, id: 19, slices: 1, instances: 7, multiprocessors: 14,
+             copyEngines: 1, decoders: 0, encoders: 0, jpeg: 0, ofa: 0, memoryMiB: 9728,
+             placements: {starts: [0, 1, 2, 3, 4, 5, 6], size: 1}}
+
+    ``index`` is the NVML_GPU_INSTANCE_PROFILE_* constant, ``id`` the profile ID NVML gives it.
+    Strict: every field present, no unknown ones, integers, placements distinct and inside the
+    memory slices, instances no more than placements, indexes (below
+    NVML_GPU_INSTANCE_PROFILE_COUNT), IDs and names unique."""
+    where = f"MIG catalog {model}"
+    _no_unknown_keys(where, doc, _CATALOG_KEYS)
+    try:
+        memory_slices, compute_slices = _count(doc["memorySlices"]), _count(doc["computeSlices"])
+        if not isinstance(doc["profiles"], list) or not doc["profiles"]:
+            raise ValueError("profiles: expected a non-empty list")
+        profiles = tuple(_parse_mig_profile(f"{where} profiles[{i}]", raw, memory_slices, compute_slices)
+                         for i, raw in enumerate(doc["profiles"]))
+    except KeyError as exc:
+        raise ValueError(f"{where}: missing field {exc.args[0]!r}") from None
+    for attr in ("index", "id", "name"):
+        values = [getattr(p, attr) for p in profiles]
+        dupes = sorted({str(v) for v in values if values.count(v) > 1})
+        if dupes:
+            raise ValueError(f"{where}: profile {attr} {', '.join(dupes)} appears more than once")
+    return MigCatalog(model=model, memory_slices=memory_slices, compute_slices=compute_slices, profiles=profiles)
+
+
+def _parse_mig_profile(where: str, raw: Any, memory_slices: int, compute_slices: int) -> MigProfileSpec:
+    _no_unknown_keys(where, raw, _CATALOG_PROFILE_KEYS)
+    missing = sorted(_CATALOG_PROFILE_KEYS - set(raw))
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
+    _no_unknown_keys(f"{where} placements", raw["placements"], _PLACEMENT_KEYS)
+    missing = sorted(_PLACEMENT_KEYS - set(raw["placements"]))
+    if missing:
+        raise ValueError(f"{where} placements: missing field(s) {', '.join(missing)}")
+    name = raw["name"]
+    if not isinstance(name, str) or len(name) > 64 or not _MIG_PROFILE_NAME.fullmatch(name):
+        raise ValueError(f"{where}: name {name!r} is not a MIG profile name like 1g.10gb or 1g.10gb+me")
+    try:
+        spec = MigProfileSpec(
+            name=name, index=_count(raw["index"], 0), id=_count(raw["id"], 0), slices=_count(raw["slices"]),
+            instances=_count(raw["instances"]), multiprocessors=_count(raw["multiprocessors"]),
+            copy_engines=_count(raw["copyEngines"], 0), decoders=_count(raw["decoders"], 0),
+            encoders=_count(raw["encoders"], 0), jpeg=_count(raw["jpeg"], 0), ofa=_count(raw["ofa"], 0),
+            memory_mib=_count(raw["memoryMiB"]),
+            placement_starts=tuple(_count(s, 0) for s in _list(raw["placements"]["starts"])),
+            placement_size=_count(raw["placements"]["size"]),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    if spec.index >= pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
+        raise ValueError(f"{where}: index {spec.index} is not an NVML_GPU_INSTANCE_PROFILE_* constant "
+                         f"(below {pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT})")
+    if spec.slices > compute_slices:
+        raise ValueError(f"{where}: {spec.slices} slices, but the GPU has {compute_slices} compute slices")
+    if not spec.placement_starts or len(set(spec.placement_starts)) != len(spec.placement_starts):
+        raise ValueError(f"{where}: placements.starts must be a non-empty list of distinct slices")
+    outside = [s for s in spec.placement_starts if s + spec.placement_size > memory_slices]
+    if outside:
+        raise ValueError(f"{where}: placements starting at {outside} (size {spec.placement_size}) end past "
+                         f"the GPU's {memory_slices} memory slices")
+    if spec.instances > len(spec.placement_starts):
+        raise ValueError(f"{where}: {spec.instances} instances but only {len(spec.placement_starts)} placements")
+    return spec
+
+
+def _count(value: Any, minimum: int = 1) -> int:
+    """A YAML integer (not a bool, a float or a string) >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"expected an integer >= {minimum}, not {value!r}")
+    return value
+
+
+def _list(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list, not {value!r}")
+    return value
+
+
+def gpu_instance_profile(profile: str) -> str:
+    """The GPU instance profile of a MIG device's profile name: ``1c.3g.20gb`` -> ``3g.20gb``."""
+    return re.sub(r"^[0-9]+c\.", "", profile)
 
 
 def _no_unknown_keys(where: str, raw: Any, allowed: set[str]) -> None:
@@ -534,6 +709,66 @@ class FakeNvml:
     def nvmlDeviceGetAttributes_v2(self, handle: _Handle) -> Any:
         return self.nvmlDeviceGetAttributes(handle)
 
+    # -- MIG GPU instance profiles ------------------------------------------------------------
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: _Handle, profile: int, version: int = 2) -> Any:
+        """pynvml's: version 2 (the default) answers a ``c_nvmlGpuInstanceProfileInfo_v2_t`` (with the
+        profile's name), version 1 a ``c_nvmlGpuInstanceProfileInfo_t``; other versions raise
+        ``FunctionNotFound`` before any call, as pynvml does."""
+        if version not in (1, 2):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        gpu = self._mig_capable(handle, "nvmlDeviceGetGpuInstanceProfileInfo")
+        if not 0 <= profile < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
+            raise pynvml.NVMLError_InvalidArgument()
+        fields, name = _profile_info(gpu, profile)
+        if version == 1:
+            return pynvml.c_nvmlGpuInstanceProfileInfo_t(**fields)
+        return _profile_info_v2(fields, name)
+
+    nvmlDeviceGetGpuInstanceProfileInfoV = nvmlDeviceGetGpuInstanceProfileInfo
+
+    def nvmlDeviceGetGpuInstanceProfileInfoById(self, handle: _Handle, profileId: int) -> Any:
+        """By profile ID (what -lgip prints); an ID the GPU lacks raises ``InvalidArgument``."""
+        gpu = self._mig_capable(handle, "nvmlDeviceGetGpuInstanceProfileInfoById")
+        if gpu.mig_catalog is not None:
+            spec = gpu.mig_catalog.by_id(profileId)
+            if spec is None:
+                raise pynvml.NVMLError_InvalidArgument()
+            index = spec.index
+        elif 0 <= profileId < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
+            index = profileId  # without a catalog the ID is the index
+        else:
+            raise pynvml.NVMLError_InvalidArgument()
+        return _profile_info_v2(*_profile_info(gpu, index))
+
+    nvmlDeviceGetGpuInstanceProfileInfoByIdV = nvmlDeviceGetGpuInstanceProfileInfoById
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(self, handle: _Handle, profileId: int, placementsRef: Any,
+                                                   countRef: Any) -> int:
+        """pynvml's two-call protocol: ``placementsRef`` None -> ``countRef`` gets the number of
+        placements; else up to ``countRef`` placements (``c_nvmlGpuInstancePlacement_t``, an array, a
+        pointer or ``byref`` of either) are written, ``InsufficientSize`` (the count set to the needed
+        number) when it is too small. Every placement of the profile, whatever exists already."""
+        gpu = self._mig_capable(handle, "nvmlDeviceGetGpuInstancePossiblePlacements")
+        count = _out_uint(countRef)
+        if gpu.mig_catalog is None:
+            _not_supported()
+        spec = gpu.mig_catalog.by_id(profileId)
+        if spec is None:
+            raise pynvml.NVMLError_InvalidArgument()
+        needed = len(spec.placement_starts)
+        target = _out_array(placementsRef)
+        if target is not None and count[0] < needed:
+            count[0] = needed
+            raise pynvml.NVMLError_InsufficientSize()
+        if target is not None:
+            for i, start in enumerate(spec.placement_starts):
+                target[i] = pynvml.c_nvmlGpuInstancePlacement_t(start=start, size=spec.placement_size)
+        count[0] = needed
+        return pynvml.NVML_SUCCESS
+
+    nvmlDeviceGetGpuInstancePossiblePlacements_v2 = nvmlDeviceGetGpuInstancePossiblePlacements
+
     # -- compute mode -------------------------------------------------------------------------
 
     def nvmlDeviceGetComputeMode(self, handle: _Handle) -> int:
@@ -716,3 +951,70 @@ class FakeNvml:
 
 def _not_supported() -> NoReturn:
     raise pynvml.NVMLError_NotSupported()
+
+
+# NVML_GPU_INSTANCE_PROFILE_<n>_SLICE: the profiles a GPU without a catalog derives from its MIG devices
+_PROFILE_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}
+
+
+def _profile_info(gpu: GpuSpec, index: int) -> tuple[dict[str, int], str]:
+    """The fields of c_nvmlGpuInstanceProfileInfo_t for profile ``index`` and the profile's name:
+    from the catalog; without one, from the first MIG device whose GPU instance has that many
+    slices, as the mock library answers (ID = the index). ``NotSupported`` where there is none."""
+    catalog = gpu.mig_catalog
+    if catalog is not None:
+        spec = catalog.by_index(index)
+        if spec is None:
+            _not_supported()
+        return {
+            "id": spec.id, "isP2pSupported": 0, "sliceCount": spec.slices, "instanceCount": spec.instances,
+            "multiprocessorCount": spec.multiprocessors, "copyEngineCount": spec.copy_engines,
+            "decoderCount": spec.decoders, "encoderCount": spec.encoders, "jpegCount": spec.jpeg,
+            "ofaCount": spec.ofa, "memorySizeMB": spec.memory_mib,
+        }, spec.name
+    slices = _PROFILE_SLICES.get(index)
+    for _, mig in sorted(gpu.migs.items()):
+        a = mig.attributes
+        if slices is None or a.get("gpuInstanceSliceCount", 0) != slices:
+            continue
+        ci_slices = a.get("computeInstanceSliceCount", 0) or 1
+        return {
+            "id": index, "isP2pSupported": 0, "sliceCount": slices, "instanceCount": gpu.max_mig_devices // slices,
+            # a GPU instance's share of the GPU: its compute instance scaled back up to the whole GI
+            "multiprocessorCount": a.get("multiprocessorCount", 0) * slices // ci_slices,
+            "copyEngineCount": a.get("sharedCopyEngineCount", 0), "decoderCount": a.get("sharedDecoderCount", 0),
+            "encoderCount": a.get("sharedEncoderCount", 0), "jpegCount": a.get("sharedJpegCount", 0),
+            "ofaCount": a.get("sharedOfaCount", 0), "memorySizeMB": a.get("memorySizeMB", 0),
+        }, gpu_instance_profile(mig.profile)
+    _not_supported()
+
+
+def _profile_info_v2(fields: dict[str, int], name: str) -> Any:
+    info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()  # its version field set, as pynvml sends it
+    for key, value in fields.items():
+        setattr(info, key, value)
+    info.name = f"MIG {name}"
+    return info
+
+
+def _out_uint(ref: Any) -> Any:
+    """An unsigned-int out-argument as pynvml passes it (``byref(c_uint)``, ``pointer(c_uint)`` or the
+    ``c_uint``), indexable like a pointer; ``InvalidArgument`` for NULL, as NVML answers."""
+    obj = getattr(ref, "_obj", ref)  # byref(x) -> x
+    if isinstance(obj, ctypes.c_uint):
+        return ctypes.pointer(obj)
+    if isinstance(obj, ctypes._Pointer) and obj:
+        return obj
+    raise pynvml.NVMLError_InvalidArgument()
+
+
+def _out_array(ref: Any) -> Any:
+    """A placements out-argument: None (NULL) or something indexable that placements can be stored in."""
+    obj = getattr(ref, "_obj", ref)
+    if obj is None or (isinstance(obj, ctypes._Pointer) and not obj):
+        return None
+    if isinstance(obj, ctypes.Structure):
+        return ctypes.pointer(obj)
+    if isinstance(obj, (ctypes.Array, ctypes._Pointer)):
+        return obj
+    raise pynvml.NVMLError_InvalidArgument()

@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpudra_core.devicemodel import Device
+from gpudra_core.migpartitions import placement_of
 
 CAPS_DIR = "/dev/nvidia-caps"
+PLACEMENT = "mig-placement"  # NodeDevice.kind of a dynamic MIG placement
 
 # (parent GPU minor, GPU instance ID, compute instance ID or None for the GI itself) -> cap minor
 CapMinor = Callable[[int, int, "int | None"], int]
@@ -84,9 +86,14 @@ def device_nodes(device: Device, cap_minor: CapMinor = mig_cap_minor_fallback) -
 
 
 def node_devices(devices: list[Device], cap_minor: CapMinor = mig_cap_minor_fallback) -> dict[str, NodeDevice]:
-    """Discovered devices by name, in the form prepare plans with."""
-    return {d.name: NodeDevice(d.name, str(d.attr("uuid")), device_nodes(d, cap_minor), d.type,
-                               d.capacity.get("memory", 0), str(d.attr("cudaComputeCapability") or ""))
+    """Discovered devices by name, in the form prepare plans with. A dynamic MIG placement
+    (:func:`gpudra_core.migpartitions.placement_of`) has no instance, so no UUID or nodes, until
+    prepare creates it: it is kind ``PLACEMENT``."""
+    return {d.name: NodeDevice(d.name, "", (), PLACEMENT, d.capacity.get("memory", 0),
+                               str(d.attr("cudaComputeCapability") or ""))
+            if placement_of(d) is not None else
+            NodeDevice(d.name, str(d.attr("uuid")), device_nodes(d, cap_minor), d.type,
+                       d.capacity.get("memory", 0), str(d.attr("cudaComputeCapability") or ""))
             for d in devices}
 
 

@@ -15,7 +15,7 @@ from gpudra_driver.plugin.allocation import ClaimAllocation, read_claim
 from gpudra_driver.plugin.cdi import cdi_device_id
 from gpudra_core.quantity import format_quantity
 from gpudra_driver.plugin.checkpoint import COMPLETED, Checkpoint
-from gpudra_driver.plugin.devicenodes import NodeDevice
+from gpudra_driver.plugin.devicenodes import PLACEMENT, NodeDevice
 from gpudra_driver.gpuconfig import GpuConfig, GpuConfigError, Mps, Strategy
 from gpudra_driver.plugin.sharing import plan as gpusettings
 from gpudra_driver.plugin.model import (MPS, NOT_SHARED, TIME_SLICING, ClaimError, ClaimRef, DeviceSharing,
@@ -62,6 +62,9 @@ def plan_prepare(ref: ClaimRef, claim: ClaimAllocation | Mapping[str, Any] | Cla
                              f"pool {node!r}")
         if name not in devices:
             raise ClaimError(f"{ref}: device {name!r} is not a device of node {node}")
+        if devices[name].kind == PLACEMENT:
+            raise ClaimError(f"{ref}: device {name!r} is a dynamic MIG placement; this agent publishes them "
+                             "for the scheduler but cannot create MIG instances at prepare yet (docs/mig.md)")
         request = result.request.split("/", 1)[0]  # "req/sub" -> "req"
         full_requests.setdefault(name, []).append(result.request)
         requests = by_device.setdefault(name, [])

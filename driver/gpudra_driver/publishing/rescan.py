@@ -23,7 +23,7 @@ from pathlib import Path
 
 from gpudra_core.consumable import ConsumableCapacity, share_devices
 from gpudra_core.devicemodel import Device
-from gpudra_driver.discovery import Discovery, NvmlUnavailable, nvidia_gpus_on_pci, scan
+from gpudra_driver.discovery import Discovery, MigMode, NvmlUnavailable, nvidia_gpus_on_pci, scan
 from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.nvml import load_nvml, resolve_spec
 
@@ -46,8 +46,9 @@ class Rescanner:
                  numa_node_of: Callable[[str], int | None] | None = None,
                  driver_root: DriverRoot | None = None, report: Report | None = None,
                  sysfs: Path = Path("/sys"), gate: Callable[[], Awaitable[str | None]] | None = None,
-                 sharing: ConsumableCapacity | None = None) -> None:
+                 sharing: ConsumableCapacity | None = None, mig: MigMode = "static") -> None:
         self.sharing = sharing
+        self.mig = mig
         self.gate = gate  # checked before each publish (the device plugin guard); the publish reads it
         self.spec = resolve_spec(spec)
         self.sysfs = sysfs
@@ -112,7 +113,7 @@ class Rescanner:
 
     def _scan(self) -> Discovery:
         try:
-            found = scan(load_nvml(self.spec, self.driver_root), numa_node_of=self.numa_node_of)
+            found = scan(load_nvml(self.spec, self.driver_root), numa_node_of=self.numa_node_of, mig=self.mig)
         except NvmlUnavailable as error:
             if self.spec != "real" or nvidia_gpus_on_pci(self.sysfs) != []:  # GPUs, or unreadable
                 raise

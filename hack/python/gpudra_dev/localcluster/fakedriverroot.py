@@ -31,7 +31,7 @@ from pathlib import Path
 import pynvml
 
 from gpudra_dev import REPO
-from gpudra_driver.nvml.fake import Profile, load_profile
+from gpudra_driver.nvml.fake import MigCatalog, Profile, load_profile
 from gpudra_driver.plugin.devicenodes import _GIS_PER_GPU, _MINORS_PER_GI, mig_cap_minor_fallback
 
 __all__ = [
@@ -107,6 +107,24 @@ def _one_line(where: str, value: str) -> str:
     return value
 
 
+def _catalog_lines(catalog: MigCatalog | None) -> list[str]:
+    """``migCatalog`` and one ``migProfile`` per GPU instance profile (format: tests/mocknvml/mock_nvml.c)."""
+    if catalog is None:
+        return []
+    return [f"migCatalog {_one_word('migCatalog', catalog.model)} {catalog.memory_slices} {catalog.compute_slices}"] + [
+        f"migProfile {p.index} {p.id} {p.slices} {p.instances} {p.multiprocessors} {p.copy_engines} {p.decoders} "
+        f"{p.encoders} {p.jpeg} {p.ofa} {p.memory_mib} {_one_word('migProfile name', p.name)} {p.placement_size} "
+        f"{','.join(str(start) for start in p.placement_starts)}"
+        for p in catalog.profiles
+    ]
+
+
+def _one_word(where: str, value: str) -> str:
+    if not value or any(c.isspace() for c in value):
+        raise ValueError(f"{where}: {value!r} cannot be written as one inventory word")
+    return value
+
+
 def inventory_text(profile: Profile) -> str:
     """The mock NVML's inventory for ``profile`` (format: the header of tests/mocknvml/mock_nvml.c)."""
     lines = [
@@ -139,6 +157,7 @@ def inventory_text(profile: Profile) -> str:
             f"migMode {gpu.mig_mode[0]} {gpu.mig_mode[1]}",
             f"maxMigDevices {gpu.max_mig_devices}",
             *_fault_lines(gpu.fail),
+            *_catalog_lines(gpu.mig_catalog),
         ]
         for slot, mig in sorted(gpu.migs.items()):
             attrs = " ".join(str(mig.attributes.get(name, 0)) for name, _ in pynvml.c_nvmlDeviceAttributes._fields_)

@@ -1,0 +1,124 @@
+"""Dynamic MIG against the real API server and kube-scheduler: an agent started with ``--mig
+dynamic`` on two simulated MIG-enabled H100s publishes every placement over counters, and the
+scheduler, adding up nothing but those counters, fills a GPU exactly as the hardware's placement
+rules allow, leaves the next claim Pending, and gives a freed placement to another profile.
+
+Partitionable devices (KEP-4815) are alpha and off in Kubernetes 1.35, beta and on in 1.36 and
+1.37: on 1.35 the agent finds out with a dry run, publishes static MIG and says why in a Node
+Event. The expectations follow the release under test: CI runs this file on 1.35.4 with the whole
+suite, and on 1.36.3 and 1.37.2 (`make test KUBE_VERSION=... PYTEST_ARGS=<this file>`)."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from gpudra_core.kubeapi import Kube, Obj, resource_type
+from gpudra_dev.localcluster.agents import AgentProcess
+from gpudra_dev.localcluster.waiting import wait_for
+
+SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
+DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
+POD = resource_type("v1", "Pod")
+CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
+EVENT = resource_type("v1", "Event")
+PROFILE = "fake:h100-dynamic-mig"  # two H100 80GB HBM3, MIG enabled, no MIG devices
+PER_GPU = 1 + 7 + 7 + 4 + 3 + 2 + 1 + 1  # the whole GPU, then every placement of its seven profiles
+
+
+async def slices_of(kube: Kube, driver: str, node: str) -> list[Obj]:
+    return [s async for s in kube.list(SLICE, field_selector=f"spec.driver={driver},spec.nodeName={node}")]
+
+
+async def published(kube: Kube, driver: str, node: str, devices: int) -> list[Obj]:
+    """The node's slices once all ``devices`` are published in one complete pool generation."""
+    async def probe() -> list[Obj] | None:
+        found = await slices_of(kube, driver, node)
+        if not found or len({s["spec"]["pool"]["generation"] for s in found}) != 1:
+            return None
+        if len(found) != found[0]["spec"]["pool"]["resourceSliceCount"]:
+            return None
+        return found if sum(len(s["spec"].get("devices") or []) for s in found) == devices else None
+
+    return await wait_for(probe, timeout=60, what=f"{devices} devices of {driver} published for {node}")
+
+
+async def test_the_scheduler_fills_a_gpu_with_placements_exactly_as_the_hardware_allows(
+        kube: Kube, namespace: str, fake_nodes: Any, agents: Callable[..., AgentProcess]) -> None:
+    from test_consumable_capacity import allocated, minor_version, run_pod, unschedulable
+
+    suffix = secrets.token_hex(3)
+    driver = f"mig{suffix}.gpudra.io"
+    node = (await fake_nodes("mig"))["metadata"]["name"]
+    agent = agents(node, PROFILE, driver, rescan_interval=0.5, extra_args=("--mig", "dynamic"))
+
+    if await minor_version(kube) < 36:
+        # 1.35: counters would be dropped and overlapping placements handed out; the agent publishes
+        # static MIG (these GPUs have no MIG devices: nothing) and says why, once.
+        async def reported() -> list[Obj] | None:
+            found = [e async for e in kube.list(EVENT, "default", field_selector=f"involvedObject.name={node}")
+                     if e.get("reason") == "DynamicMigUnsupported"]
+            return found or None
+
+        (event,) = await wait_for(reported, timeout=30, what="the agent's DynamicMigUnsupported Node event")
+        assert event["type"] == "Warning"
+        assert event["message"].startswith("--mig dynamic is ignored: the API server drops sharedCounters and "
+                                           "consumesCounters from ResourceSlices: its DRAPartitionableDevices "
+                                           "feature gate is off"), event["message"]
+        (empty,) = await published(kube, driver, node, 0)
+        assert "sharedCounters" not in empty["spec"], agent.log_tail()
+        return
+
+    slices = await published(kube, driver, node, 2 * PER_GPU)
+    specs = sorted((s["spec"] for s in slices), key=lambda s: s.get("devices", [{}])[0].get("name", ""))
+    (counters,) = [s for s in specs if "sharedCounters" in s]
+    assert [c["name"] for c in counters["sharedCounters"]] == ["gpu-0-counters", "gpu-1-counters"]
+    assert counters["sharedCounters"][0]["counters"]["ofa-engines"] == {"value": "1"}
+    assert sorted(len(s.get("devices") or []) for s in specs) == [0, PER_GPU, PER_GPU]
+
+    device_class = f"mig{suffix}.gpudra.io"
+    await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": device_class},
+                       "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}})
+    attr = f'device.attributes["{driver}"]'
+
+    def on_gpu0(name: str, profile: str | None) -> Obj:
+        """A claim for one MIG placement of ``profile`` on gpu-0 (None: the whole gpu-0)."""
+        expression = (f'{attr}.type == "gpu" && {attr}.index == 0' if profile is None else
+                      f'{attr}.type == "mig" && {attr}.parentIndex == 0 && {attr}.profile == "{profile}"')
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"devices": {"requests": [{"name": "mig", "exactly": {
+                    "deviceClassName": device_class, "selectors": [{"cel": {"expression": expression}}]}}]}}}
+
+    try:
+        # 4g.40gb has one placement (slices 0-3); 2g.20gb then fits only at 4; 1g.10gb only at 6.
+        got = await allocated(kube, namespace, node, [on_gpu0("four", "4g.40gb"), on_gpu0("two", "2g.20gb"),
+                                                      on_gpu0("one", "1g.10gb")])
+        assert {n: r["device"] for n, r in got.items()} == {
+            "four": "gpu-0-mig-4g40gb-at0", "two": "gpu-0-mig-2g20gb-at4", "one": "gpu-0-mig-1g10gb-at6"}
+        assert all(r["pool"] == node and r["driver"] == driver for r in got.values())
+        # slice 7 is free, but no 1g.10gb placement starts there; nor is the whole GPU free
+        await run_pod(kube, namespace, node, on_gpu0("one-more", "1g.10gb"))
+        assert "cannot allocate all claims" in await unschedulable(kube, namespace, "one-more")
+        await run_pod(kube, namespace, node, on_gpu0("whole", None))
+        await unschedulable(kube, namespace, "whole")
+
+        # the Pending ones and the 4g go (pods, then claims): slices 0-3 take a 3g.40gb, a profile they never held
+        for name in ("one-more", "whole", "four"):
+            await kube.delete(POD, name, namespace, grace_period_seconds=0)
+            await kube.delete(CLAIM, name, namespace)
+
+        async def gone() -> bool:
+            return all([await kube.get(CLAIM, n, namespace) is None for n in ("one-more", "whole", "four")])
+
+        await wait_for(gone, timeout=30, what="the claims of one-more, whole and four deallocated and deleted")
+        (three,) = (await allocated(kube, namespace, node, [on_gpu0("three", "3g.40gb")])).values()
+        assert three["device"] == "gpu-0-mig-3g40gb-at0"
+        # gpu-1 was never touched: its whole GPU is still free
+        (other,) = (await allocated(kube, namespace, node, [{**on_gpu0("gpu1", None), "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class, "selectors": [{"cel": {
+                "expression": f'{attr}.type == "gpu" && {attr}.index == 1'}}]}}]}}}])).values()
+        assert other["device"] == "gpu-1"
+    finally:
+        await kube.delete(DEVICE_CLASS, device_class)
