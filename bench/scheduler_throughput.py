@@ -51,6 +51,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -64,7 +65,7 @@ from gpudra_core.devicemodel import Device
 from gpudra_core.kubeapi import Deadlines, Kube, Obj, connect, resource_type
 from gpudra_driver.devicehealth.apply import snapshot
 from gpudra_driver.devicehealth.plan import Moment, Policy
-from gpudra_driver.discovery import scan
+from gpudra_driver.discovery import MigMode, scan
 from gpudra_driver.nvml import load_nvml
 from gpudra_driver.publishing.slices import build_slices
 from gpudra_dev.localcluster.controlplane import Component, ControlPlane, find_binaries
@@ -90,6 +91,7 @@ TARGET = 0.9
 SCHEDULER_QPS, SCHEDULER_BURST = 5000, 10000
 KCM_QPS, KCM_BURST = 2000, 4000
 SAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "samples"
+PROFILES = Path(__file__).resolve().parents[1] / "driver" / "gpudra_driver" / "profiles"
 MEMORY = f'device.capacity["{DRIVER}"]'
 ATTRIBUTES = f'device.attributes["{DRIVER}"]'
 
@@ -114,6 +116,7 @@ class Variant:
     driver: str
     templates: dict[str, Obj]  # ResourceClaimTemplate name -> its one request
     sharing: ConsumableCapacity | None = None
+    mig: MigMode = "static"  # dynamic: 8 MIG-enabled H100s per Node, every placement over counters
 
 
 MINIMAL = Variant("minimal", MINIMAL_DRIVER, {"one": exactly(MINIMAL_DRIVER)})
@@ -132,24 +135,47 @@ CONSUMABLE = Variant("consumable", DRIVER, {
     "gpu": exactly("gpu.gpudra.io"),
 }, sharing=ConsumableCapacity.parse("1Gi", 8))
 SHAPE = Variant("shape", DRIVER, {"gpu": exactly("gpu.gpudra.io")})
-VARIANTS = {v.name: v for v in (MINIMAL, GPUDRA, CONSUMABLE, SHAPE)}
+# Dynamic MIG (issue 34), on the same cluster: whole GPUs, or one 1g.10gb placement per claim
+DYNAMIC_WHOLE = Variant("dynamic-whole", DRIVER, {"gpu": exactly("gpu-full.gpudra.io")}, mig="dynamic")
+DYNAMIC_MIG = Variant("dynamic-mig", DRIVER, {"mig-1g": exactly("mig.gpudra.io", f'{ATTRIBUTES}.profile == "1g.10gb"')},
+                      mig="dynamic")
+VARIANTS = {v.name: v for v in (MINIMAL, GPUDRA, CONSUMABLE, SHAPE, DYNAMIC_WHOLE, DYNAMIC_MIG)}
+# 9 slices per Node (counters, then 26 devices per GPU): kube-scheduler 1.36 is far slower per pod on
+# partitionable devices, so this plane is smaller (bench/README.md, "Dynamic MIG")
+MIG_NODES = int(os.environ.get("BENCH_SCHED_MIG_NODES", "20"))
+MIG_PODS = int(os.environ.get("BENCH_SCHED_MIG_PODS", "100"))
 TARGETS = ("gpudra", "consumable")  # the variants with the issue's target; the others are diagnostics
 
 
 def variants_from(variable: str, default: str) -> list[Variant]:
+    """The variants ``$variable`` names, the baseline first."""
     names = os.environ.get(variable, default).split(",")
-    if names[0] != "minimal" or any(n not in VARIANTS for n in names):
-        raise ValueError(f"${variable}={','.join(names)}: minimal first, then any of {', '.join(VARIANTS)}")
+    if names[0] != default.split(",")[0] or any(n not in VARIANTS for n in names):
+        raise ValueError(f"${variable}={','.join(names)}: {default.split(',')[0]} first, then any of "
+                         f"{', '.join(VARIANTS)}")
     return [VARIANTS[n] for n in names]
 
 
-def gpudra_devices(sharing: ConsumableCapacity | None) -> list[Device]:
+def gpudra_devices(sharing: ConsumableCapacity | None, mig: MigMode = "static") -> list[Device]:
     """What ``gpudra discover --nvml fake:dgx-h100`` publishes (its discovery, sharing and health
-    probe; ``--consumable-*`` as ``sharing`` says)."""
-    nvml = load_nvml(PROFILE)
-    devices, unshared = share_devices(scan(nvml).devices, sharing)
-    assert not unshared, unshared
-    return snapshot(nvml, devices, Policy(driver=DRIVER), Moment.now())
+    probe; ``--consumable-*`` as ``sharing`` says); with ``mig`` dynamic, what ``--mig dynamic``
+    publishes for 8 MIG-enabled H100s (h100-dynamic-mig's GPU, eight times)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if mig == "static":
+            nvml = load_nvml(PROFILE)
+        else:
+            profile = yaml.safe_load((PROFILES / "h100-dynamic-mig.yaml").read_text())
+            first = profile["gpus"][0]
+            profile["gpus"] = [dict(first, uuid=f"GPU-{i:08x}-0000-4000-8000-000000000000",
+                                    busId=f"00000000:{0x18 + i:02x}:00.0") for i in range(GPUS)]
+            path = Path(tmp) / "h100-dynamic-mig-x8.yaml"
+            path.write_text(yaml.safe_dump(profile))
+            nvml = load_nvml(f"fake:{path}")
+        found = scan(nvml, mig=mig)
+        assert not found.warnings, found.warnings
+        devices, unshared = share_devices(found.devices, sharing)
+        assert not unshared, unshared
+        return snapshot(nvml, devices, Policy(driver=DRIVER), Moment.now())
 
 
 def slices_of(variant: Variant, nodes: dict[str, str], generation: int) -> list[Obj]:
@@ -161,8 +187,8 @@ def slices_of(variant: Variant, nodes: dict[str, str], generation: int) -> list[
                           "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
                           "devices": [{"name": f"gpu-{i}", "attributes": {"index": {"int": i}}}
                                       for i in range(GPUS)]}} for node in nodes]
-    devices = gpudra_devices(variant.sharing)
-    assert len(devices) == GPUS
+    devices = gpudra_devices(variant.sharing, variant.mig)
+    assert len(devices) == (GPUS if variant.mig == "static" else GPUS * 26)
     return [s for node, uid in nodes.items() for s in build_slices(DRIVER, node, uid, generation, devices)]
 
 
@@ -385,7 +411,7 @@ async def check_allocations(kube: Kube, namespace: str, variant: Variant) -> Non
 
 
 async def run_round(plane: SchedulerBench, kube: Kube, variant: Variant, nodes: dict[str, str],
-                    generation: int, last_namespace: str | None, swap: bool) -> tuple[Round, str]:
+                    generation: int, last_namespace: str | None, swap: bool, pods: int = PODS) -> tuple[Round, str]:
     """One round; the namespace to delete after it (the next round waits for that, after its own
     set-up: the deletion overlaps it)."""
     # The variant's slices replace the last round's (no scheduler runs: nothing is seen half-done).
@@ -397,19 +423,19 @@ async def run_round(plane: SchedulerBench, kube: Kube, variant: Variant, nodes: 
     namespace = await create_scratch_namespace(kube, f"sched-{variant.name}")
     for name, request in variant.templates.items():
         await kube.create(claim_template(name, namespace, request))
-    tracker = PodTracker(kube, namespace, PODS)
+    tracker = PodTracker(kube, namespace, pods)
     await tracker.start()
     try:
         names = list(variant.templates)
         started = time.perf_counter()
         await bounded([functools.partial(kube.create, pod(f"p-{i:05d}", namespace, names[i % len(names)]))
-                       for i in range(PODS)])
+                       for i in range(pods)])
         await tracker.wait(tracker.all_claimed, 300, "every pod's claim made by the controller-manager")
         create_s = time.perf_counter() - started
         await gone(kube, last_namespace)
         tracker.scheduler_pid = plane.start_scheduler()
         try:
-            await tracker.wait(tracker.all_bound, 120 + PODS / 2, f"every pod bound ({variant.name})")
+            await tracker.wait(tracker.all_bound, 120 + pods / 2, f"every pod bound ({variant.name})")
         except TimeoutError as error:
             raise RuntimeError(f"{error}\n--- kube-scheduler log tail ---\n{plane.scheduler.log_tail()}") from None
         metrics = metric_values(await asyncio.to_thread(plane.scheduler_metrics))
@@ -419,16 +445,18 @@ async def run_round(plane: SchedulerBench, kube: Kube, variant: Variant, nodes: 
     await check_allocations(kube, namespace, variant)
     await kube.delete(NAMESPACE, namespace)
     times = sorted(tracker.bound.values())
-    result = Round(variant.name, (PODS - 1) / (times[-1] - times[0]),
-                   1000 * (tracker.cpu_at_last - tracker.cpu_at_first) / (PODS - 1),
+    result = Round(variant.name, (pods - 1) / (times[-1] - times[0]),
+                   1000 * (tracker.cpu_at_last - tracker.cpu_at_first) / (pods - 1),
                    1000 * metrics.get("sum", 0.0) / max(metrics.get("count", 0.0), 1.0),
                    sum(v for k, v in metrics.items() if k.startswith("attempts_")), create_s)
     print(f"[scheduler_throughput] {result}", file=sys.stderr, flush=True)
     return result, namespace
 
 
-async def measure(ctx: Context, bin_dir: Path, variants: list[Variant], label: str) -> tuple[str, list[Round]]:
-    """Every variant's rounds on one fresh control plane of ``bin_dir``; its version and the rounds."""
+async def measure(ctx: Context, bin_dir: Path, variants: list[Variant], label: str,
+                  nodes_count: int = NODES, pods: int = PODS) -> tuple[str, list[Round]]:
+    """Every variant's rounds on one fresh control plane of ``bin_dir`` with ``nodes_count`` Nodes;
+    its version and the rounds."""
     plane = SchedulerBench(bin_dir, ctx.workdir(f"scheduler_throughput-{label}") / "cluster")
     await asyncio.to_thread(plane.start)
     api = await connect(str(plane.kubeconfig))
@@ -438,16 +466,17 @@ async def measure(ctx: Context, bin_dir: Path, variants: list[Variant], label: s
         for device_class in device_classes(sharing=any(v.sharing for v in variants)):
             await kube.create(device_class)
         started = time.monotonic()
-        created = await bounded([functools.partial(create_fake_node, kube, f"gpu-{i:05d}") for i in range(NODES)])
+        created = await bounded([functools.partial(create_fake_node, kube, f"gpu-{i:05d}")
+                                 for i in range(nodes_count)])
         nodes = {n["metadata"]["name"]: n["metadata"]["uid"] for n in created}
-        print(f"[scheduler_throughput] {version}: {NODES} nodes in {time.monotonic() - started:.0f}s",
+        print(f"[scheduler_throughput] {version}: {nodes_count} nodes in {time.monotonic() - started:.0f}s",
               file=sys.stderr, flush=True)
         rounds: list[Round] = []
         namespace: str | None = None
         order = [v for _ in range(ROUNDS) for v in (*variants, *reversed(variants))]  # ABBA
         for generation, variant in enumerate(order, start=1):
             swap = generation == 1 or order[generation - 2] is not variant
-            result, namespace = await run_round(plane, kube, variant, nodes, generation, namespace, swap)
+            result, namespace = await run_round(plane, kube, variant, nodes, generation, namespace, swap, pods)
             rounds.append(result)
         return version, rounds
     finally:
@@ -455,10 +484,11 @@ async def measure(ctx: Context, bin_dir: Path, variants: list[Variant], label: s
         await asyncio.to_thread(plane.stop)
 
 
-def summary(version: str, rounds: list[Round], variant: str, target: bool) -> list[Result]:
-    """``variant`` against the minimal baseline: pods/s (the issue's figure) and pods per scheduler
-    CPU second (the same ratio where the scheduler's CPU is the limit, as on a small machine, and
-    much steadier when other work shares the machine)."""
+def summary(version: str, rounds: list[Round], variant: str, target: bool, base_name: str = "minimal",
+            nodes_count: int = NODES, pods: int = PODS) -> list[Result]:
+    """``variant`` against the baseline (minimal slices): pods/s (the issue's figure) and pods per
+    scheduler CPU second (the same ratio where the scheduler's CPU is the limit, as on a small
+    machine, and much steadier when other work shares the machine)."""
     def of(name: str, field: str) -> list[float]:
         return [getattr(r, field) for r in rounds if r.variant == name]
 
@@ -469,25 +499,28 @@ def summary(version: str, rounds: list[Round], variant: str, target: bool) -> li
     def listed(values: list[float]) -> str:
         return "/".join(f"{v:.1f}" for v in values)
 
-    mine, base = of(variant, "pods_per_s"), of("minimal", "pods_per_s")
-    mine_cpu, base_cpu = of(variant, "cpu_ms_per_pod"), of("minimal", "cpu_ms_per_pod")
-    scale = f"{PODS} pods a round, {NODES} nodes x {GPUS}"
+    mine, base = of(variant, "pods_per_s"), of(base_name, "pods_per_s")
+    mine_cpu, base_cpu = of(variant, "cpu_ms_per_pod"), of(base_name, "cpu_ms_per_pod")
+    scale = f"{pods} pods a round, {nodes_count} nodes x {GPUS}"
+    versus = "minimal slices" if base_name == "minimal" else base_name
     return [
-        row(f"pods/s, {variant} vs minimal slices ({version})", median(mine) / median(base),
+        row(f"pods/s, {variant} vs {versus} ({version})", median(mine) / median(base),
             f"{listed(mine)} vs {listed(base)} pods/s by round; {scale}"),
-        row(f"pods per scheduler CPU second, {variant} vs minimal ({version})", median(base_cpu) / median(mine_cpu),
+        row(f"pods per scheduler CPU second, {variant} vs {versus} ({version})", median(base_cpu) / median(mine_cpu),
             f"scheduler CPU {listed(mine_cpu)} vs {listed(base_cpu)} ms/pod; its scheduling algorithm "
-            f"{median(of(variant, 'algorithm_ms')):.1f} vs {median(of('minimal', 'algorithm_ms')):.1f} ms/pod"),
+            f"{median(of(variant, 'algorithm_ms')):.1f} vs {median(of(base_name, 'algorithm_ms')):.1f} ms/pod"),
     ]
 
 
-async def compare(ctx: Context, bin_dir: Path, variants: list[Variant], label: str) -> list[Result]:
-    """The rows of one control plane: pods/s of each variant, and each variant against minimal."""
-    version, rounds = await measure(ctx, bin_dir, variants, label)
+async def compare(ctx: Context, bin_dir: Path, variants: list[Variant], label: str,
+                  nodes_count: int = NODES, pods: int = PODS) -> list[Result]:
+    """The rows of one control plane: pods/s of each variant, and each variant against the first."""
+    version, rounds = await measure(ctx, bin_dir, variants, label, nodes_count, pods)
     results = [Result(f"pods/s, {v.name} slices ({version})",
                       median([r.pods_per_s for r in rounds if r.variant == v.name]), "pods/s") for v in variants]
     for variant in variants[1:]:
-        results += summary(version, rounds, variant.name, variant.name in TARGETS)
+        results += summary(version, rounds, variant.name, variant.name in TARGETS, variants[0].name, nodes_count,
+                           pods)
     return results
 
 
@@ -503,5 +536,8 @@ async def run(ctx: Context) -> list[Result]:
     else:
         results += await compare(ctx, next_bin, variants_from("BENCH_SCHED_NEXT_VARIANTS", "minimal,consumable"),
                                  "next")
+        # Dynamic MIG (issue 34): a 1g.10gb placement against a whole GPU, both over counters
+        results += await compare(ctx, next_bin, variants_from("BENCH_SCHED_MIG_VARIANTS", "dynamic-whole,dynamic-mig"),
+                                 "mig", MIG_NODES, MIG_PODS)
     results.append(Result("module runtime", time.monotonic() - started, "s"))
     return results

@@ -19,6 +19,12 @@
  *  - GPU/compute instance calls (GetGpuInstanceById, GpuInstanceGetInfo, ComputeInstanceGetInfo,
  *    Get{Gpu,Compute}InstanceProfileInfo v1) answer from the MIG devices, enough for go-nvlib's
  *    MigDevice.GetProfile, which nvidia-ctk calls for every MIG device;
+ *  - dynamic MIG: GPU and compute instances are created and destroyed through NVML
+ *    (nvmlDeviceCreateGpuInstance[WithPlacement], nvmlGpuInstanceCreateComputeInstance, ...Destroy,
+ *    nvmlDeviceGetGpuInstances, nvmlGpuInstanceGetComputeInstances, ...) on a GPU with a MIG catalog and
+ *    MIG mode enabled, kept in <state>/state/<GPU uuid>/mig_instances for every process; each created
+ *    compute instance is a MIG device like the inventory's. Rules, IDs, UUIDs and the file format: the
+ *    "MIG GPU and compute instances" section below;
  *  - GPU instance profiles of a GPU with a MIG catalog (migCatalog/migProfile lines: every profile NVML
  *    reports on that model), whatever its MIG mode and MIG devices: nvmlDeviceGetGpuInstanceProfileInfo
  *    (v1 struct), ...ProfileInfoV and ...ProfileInfoByIdV (v2 or v3 struct, any other version:
@@ -94,6 +100,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/file.h>
 #include <sys/inotify.h>
 #include <time.h>
 #include <stdio.h>
@@ -110,6 +117,8 @@
 #define MAX_MIG_SLOTS 16
 #define MAX_FAULTS 8
 #define MAX_MEMORY_SLICES 16 /* 8 on every MIG-capable GPU so far */
+#define MAX_GIS 15            /* GPU instance IDs 0..14: the kernel's capability layout has 15 GIs per GPU */
+#define MAX_CIS 8             /* compute instance IDs 0..7 per GPU instance (the same layout) */
 #define PROFILE_SLOTS MOCK_GPU_INSTANCE_PROFILE_COUNT
 #define TEXT_LEN 96
 #define LINE_LEN 512
@@ -123,9 +132,14 @@ struct fault {
 
 struct device;
 
-/* A GPU or compute instance handle: part of the MIG device it belongs to. */
+/* A GPU or compute instance handle. An inventory (static) one is part of the MIG device it belongs
+ * to (`mig`); a created one lives in its GPU (`created`, mig NULL) and is valid while the state file
+ * lists it. */
 struct instance {
     struct device *mig;
+    int gpu_index;
+    unsigned int gi, ci;
+    int created;
 };
 
 struct device {
@@ -172,6 +186,22 @@ struct gpu {
     struct mig_profile profiles[PROFILE_SLOTS];
     int lost;                     /* from <state>/events: lost / recover */
     unsigned int recovery_action; /* from <state>/events: action / recover */
+    /* GPU and compute instances created through NVML (<state>/state/<uuid>/mig_instances), re-read
+     * whenever the file changed (another process may have changed it) */
+    struct created_gi {
+        int present;
+        int profile; /* the catalog index */
+        unsigned int start, size;
+    } cgi[MAX_GIS];
+    struct created_ci {
+        int present;
+        unsigned int profile_id, slot;
+    } cci[MAX_GIS][MAX_CIS];
+    struct device dyn[MAX_MIG_SLOTS];         /* the MIG devices of the created instances, by slot */
+    struct instance gi_h[MAX_GIS];            /* created GPU instance handles, by GI ID */
+    struct instance ci_h[MAX_GIS][MAX_CIS];   /* created compute instance handles, by GI and CI ID */
+    int state_loaded, state_present;          /* what the last read of the file saw */
+    struct stat state_st;
 };
 
 /* Handles point into these static arrays, so they stay valid across init/shutdown. */
@@ -336,6 +366,8 @@ static int parse_mig_profile(struct gpu *g, const char *value) {
     return 0;
 }
 
+static void init_instance_handles(void);
+
 static nvmlReturn_t load_inventory(int *init_error) {
     char path[4096], line[LINE_LEN];
     inventory_path(path, sizeof path);
@@ -384,6 +416,7 @@ static nvmlReturn_t load_inventory(int *init_error) {
             d->slot = slot;
             d->gi_handle.mig = d;
             d->ci_handle.mig = d;
+            d->gi_handle.gpu_index = d->ci_handle.gpu_index = d->gpu_index;
         } else if (!strcmp(key, "uuid")) copy_text(d->uuid, sizeof d->uuid, value);
         else if (!strcmp(key, "fail")) bad = add_fault(d, value) != 0;
         else if (d->is_mig) {
@@ -423,6 +456,7 @@ static nvmlReturn_t load_inventory(int *init_error) {
         fprintf(stderr, "gpudra mock NVML: %s line %d: cannot parse it\n", path, lineno);
         return NVML_ERROR_UNKNOWN;
     }
+    init_instance_handles();
     return NVML_SUCCESS;
 }
 
@@ -430,13 +464,21 @@ static nvmlReturn_t load_inventory(int *init_error) {
 
 #define READY() do { if (refcount <= 0) return NVML_ERROR_UNINITIALIZED; } while (0)
 
-/* The device behind a handle, or NULL when the handle is not one this library gave out. */
+static void refresh_instances(struct gpu *g);
+
+/* The device behind a handle, or NULL when the handle is not one this library gave out (or names a
+ * created MIG device since destroyed). */
 static struct device *lookup(nvmlDevice_t h) {
     if (!h) return NULL;
     for (unsigned int i = 0; i < gpu_count; i++) {
         if (h == &gpus[i].dev) return h;
-        for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++)
+        for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++) {
             if (h == &gpus[i].migs[s]) return gpus[i].migs[s].present ? h : NULL;
+            if (h == &gpus[i].dyn[s]) {
+                refresh_instances(&gpus[i]);
+                return gpus[i].dyn[s].present ? h : NULL;
+            }
+        }
     }
     return NULL;
 }
@@ -460,6 +502,12 @@ static struct device *find_uuid(const char *uuid) {
         if (!strcmp(gpus[i].dev.uuid, uuid)) return &gpus[i].dev;
         for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++)
             if (gpus[i].migs[s].present && !strcmp(gpus[i].migs[s].uuid, uuid)) return &gpus[i].migs[s];
+    }
+    if (strncmp(uuid, "MIG-", 4)) return NULL;
+    for (unsigned int i = 0; i < gpu_count; i++) {
+        refresh_instances(&gpus[i]);
+        for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++)
+            if (gpus[i].dyn[s].present && !strcmp(gpus[i].dyn[s].uuid, uuid)) return &gpus[i].dyn[s];
     }
     return NULL;
 }
@@ -838,8 +886,13 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, uns
     OUT(migDevice);
     if (g->mig_current != NVML_DEVICE_MIG_ENABLE) return NVML_ERROR_NOT_FOUND;
     if (index >= g->max_migs) return NVML_ERROR_INVALID_ARGUMENT;
-    if (!g->migs[index].present) return NVML_ERROR_NOT_FOUND;
-    *migDevice = &g->migs[index];
+    if (g->migs[index].present) {
+        *migDevice = &g->migs[index];
+        return NVML_SUCCESS;
+    }
+    refresh_instances(g);
+    if (!g->dyn[index].present) return NVML_ERROR_NOT_FOUND;
+    *migDevice = &g->dyn[index];
     return NVML_SUCCESS;
 }
 
@@ -932,58 +985,83 @@ UNSUPPORTED_DEVICE_CALL(nvmlDeviceGetEccMode, "nvmlDeviceGetEccMode", int *curre
 #pragma GCC diagnostic pop
 
 /* -- MIG GPU and compute instances -------------------------------------------------------------
- * Enough for go-nvlib's MigDevice.GetProfile (nvidia-ctk): instance handles point into the MIG
- * device they belong to. A GPU with a MIG catalog answers its GPU instance profiles from it (IDs as
- * NVML gives them). Without one, GPU instance profile IDs are NVML's profile *indexes*
- * (NVML_GPU_INSTANCE_PROFILE_<n>_SLICE) derived from the slice counts, and only the profiles some MIG
- * device of the GPU uses are known (others: NOT_SUPPORTED). Compute instance profile IDs are always
- * the indexes (NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE) derived from the slice counts. */
+ * Inventory (static) instances: enough for go-nvlib's MigDevice.GetProfile (nvidia-ctk); their
+ * handles point into the MIG device they belong to. A GPU with a MIG catalog answers its GPU instance
+ * profiles from it (IDs as NVML gives them). Without one, GPU instance profile IDs are NVML's profile
+ * *indexes* (NVML_GPU_INSTANCE_PROFILE_<n>_SLICE) derived from the slice counts, and only the profiles
+ * some MIG device of the GPU uses are known (others: NOT_SUPPORTED). Compute instance profile IDs are
+ * always the indexes (NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE) derived from the slice counts.
+ *
+ * Created instances (dynamic MIG) on a GPU with a MIG catalog and MIG mode enabled, with NVML's
+ * semantics (nvml.h, NVIDIA/go-nvml gen/nvml/nvml.h @2f9e261, the "Multi Instance GPU Management"
+ * group; NVML API reference group__nvmlMultiInstanceGPU):
+ *  - nvmlDeviceCreateGpuInstanceWithPlacement: NOT_SUPPORTED when MIG mode is not enabled (nvml.h:
+ *    "If device doesn't have MIG mode enabled"), on a GPU without MIG support and on one without a
+ *    catalog (no placements known); INVALID_ARGUMENT for an unknown profile ID, a NULL placement and a
+ *    placement not among the profile's possible placements; INSUFFICIENT_RESOURCES ("If the requested
+ *    GPU instance could not be created") when the placement overlaps the memory slices of an existing
+ *    GPU instance (nvml.h on nvmlDeviceGetGpuInstancePossiblePlacements_v2: "Creation of new GPU
+ *    instance will fail if there is overlap with the already occupied memory slices"), when the profile
+ *    already has its instanceCount instances, or when the compute slices or any engine count (copy
+ *    engines, decoders, encoders, JPEG, OFA) summed over the GPU's instances would exceed the GPU's: the
+ *    catalog's compute slices and its largest (full, 7g) profile's engines. nvmlDeviceCreateGpuInstance
+ *    takes the first placement (lowest start) that passes;
+ *  - GPU instance IDs (chosen, matching real GPUs): the placement's node in the binary tree of the
+ *    memory slices, id = (memorySlices/size - 1) + start/size: the full GPU 0, the halves 1-2, the
+ *    quarters 3-6, the eighths 7-14. `nvidia-smi mig -lgi` on real GPUs shows exactly these (A100
+ *    1g.5gb at 0..6 -> 7..13; H100 NVL 2g.24gb at 0/2/4 -> 3/4/5 and 1g.12gb at 6 -> 13; MIG user
+ *    guide 4g.20gb at 0:4 -> 1, 2g.10gb at 4:2 -> 5, 1g.5gb at 6:1 -> 13). The same placement always
+ *    gets the same ID, and IDs stay inside the kernel's capability layout (gi0..gi14). A geometry that
+ *    is not such a tree (none shipped) takes the lowest free ID from 1;
+ *  - compute instances: only the full-size one (the GPU instance's slices, engine profile SHARED),
+ *    what dynamic MIG needs: nvmlGpuInstanceGetComputeInstanceProfileInfo(V) answers it (ID = its
+ *    NVML_COMPUTE_INSTANCE_PROFILE_* index, instanceCount 1, the GI profile's SMs and engines, name
+ *    "MIG <GI profile>"), other profile indexes below NVML_COMPUTE_INSTANCE_PROFILE_COUNT (9) are
+ *    NOT_SUPPORTED, indexes past it and engine profiles other than 0 INVALID_ARGUMENT (nvml.h);
+ *    nvmlGpuInstanceCreateComputeInstance creates it with the lowest free CI ID (0; real GPUs number
+ *    a GPU instance's compute instances from 0), a second one is INSUFFICIENT_RESOURCES; a CI on an
+ *    inventory GPU instance is INSUFFICIENT_RESOURCES (its compute instances are the inventory's);
+ *  - each created compute instance is a MIG device in the lowest MIG device slot (below
+ *    maxMigDevices) that neither an inventory MIG device nor another created one holds, kept until it
+ *    is destroyed: nvmlDeviceGetMigDeviceHandleByIndex, GetHandleByUUID, GetUUID, Get{Gpu,Compute}
+ *    InstanceId, GetAttributes (the catalog profile's), GetName, GetMemoryInfo and the parent handle
+ *    answer as for an inventory MIG device. Its UUID is MIG-<8-4-4-4-12 hex> from FNV-1a 64 over
+ *    "<parent uuid>/<gi>/<ci>" (twice, the second continuing with "#"), version nibble 5, variant 10:
+ *    the same in every process, and in the Python simulator (fake.py mig_uuid);
+ *  - nvmlComputeInstanceDestroy, then nvmlGpuInstanceDestroy: IN_USE for a GPU instance that still has
+ *    compute instances (nvml.h: "compute instances are active on the GPU instance") and for inventory
+ *    instances (chosen: they model instances someone else made and uses); a destroyed instance's
+ *    handle is INVALID_ARGUMENT from then on;
+ *  - nvmlDeviceGetGpuInstances / nvmlGpuInstanceGetComputeInstances: the instances (inventory and
+ *    created) of that profile, by ascending ID, *count set to how many (the buffer must hold the
+ *    profile's instanceCount, as nvml.h says); nvmlDeviceGetGpuInstanceById / nvmlGpuInstance
+ *    GetComputeInstanceById: NOT_FOUND for an ID that does not exist; the GPU instance calls on a GPU
+ *    whose MIG mode is not enabled: NOT_SUPPORTED;
+ *  - every instance call checks the parent GPU's `fail` lines (named without _vN) and lost state;
+ *    each successful create/destroy appends to calls.log:
+ *      nvml CreateGpuInstance <GPU uuid> <profile id> <start> <size> <gi>
+ *      nvml CreateComputeInstance <GPU uuid> <gi> <ci profile id> <ci>
+ *      nvml DestroyComputeInstance <GPU uuid> <gi> <ci>
+ *      nvml DestroyGpuInstance <GPU uuid> <gi>
+ *
+ * Created instances live in <state>/state/<GPU uuid>/mig_instances, shared by every process (the
+ * agent, a restarted agent, tests, the Python simulator given the same state directory), replaced
+ * atomically (a temporary file renamed over it) under an flock(2) on .mig_instances.lock next to it,
+ * and read again whenever it changed (inode, size or mtime). One instance a line:
+ *   gi <gi id> <GPU instance profile id> <placement start> <placement size>
+ *   ci <gi id> <ci id> <compute instance profile id> <MIG device slot>
+ * `#` lines are comments; lines naming an unknown profile, an ID out of range or a CI without its GI
+ * are ignored. A state directory that cannot be written: NO_PERMISSION (the real calls need root). */
 
 /* Slice count -> profile index (the same table for GPU and compute instance profiles). */
 static const unsigned int profile_slices[] = {1, 2, 3, 4, 7, 8, 6};
 #define PROFILE_COUNT (sizeof profile_slices / sizeof profile_slices[0])
+#define MIG_STATE_FILE "mig_instances"
 
 static int profile_index(unsigned int slices) {
     for (unsigned int i = 0; i < PROFILE_COUNT; i++)
         if (profile_slices[i] == slices) return (int)i;
     return -1;
-}
-
-static struct device *instance_mig(const struct instance *inst, int compute) {
-    if (!inst) return NULL;
-    for (unsigned int i = 0; i < gpu_count; i++)
-        for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++) {
-            struct device *m = &gpus[i].migs[s];
-            if (m->present && inst == (compute ? &m->ci_handle : &m->gi_handle)) return m;
-        }
-    return NULL;
-}
-
-EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id, nvmlGpuInstance_t *gpuInstance) {
-    GPU(device, "nvmlDeviceGetGpuInstanceById", g);
-    if (!g->mig_capable || g->mig_current != NVML_DEVICE_MIG_ENABLE) return NVML_ERROR_NOT_SUPPORTED;
-    OUT(gpuInstance);
-    for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++)
-        if (g->migs[s].present && g->migs[s].gi == id) {
-            *gpuInstance = &g->migs[s].gi_handle;
-            return NVML_SUCCESS;
-        }
-    return NVML_ERROR_NOT_FOUND;
-}
-
-EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuInstance, unsigned int id,
-                                                          nvmlComputeInstance_t *computeInstance) {
-    READY();
-    struct device *m = instance_mig(gpuInstance, 0);
-    if (!m) return NVML_ERROR_INVALID_ARGUMENT;
-    OUT(computeInstance);
-    struct gpu *g = gpu_of(m);
-    for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++)
-        if (g->migs[s].present && g->migs[s].gi == m->gi && g->migs[s].ci == id) {
-            *computeInstance = &g->migs[s].ci_handle;
-            return NVML_SUCCESS;
-        }
-    return NVML_ERROR_NOT_FOUND;
 }
 
 /* The GPU instance profile name of a MIG device's profile: "1c.3g.20gb" -> "3g.20gb". */
@@ -1001,43 +1079,207 @@ static const struct mig_profile *catalog_profile_of(const struct device *m) {
     return NULL;
 }
 
-EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, mock_gpu_instance_info_t *info) {
-    READY();
-    struct device *m = instance_mig(gpuInstance, 0);
-    if (!m) return NVML_ERROR_INVALID_ARGUMENT;
-    OUT(info);
+/* The GPU instance ID of a placement: its node in the binary tree of the GPU's memory slices; -1
+ * when the placement is not a node of such a tree. */
+static int tree_gi_id(unsigned int memory_slices, unsigned int start, unsigned int size) {
+    if (!size || memory_slices % size || start % size) return -1;
+    unsigned int n = memory_slices / size;
+    if (n & (n - 1)) return -1;
+    unsigned int id = n - 1 + start / size;
+    return id < MAX_GIS ? (int)id : -1;
+}
+
+/* The placement of tree node `id` (the inverse of tree_gi_id); 0, or -1 when there is none. */
+static int tree_placement(unsigned int memory_slices, unsigned int id, unsigned int *start, unsigned int *size) {
+    unsigned int n = 1;
+    while (n - 1 + n <= id) n *= 2; /* the level of the node: ids n-1 .. 2n-2 */
+    if (!memory_slices || memory_slices % n) return -1;
+    *size = memory_slices / n;
+    *start = (id - (n - 1)) * *size;
+    return 0;
+}
+
+/* The memory slices an inventory GPU instance occupies, as its ID says on a real GPU (the tree), when
+ * that placement has its catalog profile's size; 0 (unknown: none) otherwise. */
+static unsigned int static_placement(const struct device *m, unsigned int *start, unsigned int *size) {
     const struct mig_profile *cp = catalog_profile_of(m);
-    int profile = profile_index(m->attrs.gpuInstanceSliceCount);
-    if (!cp && profile < 0) return NVML_ERROR_NOT_SUPPORTED;
-    memset(info, 0, sizeof *info);
-    info->device = &gpu_of(m)->dev;
-    info->id = m->gi;
-    info->profileId = cp ? cp->id : (unsigned int)profile;
-    info->placement.size = cp ? cp->size : m->attrs.gpuInstanceSliceCount;
+    const struct gpu *g = gpu_of(m);
+    if (!cp || tree_placement(g->memory_slices, m->gi, start, size) != 0 || *size != cp->size) return 0;
+    return 1;
+}
+
+/* FNV-1a 64 over `text` from `h`. */
+static unsigned long long fnv1a64(const char *text, unsigned long long h) {
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
+        h ^= *p;
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+/* The UUID of a created MIG device (see above); `out` holds at least 41 bytes. */
+static void mig_uuid(const char *parent, unsigned int gi, unsigned int ci, char *out, size_t size) {
+    char text[TEXT_LEN + 32], hex[33];
+    snprintf(text, sizeof text, "%s/%u/%u", parent, gi, ci);
+    unsigned long long h1 = fnv1a64(text, 0xcbf29ce484222325ULL);
+    unsigned long long h2 = fnv1a64("#", fnv1a64(text, h1));
+    snprintf(hex, sizeof hex, "%016llx%016llx", h1, h2);
+    hex[12] = '5';                                                    /* version 5 */
+    hex[16] = "89ab"[(hex[16] >= 'a' ? hex[16] - 'a' + 10 : hex[16] - '0') & 3]; /* variant 10 */
+    snprintf(out, size, "MIG-%.8s-%.4s-%.4s-%.4s-%.12s", hex, hex + 8, hex + 12, hex + 16, hex + 20);
+}
+
+/* -- created instances: the state file ---------------------------------------------------------- */
+
+static pthread_mutex_t mig_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* <state>/state/<uuid> and the state file in it; 0, or -1 when the paths do not fit. */
+static int mig_paths(const struct gpu *g, char *dir, size_t dsize, char *file, size_t fsize) {
+    char state[MOCK_PATH_LEN - 256];
+    if (!mock_safe_name(g->dev.uuid) || state_path(state, sizeof state) != 0) return -1;
+    int n = snprintf(dir, dsize, "%s/state/%s", state, g->dev.uuid);
+    if (n < 0 || (size_t)n >= dsize) return -1;
+    n = snprintf(file, fsize, "%s/%s", dir, MIG_STATE_FILE);
+    return n >= 0 && (size_t)n < fsize ? 0 : -1;
+}
+
+/* Fill the MIG devices of the created compute instances from cgi/cci. */
+static void build_created_migs(struct gpu *g) {
+    struct device dyn[MAX_MIG_SLOTS];
+    memset(dyn, 0, sizeof dyn);
+    for (unsigned int gi = 0; gi < MAX_GIS; gi++) {
+        if (!g->cgi[gi].present) continue;
+        const struct mig_profile *p = &g->profiles[g->cgi[gi].profile];
+        for (unsigned int ci = 0; ci < MAX_CIS; ci++) {
+            const struct created_ci *c = &g->cci[gi][ci];
+            if (!c->present || c->slot >= MAX_MIG_SLOTS || dyn[c->slot].present || g->migs[c->slot].present) continue;
+            struct device *d = &dyn[c->slot];
+            d->is_mig = 1;
+            d->present = 1;
+            d->gpu_index = g->dev.gpu_index;
+            d->slot = c->slot;
+            mig_uuid(g->dev.uuid, gi, ci, d->uuid, sizeof d->uuid);
+            copy_text(d->profile, sizeof d->profile, p->name);
+            d->gi = gi;
+            d->ci = ci;
+            d->attrs.multiprocessorCount = p->sm;
+            d->attrs.sharedCopyEngineCount = p->ce;
+            d->attrs.sharedDecoderCount = p->dec;
+            d->attrs.sharedEncoderCount = p->enc;
+            d->attrs.sharedJpegCount = p->jpeg;
+            d->attrs.sharedOfaCount = p->ofa;
+            d->attrs.gpuInstanceSliceCount = p->slices;
+            d->attrs.computeInstanceSliceCount = p->slices;
+            d->attrs.memorySizeMB = p->memory_mib;
+        }
+    }
+    memcpy(g->dyn, dyn, sizeof dyn);
+}
+
+/* Read the state file when it changed since the last read (or always, `force`); mig_lock held. */
+static void load_instances(struct gpu *g, int force) {
+    char dir[MOCK_PATH_LEN], file[MOCK_PATH_LEN], line[LINE_LEN];
+    if (!g->has_catalog || mig_paths(g, dir, sizeof dir, file, sizeof file) != 0) return;
+    int fd = open(file, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    int present = fd >= 0 && fstat(fd, &st) == 0;
+    if (!force && g->state_loaded && present == g->state_present &&
+        (!present || (st.st_ino == g->state_st.st_ino && st.st_size == g->state_st.st_size &&
+                      st.st_mtim.tv_sec == g->state_st.st_mtim.tv_sec &&
+                      st.st_mtim.tv_nsec == g->state_st.st_mtim.tv_nsec))) {
+        if (fd >= 0) close(fd);
+        return;
+    }
+    memset(g->cgi, 0, sizeof g->cgi);
+    memset(g->cci, 0, sizeof g->cci);
+    g->state_loaded = 1;
+    g->state_present = present;
+    if (present) g->state_st = st;
+    FILE *f = present ? fdopen(fd, "r") : NULL;
+    if (!f && fd >= 0) close(fd);
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned int a, b, c, d;
+        char kind[4], tail;
+        int n = sscanf(line, "%3s %u %u %u %u %c", kind, &a, &b, &c, &d, &tail);
+        if (n != 5) continue;
+        if (!strcmp(kind, "gi") && a < MAX_GIS) {
+            int profile = -1;
+            for (unsigned int i = 0; i < PROFILE_SLOTS; i++)
+                if (g->profiles[i].present && g->profiles[i].id == b) profile = (int)i;
+            if (profile < 0 || d != g->profiles[profile].size || c + d > g->memory_slices) continue;
+            g->cgi[a] = (struct created_gi){1, profile, c, d};
+        } else if (!strcmp(kind, "ci") && a < MAX_GIS && b < MAX_CIS && g->cgi[a].present && d < MAX_MIG_SLOTS) {
+            g->cci[a][b] = (struct created_ci){1, c, d};
+        }
+    }
+    if (f) fclose(f);
+    build_created_migs(g);
+}
+
+static void refresh_instances(struct gpu *g) {
+    if (!g->has_catalog) return;
+    pthread_mutex_lock(&mig_lock);
+    load_instances(g, 0);
+    pthread_mutex_unlock(&mig_lock);
+}
+
+/* Start changing a GPU's instances: mig_lock, then the file lock (a descriptor in *lock_fd), then a
+ * fresh read. SUCCESS, or NO_PERMISSION / UNKNOWN (nothing held). */
+static nvmlReturn_t begin_change(struct gpu *g, int *lock_fd) {
+    char dir[MOCK_PATH_LEN], file[MOCK_PATH_LEN], lock_path[MOCK_PATH_LEN + 32];
+    if (mig_paths(g, dir, sizeof dir, file, sizeof file) != 0) return NVML_ERROR_UNKNOWN;
+    snprintf(lock_path, sizeof lock_path, "%s/.%s.lock", dir, MIG_STATE_FILE);
+    pthread_mutex_lock(&mig_lock);
+    int fd = mock_mkdirs(dir, 0755) == 0 ? open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644) : -1;
+    if (fd < 0 || flock(fd, LOCK_EX) != 0) {
+        int err = errno;
+        if (fd >= 0) close(fd);
+        pthread_mutex_unlock(&mig_lock);
+        return err == EACCES || err == EPERM || err == EROFS ? NVML_ERROR_NO_PERMISSION : NVML_ERROR_UNKNOWN;
+    }
+    *lock_fd = fd;
+    load_instances(g, 1);
     return NVML_SUCCESS;
 }
 
-EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance,
-                                                  mock_compute_instance_info_t *info) {
-    READY();
-    struct device *m = instance_mig(computeInstance, 1);
-    if (!m) return NVML_ERROR_INVALID_ARGUMENT;
-    OUT(info);
-    int profile = profile_index(m->attrs.computeInstanceSliceCount);
-    if (profile < 0) return NVML_ERROR_NOT_SUPPORTED;
-    memset(info, 0, sizeof *info);
-    info->device = &gpu_of(m)->dev;
-    info->gpuInstance = &m->gi_handle;
-    info->id = m->ci;
-    info->profileId = (unsigned int)profile;
-    info->placement.size = m->attrs.computeInstanceSliceCount;
-    return NVML_SUCCESS;
+/* Write cgi/cci atomically (a temporary file renamed over the state file); SUCCESS or an error. */
+static nvmlReturn_t save_instances(struct gpu *g) {
+    char dir[MOCK_PATH_LEN], file[MOCK_PATH_LEN], tmp[MOCK_PATH_LEN + 64];
+    if (mig_paths(g, dir, sizeof dir, file, sizeof file) != 0) return NVML_ERROR_UNKNOWN;
+    snprintf(tmp, sizeof tmp, "%s/.%s.%ld.tmp", dir, MIG_STATE_FILE, (long)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) return errno == EACCES || errno == EPERM || errno == EROFS ? NVML_ERROR_NO_PERMISSION : NVML_ERROR_UNKNOWN;
+    fprintf(f, "# gpudra mock NVML: MIG instances created on %s (tests/mocknvml/mock_nvml.c)\n", g->dev.uuid);
+    for (unsigned int gi = 0; gi < MAX_GIS; gi++) {
+        if (!g->cgi[gi].present) continue;
+        const struct created_gi *c = &g->cgi[gi];
+        fprintf(f, "gi %u %u %u %u\n", gi, g->profiles[c->profile].id, c->start, c->size);
+        for (unsigned int ci = 0; ci < MAX_CIS; ci++)
+            if (g->cci[gi][ci].present)
+                fprintf(f, "ci %u %u %u %u\n", gi, ci, g->cci[gi][ci].profile_id, g->cci[gi][ci].slot);
+    }
+    int ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fclose(f) == 0 && ok;
+    if (ok && rename(tmp, file) == 0) return NVML_SUCCESS;
+    unlink(tmp);
+    return NVML_ERROR_UNKNOWN;
 }
 
-EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo(nvmlComputeInstance_t computeInstance,
-                                               mock_compute_instance_info_t *info) {
-    return nvmlComputeInstanceGetInfo_v2(computeInstance, info);
+/* Finish a change: read the file again (what was saved, or what was there when saving failed) and
+ * let go of both locks. */
+static void end_change(struct gpu *g, int lock_fd) {
+    load_instances(g, 1);
+    flock(lock_fd, LOCK_UN);
+    close(lock_fd);
+    pthread_mutex_unlock(&mig_lock);
 }
+
+/* Append a line to calls.log (mock_state.h), when there is a state directory. */
+#define LOG_CHANGE(...)                                                     \
+    do {                                                                    \
+        char state_[MOCK_PATH_LEN];                                         \
+        if (state_path(state_, sizeof state_) == 0) mock_log_call(state_, __VA_ARGS__); \
+    } while (0)
 
 /* Profile `profile` (an NVML index below PROFILE_SLOTS) of a MIG-capable GPU, and its name (without
  * "MIG "): the catalog's entry; without a catalog, derived from the first MIG device whose GPU instance
@@ -1201,20 +1443,310 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t d
     return NVML_SUCCESS;
 }
 
-EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t gpuInstance, unsigned int profile,
-                                                                 unsigned int engProfile,
-                                                                 mock_compute_instance_profile_info_t *info) {
-    READY();
-    struct device *gm = instance_mig(gpuInstance, 0);
-    if (!gm) return NVML_ERROR_INVALID_ARGUMENT;
+
+/* -- created instances: resources ------------------------------------------------------------------ */
+
+/* What a GPU's instances take: memory slices (a bit each), compute slices and engines. */
+struct usage {
+    unsigned int memory, compute, ce, dec, enc, jpeg, ofa;
+};
+
+static void add_usage(struct usage *u, const struct mig_profile *p, unsigned int start, unsigned int size, int placed) {
+    if (placed) u->memory |= ((1u << size) - 1) << start;
+    u->compute += p->slices;
+    u->ce += p->ce;
+    u->dec += p->dec;
+    u->enc += p->enc;
+    u->jpeg += p->jpeg;
+    u->ofa += p->ofa;
+}
+
+/* The catalog's largest profile (the full GPU, 7g): its engines are the GPU's. */
+static const struct mig_profile *full_profile(const struct gpu *g) {
+    const struct mig_profile *best = NULL;
+    for (unsigned int i = 0; i < PROFILE_SLOTS; i++) {
+        const struct mig_profile *p = &g->profiles[i];
+        if (p->present && (!best || p->slices > best->slices || (p->slices == best->slices && p->size > best->size)))
+            best = p;
+    }
+    return best;
+}
+
+/* The first inventory MIG device of each inventory GPU instance: 1 when `m` is one. */
+static int first_of_gi(const struct gpu *g, const struct device *m) {
+    for (const struct device *o = g->migs; o < m; o++)
+        if (o->present && o->gi == m->gi) return 0;
+    return 1;
+}
+
+/* What the GPU's instances (inventory and created) take, and how many are of profile `index`. */
+static void gpu_usage(const struct gpu *g, int index, struct usage *u, unsigned int *of_profile) {
+    memset(u, 0, sizeof *u);
+    *of_profile = 0;
+    for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++) {
+        const struct device *m = &g->migs[s];
+        if (!m->present || !first_of_gi(g, m)) continue;
+        const struct mig_profile *cp = catalog_profile_of(m);
+        unsigned int start = 0, size = 0;
+        int placed = cp && static_placement(m, &start, &size) && start + size <= g->memory_slices;
+        if (cp) add_usage(u, cp, start, size, placed);
+        else u->compute += m->attrs.gpuInstanceSliceCount;
+        if (cp == &g->profiles[index]) (*of_profile)++;
+    }
+    for (unsigned int gi = 0; gi < MAX_GIS; gi++) {
+        const struct created_gi *c = &g->cgi[gi];
+        if (!c->present) continue;
+        add_usage(u, &g->profiles[c->profile], c->start, c->size, 1);
+        if (c->profile == index) (*of_profile)++;
+    }
+}
+
+static int gi_taken(const struct gpu *g, unsigned int id) {
+    for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++)
+        if (g->migs[s].present && g->migs[s].gi == id) return 1;
+    return id < MAX_GIS && g->cgi[id].present;
+}
+
+/* Whether profile `index` fits at `start` beside the GPU's instances: SUCCESS (and its GPU instance
+ * ID), else INSUFFICIENT_RESOURCES. */
+static nvmlReturn_t fits(const struct gpu *g, int index, unsigned int start, unsigned int *gi) {
+    const struct mig_profile *p = &g->profiles[index], *full = full_profile(g);
+    struct usage u;
+    unsigned int same;
+    gpu_usage(g, index, &u, &same);
+    if (same >= p->instances || (u.memory & (((1u << p->size) - 1) << start))) return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    if (u.compute + p->slices > g->compute_slices || u.ce + p->ce > full->ce || u.dec + p->dec > full->dec ||
+        u.enc + p->enc > full->enc || u.jpeg + p->jpeg > full->jpeg || u.ofa + p->ofa > full->ofa)
+        return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    int id = tree_gi_id(g->memory_slices, start, p->size);
+    if (id < 0)
+        for (id = 1; id < MAX_GIS && gi_taken(g, (unsigned int)id); id++) {}
+    if (id >= MAX_GIS || gi_taken(g, (unsigned int)id)) return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    *gi = (unsigned int)id;
+    return NVML_SUCCESS;
+}
+
+/* Create a GPU instance of profile `index` at `start`, or (start < 0) at the lowest start that fits. */
+static nvmlReturn_t create_gpu_instance(struct gpu *g, int index, long start, nvmlGpuInstance_t *out) {
+    int fd;
+    nvmlReturn_t ret = begin_change(g, &fd);
+    if (ret != NVML_SUCCESS) return ret;
+    const struct mig_profile *p = &g->profiles[index];
+    long at = -1;
+    unsigned int gi = 0, id;
+    for (unsigned int i = 0; i < p->nstarts; i++) {
+        unsigned int s = p->starts[i];
+        if ((start >= 0 && s != start) || (at >= 0 && s > at)) continue;
+        if (fits(g, index, s, &id) == NVML_SUCCESS) at = s, gi = id;
+    }
+    ret = NVML_ERROR_INSUFFICIENT_RESOURCES;
+    if (at >= 0) {
+        g->cgi[gi] = (struct created_gi){1, index, (unsigned int)at, p->size};
+        ret = save_instances(g);
+    }
+    end_change(g, fd);
+    if (ret != NVML_SUCCESS) return ret;
+    LOG_CHANGE("nvml CreateGpuInstance %s %u %ld %u %u", g->dev.uuid, p->id, at, p->size, gi);
+    *out = &g->gi_h[gi];
+    return NVML_SUCCESS;
+}
+
+/* -- instance handles ----------------------------------------------------------------------------- */
+
+/* Called on every (re)load of the inventory: the created instance handles of each GPU. */
+static void init_instance_handles(void) {
+    for (unsigned int i = 0; i < gpu_count; i++)
+        for (unsigned int gi = 0; gi < MAX_GIS; gi++) {
+            gpus[i].gi_h[gi] = (struct instance){NULL, (int)i, gi, 0, 1};
+            for (unsigned int ci = 0; ci < MAX_CIS; ci++) gpus[i].ci_h[gi][ci] = (struct instance){NULL, (int)i, gi, ci, 1};
+        }
+}
+
+/* The GPU (compute 0) or compute (1) instance behind a handle; NULL when it is none this library
+ * gave out, or a created one since destroyed. */
+static struct instance *instance_of(struct instance *h, int compute) {
+    if (!h) return NULL;
+    for (unsigned int i = 0; i < gpu_count; i++) {
+        struct gpu *g = &gpus[i];
+        for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++) {
+            struct device *m = &g->migs[s];
+            if (m->present && h == (compute ? &m->ci_handle : &m->gi_handle)) return h;
+        }
+        if (!g->has_catalog) continue;
+        for (unsigned int gi = 0; gi < MAX_GIS; gi++) {
+            if (!compute && h == &g->gi_h[gi]) {
+                refresh_instances(g);
+                return g->cgi[gi].present ? h : NULL;
+            }
+            for (unsigned int ci = 0; compute && ci < MAX_CIS; ci++)
+                if (h == &g->ci_h[gi][ci]) {
+                    refresh_instances(g);
+                    return g->cgi[gi].present && g->cci[gi][ci].present ? h : NULL;
+                }
+        }
+    }
+    return NULL;
+}
+
+/* A GPU or compute instance handle: `r` the instance, `g` its GPU (whose lost state and `fail` lines
+ * apply). */
+#define INSTANCE(h, compute, call, r, g)                                 \
+    READY();                                                             \
+    struct instance *r = instance_of(h, compute);                        \
+    if (!r) return NVML_ERROR_INVALID_ARGUMENT;                          \
+    struct gpu *g = &gpus[r->gpu_index];                                 \
+    { int code_ = lost(&g->dev); if (code_) return code_; }              \
+    { int code_ = fault(&g->dev, call); if (code_) return code_; }
+
+static int mig_enabled(const struct gpu *g) { return g->mig_capable && g->mig_current == NVML_DEVICE_MIG_ENABLE; }
+
+/* -- GPU instances -------------------------------------------------------------------------------- */
+
+EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t device, unsigned int profileId,
+                                                             const mock_placement_t *placement,
+                                                             nvmlGpuInstance_t *gpuInstance) {
+    GPU(device, "nvmlDeviceCreateGpuInstanceWithPlacement", g);
+    if (!mig_enabled(g) || !g->has_catalog) return NVML_ERROR_NOT_SUPPORTED;
+    OUT(placement);
+    OUT(gpuInstance);
+    int index = profile_of_id(g, profileId);
+    if (index < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    const struct mig_profile *p = &g->profiles[index];
+    int listed = 0;
+    for (unsigned int i = 0; i < p->nstarts; i++) listed |= p->starts[i] == placement->start;
+    if (!listed || placement->size != p->size) return NVML_ERROR_INVALID_ARGUMENT;
+    return create_gpu_instance(g, index, placement->start, gpuInstance);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned int profileId,
+                                                nvmlGpuInstance_t *gpuInstance) {
+    GPU(device, "nvmlDeviceCreateGpuInstance", g);
+    if (!mig_enabled(g) || !g->has_catalog) return NVML_ERROR_NOT_SUPPORTED;
+    OUT(gpuInstance);
+    int index = profile_of_id(g, profileId);
+    if (index < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    return create_gpu_instance(g, index, -1, gpuInstance);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gpuInstance) {
+    INSTANCE(gpuInstance, 0, "nvmlGpuInstanceDestroy", r, g);
+    if (!r->created) return NVML_ERROR_IN_USE;
+    unsigned int gi = r->gi;
+    int fd;
+    nvmlReturn_t ret = begin_change(g, &fd);
+    if (ret != NVML_SUCCESS) return ret;
+    if (!g->cgi[gi].present) ret = NVML_ERROR_INVALID_ARGUMENT; /* destroyed meanwhile */
+    for (unsigned int ci = 0; ret == NVML_SUCCESS && ci < MAX_CIS; ci++)
+        if (g->cci[gi][ci].present) ret = NVML_ERROR_IN_USE;
+    if (ret == NVML_SUCCESS) {
+        g->cgi[gi].present = 0;
+        ret = save_instances(g);
+    }
+    end_change(g, fd);
+    if (ret == NVML_SUCCESS) LOG_CHANGE("nvml DestroyGpuInstance %s %u", g->dev.uuid, gi);
+    return ret;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id, nvmlGpuInstance_t *gpuInstance) {
+    GPU(device, "nvmlDeviceGetGpuInstanceById", g);
+    if (!mig_enabled(g)) return NVML_ERROR_NOT_SUPPORTED;
+    OUT(gpuInstance);
+    for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++)
+        if (g->migs[s].present && g->migs[s].gi == id) {
+            *gpuInstance = &g->migs[s].gi_handle;
+            return NVML_SUCCESS;
+        }
+    refresh_instances(g);
+    if (id >= MAX_GIS || !g->cgi[id].present) return NVML_ERROR_NOT_FOUND;
+    *gpuInstance = &g->gi_h[id];
+    return NVML_SUCCESS;
+}
+
+/* The GPU instances (inventory and created) of the profile with this ID, by ascending GPU instance ID. */
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profileId,
+                                              nvmlGpuInstance_t *gpuInstances, unsigned int *count) {
+    GPU(device, "nvmlDeviceGetGpuInstances", g);
+    if (!mig_enabled(g)) return NVML_ERROR_NOT_SUPPORTED;
+    OUT(gpuInstances);
+    OUT(count);
+    int index = profile_of_id(g, profileId);
+    if (index < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    refresh_instances(g);
+    unsigned int n = 0;
+    for (unsigned int id = 0; id < 64; id++) {
+        int found = 0;
+        for (unsigned int s = 0; s < MAX_MIG_SLOTS && !found; s++) {
+            struct device *m = &g->migs[s];
+            if (!m->present || m->gi != id) continue;
+            found = 1;
+            const struct mig_profile *cp = catalog_profile_of(m);
+            if (g->has_catalog ? cp == &g->profiles[index] : profile_index(m->attrs.gpuInstanceSliceCount) == index)
+                gpuInstances[n++] = &m->gi_handle;
+        }
+        if (!found && id < MAX_GIS && g->cgi[id].present && g->cgi[id].profile == index) gpuInstances[n++] = &g->gi_h[id];
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, mock_gpu_instance_info_t *info) {
+    INSTANCE(gpuInstance, 0, "nvmlGpuInstanceGetInfo", r, g);
     OUT(info);
+    if (r->created) {
+        const struct created_gi *c = &g->cgi[r->gi];
+        memset(info, 0, sizeof *info);
+        info->device = &g->dev;
+        info->id = r->gi;
+        info->profileId = g->profiles[c->profile].id;
+        info->placement.start = c->start;
+        info->placement.size = c->size;
+        return NVML_SUCCESS;
+    }
+    const struct device *m = r->mig;
+    const struct mig_profile *cp = catalog_profile_of(m);
+    int profile = profile_index(m->attrs.gpuInstanceSliceCount);
+    if (!cp && profile < 0) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned int start = 0, size = 0;
+    memset(info, 0, sizeof *info);
+    info->device = &g->dev;
+    info->id = m->gi;
+    info->profileId = cp ? cp->id : (unsigned int)profile;
+    /* the placement its ID names on a real GPU (see tree_gi_id) where that fits its profile, else start 0 */
+    info->placement.start = cp && static_placement(m, &start, &size) ? start : 0;
+    info->placement.size = cp ? cp->size : m->attrs.gpuInstanceSliceCount;
+    return NVML_SUCCESS;
+}
+
+/* -- compute instances ---------------------------------------------------------------------------- */
+
+/* Compute instance profile `profile` of a GPU instance, and its name ("MIG ..."). */
+static nvmlReturn_t ci_profile(const struct instance *r, const struct gpu *g, unsigned int profile,
+                               unsigned int engProfile, mock_compute_instance_profile_info_t *info, char *name,
+                               size_t nsize) {
+    memset(info, 0, sizeof *info);
+    if (r->created) {
+        if (profile >= MOCK_COMPUTE_INSTANCE_PROFILE_COUNT || engProfile >= MOCK_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT)
+            return NVML_ERROR_INVALID_ARGUMENT;
+        const struct mig_profile *p = &g->profiles[g->cgi[r->gi].profile];
+        if ((int)profile != profile_index(p->slices)) return NVML_ERROR_NOT_SUPPORTED; /* only the full-size CI */
+        info->id = profile;
+        info->sliceCount = p->slices;
+        info->instanceCount = 1;
+        info->multiprocessorCount = p->sm;
+        info->sharedCopyEngineCount = p->ce;
+        info->sharedDecoderCount = p->dec;
+        info->sharedEncoderCount = p->enc;
+        info->sharedJpegCount = p->jpeg;
+        info->sharedOfaCount = p->ofa;
+        snprintf(name, nsize, "MIG %s", p->name);
+        return NVML_SUCCESS;
+    }
+    const struct device *gm = r->mig;
     if (profile >= PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
     if (engProfile != 0) return NVML_ERROR_NOT_SUPPORTED; /* only the shared engine profile */
-    struct gpu *g = gpu_of(gm);
     for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++) {
         const struct device *m = &g->migs[s];
         if (!m->present || m->gi != gm->gi || m->attrs.computeInstanceSliceCount != profile_slices[profile]) continue;
-        memset(info, 0, sizeof *info);
         info->id = profile;
         info->sliceCount = profile_slices[profile];
         info->instanceCount = gm->attrs.gpuInstanceSliceCount / profile_slices[profile];
@@ -1224,9 +1756,179 @@ EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance
         info->sharedEncoderCount = m->attrs.sharedEncoderCount;
         info->sharedJpegCount = m->attrs.sharedJpegCount;
         info->sharedOfaCount = m->attrs.sharedOfaCount;
+        snprintf(name, nsize, "MIG %s", m->profile);
         return NVML_SUCCESS;
     }
     return NVML_ERROR_NOT_SUPPORTED;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t gpuInstance, unsigned int profile,
+                                                                 unsigned int engProfile,
+                                                                 mock_compute_instance_profile_info_t *info) {
+    INSTANCE(gpuInstance, 0, "nvmlGpuInstanceGetComputeInstanceProfileInfo", r, g);
+    OUT(info);
+    mock_compute_instance_profile_info_t out;
+    char name[MOCK_DEVICE_NAME_V2_SIZE];
+    nvmlReturn_t ret = ci_profile(r, g, profile, engProfile, &out, name, sizeof name);
+    if (ret == NVML_SUCCESS) *info = out;
+    return ret;
+}
+
+/* The versioned struct (v2 or v3, as info->version says; any other: ARGUMENT_VERSION_MISMATCH, as the
+ * GPU instance profile calls answer). */
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlGpuInstance_t gpuInstance, unsigned int profile,
+                                                                  unsigned int engProfile, void *info) {
+    INSTANCE(gpuInstance, 0, "nvmlGpuInstanceGetComputeInstanceProfileInfo", r, g);
+    OUT(info);
+    unsigned int version;
+    memcpy(&version, info, sizeof version);
+    if (version != MOCK_COMPUTE_INSTANCE_PROFILE_INFO_V2 && version != MOCK_COMPUTE_INSTANCE_PROFILE_INFO_V3)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    mock_compute_instance_profile_info_t in;
+    char name[MOCK_DEVICE_NAME_V2_SIZE];
+    nvmlReturn_t ret = ci_profile(r, g, profile, engProfile, &in, name, sizeof name);
+    if (ret != NVML_SUCCESS) return ret;
+    mock_compute_instance_profile_info_v3_t out;
+    memset(&out, 0, sizeof out);
+    out.v2.version = version;
+    out.v2.id = in.id;
+    out.v2.sliceCount = in.sliceCount;
+    out.v2.instanceCount = in.instanceCount;
+    out.v2.multiprocessorCount = in.multiprocessorCount;
+    out.v2.sharedCopyEngineCount = in.sharedCopyEngineCount;
+    out.v2.sharedDecoderCount = in.sharedDecoderCount;
+    out.v2.sharedEncoderCount = in.sharedEncoderCount;
+    out.v2.sharedJpegCount = in.sharedJpegCount;
+    out.v2.sharedOfaCount = in.sharedOfaCount;
+    copy_text(out.v2.name, sizeof out.v2.name, name);
+    memcpy(info, &out, version == MOCK_COMPUTE_INSTANCE_PROFILE_INFO_V2 ? sizeof out.v2 : sizeof out);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gpuInstance, unsigned int profileId,
+                                                         nvmlComputeInstance_t *computeInstance) {
+    INSTANCE(gpuInstance, 0, "nvmlGpuInstanceCreateComputeInstance", r, g);
+    OUT(computeInstance);
+    if (profileId >= MOCK_COMPUTE_INSTANCE_PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!r->created) return NVML_ERROR_INSUFFICIENT_RESOURCES; /* the inventory's compute instances fill it */
+    unsigned int gi = r->gi, ci = 0, slot = 0;
+    int fd;
+    nvmlReturn_t ret = begin_change(g, &fd);
+    if (ret != NVML_SUCCESS) return ret;
+    if (!g->cgi[gi].present) ret = NVML_ERROR_INVALID_ARGUMENT; /* destroyed meanwhile */
+    else if ((int)profileId != profile_index(g->profiles[g->cgi[gi].profile].slices)) ret = NVML_ERROR_NOT_SUPPORTED;
+    for (unsigned int c = 0; ret == NVML_SUCCESS && c < MAX_CIS; c++)
+        if (g->cci[gi][c].present) ret = NVML_ERROR_INSUFFICIENT_RESOURCES; /* the full-size one is there */
+    if (ret == NVML_SUCCESS) {
+        for (slot = 0; slot < g->max_migs && slot < MAX_MIG_SLOTS; slot++) {
+            int taken = g->migs[slot].present;
+            for (unsigned int i = 0; i < MAX_GIS && !taken; i++)
+                for (unsigned int c = 0; c < MAX_CIS && !taken; c++)
+                    taken = g->cgi[i].present && g->cci[i][c].present && g->cci[i][c].slot == slot;
+            if (!taken) break;
+        }
+        if (slot >= g->max_migs || slot >= MAX_MIG_SLOTS) ret = NVML_ERROR_INSUFFICIENT_RESOURCES;
+    }
+    if (ret == NVML_SUCCESS) {
+        g->cci[gi][ci] = (struct created_ci){1, profileId, slot};
+        ret = save_instances(g);
+    }
+    end_change(g, fd);
+    if (ret != NVML_SUCCESS) return ret;
+    LOG_CHANGE("nvml CreateComputeInstance %s %u %u %u", g->dev.uuid, gi, profileId, ci);
+    *computeInstance = &g->ci_h[gi][ci];
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t computeInstance) {
+    INSTANCE(computeInstance, 1, "nvmlComputeInstanceDestroy", r, g);
+    if (!r->created) return NVML_ERROR_IN_USE;
+    unsigned int gi = r->gi, ci = r->ci;
+    int fd;
+    nvmlReturn_t ret = begin_change(g, &fd);
+    if (ret != NVML_SUCCESS) return ret;
+    if (!g->cgi[gi].present || !g->cci[gi][ci].present) ret = NVML_ERROR_INVALID_ARGUMENT; /* destroyed meanwhile */
+    else {
+        g->cci[gi][ci].present = 0;
+        ret = save_instances(g);
+    }
+    end_change(g, fd);
+    if (ret == NVML_SUCCESS) LOG_CHANGE("nvml DestroyComputeInstance %s %u %u", g->dev.uuid, gi, ci);
+    return ret;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuInstance, unsigned int id,
+                                                          nvmlComputeInstance_t *computeInstance) {
+    INSTANCE(gpuInstance, 0, "nvmlGpuInstanceGetComputeInstanceById", r, g);
+    OUT(computeInstance);
+    if (r->created) {
+        if (id >= MAX_CIS || !g->cci[r->gi][id].present) return NVML_ERROR_NOT_FOUND;
+        *computeInstance = &g->ci_h[r->gi][id];
+        return NVML_SUCCESS;
+    }
+    for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++)
+        if (g->migs[s].present && g->migs[s].gi == r->mig->gi && g->migs[s].ci == id) {
+            *computeInstance = &g->migs[s].ci_handle;
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+/* The compute instances of the profile with this ID (index) on a GPU instance, by ascending ID. */
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gpuInstance, unsigned int profileId,
+                                                       nvmlComputeInstance_t *computeInstances, unsigned int *count) {
+    INSTANCE(gpuInstance, 0, "nvmlGpuInstanceGetComputeInstances", r, g);
+    OUT(computeInstances);
+    OUT(count);
+    if (profileId >= MOCK_COMPUTE_INSTANCE_PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int n = 0;
+    if (r->created) {
+        if ((int)profileId != profile_index(g->profiles[g->cgi[r->gi].profile].slices)) return NVML_ERROR_NOT_SUPPORTED;
+        for (unsigned int ci = 0; ci < MAX_CIS; ci++)
+            if (g->cci[r->gi][ci].present) computeInstances[n++] = &g->ci_h[r->gi][ci];
+    } else {
+        for (unsigned int ci = 0; ci < 64; ci++)
+            for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++) {
+                struct device *m = &g->migs[s];
+                if (m->present && m->gi == r->mig->gi && m->ci == ci && profileId < PROFILE_COUNT &&
+                    m->attrs.computeInstanceSliceCount == profile_slices[profileId])
+                    computeInstances[n++] = &m->ci_handle;
+            }
+        if (!n) return NVML_ERROR_NOT_SUPPORTED; /* as the profile info: a profile none of its CIs has */
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance,
+                                                  mock_compute_instance_info_t *info) {
+    INSTANCE(computeInstance, 1, "nvmlComputeInstanceGetInfo", r, g);
+    OUT(info);
+    if (r->created) {
+        memset(info, 0, sizeof *info);
+        info->device = &g->dev;
+        info->gpuInstance = &g->gi_h[r->gi];
+        info->id = r->ci;
+        info->profileId = g->cci[r->gi][r->ci].profile_id;
+        info->placement.start = 0;
+        info->placement.size = g->profiles[g->cgi[r->gi].profile].slices;
+        return NVML_SUCCESS;
+    }
+    struct device *m = r->mig;
+    int profile = profile_index(m->attrs.computeInstanceSliceCount);
+    if (profile < 0) return NVML_ERROR_NOT_SUPPORTED;
+    memset(info, 0, sizeof *info);
+    info->device = &g->dev;
+    info->gpuInstance = &m->gi_handle;
+    info->id = m->ci;
+    info->profileId = (unsigned int)profile;
+    info->placement.size = m->attrs.computeInstanceSliceCount;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo(nvmlComputeInstance_t computeInstance,
+                                               mock_compute_instance_info_t *info) {
+    return nvmlComputeInstanceGetInfo_v2(computeInstance, info);
 }
 
 /* -- health: recovery action field and events (injected through <state>/events) ---------------- */

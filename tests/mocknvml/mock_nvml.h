@@ -9,7 +9,8 @@
  *   mock_memory_v2_t      <-> pynvml.c_nvmlMemory_v2_t    (nvmlDeviceGetMemoryInfo_v2)
  *   mock_device_attrs_t   <-> pynvml.c_nvmlDeviceAttributes (nvmlDeviceGetAttributes_v2)
  *   mock_gpu_instance_profile_info_t / _v2_t <-> pynvml.c_nvmlGpuInstanceProfileInfo_t / _v2_t
- *   mock_placement_t      <-> pynvml.c_nvmlGpuInstancePlacement_t
+ *   mock_placement_t      <-> pynvml.c_nvmlGpuInstancePlacement_t (and c_nvmlComputeInstancePlacement_t)
+ *   mock_compute_instance_profile_info_t / _v2_t <-> pynvml.c_nvmlComputeInstanceProfileInfo_t / _v2_t
  *   mock_event_data_t     <-> pynvml.c_nvmlEventData_t     (nvmlEventSetWait_v2)
  *   mock_field_value_t    <-> pynvml.c_nvmlFieldValue_t    (nvmlDeviceGetFieldValues)
  */
@@ -204,6 +205,34 @@ typedef struct {
     unsigned int sharedJpegCount;
     unsigned int sharedOfaCount;
 } mock_compute_instance_profile_info_t;
+
+/* <-> pynvml.c_nvmlComputeInstanceProfileInfo_v2_t (nvmlGpuInstanceGetComputeInstanceProfileInfoV) */
+typedef struct {
+    unsigned int version;
+    unsigned int id;
+    unsigned int sliceCount;
+    unsigned int instanceCount;
+    unsigned int multiprocessorCount;
+    unsigned int sharedCopyEngineCount;
+    unsigned int sharedDecoderCount;
+    unsigned int sharedEncoderCount;
+    unsigned int sharedJpegCount;
+    unsigned int sharedOfaCount;
+    char name[MOCK_DEVICE_NAME_V2_SIZE];
+} mock_compute_instance_profile_info_v2_t;
+
+/* nvmlComputeInstanceProfileInfo_v3_t (nvml.h): v2 plus capabilities (NVML_COMPUTE_INSTANCE_PROFILE_CAPS_*) */
+typedef struct {
+    mock_compute_instance_profile_info_v2_t v2;
+    unsigned int capabilities;
+} mock_compute_instance_profile_info_v3_t;
+
+#define MOCK_COMPUTE_INSTANCE_PROFILE_INFO_V2 \
+    MOCK_STRUCT_VERSION(sizeof(mock_compute_instance_profile_info_v2_t), 2) /* 0x02000088 */
+#define MOCK_COMPUTE_INSTANCE_PROFILE_INFO_V3 \
+    MOCK_STRUCT_VERSION(sizeof(mock_compute_instance_profile_info_v3_t), 3) /* 0x0300008C */
+#define MOCK_COMPUTE_INSTANCE_PROFILE_COUNT 0x9 /* NVML_COMPUTE_INSTANCE_PROFILE_COUNT */
+#define MOCK_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT 0x1 /* NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT */
 
 /* Events (nvmlEventSetWait_v2) <-> pynvml.c_nvmlEventData_t */
 #define MOCK_EVENT_SINGLE_BIT_ECC 0x1ULL /* nvmlEventTypeSingleBitEccError */

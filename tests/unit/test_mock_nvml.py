@@ -25,7 +25,7 @@ import yaml
 from gpudra_driver.discovery import NvmlUnavailable, scan
 from gpudra_driver.nvml import load_nvml, profile_names
 from gpudra_driver.nvml.fake import MigProfileSpec, load_mig_catalog, load_profile
-from gpudra_driver.plugin.devicenodes import mig_cap_minor_fallback
+from gpudra_driver.plugin.devicenodes import mig_cap_minor_fallback, read_mig_cap_minor
 from gpudra_driver.deviceapi import device_to_api
 from gpudra_dev.localcluster import fakedriverroot, mockstate
 from gpudra_dev.localcluster.fakedriverroot import INVENTORY_FILE, LIB_DIR, make_driver_root, mock_nvml_library
@@ -686,9 +686,22 @@ def test_driver_root_layout(mock_lib: Path, tmp_path: Path) -> None:
             minor = mig_cap_minor_fallback(0, mig.gpu_instance_id, ci)
             _assert_chr(dev / "nvidia-caps" / f"nvidia-cap{minor}", fakedriverroot.CAPS_MAJOR, minor)
             expected.add(f"nvidia-cap{minor}")
-    assert {p.name for p in (dev / "nvidia-caps").iterdir()} == expected == {
+    assert expected == {
         "nvidia-cap21", "nvidia-cap22", "nvidia-cap84", "nvidia-cap85", "nvidia-cap93", "nvidia-cap94",
     }
+    # and every GPU and compute instance the simulators can create (dynamic MIG): GIs 0-13 of the
+    # A100's placements, each with its compute instances 0 .. its most compute slices - 1
+    instances = fakedriverroot.mig_instances(prof.gpus[0])
+    assert sorted(instances) == list(range(14)) and instances[0] == set(range(7)) and instances[13] == {0}
+    creatable = {f"nvidia-cap{mig_cap_minor_fallback(0, gi, ci)}"
+                 for gi, cis in instances.items() for ci in (None, *cis)}
+    assert expected < creatable == {p.name for p in (dev / "nvidia-caps").iterdir()}
+    caps = root / "proc/driver/nvidia/capabilities/gpu0/mig"
+    assert (caps / "gi2/access").read_text().splitlines()[0] == "DeviceFileMinor: 21"
+    assert (caps / "gi2/ci0/access").read_text().startswith("DeviceFileMinor: 22\n")
+    assert read_mig_cap_minor(root / "proc")(0, 13, 0) == mig_cap_minor_fallback(0, 13, 0)
+    assert {p.parent.relative_to(caps).as_posix() for p in caps.rglob("access")} == {
+        f"gi{gi}" + (f"/ci{ci}" if ci is not None else "") for gi, cis in instances.items() for ci in (None, *cis)}
 
     minors = (root / "proc/driver/nvidia-caps/mig-minors").read_text().splitlines()
     assert minors[:3] == ["config 1", "monitor 2", "gpu0/gi0/access 3"] and "gpu0/gi2/ci0/access 22" in minors

@@ -23,6 +23,19 @@ the NVML API reference:
   NVML's two-call protocol (``InsufficientSize`` with the needed count when the buffer is short). A
   MIG-capable GPU without a catalog derives a profile's info from its MIG devices (ID = the index) and
   has no placements (``NotSupported``), like the mock library;
+* dynamic MIG: GPU and compute instances created and destroyed through NVML
+  (``nvmlDeviceCreateGpuInstance[WithPlacement]``, ``nvmlGpuInstanceCreateComputeInstance``,
+  ``nvmlComputeInstanceDestroy``, ``nvmlGpuInstanceDestroy``, ``nvmlDeviceGetGpuInstances`` / ``...ById``,
+  ``nvmlGpuInstanceGetInfo``, ``nvmlGpuInstanceGetComputeInstanceProfileInfo``, ``...GetComputeInstances``
+  / ``...ById``, ``nvmlComputeInstanceGetInfo``) with the mock library's rules, GPU instance IDs, MIG
+  UUIDs (:func:`mig_uuid`) and errors (the "MIG GPU and compute instances" section of
+  ``tests/mocknvml/mock_nvml.c`` has them, with what nvml.h says); each created compute instance is a
+  MIG device like the profile's ``migDevices``. With a state directory they live in its
+  ``state/<GPU uuid>/mig_instances``, the mock library's file (same format, same lock, replaced
+  atomically), so the simulator, the mock library and other processes see the same instances;
+  without one, in memory. Instance handles are pynvml's ``c_nvmlGpuInstance_t`` /
+  ``c_nvmlComputeInstance_t`` (so arrays of them work) with made-up addresses; the info calls answer
+  :class:`GpuInstanceInfo` / :class:`ComputeInstanceInfo` (``device`` is this simulator's handle);
 * ``nvmlDevice{Get,Set}ComputeMode``: per GPU, in memory (per simulator), ``DEFAULT`` at first; Set
   takes ``DEFAULT``, ``PROHIBITED`` and ``EXCLUSIVE_PROCESS``, anything else (``EXCLUSIVE_THREAD``,
   whose support NVML removed, included) raises ``InvalidArgument``; both raise ``NotSupported`` on a
@@ -52,7 +65,9 @@ makes ``nvmlInit`` fail.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import functools
 import math
 import os
@@ -63,7 +78,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Iterator, NoReturn
 
 import pynvml
 import yaml
@@ -422,12 +437,14 @@ def _error_class(name: str) -> type[pynvml.NVMLError]:
 
 
 class _Handle:
-    """Opaque like pynvml's c_nvmlDevice_t; callers only pass it back."""
+    """Opaque like pynvml's c_nvmlDevice_t; callers only pass it back. ``created``: the MIG device of
+    a compute instance created through NVML, looked up again (by slot) on every use."""
 
-    __slots__ = ("gpu", "index", "mig", "slot")
+    __slots__ = ("gpu", "index", "mig", "slot", "created")
 
-    def __init__(self, gpu: GpuSpec, index: int, mig: MigSpec | None = None, slot: int = -1) -> None:
-        self.gpu, self.index, self.mig, self.slot = gpu, index, mig, slot
+    def __init__(self, gpu: GpuSpec, index: int, mig: MigSpec | None = None, slot: int = -1,
+                 created: bool = False) -> None:
+        self.gpu, self.index, self.mig, self.slot, self.created = gpu, index, mig, slot, created
 
     def __repr__(self) -> str:
         return f"<fake nvmlDevice {self.mig.uuid if self.mig else self.gpu.uuid}>"
@@ -535,6 +552,10 @@ class FakeNvml:
         self._health_offset = 0
         self._lost: set[int] = set()  # GPU indexes
         self._recovery_actions: dict[int, int] = {}
+        self._state_dir = state_dir
+        self._mig_lock = threading.RLock()  # the created MIG instances: read and changed under it
+        self._created: dict[int, _Created] = {}  # GPU index -> its instances (the file's, when read)
+        self._created_seen: dict[int, tuple[int, int, int] | None] = {}  # GPU index -> the file's stat key
 
     def __getattr__(self, name: str) -> Any:
         # Constants and exception classes are pynvml's own; unimplemented functions are absent
@@ -603,6 +624,11 @@ class FakeNvml:
             for slot, mig in gpu.migs.items():
                 if mig.uuid == uuid:
                     return _Handle(gpu, index, mig, slot)
+        if uuid.startswith("MIG-"):
+            for index, gpu in enumerate(self.profile.gpus):
+                for slot, mig in self._created_migs(index).items():
+                    if mig.uuid == uuid:
+                        return _Handle(gpu, index, mig, slot, created=True)
         return None
 
     def nvmlDeviceGetIndex(self, handle: _Handle) -> int:
@@ -682,9 +708,12 @@ class FakeNvml:
         if not 0 <= index < gpu.max_mig_devices:
             raise pynvml.NVMLError_InvalidArgument()
         mig = gpu.migs.get(index)
+        if mig is not None:
+            return _Handle(gpu, handle.index, mig, index)
+        mig = self._created_migs(handle.index).get(index)
         if mig is None:
             raise pynvml.NVMLError_NotFound()
-        return _Handle(gpu, handle.index, mig, index)
+        return _Handle(gpu, handle.index, mig, index, created=True)
 
     def nvmlDeviceIsMigDeviceHandle(self, handle: _Handle) -> Any:
         h = self._any(handle, "nvmlDeviceIsMigDeviceHandle")
@@ -768,6 +797,392 @@ class FakeNvml:
         return pynvml.NVML_SUCCESS
 
     nvmlDeviceGetGpuInstancePossiblePlacements_v2 = nvmlDeviceGetGpuInstancePossiblePlacements
+
+    # -- MIG GPU and compute instances (see the module docstring and tests/mocknvml/mock_nvml.c) ----
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, handle: _Handle, profileId: int, placement: Any) -> Any:
+        """``placement``: a ``c_nvmlGpuInstancePlacement_t`` (or ``byref``/pointer to one, as NVML takes it)."""
+        h, catalog = self._creatable(handle, "nvmlDeviceCreateGpuInstanceWithPlacement")
+        where = _in_struct(placement)
+        spec = catalog.by_id(profileId)
+        if spec is None:
+            raise pynvml.NVMLError_InvalidArgument()
+        if where.start not in spec.placement_starts or where.size != spec.placement_size:
+            raise pynvml.NVMLError_InvalidArgument()
+        return self._create_gpu_instance(h, spec, where.start)
+
+    def nvmlDeviceCreateGpuInstance(self, handle: _Handle, profileId: int) -> Any:
+        h, catalog = self._creatable(handle, "nvmlDeviceCreateGpuInstance")
+        spec = catalog.by_id(profileId)
+        if spec is None:
+            raise pynvml.NVMLError_InvalidArgument()
+        return self._create_gpu_instance(h, spec, None)
+
+    def nvmlGpuInstanceDestroy(self, gpuInstance: Any) -> int:
+        ref = self._instance(gpuInstance, False, "nvmlGpuInstanceDestroy")
+        if not ref.created:
+            raise pynvml.NVMLError_InUse()
+        with self._change(ref.index) as created:
+            if ref.gi not in created.gis:
+                raise pynvml.NVMLError_InvalidArgument()  # destroyed meanwhile
+            if any(gi == ref.gi for gi, _ in created.cis):
+                raise pynvml.NVMLError_InUse()
+            del created.gis[ref.gi]
+        self._log(f"nvml DestroyGpuInstance {self.profile.gpus[ref.index].uuid} {ref.gi}")
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: _Handle, gpuInstanceId: int) -> Any:
+        h = self._gpu(handle, "nvmlDeviceGetGpuInstanceById")
+        if not _mig_enabled(h.gpu):
+            _not_supported()
+        for slot, mig in sorted(h.gpu.migs.items()):
+            if mig.gpu_instance_id == gpuInstanceId:
+                return _instance_handle(pynvml.c_nvmlGpuInstance_t, _STATIC_GI, h.index, slot)
+        if gpuInstanceId not in self._created_of(h.index).gis:
+            raise pynvml.NVMLError_NotFound()
+        return _instance_handle(pynvml.c_nvmlGpuInstance_t, _CREATED_GI, h.index, gpuInstanceId)
+
+    def nvmlDeviceGetGpuInstances(self, handle: _Handle, profileId: int, gpuInstancesRef: Any, countRef: Any) -> int:
+        """pynvml's: ``gpuInstancesRef`` an array of ``c_nvmlGpuInstance_t`` (the profile's instanceCount
+        long), ``countRef`` gets how many were written: the profile's instances, by ascending ID."""
+        h = self._gpu(handle, "nvmlDeviceGetGpuInstances")
+        if not _mig_enabled(h.gpu):
+            _not_supported()
+        target, count = _out_array(gpuInstancesRef), _out_uint(countRef)
+        if target is None:
+            raise pynvml.NVMLError_InvalidArgument()
+        catalog = h.gpu.mig_catalog
+        spec = catalog.by_id(profileId) if catalog is not None else None
+        known = spec is not None if catalog is not None else 0 <= profileId < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
+        if not known:  # without a catalog the ID is the index
+            raise pynvml.NVMLError_InvalidArgument()
+        created = self._created_of(h.index)
+        found: list[Any] = []
+        for gi in range(64):
+            slot = _first_slot_of_gi(h.gpu, gi)
+            if slot is not None:
+                mig = h.gpu.migs[slot]
+                ok = (catalog.by_name(gpu_instance_profile(mig.profile)) == spec if catalog is not None
+                      else _PROFILE_INDEX.get(mig.attributes.get("gpuInstanceSliceCount", 0)) == profileId)
+                if ok:
+                    found.append(_instance_handle(pynvml.c_nvmlGpuInstance_t, _STATIC_GI, h.index, slot))
+            elif gi in created.gis and created.gis[gi].profile == spec:
+                found.append(_instance_handle(pynvml.c_nvmlGpuInstance_t, _CREATED_GI, h.index, gi))
+        for i, gi_handle in enumerate(found):
+            target[i] = gi_handle
+        count[0] = len(found)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlGpuInstanceGetInfo(self, gpuInstance: Any) -> GpuInstanceInfo:
+        ref = self._instance(gpuInstance, False, "nvmlGpuInstanceGetInfo")
+        gpu = self.profile.gpus[ref.index]
+        device = _Handle(gpu, ref.index)
+        if ref.created:
+            gi = self._created_of(ref.index).gis[ref.gi]
+            return GpuInstanceInfo(device, ref.gi, gi.profile.id,
+                                   pynvml.c_nvmlGpuInstancePlacement_t(start=gi.start, size=gi.size))
+        mig = gpu.migs[ref.slot]
+        spec = gpu.mig_catalog.by_name(gpu_instance_profile(mig.profile)) if gpu.mig_catalog else None
+        slices = mig.attributes.get("gpuInstanceSliceCount", 0)
+        if spec is None and slices not in _PROFILE_INDEX:
+            _not_supported()
+        placed = _static_placement(gpu, mig)
+        return GpuInstanceInfo(device, mig.gpu_instance_id, spec.id if spec else _PROFILE_INDEX[slices],
+                               pynvml.c_nvmlGpuInstancePlacement_t(start=placed[0] if placed else 0,
+                                                                   size=spec.placement_size if spec else slices))
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gpuInstance: Any, profile: int, engProfile: int,
+                                                     version: int = 2) -> Any:
+        """pynvml's: version 2 (the default) answers a ``c_nvmlComputeInstanceProfileInfo_v2_t`` (with
+        the name), 1 a ``c_nvmlComputeInstanceProfileInfo_t``, others ``FunctionNotFound``."""
+        if version not in (1, 2):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        ref = self._instance(gpuInstance, False, "nvmlGpuInstanceGetComputeInstanceProfileInfo")
+        fields, name = self._ci_profile(ref, profile, engProfile)
+        if version == 1:
+            return pynvml.c_nvmlComputeInstanceProfileInfo_t(**fields)
+        info = pynvml.c_nvmlComputeInstanceProfileInfo_v2_t()
+        for key, value in fields.items():
+            setattr(info, key, value)
+        info.name = name.encode()
+        return info
+
+    nvmlGpuInstanceGetComputeInstanceProfileInfoV = nvmlGpuInstanceGetComputeInstanceProfileInfo
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gpuInstance: Any, profileId: int) -> Any:
+        ref = self._instance(gpuInstance, False, "nvmlGpuInstanceCreateComputeInstance")
+        if not 0 <= profileId < pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
+            raise pynvml.NVMLError_InvalidArgument()
+        if not ref.created:
+            raise pynvml.NVMLError_InsufficientResources()  # the inventory's compute instances fill it
+        gpu = self.profile.gpus[ref.index]
+        with self._change(ref.index) as created:
+            gi = created.gis.get(ref.gi)
+            if gi is None:
+                raise pynvml.NVMLError_InvalidArgument()  # destroyed meanwhile
+            if profileId != _PROFILE_INDEX.get(gi.profile.slices):
+                _not_supported()
+            if any(g == ref.gi for g, _ in created.cis):
+                raise pynvml.NVMLError_InsufficientResources()  # the full-size one is there
+            taken = set(gpu.migs) | {c.slot for c in created.cis.values()}
+            slot = next((s for s in range(min(gpu.max_mig_devices, _MAX_MIG_SLOTS)) if s not in taken), None)
+            if slot is None:
+                raise pynvml.NVMLError_InsufficientResources()
+            ci = 0
+            created.cis[(ref.gi, ci)] = _CreatedCi(profileId, slot)
+        self._log(f"nvml CreateComputeInstance {gpu.uuid} {ref.gi} {profileId} {ci}")
+        return _instance_handle(pynvml.c_nvmlComputeInstance_t, _CREATED_CI, ref.index, ref.gi, ci)
+
+    def nvmlComputeInstanceDestroy(self, computeInstance: Any) -> int:
+        ref = self._instance(computeInstance, True, "nvmlComputeInstanceDestroy")
+        if not ref.created:
+            raise pynvml.NVMLError_InUse()
+        with self._change(ref.index) as created:
+            if ref.gi not in created.gis or (ref.gi, ref.ci) not in created.cis:
+                raise pynvml.NVMLError_InvalidArgument()  # destroyed meanwhile
+            del created.cis[(ref.gi, ref.ci)]
+        self._log(f"nvml DestroyComputeInstance {self.profile.gpus[ref.index].uuid} {ref.gi} {ref.ci}")
+        return pynvml.NVML_SUCCESS
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gpuInstance: Any, computeInstanceId: int) -> Any:
+        ref = self._instance(gpuInstance, False, "nvmlGpuInstanceGetComputeInstanceById")
+        if ref.created:
+            if (ref.gi, computeInstanceId) not in self._created_of(ref.index).cis:
+                raise pynvml.NVMLError_NotFound()
+            return _instance_handle(pynvml.c_nvmlComputeInstance_t, _CREATED_CI, ref.index, ref.gi, computeInstanceId)
+        gpu = self.profile.gpus[ref.index]
+        gi = gpu.migs[ref.slot].gpu_instance_id
+        for slot, mig in sorted(gpu.migs.items()):
+            if mig.gpu_instance_id == gi and mig.compute_instance_id == computeInstanceId:
+                return _instance_handle(pynvml.c_nvmlComputeInstance_t, _STATIC_CI, ref.index, slot)
+        raise pynvml.NVMLError_NotFound()
+
+    def nvmlGpuInstanceGetComputeInstances(self, gpuInstance: Any, profileId: int, computeInstancesRef: Any,
+                                           countRef: Any) -> int:
+        ref = self._instance(gpuInstance, False, "nvmlGpuInstanceGetComputeInstances")
+        target, count = _out_array(computeInstancesRef), _out_uint(countRef)
+        if target is None:
+            raise pynvml.NVMLError_InvalidArgument()
+        if not 0 <= profileId < pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
+            raise pynvml.NVMLError_InvalidArgument()
+        found: list[Any] = []
+        if ref.created:
+            created = self._created_of(ref.index)
+            if profileId != _PROFILE_INDEX.get(created.gis[ref.gi].profile.slices):
+                _not_supported()
+            found = [_instance_handle(pynvml.c_nvmlComputeInstance_t, _CREATED_CI, ref.index, gi, ci)
+                     for gi, ci in sorted(created.cis) if gi == ref.gi]
+        else:
+            gpu = self.profile.gpus[ref.index]
+            gi = gpu.migs[ref.slot].gpu_instance_id
+            found = [_instance_handle(pynvml.c_nvmlComputeInstance_t, _STATIC_CI, ref.index, slot)
+                     for slot, mig in sorted(gpu.migs.items(), key=lambda x: (x[1].compute_instance_id, x[0]))
+                     if mig.gpu_instance_id == gi and profileId < len(_PROFILE_SLICES)
+                     and mig.attributes.get("computeInstanceSliceCount", 0) == _PROFILE_SLICES[profileId]]
+            if not found:
+                _not_supported()  # as the profile info: a profile none of its CIs has
+        for i, ci_handle in enumerate(found):
+            target[i] = ci_handle
+        count[0] = len(found)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlComputeInstanceGetInfo_v2(self, computeInstance: Any) -> ComputeInstanceInfo:
+        ref = self._instance(computeInstance, True, "nvmlComputeInstanceGetInfo")
+        gpu = self.profile.gpus[ref.index]
+        device = _Handle(gpu, ref.index)
+        if ref.created:
+            created = self._created_of(ref.index)
+            return ComputeInstanceInfo(
+                device, _instance_handle(pynvml.c_nvmlGpuInstance_t, _CREATED_GI, ref.index, ref.gi), ref.ci,
+                created.cis[(ref.gi, ref.ci)].profile_id,
+                pynvml.c_nvmlComputeInstancePlacement_t(start=0, size=created.gis[ref.gi].profile.slices))
+        mig = gpu.migs[ref.slot]
+        slices = mig.attributes.get("computeInstanceSliceCount", 0)
+        if slices not in _PROFILE_INDEX:
+            _not_supported()
+        return ComputeInstanceInfo(
+            device, _instance_handle(pynvml.c_nvmlGpuInstance_t, _STATIC_GI, ref.index, ref.slot),
+            mig.compute_instance_id, _PROFILE_INDEX[slices],
+            pynvml.c_nvmlComputeInstancePlacement_t(start=0, size=slices))
+
+    def nvmlComputeInstanceGetInfo(self, computeInstance: Any) -> ComputeInstanceInfo:
+        return self.nvmlComputeInstanceGetInfo_v2(computeInstance)
+
+    # the helpers of the instance calls
+
+    def _creatable(self, handle: Any, call: str) -> tuple[_Handle, MigCatalog]:
+        h = self._gpu(handle, call)
+        if not _mig_enabled(h.gpu) or h.gpu.mig_catalog is None:
+            _not_supported()
+        return h, h.gpu.mig_catalog
+
+    def _create_gpu_instance(self, h: _Handle, spec: MigProfileSpec, start: int | None) -> Any:
+        catalog = h.gpu.mig_catalog
+        assert catalog is not None
+        with self._change(h.index) as created:
+            chosen = None
+            for s in sorted(spec.placement_starts):
+                if start is not None and s != start:
+                    continue
+                gi = _fits(h.gpu, catalog, created, spec, s)
+                if gi is not None:
+                    chosen = (s, gi)
+                    break
+            if chosen is None:
+                raise pynvml.NVMLError_InsufficientResources()
+            created.gis[chosen[1]] = _CreatedGi(spec, chosen[0], spec.placement_size)
+        self._log(f"nvml CreateGpuInstance {h.gpu.uuid} {spec.id} {chosen[0]} {spec.placement_size} {chosen[1]}")
+        return _instance_handle(pynvml.c_nvmlGpuInstance_t, _CREATED_GI, h.index, chosen[1])
+
+    def _ci_profile(self, ref: _InstanceRef, profile: int, engProfile: int) -> tuple[dict[str, int], str]:
+        gpu = self.profile.gpus[ref.index]
+        if ref.created:
+            if not (0 <= profile < pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT
+                    and 0 <= engProfile < pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT):
+                raise pynvml.NVMLError_InvalidArgument()
+            spec = self._created_of(ref.index).gis[ref.gi].profile
+            if profile != _PROFILE_INDEX.get(spec.slices):
+                _not_supported()  # only the full-size compute instance
+            return {"id": profile, "sliceCount": spec.slices, "instanceCount": 1,
+                    "multiprocessorCount": spec.multiprocessors, "sharedCopyEngineCount": spec.copy_engines,
+                    "sharedDecoderCount": spec.decoders, "sharedEncoderCount": spec.encoders,
+                    "sharedJpegCount": spec.jpeg, "sharedOfaCount": spec.ofa}, f"MIG {spec.name}"
+        owner = gpu.migs[ref.slot]
+        if not 0 <= profile < len(_PROFILE_SLICES):
+            raise pynvml.NVMLError_InvalidArgument()
+        if engProfile != 0:
+            _not_supported()  # only the shared engine profile
+        for _, mig in sorted(gpu.migs.items()):
+            a = mig.attributes
+            if mig.gpu_instance_id != owner.gpu_instance_id or a.get("computeInstanceSliceCount", 0) != _PROFILE_SLICES[profile]:
+                continue
+            return {"id": profile, "sliceCount": _PROFILE_SLICES[profile],
+                    "instanceCount": owner.attributes.get("gpuInstanceSliceCount", 0) // _PROFILE_SLICES[profile],
+                    "multiprocessorCount": a.get("multiprocessorCount", 0),
+                    "sharedCopyEngineCount": a.get("sharedCopyEngineCount", 0),
+                    "sharedDecoderCount": a.get("sharedDecoderCount", 0),
+                    "sharedEncoderCount": a.get("sharedEncoderCount", 0),
+                    "sharedJpegCount": a.get("sharedJpegCount", 0),
+                    "sharedOfaCount": a.get("sharedOfaCount", 0)}, f"MIG {mig.profile}"
+        _not_supported()
+
+    def _instance(self, handle: Any, compute: bool, call: str) -> _InstanceRef:
+        """The GPU (or compute) instance behind a handle; ``InvalidArgument`` for anything else and for
+        a created instance since destroyed. The parent GPU's lost state and ``fail`` entries apply."""
+        self._ready()
+        ref = _decode_instance(handle, compute)
+        gpus = self.profile.gpus
+        if ref is None or not 0 <= ref.index < len(gpus):
+            raise pynvml.NVMLError_InvalidArgument()
+        gpu = gpus[ref.index]
+        if ref.created:
+            created = self._created_of(ref.index)
+            if ref.gi not in created.gis or (compute and (ref.gi, ref.ci) not in created.cis):
+                raise pynvml.NVMLError_InvalidArgument()
+        elif ref.slot not in gpu.migs:
+            raise pynvml.NVMLError_InvalidArgument()
+        self._any(_Handle(gpu, ref.index), call)
+        return ref
+
+    def _created_migs(self, index: int) -> dict[int, MigSpec]:
+        """The MIG devices of the created compute instances of GPU ``index``, by slot."""
+        gpu = self.profile.gpus[index]
+        if gpu.mig_catalog is None:
+            return {}
+        out: dict[int, MigSpec] = {}
+        created = self._created_of(index)
+        for (gi, ci), c in sorted(created.cis.items()):
+            spec = created.gis[gi].profile
+            if c.slot in out or c.slot in gpu.migs:
+                continue
+            out[c.slot] = MigSpec(
+                uuid=mig_uuid(gpu.uuid, gi, ci), profile=spec.name, gpu_instance_id=gi, compute_instance_id=ci,
+                attributes={
+                    "multiprocessorCount": spec.multiprocessors, "sharedCopyEngineCount": spec.copy_engines,
+                    "sharedDecoderCount": spec.decoders, "sharedEncoderCount": spec.encoders,
+                    "sharedJpegCount": spec.jpeg, "sharedOfaCount": spec.ofa,
+                    "gpuInstanceSliceCount": spec.slices, "computeInstanceSliceCount": spec.slices,
+                    "memorySizeMB": spec.memory_mib,
+                })
+        return out
+
+    def _state_file(self, index: int) -> Path | None:
+        if self._state_dir is None:
+            return None
+        return self._state_dir / "state" / self.profile.gpus[index].uuid / MIG_STATE_FILE
+
+    def _created_of(self, index: int, force: bool = False) -> _Created:
+        """GPU ``index``'s created instances: the state file's, read again when it changed; in memory
+        without a state directory."""
+        gpu = self.profile.gpus[index]
+        path = self._state_file(index)
+        with self._mig_lock:
+            if path is None or gpu.mig_catalog is None:
+                return self._created.setdefault(index, _Created())
+            try:
+                with path.open("rb") as f:
+                    st = os.fstat(f.fileno())
+                    key: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+                    if not force and index in self._created and self._created_seen.get(index) == key:
+                        return self._created[index]
+                    text = f.read().decode(errors="replace")
+            except FileNotFoundError:
+                key, text = None, ""
+                if not force and index in self._created and self._created_seen.get(index) is None:
+                    return self._created[index]
+            self._created[index] = _parse_instances(text, gpu.mig_catalog)
+            self._created_seen[index] = key
+            return self._created[index]
+
+    @contextlib.contextmanager
+    def _change(self, index: int) -> Iterator[_Created]:
+        """Change GPU ``index``'s instances: a fresh copy to change, saved atomically (temporary file,
+        rename) under the file lock the mock library takes too, unless the block raises."""
+        path = self._state_file(index)
+        with self._mig_lock:
+            if path is None:
+                current = self._created.setdefault(index, _Created())
+                changed = current.copy()
+                yield changed
+                self._created[index] = changed
+                return
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                lock = os.open(path.parent / f".{MIG_STATE_FILE}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except PermissionError:
+                raise pynvml.NVMLError_NoPermission() from None
+            except OSError as exc:
+                raise _error_for(exc) from None
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                changed = self._created_of(index, force=True).copy()
+                yield changed
+                tmp = path.parent / f".{MIG_STATE_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"
+                try:
+                    with tmp.open("w") as f:
+                        f.write(_format_instances(self.profile.gpus[index].uuid, changed))
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.replace(tmp, path)
+                except OSError as exc:
+                    tmp.unlink(missing_ok=True)
+                    raise _error_for(exc) from None
+                self._created_of(index, force=True)
+            finally:
+                os.close(lock)  # releases the flock
+
+    def _log(self, line: str) -> None:
+        """A successful create/destroy, in the state directory's calls.log as the mock library logs it."""
+        if self._state_dir is None:
+            return
+        try:
+            fd = os.open(self._state_dir / "calls.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            try:
+                os.write(fd, (line + "\n").encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
 
     # -- compute mode -------------------------------------------------------------------------
 
@@ -924,6 +1339,11 @@ class FakeNvml:
         self._ready()
         if not isinstance(handle, _Handle):
             raise pynvml.NVMLError_InvalidArgument()
+        if handle.created:  # the MIG device in its slot now: gone (destroyed) -> an invalid handle
+            mig = self._created_migs(handle.index).get(handle.slot)
+            if mig is None:
+                raise pynvml.NVMLError_InvalidArgument()
+            handle = _Handle(handle.gpu, handle.index, mig, handle.slot, created=True)
         self._check_lost(handle.index)
         faults = handle.mig.fail if handle.mig else handle.gpu.fail
         if call in faults:
@@ -1018,3 +1438,245 @@ def _out_array(ref: Any) -> Any:
     if isinstance(obj, (ctypes.Array, ctypes._Pointer)):
         return obj
     raise pynvml.NVMLError_InvalidArgument()
+
+
+# -- created MIG instances: the state file, handles, resources -------------------------------------
+
+MIG_STATE_FILE = "mig_instances"  # <state>/state/<GPU uuid>/mig_instances, the mock library's too
+_MAX_GIS, _MAX_CIS, _MAX_MIG_SLOTS = 15, 8, 16  # the kernel's capability layout; the mock's slots
+_PROFILE_INDEX = {slices: index for index, slices in _PROFILE_SLICES.items()}
+_HANDLE_BASE = 0x6D16_0000_0000  # fake instance handle addresses (never dereferenced)
+_CREATED_GI, _CREATED_CI, _STATIC_GI, _STATIC_CI = 1, 2, 3, 4
+
+
+@dataclass
+class _CreatedGi:
+    profile: MigProfileSpec
+    start: int
+    size: int
+
+
+@dataclass
+class _CreatedCi:
+    profile_id: int
+    slot: int
+
+
+@dataclass
+class _Created:
+    """The GPU and compute instances created on one GPU: GI ID -> GI, (GI ID, CI ID) -> CI."""
+
+    gis: dict[int, _CreatedGi] = field(default_factory=dict)
+    cis: dict[tuple[int, int], _CreatedCi] = field(default_factory=dict)
+
+    def copy(self) -> _Created:
+        return _Created(dict(self.gis), dict(self.cis))
+
+
+@dataclass(frozen=True)
+class _InstanceRef:
+    """What an instance handle names: a created GI/CI (``gi``, ``ci``) or an inventory one (the MIG
+    device in ``slot``), on GPU ``index``."""
+
+    index: int
+    created: bool
+    gi: int = 0
+    ci: int = 0
+    slot: int = -1
+
+
+@dataclass(frozen=True)
+class GpuInstanceInfo:
+    """pynvml.c_nvmlGpuInstanceInfo_t's fields; ``device`` is this simulator's handle, which a ctypes
+    structure cannot hold."""
+
+    device: _Handle
+    id: int
+    profileId: int
+    placement: Any  # c_nvmlGpuInstancePlacement_t
+
+
+@dataclass(frozen=True)
+class ComputeInstanceInfo:
+    """pynvml.c_nvmlComputeInstanceInfo_t's fields (``device`` as in :class:`GpuInstanceInfo`)."""
+
+    device: _Handle
+    gpuInstance: Any  # c_nvmlGpuInstance_t
+    id: int
+    profileId: int
+    placement: Any  # c_nvmlComputeInstancePlacement_t
+
+
+def _instance_handle(ctype: Any, kind: int, index: int, a: int, b: int = 0) -> Any:
+    """A ``c_nvmlGpuInstance_t`` / ``c_nvmlComputeInstance_t`` as pynvml returns one (so an array of
+    them holds it), whose address names the instance: created GI ``a`` (and CI ``b``), or the inventory
+    MIG device in slot ``a``."""
+    return ctypes.cast(ctypes.c_void_p(_HANDLE_BASE | kind << 28 | index << 16 | a << 8 | b), ctype)
+
+
+def _decode_instance(handle: Any, compute: bool) -> _InstanceRef | None:
+    try:
+        address = ctypes.cast(handle, ctypes.c_void_p).value
+    except (ctypes.ArgumentError, TypeError):
+        return None
+    if not address or address & ~0xFFFF_FFFF != _HANDLE_BASE:
+        return None
+    kind, index, a, b = address >> 28 & 0xF, address >> 16 & 0xFF, address >> 8 & 0xFF, address & 0xFF
+    if kind == (_CREATED_CI if compute else _CREATED_GI):
+        return _InstanceRef(index, True, gi=a, ci=b)
+    if kind == (_STATIC_CI if compute else _STATIC_GI):
+        return _InstanceRef(index, False, slot=a)
+    return None
+
+
+def _parse_instances(text: str, catalog: MigCatalog) -> _Created:
+    """The state file (format: tests/mocknvml/mock_nvml.c); lines it cannot use are skipped, as there."""
+    created = _Created()
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) != 5 or not all(w.isdigit() for w in words[1:]):
+            continue
+        a, b, c, d = (int(w) for w in words[1:])
+        if words[0] == "gi" and a < _MAX_GIS:
+            spec = catalog.by_id(b)
+            if spec is not None and d == spec.placement_size and c + d <= catalog.memory_slices:
+                created.gis[a] = _CreatedGi(spec, c, d)
+        elif words[0] == "ci" and a < _MAX_GIS and b < _MAX_CIS and a in created.gis and d < _MAX_MIG_SLOTS:
+            created.cis[(a, b)] = _CreatedCi(c, d)
+    return created
+
+
+def _format_instances(uuid: str, created: _Created) -> str:
+    lines = [f"# gpudra mock NVML: MIG instances created on {uuid} (tests/mocknvml/mock_nvml.c)"]
+    for gi, g in sorted(created.gis.items()):
+        lines.append(f"gi {gi} {g.profile.id} {g.start} {g.size}")
+        lines += [f"ci {gi} {ci} {c.profile_id} {c.slot}" for (g2, ci), c in sorted(created.cis.items()) if g2 == gi]
+    return "\n".join(lines) + "\n"
+
+
+def _error_for(exc: OSError) -> pynvml.NVMLError:
+    import errno
+
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return pynvml.NVMLError_NoPermission()
+    return pynvml.NVMLError_Unknown()
+
+
+def _mig_enabled(gpu: GpuSpec) -> bool:
+    return gpu.mig_capable and gpu.mig_mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+
+
+def tree_gpu_instance_id(memory_slices: int, start: int, size: int) -> int | None:
+    """The GPU instance ID NVML gives a placement: its node in the binary tree of the memory slices,
+    ``(memory_slices/size - 1) + start/size`` (the full GPU 0, halves 1-2, quarters 3-6, eighths
+    7-14), as ``nvidia-smi mig -lgi`` shows on real GPUs; None where the placement is no such node."""
+    if size <= 0 or memory_slices % size or start % size:
+        return None
+    n = memory_slices // size
+    if n & (n - 1):
+        return None
+    gi = n - 1 + start // size
+    return gi if gi < _MAX_GIS else None
+
+
+def _tree_placement(memory_slices: int, gi: int) -> tuple[int, int] | None:
+    n = 1
+    while 2 * n - 1 <= gi:
+        n *= 2
+    if memory_slices % n:
+        return None
+    size = memory_slices // n
+    return (gi - (n - 1)) * size, size
+
+
+def _static_placement(gpu: GpuSpec, mig: MigSpec) -> tuple[int, int] | None:
+    """The memory slices an inventory GPU instance occupies, as its ID says (the tree), where that
+    placement has its catalog profile's size; None otherwise."""
+    catalog = gpu.mig_catalog
+    spec = catalog.by_name(gpu_instance_profile(mig.profile)) if catalog else None
+    placed = _tree_placement(catalog.memory_slices, mig.gpu_instance_id) if catalog and spec else None
+    return placed if spec and placed and placed[1] == spec.placement_size else None
+
+
+def _first_slot_of_gi(gpu: GpuSpec, gi: int) -> int | None:
+    return next((slot for slot, mig in sorted(gpu.migs.items()) if mig.gpu_instance_id == gi), None)
+
+
+def _fits(gpu: GpuSpec, catalog: MigCatalog, created: _Created, spec: MigProfileSpec, start: int) -> int | None:
+    """The GPU instance ID ``spec`` at ``start`` gets beside the GPU's instances (inventory and
+    created), or None where it does not fit (INSUFFICIENT_RESOURCES): overlapping memory slices, the
+    profile's instanceCount reached, or more compute slices or engines than the GPU has (its full
+    profile's)."""
+    full = max(catalog.profiles, key=lambda p: (p.slices, p.placement_size))
+    used: list[tuple[MigProfileSpec, tuple[int, int] | None]] = []
+    static_gis = set()
+    for slot, mig in sorted(gpu.migs.items()):
+        if mig.gpu_instance_id in static_gis:
+            continue
+        static_gis.add(mig.gpu_instance_id)
+        known = catalog.by_name(gpu_instance_profile(mig.profile))
+        if known is None:  # compute slices only
+            used.append((MigProfileSpec("?", -1, -1, mig.attributes.get("gpuInstanceSliceCount", 0), 1, 0, 0, 0, 0,
+                                        0, 0, 0, (0,), 1), None))
+        else:
+            placed = _static_placement(gpu, mig)
+            used.append((known, placed if placed and placed[0] + placed[1] <= catalog.memory_slices else None))
+    used += [(g.profile, (g.start, g.size)) for g in created.gis.values()]
+    if sum(p == spec for p, _ in used) >= spec.instances:
+        return None
+    mine = set(range(start, start + spec.placement_size))
+    if any(placed and mine & set(range(placed[0], placed[0] + placed[1])) for _, placed in used):
+        return None
+    for attr, total in (("slices", catalog.compute_slices), ("copy_engines", full.copy_engines),
+                        ("decoders", full.decoders), ("encoders", full.encoders), ("jpeg", full.jpeg),
+                        ("ofa", full.ofa)):
+        if sum(getattr(p, attr) for p, _ in used) + getattr(spec, attr) > total:
+            return None
+    taken = static_gis | set(created.gis)
+    gi = tree_gpu_instance_id(catalog.memory_slices, start, spec.placement_size)
+    if gi is None:
+        gi = next((i for i in range(1, _MAX_GIS) if i not in taken), None)
+    return None if gi is None or gi in taken else gi
+
+
+def creatable_instances(catalog: MigCatalog) -> dict[int, int]:
+    """GPU instance ID -> the most compute slices a GPU instance with that ID can have: every GPU
+    instance the simulators can create on a GPU with this catalog (its compute instances are IDs 0 to
+    that many minus one on a real GPU)."""
+    out: dict[int, int] = {}
+    for spec in catalog.profiles:
+        for start in spec.placement_starts:
+            gi = tree_gpu_instance_id(catalog.memory_slices, start, spec.placement_size)
+            for i in ([gi] if gi is not None else range(1, _MAX_GIS)):
+                out[i] = max(out.get(i, 0), spec.slices)
+    return out
+
+
+def _fnv1a64(data: bytes, h: int) -> int:
+    for byte in data:
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFF_FFFF_FFFF_FFFF
+    return h
+
+
+def mig_uuid(parent_uuid: str, gi: int, ci: int) -> str:
+    """The UUID of a created MIG device: MIG-<8-4-4-4-12 hex> from FNV-1a 64 over ``<parent>/<gi>/<ci>``
+    (twice, the second continuing with ``#``), version nibble 5, variant 10 — the mock library's."""
+    text = f"{parent_uuid}/{gi}/{ci}".encode()
+    h1 = _fnv1a64(text, 0xCBF29CE484222325)
+    h2 = _fnv1a64(b"#", _fnv1a64(text, h1))
+    x = f"{h1:016x}{h2:016x}"
+    x = x[:12] + "5" + x[13:16] + "89ab"[int(x[16], 16) & 3] + x[17:]
+    return f"MIG-{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+
+
+def _in_struct(ref: Any) -> Any:
+    """An in-argument structure as a caller may pass it (the structure, ``byref`` or a pointer);
+    ``InvalidArgument`` for NULL."""
+    obj = getattr(ref, "_obj", ref)
+    if isinstance(obj, ctypes._Pointer):
+        if not obj:
+            raise pynvml.NVMLError_InvalidArgument()
+        obj = obj.contents
+    if not isinstance(obj, ctypes.Structure) or not hasattr(obj, "start") or not hasattr(obj, "size"):
+        raise pynvml.NVMLError_InvalidArgument()
+    return obj

@@ -18,6 +18,17 @@ Layout (x86_64, Debian multiarch), relative to the root::
     lib/firmware/nvidia/<ver>/gsp_ga10x.bin, gsp_tu10x.bin
     dev/nvidia<minor>, nvidiactl, nvidia-modeset, nvidia-uvm, nvidia-uvm-tools, nvidia-caps/nvidia-cap<N>
     proc/driver/nvidia-caps/mig-minors                 (mig_caps: the kernel driver's capability table)
+    proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<g>[/ci<c>]/access   (mig_caps: per MIG instance)
+
+MIG capabilities (``mig_caps``): a real node has, for each GPU instance and compute instance, a
+``/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<g>/access`` (and ``.../gi<g>/ci<c>/access``) naming
+its ``/dev/nvidia-caps/nvidia-cap<N>`` minor (``DeviceFileMinor: <N>``, what
+:func:`gpudra_driver.plugin.devicenodes.read_mig_cap_minor` reads). The root has them, and the nodes,
+for the inventory's MIG devices and for every instance that can be created on a GPU with a MIG catalog
+and MIG mode enabled (:func:`gpudra_driver.nvml.fake.creatable_instances`: each GPU instance ID a
+placement gets, compute instances 0 to its most compute slices minus one), so a prepare that creates
+instances finds them wherever NVML puts them. Minors follow the driver's fixed layout
+(:func:`~gpudra_driver.plugin.devicenodes.mig_cap_minor_fallback`, the one ``mig-minors`` lists).
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ from pathlib import Path
 import pynvml
 
 from gpudra_dev import REPO
-from gpudra_driver.nvml.fake import MigCatalog, Profile, load_profile
+from gpudra_driver.nvml.fake import GpuSpec, MigCatalog, Profile, creatable_instances, load_profile
 from gpudra_driver.plugin.devicenodes import _GIS_PER_GPU, _MINORS_PER_GI, mig_cap_minor_fallback
 
 __all__ = [
@@ -42,6 +53,7 @@ __all__ = [
     "inventory_text",
     "make_driver_root",
     "make_pci_sysfs",
+    "mig_instances",
     "mock_nvml_library",
     "write_inventory",
 ]
@@ -227,6 +239,23 @@ def mig_minors_text(gpu_minors: list[int]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def mig_instances(gpu: GpuSpec) -> dict[int, set[int]]:
+    """GPU instance ID -> its compute instance IDs: the inventory's MIG devices, and every instance
+    the simulators can create on the GPU (a MIG catalog and MIG mode enabled)."""
+    out: dict[int, set[int]] = {}
+    for mig in gpu.migs.values():
+        out.setdefault(mig.gpu_instance_id, set()).add(mig.compute_instance_id)
+    if gpu.mig_catalog is not None and gpu.mig_mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE:
+        for gi, slices in creatable_instances(gpu.mig_catalog).items():
+            out.setdefault(gi, set()).update(range(slices))
+    return out
+
+
+def _access_text(minor: int) -> str:
+    """A capability's ``access`` file as the kernel driver writes it (mode 0444: 292)."""
+    return f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"
+
+
 def make_driver_root(
     root: Path,
     profile: Profile | str,
@@ -286,6 +315,13 @@ def make_driver_root(
         proc_caps = root / "proc" / "driver" / "nvidia-caps"
         proc_caps.mkdir(parents=True, exist_ok=True)
         (proc_caps / "mig-minors").write_text(mig_minors_text(sorted(g.minor for g in prof.gpus)))
+        for gpu in prof.gpus:
+            mig_dir = root / "proc/driver/nvidia/capabilities" / f"gpu{gpu.minor}" / "mig"
+            for gi, cis in mig_instances(gpu).items():
+                for ci in (None, *sorted(cis)):
+                    where = mig_dir / f"gi{gi}" / (f"ci{ci}" if ci is not None else "")
+                    where.mkdir(parents=True, exist_ok=True)
+                    (where / "access").write_text(_access_text(mig_cap_minor_fallback(gpu.minor, gi, ci)))
 
     if device_nodes:
         dev = root / "dev"
@@ -300,9 +336,9 @@ def make_driver_root(
             caps = dev / "nvidia-caps"
             caps.mkdir(exist_ok=True)
             for gpu in prof.gpus:
-                for mig in gpu.migs.values():
-                    for ci in (None, mig.compute_instance_id):
-                        minor = mig_cap_minor_fallback(gpu.minor, mig.gpu_instance_id, ci)
+                for gi, cis in mig_instances(gpu).items():
+                    for ci in (None, *sorted(cis)):
+                        minor = mig_cap_minor_fallback(gpu.minor, gi, ci)
                         _mknod(caps / f"nvidia-cap{minor}", CAPS_MAJOR, minor)
     return root
 
