@@ -1,7 +1,8 @@
 """Dynamic MIG against the real API server and kube-scheduler: an agent started with ``--mig
 dynamic`` on two simulated MIG-enabled H100s publishes every placement over counters, and the
 scheduler, adding up nothing but those counters, fills a GPU exactly as the hardware's placement
-rules allow, leaves the next claim Pending, and gives a freed placement to another profile.
+rules allow, leaves the next claim Pending (`gpudra explain` says which counters are used up), and
+gives a freed placement to another profile.
 
 Partitionable devices (KEP-4815) are alpha and off in Kubernetes 1.35, beta and on in 1.36 and
 1.37: on 1.35 the agent finds out with a dry run, publishes static MIG and says why in a Node
@@ -11,6 +12,8 @@ suite, and on 1.36.3 and 1.37.2 (`make test KUBE_VERSION=... PYTEST_ARGS=<this f
 from __future__ import annotations
 
 import secrets
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -45,7 +48,7 @@ async def published(kube: Kube, driver: str, node: str, devices: int) -> list[Ob
 
 
 async def test_the_scheduler_fills_a_gpu_with_placements_exactly_as_the_hardware_allows(
-        kube: Kube, namespace: str, fake_nodes: Any, agents: Callable[..., AgentProcess]) -> None:
+        kube: Kube, namespace: str, fake_nodes: Any, agents: Callable[..., AgentProcess], cluster: Any) -> None:
     from test_consumable_capacity import allocated, minor_version, run_pod, unschedulable
 
     suffix = secrets.token_hex(3)
@@ -101,6 +104,15 @@ async def test_the_scheduler_fills_a_gpu_with_placements_exactly_as_the_hardware
         # slice 7 is free, but no 1g.10gb placement starts there; nor is the whole GPU free
         await run_pod(kube, namespace, node, on_gpu0("one-more", "1g.10gb"))
         assert "cannot allocate all claims" in await unschedulable(kube, namespace, "one-more")
+        # gpudra explain (upstream's allocator) says why, in counters: the GPU's compute slices are all taken
+        answer = subprocess.run([sys.executable, "-m", "gpudra.cli", "explain", "claim", f"{namespace}/one-more",
+                                 "--driver", driver, "--kubeconfig", str(cluster.kubeconfig)],
+                                capture_output=True, text=True, timeout=120)
+        assert answer.returncode == 0, answer.stderr
+        verdict = answer.stdout.strip().splitlines()[-1]
+        assert verdict.startswith("no node can satisfy request mig: it needs 1 on one node, at most 0 free"), verdict
+        assert f"in use by {namespace}/one (1); 6 without room for it" in verdict, verdict
+        assert "needs 1 of counter compute-slices of counter set gpu-0-counters, 0 of 7 left" in verdict, verdict
         await run_pod(kube, namespace, node, on_gpu0("whole", None))
         await unschedulable(kube, namespace, "whole")
 
