@@ -210,16 +210,11 @@ async def api_server_keeps_sharing(kube: Any, driver: str, node: str) -> tuple[b
     server keeps, and the publisher rewriting the pool forever; so the agent publishes unshared
     GPUs there. Errors other than a refusal (the API server unreachable) are raised: the caller
     retries."""
-    from kubernetes_asyncio.client.exceptions import ApiException
+    from gpudra_core.kubeapi import dry_run_create
 
-    from gpudra_core.kubeapi import error_message, is_status
-
-    try:
-        stored = await kube.create(probe_slice(driver, node), dry_run=True)
-    except ApiException as error:
-        if not is_status(error, 400, 403, 404, 422):
-            raise
-        return False, f"a dry-run ResourceSlice with allowMultipleAllocations was refused: {error_message(error)}"
+    stored, refused = await dry_run_create(kube, probe_slice(driver, node))
+    if stored is None:
+        return False, f"a dry-run ResourceSlice with allowMultipleAllocations was refused: {refused}"
     if keeps_sharing(stored):
         return True, ""
     return False, (f"the API server drops allowMultipleAllocations and requestPolicy from ResourceSlices: its "

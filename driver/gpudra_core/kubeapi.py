@@ -459,3 +459,16 @@ def core_event(involved: Obj, type_: str, reason: str, message: str, *, componen
             "involvedObject": involved, "type": type_, "reason": reason, "message": message[:1024],
             "source": source, "reportingComponent": component,
             "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+
+
+async def dry_run_create(kube: Kube, obj: Obj) -> tuple[Obj | None, str]:
+    """``obj`` as the API server would store it (a server-side dry run: nothing is stored), or
+    (None, why) when the server refuses it. Errors other than a refusal (the API server
+    unreachable) are raised: the caller retries. What a feature probe asks: does the server keep
+    these fields, or drop them because a feature gate is off?"""
+    try:
+        return await kube.create(obj, dry_run=True), ""
+    except ApiException as error:
+        if not is_status(error, 400, 403, 404, 422):
+            raise
+        return None, error_message(error)

@@ -49,8 +49,11 @@ INHERITED_ATTRIBUTES = ("productName", "brand", "architecture", "cudaComputeCapa
                         "cudaDriverVersion", "resource.kubernetes.io/pciBusID", "numaNode")
 
 
+MEMORY_SLICE_PREFIX = "memory-slice-"
+
+
 def memory_slice_counter(index: int) -> str:
-    return f"memory-slice-{index}"
+    return f"{MEMORY_SLICE_PREFIX}{index}"
 
 
 @dataclass(frozen=True)
@@ -196,16 +199,11 @@ async def api_server_keeps_counters(kube: Any, driver: str, node: str) -> tuple[
     ``sharedCounters`` and ``consumesCounters`` without an error. Placements published there would
     be plain devices the scheduler could hand out overlapping, so the agent publishes static MIG
     instead. Errors other than a refusal (the API server unreachable) are raised: the caller retries."""
-    from kubernetes_asyncio.client.exceptions import ApiException
+    from gpudra_core.kubeapi import dry_run_create
 
-    from gpudra_core.kubeapi import error_message, is_status
-
-    try:
-        stored = await kube.create(probe_slice(driver, node), dry_run=True)
-    except ApiException as error:
-        if not is_status(error, 400, 403, 404, 422):
-            raise
-        return False, f"a dry-run ResourceSlice with sharedCounters was refused: {error_message(error)}"
+    stored, refused = await dry_run_create(kube, probe_slice(driver, node))
+    if stored is None:
+        return False, f"a dry-run ResourceSlice with sharedCounters was refused: {refused}"
     if keeps_counters(stored):
         return True, ""
     return False, (f"the API server drops sharedCounters and consumesCounters from ResourceSlices: its "

@@ -167,7 +167,8 @@ async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: obje
                           numa_node_of=functools.partial(numa_node_from_sysfs, sysfs=sysfs), sysfs=sysfs,
                           driver_root=root,  # type: ignore[arg-type]
                           report=events.post, gate=guard.check,  # type: ignore[attr-defined]
-                          sharing=await _sharing(args, kube, events), mig=await _mig_mode(args, kube, events))
+                          sharing=await _sharing(args, kube, events), mig=await _mig_mode(args, kube, events),
+                          owned_mig=plugin.state.owned_mig_instances)  # type: ignore[attr-defined]
     if health is None:
         await rescanner.run()
         return

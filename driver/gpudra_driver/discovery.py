@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from types import ModuleType
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
@@ -115,10 +115,12 @@ def discover(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = No
 
 
 def scan(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = None,
-         mig: MigMode = "static") -> Discovery:
+         mig: MigMode = "static", owned: Collection[tuple[str, int]] = ()) -> Discovery:
     """Enumerate GPUs and MIG devices. ``numa_node_of(pci_bus_id)`` is the fallback when NVML has no
     NUMA answer (e.g. :func:`numa_node_from_sysfs`); without it such devices carry no numaNode.
-    ``mig``: how a MIG-enabled GPU is published (see the module's docstring)."""
+    ``mig``: how a MIG-enabled GPU is published (see the module's docstring); ``owned``: the
+    (parent GPU UUID, GPU instance ID) of the dynamic MIG instances the agent created for claims,
+    which leave their GPU dynamic (others make it static)."""
     if mig not in MIG_MODES:
         raise ValueError(f"mig must be one of {MIG_MODES}, not {mig!r}")
     try:
@@ -143,7 +145,7 @@ def scan(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = None,
         warnings: list[str] = []
         for index in range(count):
             try:
-                devices += _scan_gpu(nvml, index, system, numa_node_of, warnings, mig)
+                devices += _scan_gpu(nvml, index, system, numa_node_of, warnings, mig, owned)
             except (_CallFailed, ValueError) as exc:
                 warnings.append(f"GPU {index} skipped: {exc}")
         # A value past an API limit (a 96-character product name) changes that device only; the
@@ -164,6 +166,7 @@ def _scan_gpu(
     numa_node_of: Callable[[str], int | None] | None,
     warnings: list[str],
     mig: MigMode = "static",
+    owned: Collection[tuple[str, int]] = (),
 ) -> list[Device]:
     call = _caller(nvml)
     handle = call("nvmlDeviceGetHandleByIndex", index)
@@ -228,12 +231,13 @@ def _scan_gpu(
         except (_CallFailed, ValueError) as exc:
             warnings.append(f"MIG device {slot} on GPU {index} skipped: {exc}")
     if mig == "dynamic":
-        if migs:  # instances someone else made: never changed, and nothing may overlap them
+        foreign = [m for m in migs if (uuid, m.attr("gpuInstanceId")) not in owned]
+        if foreign:  # instances someone else made: never changed, and nothing may overlap them
             warnings.append(
-                f"GPU {index} ({uuid}) has {len(migs)} MIG device(s) gpudra did not create: published as they "
+                f"GPU {index} ({uuid}) has {len(foreign)} MIG device(s) gpudra did not create: published as they "
                 "are (static MIG), without dynamic placements, until they are destroyed"
             )
-            return migs
+            return foreign
         try:
             return partition_gpu(whole, read_mig_geometry(nvml, handle))
         except (_CallFailed, ValueError) as exc:

@@ -37,6 +37,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,10 +109,10 @@ class Node:
         return f"{self.runtime.describe()}\nkubelet log:\n{self.runtime.kubelet.log_tail(40)}{agent}"
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def runtime_node(cluster: ControlPlane, kube: Kube) -> AsyncIterator[Node]:
-    """containerd + the real kubelet, Ready, with a fake driver root and a DeviceClass for this
-    test's own driver name; no agent yet."""
+@asynccontextmanager
+async def runtime_node_of(cluster: ControlPlane, kube: Kube, profile: str = "dgx-h100") -> AsyncIterator[Node]:
+    """containerd + the real kubelet, Ready, with a fake driver root of ``profile`` and a
+    DeviceClass for this test's own driver name; no agent yet."""
     if problem := runtime_problem():
         pytest.fail(problem, pytrace=False)
     name, driver = f"runtime-{secrets.token_hex(3)}", f"r{secrets.token_hex(4)}.gpudra.io"
@@ -124,7 +125,7 @@ async def runtime_node(cluster: ControlPlane, kube: Kube) -> AsyncIterator[Node]
         runtime = RealRuntimeNode(workdir, kubelet_binary=kubelet_binary(cluster.bin_dir),
                                   kubeconfig=cluster.kubeconfig, node_name=name, cdi_dir=cdi_dir,
                                   taint=f"{TAINT}=:NoSchedule")
-        driver_root = make_driver_root(workdir / "driver-root", "dgx-h100")
+        driver_root = make_driver_root(workdir / "driver-root", profile)
         smi = driver_root / "usr/bin/nvidia-smi"
         assert smi.read_bytes()[:4] == b"\x7fELF", \
             f"{smi} is the shell-script stand-in, not the static mock: make mock-nvidia-smi"
@@ -154,6 +155,12 @@ async def runtime_node(cluster: ControlPlane, kube: Kube) -> AsyncIterator[Node]
             print(f"[real-runtime] left {workdir} for inspection: {leftovers}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def runtime_node(cluster: ControlPlane, kube: Kube) -> AsyncIterator[Node]:
+    async with runtime_node_of(cluster, kube) as node:
+        yield node
 
 
 @pytest_asyncio.fixture(loop_scope="session")

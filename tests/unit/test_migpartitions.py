@@ -169,20 +169,29 @@ def test_a_consumption_the_pool_cannot_back_is_refused_before_publishing() -> No
         build_slices(DRIVER, "node-a", None, 1, [whole, odd])
 
 
-def test_an_allocated_placement_is_refused_at_prepare_with_the_reason() -> None:
-    from gpudra_driver.plugin.checkpoint import Checkpoint
-    from gpudra_driver.plugin.model import ClaimError, ClaimRef
-    from gpudra_driver.plugin.plan import plan_prepare
+def test_an_allocated_placement_is_planned_with_its_placement_and_the_whole_gpu_refused() -> None:
     from gpudra_driver.plugin.allocation import read_claim
+    from gpudra_driver.plugin.checkpoint import Checkpoint
+    from gpudra_driver.plugin.devicenodes import MIG_ENABLED_GPU
+    from gpudra_driver.plugin.model import ClaimError, ClaimRef, MigPlacement
+    from gpudra_driver.plugin.plan import needs_prepare_started, plan_prepare
 
     devices = node_devices(partition_gpu(gpu(), H100))
-    assert devices["gpu-0-mig-2g20gb-at2"].kind == PLACEMENT and devices["gpu-0"].kind == "gpu"
+    assert devices["gpu-0-mig-2g20gb-at2"].kind == PLACEMENT and devices["gpu-0"].kind == MIG_ENABLED_GPU
     uid = "0c1d2e3f-0000-4000-8000-000000000001"
     ref = ClaimRef("ns", "c", uid)
-    obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-           "metadata": {"name": "c", "namespace": "ns", "uid": uid}, "spec": {},
-           "status": {"allocation": {"devices": {"results": [
-               {"request": "mig", "driver": DRIVER, "pool": "node-a", "device": "gpu-0-mig-2g20gb-at2"}]}}}}
-    with pytest.raises(ClaimError, match="is a dynamic MIG placement; .* cannot create MIG instances at prepare yet"):
-        plan_prepare(ref, read_claim(ref, obj, driver=DRIVER), devices, Checkpoint("boot"),
+
+    def allocated(device: str) -> dict[str, object]:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": "c", "namespace": "ns", "uid": uid}, "spec": {},
+                "status": {"allocation": {"devices": {"results": [
+                    {"request": "mig", "driver": DRIVER, "pool": "node-a", "device": device}]}}}}
+
+    plan = plan_prepare(ref, read_claim(ref, allocated("gpu-0-mig-2g20gb-at2"), driver=DRIVER), devices,
+                        Checkpoint("boot"), node="node-a", driver=DRIVER)
+    (device,) = plan.claim.devices
+    assert device.mig == MigPlacement(str(gpu().attr("uuid")), "2g.20gb", 2, 2, 0) and device.uuid == ""
+    assert needs_prepare_started(Checkpoint("boot"), [plan.claim])  # recorded before NVML makes it
+    with pytest.raises(ClaimError, match="is a dynamic MIG GPU as a whole: its MIG mode is enabled"):
+        plan_prepare(ref, read_claim(ref, allocated("gpu-0"), driver=DRIVER), devices, Checkpoint("boot"),
                      node="node-a", driver=DRIVER)

@@ -41,10 +41,11 @@ log = logging.getLogger(__name__)
 # The file's version is the lowest whose readers keep all of its content, as a CDI spec's is:
 # 2 when it holds adoptions or admin-access devices, which an agent reading only version 1 would
 # drop on its next write (it would then hand a monitored GPU, or a kept spec's GPU, to a second
-# claim); 3 when it holds shared devices (consumable capacity: share IDs and consumed capacity).
+# claim); 3 when it holds shared devices (consumable capacity: share IDs and consumed capacity);
+# 4 when it holds dynamic MIG devices, whose instances an older agent would never destroy.
 # Such an agent refuses the file instead: a downgrade with them needs them unprepared.
-VERSION = 3
-READS = (1, 2, 3)
+VERSION = 4
+READS = (1, 2, 3, 4)
 STARTED = "PrepareStarted"
 COMPLETED = "PrepareCompleted"
 STATES = (STARTED, COMPLETED)
@@ -82,6 +83,8 @@ class Entry:
     @cached_property
     def version(self) -> int:
         """The lowest checkpoint version whose readers keep this entry whole."""
+        if any(device.mig is not None for device in self.claim.devices):
+            return 4
         if any(device.needs_version_3 for device in self.claim.devices):
             return 3
         return 2 if self.admin_access else 1
@@ -177,9 +180,9 @@ class Checkpoint:
 
     @cached_property
     def changes_gpus(self) -> bool:
-        """Some claim asks for GPU settings (TimeSlicing), or some GPU still has them: changing the
-        checkpoint may mean calls into the driver."""
-        return bool(self.touched) or any(d.sharing.strategy != "Exclusive"
+        """Some claim asks for GPU settings (TimeSlicing) or holds a dynamic MIG instance, or some GPU
+        still has settings: changing the checkpoint may mean calls into the driver."""
+        return bool(self.touched) or any(d.sharing.strategy != "Exclusive" or d.mig is not None
                                          for e in self.claims.values() for d in e.claim.devices)
 
     @cached_property

@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpudra_core.devicemodel import Device
-from gpudra_core.migpartitions import placement_of
+from gpudra_core.migpartitions import MEMORY_SLICE_PREFIX, placement_of
+from gpudra_driver.plugin.model import MigPlacement
 
 CAPS_DIR = "/dev/nvidia-caps"
 PLACEMENT = "mig-placement"  # NodeDevice.kind of a dynamic MIG placement
+MIG_ENABLED_GPU = "gpu-mig-enabled"  # NodeDevice.kind of a dynamic MIG GPU as a whole
 
 # (parent GPU minor, GPU instance ID, compute instance ID or None for the GI itself) -> cap minor
 CapMinor = Callable[[int, int, "int | None"], int]
@@ -45,6 +47,7 @@ class NodeDevice:
     kind: str = "gpu"  # the device model's type: gpu or mig
     memory: int = 0  # bytes of framebuffer; 0 when unknown
     compute_capability: str = ""  # "9.0.0" (the cudaComputeCapability attribute); "" when unknown
+    placement: MigPlacement | None = None  # kind PLACEMENT: where prepare creates its instance
 
 
 def mig_cap_minor_fallback(gpu_minor: int, gi: int, ci: int | None) -> int:
@@ -90,11 +93,23 @@ def node_devices(devices: list[Device], cap_minor: CapMinor = mig_cap_minor_fall
     (:func:`gpudra_core.migpartitions.placement_of`) has no instance, so no UUID or nodes, until
     prepare creates it: it is kind ``PLACEMENT``."""
     return {d.name: NodeDevice(d.name, "", (), PLACEMENT, d.capacity.get("memory", 0),
-                               str(d.attr("cudaComputeCapability") or ""))
+                               str(d.attr("cudaComputeCapability") or ""), _placement(d))
             if placement_of(d) is not None else
-            NodeDevice(d.name, str(d.attr("uuid")), device_nodes(d, cap_minor), d.type,
+            NodeDevice(d.name, str(d.attr("uuid")), device_nodes(d, cap_minor),
+                       MIG_ENABLED_GPU if d.provides_counters is not None else d.type,
                        d.capacity.get("memory", 0), str(d.attr("cudaComputeCapability") or ""))
             for d in devices}
+
+
+def _placement(device: Device) -> MigPlacement:
+    """Where a dynamic MIG device's instance goes: its parent, profile and the memory slices it
+    consumes (``memory-slice-<k>`` counters, contiguous by construction)."""
+    slices = sorted(int(name.rpartition("-")[2]) for c in device.consumes_counters for name in c.counters
+                    if name.startswith(MEMORY_SLICE_PREFIX))
+    if not slices or slices != list(range(slices[0], slices[0] + len(slices))):
+        raise ValueError(f"device {device.name}: its memory slices {slices} are not one placement")
+    return MigPlacement(str(device.attr("parentUUID")), str(device.attr("profile")), slices[0], len(slices),
+                        _int(device, "parentMinor"))
 
 
 def _int(device: Device, name: str) -> int:

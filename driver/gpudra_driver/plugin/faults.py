@@ -1,7 +1,8 @@
 """A test-only fault hook: ``GPUDRA_FAULT=<point>`` makes the agent SIGKILL itself at that point,
 so tests can prove that a crash anywhere loses nothing and leaves nothing behind.
 
-Points: ``after-checkpoint-started``, ``after-cdi-write``, ``after-checkpoint-completed``,
+Points: ``after-checkpoint-started``, ``after-mig-instance`` (a dynamic MIG instance made, not
+recorded yet), ``after-cdi-write``, ``after-checkpoint-completed``,
 ``unprepare-after-checkpoint``. Unset (always, outside tests): a no-op."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 
-POINTS = ("after-checkpoint-started", "after-cdi-write", "after-checkpoint-completed",
+POINTS = ("after-checkpoint-started", "after-mig-instance", "after-cdi-write", "after-checkpoint-completed",
           "unprepare-after-checkpoint")
 
 

@@ -86,6 +86,46 @@ NOT_SHARED = DeviceSharing()
 
 
 @dataclass(frozen=True)
+class MigPlacement:
+    """A dynamic MIG device's instance: the placement the scheduler allocated (parent GPU, profile,
+    first memory slice and how many), recorded before NVML is asked to create it; then the GPU and
+    compute instance IDs NVML gave it."""
+
+    parent_uuid: str
+    profile: str  # "1g.10gb": the profile ID is looked up by name on the GPU itself
+    start: int
+    size: int
+    parent_minor: int
+    gi: int | None = None
+    ci: int | None = None
+
+    @property
+    def created(self) -> bool:
+        return self.gi is not None and self.ci is not None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"parentUUID": self.parent_uuid, "profile": self.profile, "start": self.start,
+                                "size": self.size, "parentMinor": self.parent_minor}
+        if self.gi is not None:
+            data["gi"] = self.gi
+        if self.ci is not None:
+            data["ci"] = self.ci
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any) -> MigPlacement:
+        if not isinstance(data, dict):
+            raise ValueError(f"mig: {data!r} is not a MIG placement")
+        ints = [data.get(k) for k in ("start", "size", "parentMinor")]
+        ids = [data.get(k) for k in ("gi", "ci")]
+        if not all(type(v) is int for v in ints) or not all(v is None or type(v) is int for v in ids) \
+                or not isinstance(data.get("parentUUID"), str) or not isinstance(data.get("profile"), str):
+            raise ValueError(f"mig: {data!r} is not a MIG placement")
+        return cls(data["parentUUID"], data["profile"], int(data["start"]), int(data["size"]),
+                   int(data["parentMinor"]), data.get("gi"), data.get("ci"))
+
+
+@dataclass(frozen=True)
 class PreparedDevice:
     requests: tuple[str, ...]  # request names (subrequests stripped), as the kubelet wants them
     pool: str
@@ -100,6 +140,7 @@ class PreparedDevice:
     share_id: str | None = None
     consumed: tuple[tuple[str, int], ...] = ()
     sharing: DeviceSharing = NOT_SHARED
+    mig: MigPlacement | None = None  # a dynamic MIG device: its placement and, once created, its instance
 
     @property
     def consumed_memory(self) -> int:
@@ -118,6 +159,8 @@ class PreparedDevice:
             data["consumed"] = dict(self.consumed)
         if self.sharing != NOT_SHARED:
             data["sharing"] = self.sharing.to_json()
+        if self.mig is not None:
+            data["mig"] = self.mig.to_json()
         return data
 
     @property
@@ -135,7 +178,8 @@ class PreparedDevice:
         return cls(tuple(data["requests"]), data["pool"], data["device"], data["uuid"],
                    tuple(data["deviceNodes"]), data["cdiDeviceID"], bool(data.get("adminAccess", False)),
                    None if share_id is None else str(share_id), tuple(sorted(consumed.items())),
-                   DeviceSharing.from_json(data["sharing"]) if "sharing" in data else NOT_SHARED)
+                   DeviceSharing.from_json(data["sharing"]) if "sharing" in data else NOT_SHARED,
+                   MigPlacement.from_json(data["mig"]) if "mig" in data else None)
 
 
 @dataclass(frozen=True)

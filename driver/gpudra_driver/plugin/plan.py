@@ -15,7 +15,7 @@ from gpudra_driver.plugin.allocation import ClaimAllocation, read_claim
 from gpudra_driver.plugin.cdi import cdi_device_id
 from gpudra_core.quantity import format_quantity
 from gpudra_driver.plugin.checkpoint import COMPLETED, Checkpoint
-from gpudra_driver.plugin.devicenodes import PLACEMENT, NodeDevice
+from gpudra_driver.plugin.devicenodes import MIG_ENABLED_GPU, PLACEMENT, NodeDevice
 from gpudra_driver.gpuconfig import GpuConfig, GpuConfigError, Mps, Strategy
 from gpudra_driver.plugin.sharing import plan as gpusettings
 from gpudra_driver.plugin.model import (MPS, NOT_SHARED, TIME_SLICING, ClaimError, ClaimRef, DeviceSharing,
@@ -62,9 +62,13 @@ def plan_prepare(ref: ClaimRef, claim: ClaimAllocation | Mapping[str, Any] | Cla
                              f"pool {node!r}")
         if name not in devices:
             raise ClaimError(f"{ref}: device {name!r} is not a device of node {node}")
-        if devices[name].kind == PLACEMENT:
-            raise ClaimError(f"{ref}: device {name!r} is a dynamic MIG placement; this agent publishes them "
-                             "for the scheduler but cannot create MIG instances at prepare yet (docs/mig.md)")
+        if devices[name].kind == MIG_ENABLED_GPU:
+            raise ClaimError(f"{ref}: device {name!r} is a dynamic MIG GPU as a whole: its MIG mode is enabled, "
+                             "so a container could not use it without a MIG instance, and gpudra never changes a "
+                             "GPU's MIG mode; ask for its largest MIG profile instead (docs/mig.md)")
+        if devices[name].kind == PLACEMENT and result.admin_access:
+            raise ClaimError(f"{ref}: device {name!r} is a dynamic MIG placement, which has no instance to "
+                             "monitor unless a claim holds it: adminAccess is refused on it")
         request = result.request.split("/", 1)[0]  # "req/sub" -> "req"
         full_requests.setdefault(name, []).append(result.request)
         requests = by_device.setdefault(name, [])
@@ -89,8 +93,13 @@ def plan_prepare(ref: ClaimRef, claim: ClaimAllocation | Mapping[str, Any] | Cla
                        share_id=shares[name][0] if name in shares else None,
                        consumed=shares[name][1] if name in shares else (),
                        sharing=_sharing(ref, read.configs, full_requests[name], devices[name],
-                                        by_request, dict(shares[name][1]) if name in shares else None))
+                                        by_request, dict(shares[name][1]) if name in shares else None),
+                       mig=devices[name].placement)
         for name, requests in by_device.items())
+    for device in prepared:
+        if device.mig is not None and device.sharing != NOT_SHARED:
+            raise ClaimError(f"{ref}: device {device.device} is a dynamic MIG placement: sharing it "
+                             f"({device.sharing.strategy}) is not supported yet; share the claim instead")
     _check_one_mps_daemon(ref, prepared)
     for device in prepared:
         others = {uid: held for uid, held in checkpoint.device_holders(node, device.device)
@@ -103,12 +112,13 @@ def plan_prepare(ref: ClaimRef, claim: ClaimAllocation | Mapping[str, Any] | Cla
 def needs_prepare_started(before: Checkpoint, planned: Sequence[PreparedClaim]) -> bool:
     """Whether preparing ``planned`` on ``before`` needs the PrepareStarted write: when it does
     something outside the CDI directory that a restart must be able to undo (sharing: GPU
-    settings, an MPS daemon), or replaces an entry (a claim allocated anew, an adopted one).
+    settings, an MPS daemon; a dynamic MIG instance), or replaces an entry (a claim allocated anew, an adopted one).
     Otherwise the specs are written and the claims committed with one checkpoint write: a crash in
     between leaves only specs that no entry names, which start-up and the next unprepare under
     the node lock remove (:meth:`.state.DeviceState`)."""
     return any(claim.uid in before.claims or claim.uid in before.adopted
-               or any(device.sharing != NOT_SHARED for device in claim.devices) for claim in planned)
+               or any(device.sharing != NOT_SHARED or device.mig is not None for device in claim.devices)
+               for claim in planned)
 
 
 def _sharing(ref: ClaimRef, configs: Mapping[str, GpuConfig | ClaimError], requests: list[str], device: NodeDevice,

@@ -41,6 +41,7 @@ from gpudra_driver.plugin.checkpoint import read_boot_id
 from gpudra_driver.plugin.driverfiles import DriverFilesCache
 from gpudra_driver.plugin.devicenodes import CapMinor, node_devices, read_mig_cap_minor
 from gpudra_driver.plugin.faults import FaultHook
+from gpudra_driver.plugin.miginstances import MigInstances
 from gpudra_driver.plugin.sharing.apply import GpuControl
 from gpudra_driver.plugin.gen import pluginregistration_pb2_grpc
 from gpudra_driver.plugin.model import ClaimError, ClaimRef, PrepareResult
@@ -119,7 +120,8 @@ class KubeletPlugin:
         self._fetching = 0  # prepare calls whose claim GETs are in flight
         self.state = DeviceState(self.plugin_dir, CdiDir(cdi_dir, driver, self.driver_files, self.plugin_dir / mps.ROOT), driver=driver, node=node,
                                  boot_id=boot_id or read_boot_id(), fault=fault or FaultHook(), gpu_control=control,
-                                 others_coming=lambda: self._fetching)
+                                 others_coming=lambda: self._fetching,
+                                 mig=MigInstances(lambda: load_nvml(nvml, root), self.cap_minor))
         self.api_versions = tuple(api_versions)
         self.health = health
         self.registration = RegistrationServicer(

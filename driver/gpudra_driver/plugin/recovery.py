@@ -35,6 +35,7 @@ import time
 from gpudra_driver.plugin import checkpoint as ckpt
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.driverfiles import DriverFilesError
+from gpudra_driver.plugin.miglifecycle import MigLifecycle
 from gpudra_driver.plugin.specs import ClaimSpecs
 from gpudra_driver.plugin.sharing.controller import SharingController
 
@@ -45,11 +46,12 @@ class Recovery:
     """The reconciliation of one node's checkpoint, CDI specs, MPS daemons and GPU settings."""
 
     def __init__(self, store: ckpt.CheckpointFile, specs: ClaimSpecs, sharing: SharingController, *,
-                 boot_id: str) -> None:
+                 boot_id: str, mig: MigLifecycle | None = None) -> None:
         self.store = store
         self.specs = specs
         self.sharing = sharing
         self.boot_id = boot_id
+        self.mig = mig or MigLifecycle(None)
 
     def reconcile(self, known: ckpt.Checkpoint | None = None) -> ckpt.Reconciliation:
         """The start-up reconciliation (:meth:`DeviceState.recover`), for a caller holding the node lock. ``known``: the checkpoint this
@@ -66,6 +68,8 @@ class Recovery:
             adopted = result.checkpoint.adopted
             result = dataclasses.replace(result, checkpoint=result.checkpoint.adopting(
                 {uid: self.specs.held_devices(uid, pairs) for uid, pairs in adopted.items()}))
+        if loaded.boot_id == self.boot_id:  # a reboot took every MIG instance with it
+            self.mig.rolled_back(loaded, result.rolled_back)
         for uid in result.remove_specs:
             cdi.remove(uid)
         stale = [e.claim for u, e in result.checkpoint.claims.items()

@@ -1,8 +1,8 @@
 """Undoing prepares that did not complete, while the agent runs: a crashed peer's half-done ones
 (and the orphan specs of its one-write prepares) found under the node lock, and this call's own
 when its commit fails. The kubelet got no answer
-for them and prepares them again, so nothing of theirs may stay: their specs, MPS daemons and GPU
-settings go. Except an adopted claim's (kept from a corrupt checkpoint: its pods may still run),
+for them and prepares them again, so nothing of theirs may stay: their specs, MPS daemons, GPU
+settings and dynamic MIG instances go. Except an adopted claim's (kept from a corrupt checkpoint: its pods may still run),
 which stays adopted with the devices its spec names now. Start-up's rollback is :mod:`.recovery`'s."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import logging
 from collections.abc import Collection, Iterable, Sequence
 
 from gpudra_driver.plugin.checkpoint import Checkpoint, CheckpointFile
+from gpudra_driver.plugin.miglifecycle import MigLifecycle
 from gpudra_driver.plugin.model import PreparedClaim
 from gpudra_driver.plugin.specs import ClaimSpecs
 from gpudra_driver.plugin.sharing.controller import SharingController
@@ -19,10 +20,12 @@ log = logging.getLogger(__name__)
 
 
 class Rollback:
-    def __init__(self, store: CheckpointFile, specs: ClaimSpecs, sharing: SharingController) -> None:
+    def __init__(self, store: CheckpointFile, specs: ClaimSpecs, sharing: SharingController,
+                 mig: MigLifecycle | None = None) -> None:
         self.store = store
         self.specs = specs
         self.sharing = sharing
+        self.mig = mig or MigLifecycle(None)
 
     def half_done(self, checkpoint: Checkpoint) -> Checkpoint:
         """Roll back, as start-up would, the half-done prepares found under the node lock: a crashed
@@ -32,6 +35,7 @@ class Rollback:
         prepares them again. Returns the checkpoint without them, for the caller to save."""
         gone: list[str] = []
         kept: dict[str, list[tuple[str, str]]] = {}
+        self.mig.rolled_back(checkpoint, checkpoint.half_done)
         for uid in checkpoint.half_done:
             if uid in checkpoint.adopted:
                 kept[uid] = self.specs.held_devices(uid, checkpoint.possible_devices(uid))

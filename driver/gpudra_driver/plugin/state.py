@@ -48,7 +48,7 @@ from gpudra_driver.plugin.allocation import ClaimAllocation, ReadClaim, read_cla
 from gpudra_driver.plugin.batching import PrepareQueue
 from gpudra_driver.plugin.calllocks import CallLocks
 from gpudra_driver.plugin.cdi import CdiDir
-from gpudra_driver.plugin.devicenodes import NodeDevice
+from gpudra_driver.plugin.devicenodes import PLACEMENT, NodeDevice
 from gpudra_driver.plugin.faults import FaultHook
 from gpudra_driver.plugin.locking import LOCK_FILE, LOCK_TIMEOUT
 from gpudra_driver.plugin.model import ClaimError, ClaimRef, PreparedClaim, PrepareResult
@@ -59,6 +59,8 @@ from gpudra_driver.plugin.specs import ClaimSpecs
 from gpudra_driver.plugin.sweep import HeldClaim
 from gpudra_driver.plugin.sharing import plan as gpusettings
 from gpudra_driver.plugin.sharing.apply import GpuControl
+from gpudra_driver.plugin.miglifecycle import MigLifecycle
+from gpudra_driver.plugin.miginstances import MigInstances
 from gpudra_driver.plugin.sharing.controller import SharingController
 from gpudra_driver.plugin.sharing.mps import plan as mps
 from gpudra_driver.plugin.sharing.mps.apply import MpsDaemons
@@ -73,9 +75,11 @@ Fetched = Mapping[str, Any] | None | ClaimError
 class DeviceState:
     def __init__(self, plugin_dir: Path, cdi: CdiDir, *, driver: str, node: str, boot_id: str,
                  fault: FaultHook | None = None, lock_timeout: float = LOCK_TIMEOUT,
-                 gpu_control: GpuControl | None = None, others_coming: Callable[[], int] = lambda: 0) -> None:
+                 gpu_control: GpuControl | None = None, others_coming: Callable[[], int] = lambda: 0,
+                 mig: MigInstances | None = None) -> None:
         """``others_coming``: how many prepare calls are reading their claims now (they queue up
-        behind this one: a batch then goes off the event loop, which meanwhile reads them)."""
+        behind this one: a batch then goes off the event loop, which meanwhile reads them).
+        ``mig``: creates and destroys dynamic MIG instances (None: a claim on a placement fails)."""
         self.plugin_dir = plugin_dir
         self.cdi = cdi
         self.driver = driver
@@ -88,8 +92,9 @@ class DeviceState:
         self.queue = PrepareQueue(self.locks, self._prepare_batch)
         self.sharing = SharingController(gpu_control, MpsDaemons(plugin_dir / mps.ROOT))
         self.specs = ClaimSpecs(cdi, node, self.fault)
-        self.rollback = Rollback(self.checkpoint, self.specs, self.sharing)
-        self.recovery = Recovery(self.checkpoint, self.specs, self.sharing, boot_id=boot_id)
+        self.mig = MigLifecycle(mig)
+        self.rollback = Rollback(self.checkpoint, self.specs, self.sharing, self.mig)
+        self.recovery = Recovery(self.checkpoint, self.specs, self.sharing, boot_id=boot_id, mig=self.mig)
 
     def recover(self) -> ckpt.Reconciliation:
         """Reconcile the checkpoint with the CDI directory, the MPS daemons and the GPU settings,
@@ -114,6 +119,12 @@ class DeviceState:
         node lock."""
         return [entry.claim for entry in self.checkpoint.load_unlocked().claims.values()
                 if entry.state == ckpt.COMPLETED]
+
+    def owned_mig_instances(self) -> set[tuple[str, int]]:
+        """(parent GPU UUID, GPU instance ID) of every dynamic MIG instance a checkpoint entry
+        names: discovery keeps their GPUs dynamic; for callers without the node lock."""
+        return {(d.mig.parent_uuid, d.mig.gi) for e in self.checkpoint.load_unlocked().claims.values()
+                for d in e.claim.devices if d.mig is not None and d.mig.gi is not None}
 
     def held_claims(self) -> list[HeldClaim]:
         """What the leak sweep looks up: the prepared claims, and the adopted ones whose name is
@@ -186,6 +197,14 @@ class DeviceState:
             if started:
                 self.checkpoint.save(checkpoint)
                 self.fault("after-checkpoint-started")
+            # dynamic MIG: the instances, recorded as intended above; a claim whose instance NVML
+            # refuses is answered with why and dropped from this batch
+            planned, refused = self.mig.create(planned, results, self.fault)
+            for claim in refused:
+                checkpoint = checkpoint.rolled_back(claim.uid)
+            for claim in planned:
+                if any(device.mig is not None for device in claim.devices):
+                    checkpoint = checkpoint.started(claim)  # with the instances' IDs
             settled, ready = self.sharing.apply(original, planned, results)
             written = self.specs.write(ready, results)
             failed = [claim for claim in planned if claim not in written]
@@ -197,6 +216,7 @@ class DeviceState:
             # which then forgets the GPUs whose defaults are back
             if failed:
                 self.sharing.converge_mps(checkpoint)
+                self.mig.destroy_quietly(failed)
             checkpoint = checkpoint.untouched(self.sharing.settle(settled, checkpoint))
             if started or checkpoint != original:  # one write: none at all when every claim failed
                 self.checkpoint.save(checkpoint)
@@ -205,6 +225,7 @@ class DeviceState:
                 results.setdefault(claim.uid, PrepareResult(error=f"{claim.ref}: recording the prepared "
                                                                   f"claim failed: {error}"))
             self.rollback.failed_commit(original, checkpoint, settled, planned, written, replaced)
+            self.mig.destroy_quietly(planned)
             return
         self.specs.remove_quietly(c.uid for c in failed if c.uid in replaced and c.uid not in original.adopted)
         self.fault("after-checkpoint-completed")
@@ -222,7 +243,10 @@ class DeviceState:
             return True  # recovering from it stops MPS daemons and resets GPUs, as a start does
         if known.changes_gpus:
             return True
-        return any(isinstance(read, ClaimAllocation) and read.shares_gpus for _, read in claims)
+        devices = self.devices or {}
+        return any(isinstance(read, ClaimAllocation) and (read.shares_gpus or any(
+            (found := devices.get(d.device)) is not None and found.kind == PLACEMENT for d in read.devices))
+            for _, read in claims)
 
     def _load(self) -> ckpt.Checkpoint:
         """The checkpoint, under the node lock. A corrupt one is handled as at start-up: set aside,
@@ -268,6 +292,9 @@ class DeviceState:
 
     def _unprepare_locked(self, uids: Sequence[str]) -> dict[str, str | None]:
         checkpoint = self._load()
+        # dynamic MIG instances first: one still in use keeps its claim prepared, for a retry
+        in_use = self.mig.destroy_of(checkpoint, uids)
+        uids = [uid for uid in uids if uid not in in_use]
         remaining = checkpoint.without(*uids)
         if remaining.half_done:
             remaining = self.rollback.half_done(remaining)
@@ -282,4 +309,4 @@ class DeviceState:
             # the last claim sharing a GPU gone: its defaults back, then forgotten
             if reset := self.sharing.settle(checkpoint, remaining):
                 self.checkpoint.save(remaining.untouched(reset))
-        return self.specs.remove(uids)
+        return {**self.specs.remove(uids), **in_use}

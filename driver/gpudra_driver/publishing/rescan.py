@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
 
 from gpudra_core.consumable import ConsumableCapacity, share_devices
@@ -46,9 +46,12 @@ class Rescanner:
                  numa_node_of: Callable[[str], int | None] | None = None,
                  driver_root: DriverRoot | None = None, report: Report | None = None,
                  sysfs: Path = Path("/sys"), gate: Callable[[], Awaitable[str | None]] | None = None,
-                 sharing: ConsumableCapacity | None = None, mig: MigMode = "static") -> None:
+                 sharing: ConsumableCapacity | None = None, mig: MigMode = "static",
+                 owned_mig: Callable[[], Collection[tuple[str, int]]] = tuple) -> None:
+        """``owned_mig``: the dynamic MIG instances the agent made for claims (:func:`scan`'s ``owned``)."""
         self.sharing = sharing
         self.mig = mig
+        self.owned_mig = owned_mig
         self.gate = gate  # checked before each publish (the device plugin guard); the publish reads it
         self.spec = resolve_spec(spec)
         self.sysfs = sysfs
@@ -113,7 +116,8 @@ class Rescanner:
 
     def _scan(self) -> Discovery:
         try:
-            found = scan(load_nvml(self.spec, self.driver_root), numa_node_of=self.numa_node_of, mig=self.mig)
+            found = scan(load_nvml(self.spec, self.driver_root), numa_node_of=self.numa_node_of, mig=self.mig,
+                         owned=self.owned_mig() if self.mig == "dynamic" else ())
         except NvmlUnavailable as error:
             if self.spec != "real" or nvidia_gpus_on_pci(self.sysfs) != []:  # GPUs, or unreadable
                 raise
