@@ -55,7 +55,7 @@ class MigInstances:
                 ci_id = int(nvml.nvmlComputeInstanceGetInfo(ci).id)
                 uuid = _mig_device_uuid(nvml, handle, gi_id, ci_id)
             except Exception:
-                _destroy(nvml, gi)  # nothing half made stays: this call made it, or a crashed one did
+                _destroy(nvml, gi, slices)  # nothing half made stays: this call made it, or a crashed one did
                 raise
         made = replace(placement, gi=gi_id, ci=ci_id)
         minor = placement.parent_minor
@@ -68,13 +68,13 @@ class MigInstances:
         none. Raises when it is still in use (a process on it: NVML answers IN_USE)."""
         with self._nvml(f"destroying the MIG instance {_where(placement)}") as nvml:
             handle = nvml.nvmlDeviceGetHandleByUUID(placement.parent_uuid)
-            profile_id, _ = _profile(nvml, handle, placement.profile)
+            profile_id, slices = _profile(nvml, handle, placement.profile)
             gi = _gpu_instance_at(nvml, handle, profile_id, placement.start)
             if gi is None:
                 return False
             if placement.gi is not None and int(nvml.nvmlGpuInstanceGetInfo(gi).id) != placement.gi:
                 return False  # another instance at the same place: not the one recorded
-            _destroy(nvml, gi)
+            _destroy(nvml, gi, slices)
             return True
 
     @contextmanager
@@ -151,14 +151,11 @@ def _compute_instances(nvml: Any, gi: Any, profile_id: int) -> list[Any]:
     return list(found[: count.value])
 
 
-def _destroy(nvml: Any, gi: Any) -> None:
-    for index in range(int(getattr(nvml, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", 9))):
-        try:
-            cis = _compute_instances(nvml, gi, index)
-        except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument, nvml.NVMLError_NotFound):
-            continue
-        for ci in cis:
-            nvml.nvmlComputeInstanceDestroy(ci)
+def _destroy(nvml: Any, gi: Any, slices: int) -> None:
+    """The GPU instance and its compute instance (the full-size one, the only kind gpudra makes:
+    should another exist, NVML refuses the GPU instance's destruction with IN_USE)."""
+    for ci in _compute_instances(nvml, gi, _full_compute_profile(nvml, gi, slices)):
+        nvml.nvmlComputeInstanceDestroy(ci)
     nvml.nvmlGpuInstanceDestroy(gi)
 
 
