@@ -293,8 +293,8 @@ class Device:
     request_policies: dict[str, RequestPolicy] = field(default_factory=dict)
     taints: tuple[DeviceTaint, ...] = ()  # set by device health (gpudra_driver.devicehealth), not discovery
     # Dynamic MIG (partitionable devices): what this device takes from its GPU's counters, and, on
-    # the whole GPU only, the counter set its hardware provides (published in the pool's counter
-    # slice; :func:`gpudra_driver.publishing.slices.build_slices`).
+    # one device per GPU, the counter set the GPU's hardware provides (published once, in the
+    # pool's counter slice; :func:`gpudra_driver.publishing.slices.build_slices`).
     consumes_counters: tuple[CounterConsumption, ...] = ()
     provides_counters: CounterSet | None = None
 

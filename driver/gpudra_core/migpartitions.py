@@ -13,8 +13,10 @@ still free. For a MIG-capable GPU the counters are the hardware's own units:
   profile takes what NVML says it gets. This is what keeps the media-extension profiles
   (``1g.10gb+me``: the GPU's one OFA) to one at a time, as the hardware does.
 
-The whole GPU takes all of them, so it is allocated only while no placement is, and the reverse.
-A counter whose GPU total is zero is left out (nothing could take it). The geometry comes from NVML
+A counter whose GPU total is zero is left out (nothing could take it). The whole GPU is not a
+device of its own here: with MIG mode enabled a container cannot use it without an instance, and
+gpudra never changes a GPU's MIG mode (its largest profile, e.g. 7g.80gb, is the whole GPU as one
+instance). The geometry comes from NVML
 (:func:`gpudra_driver.discovery.read_mig_geometry`), never from a table of ours, so a new GPU or
 driver brings its own profiles.
 """
@@ -133,19 +135,18 @@ def placement_counters(geometry: MigGeometry, profile: MigProfile, start: int) -
 
 
 def partition_gpu(gpu: Device, geometry: MigGeometry) -> list[Device]:
-    """The whole GPU ``gpu`` (a ``type: gpu`` device from discovery) as dynamic MIG: itself, now
-    providing and taking all its counters, then one ``type: mig`` device per profile and placement,
-    in NVML's profile order. A placement has the GPU's product attributes, its profile, its parent,
-    and its own memory, engines and compute slices as capacities; no UUID or instance IDs, which
-    exist only once prepare creates the instance."""
+    """The GPU ``gpu`` (a ``type: gpu`` device from discovery) as dynamic MIG: one ``type: mig``
+    device per profile and placement, in NVML's profile order, the first carrying the GPU's
+    counter set (``provides_counters``: published once, in the pool's counter slice). A placement
+    has the GPU's product attributes, its profile, its parent, and its own memory, engines and
+    compute slices as capacities; no UUID or instance IDs, which exist only once prepare creates
+    the instance."""
     counter_set = CounterSet(counter_set_name(gpu), gpu_counters(geometry))
-    whole = dataclasses.replace(gpu, provides_counters=counter_set,
-                                consumes_counters=(CounterConsumption(counter_set.name, dict(counter_set.counters)),))
     parent_index = int(gpu.attributes["index"].value)
     inherited = {k: v for k, v in gpu.attributes.items() if k in INHERITED_ATTRIBUTES}
     parent = {"parentUUID": gpu.attributes["uuid"], "parentIndex": gpu.attributes["index"],
               "parentMinor": gpu.attributes["minor"]}
-    devices = [whole]
+    devices: list[Device] = []
     for profile in geometry.profiles:
         for start in profile.starts:
             devices.append(Device(
@@ -159,6 +160,8 @@ def partition_gpu(gpu: Device, geometry: MigGeometry) -> list[Device]:
                 consumes_counters=(CounterConsumption(counter_set.name,
                                                       placement_counters(geometry, profile, start)),),
             ))
+    if devices:
+        devices[0] = dataclasses.replace(devices[0], provides_counters=counter_set)
     return devices
 
 

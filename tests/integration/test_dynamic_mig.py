@@ -27,7 +27,7 @@ POD = resource_type("v1", "Pod")
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
 EVENT = resource_type("v1", "Event")
 PROFILE = "fake:h100-dynamic-mig"  # two H100 80GB HBM3, MIG enabled, no MIG devices
-PER_GPU = 1 + 7 + 7 + 4 + 3 + 2 + 1 + 1  # the whole GPU, then every placement of its seven profiles
+PER_GPU = 7 + 7 + 4 + 3 + 2 + 1 + 1  # every placement of its seven profiles (no whole GPU: docs/mig.md)
 
 
 async def slices_of(kube: Kube, driver: str, node: str) -> list[Obj]:
@@ -79,16 +79,17 @@ async def test_the_scheduler_fills_a_gpu_with_placements_exactly_as_the_hardware
     assert [c["name"] for c in counters["sharedCounters"]] == ["gpu-0-counters", "gpu-1-counters"]
     assert counters["sharedCounters"][0]["counters"]["ofa-engines"] == {"value": "1"}
     assert sorted(len(s.get("devices") or []) for s in specs) == [0, PER_GPU, PER_GPU]
+    names = {d["name"] for s in specs for d in s.get("devices") or []}
+    assert "gpu-0" not in names and "gpu-0-mig-7g80gb-at0" in names  # no whole GPU: MIG mode is on
 
     device_class = f"mig{suffix}.gpudra.io"
     await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": device_class},
                        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}})
     attr = f'device.attributes["{driver}"]'
 
-    def on_gpu0(name: str, profile: str | None) -> Obj:
-        """A claim for one MIG placement of ``profile`` on gpu-0 (None: the whole gpu-0)."""
-        expression = (f'{attr}.type == "gpu" && {attr}.index == 0' if profile is None else
-                      f'{attr}.type == "mig" && {attr}.parentIndex == 0 && {attr}.profile == "{profile}"')
+    def on_gpu(name: str, profile: str, index: int = 0) -> Obj:
+        """A claim for one MIG placement of ``profile`` on GPU ``index``."""
+        expression = f'{attr}.type == "mig" && {attr}.parentIndex == {index} && {attr}.profile == "{profile}"'
         return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                 "metadata": {"name": name, "namespace": namespace},
                 "spec": {"devices": {"requests": [{"name": "mig", "exactly": {
@@ -96,13 +97,13 @@ async def test_the_scheduler_fills_a_gpu_with_placements_exactly_as_the_hardware
 
     try:
         # 4g.40gb has one placement (slices 0-3); 2g.20gb then fits only at 4; 1g.10gb only at 6.
-        got = await allocated(kube, namespace, node, [on_gpu0("four", "4g.40gb"), on_gpu0("two", "2g.20gb"),
-                                                      on_gpu0("one", "1g.10gb")])
+        got = await allocated(kube, namespace, node, [on_gpu("four", "4g.40gb"), on_gpu("two", "2g.20gb"),
+                                                      on_gpu("one", "1g.10gb")])
         assert {n: r["device"] for n, r in got.items()} == {
             "four": "gpu-0-mig-4g40gb-at0", "two": "gpu-0-mig-2g20gb-at4", "one": "gpu-0-mig-1g10gb-at6"}
         assert all(r["pool"] == node and r["driver"] == driver for r in got.values())
-        # slice 7 is free, but no 1g.10gb placement starts there; nor is the whole GPU free
-        await run_pod(kube, namespace, node, on_gpu0("one-more", "1g.10gb"))
+        # slice 7 is free, but no 1g.10gb placement starts there; nor does a 7g.80gb fit any more
+        await run_pod(kube, namespace, node, on_gpu("one-more", "1g.10gb"))
         assert "cannot allocate all claims" in await unschedulable(kube, namespace, "one-more")
         # gpudra explain (upstream's allocator) says why, in counters: the GPU's compute slices are all taken
         answer = subprocess.run([sys.executable, "-m", "gpudra.cli", "explain", "claim", f"{namespace}/one-more",
@@ -113,7 +114,7 @@ async def test_the_scheduler_fills_a_gpu_with_placements_exactly_as_the_hardware
         assert verdict.startswith("no node can satisfy request mig: it needs 1 on one node, at most 0 free"), verdict
         assert f"in use by {namespace}/one (1); 6 without room for it" in verdict, verdict
         assert "needs 1 of counter compute-slices of counter set gpu-0-counters, 0 of 7 left" in verdict, verdict
-        await run_pod(kube, namespace, node, on_gpu0("whole", None))
+        await run_pod(kube, namespace, node, on_gpu("whole", "7g.80gb"))
         await unschedulable(kube, namespace, "whole")
 
         # the Pending ones and the 4g go (pods, then claims): slices 0-3 take a 3g.40gb, a profile they never held
@@ -125,12 +126,10 @@ async def test_the_scheduler_fills_a_gpu_with_placements_exactly_as_the_hardware
             return all([await kube.get(CLAIM, n, namespace) is None for n in ("one-more", "whole", "four")])
 
         await wait_for(gone, timeout=30, what="the claims of one-more, whole and four deallocated and deleted")
-        (three,) = (await allocated(kube, namespace, node, [on_gpu0("three", "3g.40gb")])).values()
+        (three,) = (await allocated(kube, namespace, node, [on_gpu("three", "3g.40gb")])).values()
         assert three["device"] == "gpu-0-mig-3g40gb-at0"
-        # gpu-1 was never touched: its whole GPU is still free
-        (other,) = (await allocated(kube, namespace, node, [{**on_gpu0("gpu1", None), "spec": {"devices": {
-            "requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class, "selectors": [{"cel": {
-                "expression": f'{attr}.type == "gpu" && {attr}.index == 1'}}]}}]}}}])).values()
-        assert other["device"] == "gpu-1"
+        # gpu-1 was never touched: its 7g.80gb (the whole GPU as one instance) is still free
+        (other,) = (await allocated(kube, namespace, node, [on_gpu("gpu1", "7g.80gb", 1)])).values()
+        assert other["device"] == "gpu-1-mig-7g80gb-at0"
     finally:
         await kube.delete(DEVICE_CLASS, device_class)

@@ -56,7 +56,7 @@ def tables() -> str:
         size = len(json.dumps(slices[-1], separators=(",", ":")))
         lines = [f"### {PRODUCTS[model]} (`{model}`)", "",
                  f"{found.memory_slices} memory slices, {found.compute_slices} compute slices; "
-                 f"{len(devices) - 1} placements + the whole GPU = {len(devices)} devices in one slice of "
+                 f"{len(devices)} placements, all in one slice of "
                  f"{size:,} bytes (JSON); {len(counters.counters)} counters: "
                  + ", ".join(f"`{k}` {v}" for k, v in counters.counters.items() if not k.startswith("memory-slice-"))
                  + f", `memory-slice-0..{found.memory_slices - 1}` 1 each.", "",
@@ -82,9 +82,9 @@ def test_the_docs_tables_are_what_the_agent_publishes() -> None:
 def admitted_layouts(devices: list[Device]) -> list[list[Device]]:
     """Every set of placements the scheduler can allocate together on one GPU: what fits its
     counters, added up as the allocator does (depth first, each set once)."""
-    (whole, *placements) = devices
-    assert whole.provides_counters is not None
-    total = dict(whole.provides_counters.counters)
+    placements = devices
+    assert placements[0].provides_counters is not None
+    total = dict(placements[0].provides_counters.counters)
     found: list[list[Device]] = []
 
     def grow(chosen: list[Device], left: dict[str, int], start: int) -> None:
@@ -101,7 +101,7 @@ def admitted_layouts(devices: list[Device]) -> list[list[Device]]:
 def test_every_layout_the_counters_admit_is_one_the_hardware_holds_and_no_more() -> None:
     """For each shipped GPU: every set of placements the counters let the scheduler allocate obeys
     NVML's rules (disjoint memory slices, compute slices and engines within the GPU's, at most
-    ``instanceCount`` of a profile); and every single placement, and the whole GPU alone, fits."""
+    ``instanceCount`` of a profile); and every single placement fits."""
     for model in mig_catalog_names():
         found, devices = discovered(model)
         profiles = {p.name: p for p in found.profiles}

@@ -131,10 +131,10 @@ async def test_an_injected_nvml_failure_leaves_nothing_behind(tmp_path: Path) ->
     assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims == {} and not state.cdi.exists(A)
 
 
-async def test_the_whole_gpu_and_shared_placements_are_refused_with_the_reason(tmp_path: Path) -> None:
+async def test_the_whole_gpu_is_no_device_and_shared_placements_are_refused_with_the_reason(tmp_path: Path) -> None:
     state = make(tmp_path)
-    whole = await state.prepare(items((REF_A, claim(A, "a", "gpu-0"))))
-    assert "is a dynamic MIG GPU as a whole: its MIG mode is enabled" in (whole[A].error or "")
+    whole = await state.prepare(items((REF_A, claim(A, "a", "gpu-0"))))  # a stale allocation of it
+    assert "device 'gpu-0' is not a device of node" in (whole[A].error or "")
     shared = claim(B, "b", "gpu-0-mig-1g10gb-at0")
     shared["status"]["allocation"]["devices"]["config"] = [{"source": "FromClaim", "requests": ["mig"], "opaque": {
         "driver": DRIVER, "parameters": {"apiVersion": "gpudra.io/v1alpha1", "kind": "GpuConfig",

@@ -48,6 +48,7 @@ def gpu(index: int = 0) -> Device:
 def fits(devices: list[Device]) -> bool:
     """What the scheduler decides: whether the devices' consumption, added up, fits the counters."""
     sets = {d.provides_counters.name: d.provides_counters for d in partition_gpu(gpu(), H100) if d.provides_counters}
+    assert len(sets) == 1
     taken: Counter[tuple[str, str]] = Counter()
     for device in devices:
         for consumption in device.consumes_counters:
@@ -61,14 +62,13 @@ def placements(*wanted: str) -> list[Device]:
     return [by_key[w] for w in wanted]
 
 
-def test_a_gpu_becomes_itself_and_every_placement_over_its_counters() -> None:
-    devices = partition_gpu(gpu(), H100)
-    whole, parts = devices[0], devices[1:]
-    assert whole.name == "gpu-0" and whole.type == "gpu" and whole.attr("uuid") == gpu().attr("uuid")
-    assert whole.provides_counters == CounterSet("gpu-0-counters", {
+def test_a_gpu_becomes_every_placement_over_its_counters() -> None:
+    parts = partition_gpu(gpu(), H100)
+    assert parts[0].provides_counters == CounterSet("gpu-0-counters", {
         "compute-slices": 7, **{f"memory-slice-{k}": 1 for k in range(8)},
         "copy-engines": 8, "decoders": 7, "jpeg-engines": 7, "ofa-engines": 1})  # no NVENC on H100: no counter
-    assert whole.consumes_counters == (CounterConsumption("gpu-0-counters", dict(whole.provides_counters.counters)),)
+    assert all(p.provides_counters is None for p in parts[1:])  # the set is published once
+    assert all(p.type == "mig" for p in parts)  # no whole GPU: its MIG mode is enabled (module docstring)
     assert len(parts) == 7 + 7 + 4 + 3 + 2 + 1 + 1
     three = next(d for d in parts if d.name == "gpu-0-mig-3g40gb-at4")
     assert three.type == "mig" and three.attr("profile") == "3g.40gb" and three.attr("parentUUID") == gpu().attr("uuid")
@@ -79,7 +79,7 @@ def test_a_gpu_becomes_itself_and_every_placement_over_its_counters() -> None:
     assert three.consumes_counters == (CounterConsumption("gpu-0-counters", {
         "compute-slices": 3, "memory-slice-4": 1, "memory-slice-5": 1, "memory-slice-6": 1, "memory-slice-7": 1,
         "copy-engines": 3, "decoders": 3, "jpeg-engines": 3}),)
-    assert placement_of(three) == ("3g.40gb", 4) and placement_of(whole) is None
+    assert placement_of(three) == ("3g.40gb", 4) and placement_of(gpu()) is None
 
 
 @pytest.mark.parametrize("layout", [
@@ -107,15 +107,8 @@ def test_layouts_the_hardware_refuses_do_not_fit(layout: list[str], why: str) ->
     assert not fits(placements(*layout)), why
 
 
-def test_the_whole_gpu_excludes_every_placement_and_the_reverse() -> None:
-    whole = partition_gpu(gpu(), H100)[0]
-    for part in partition_gpu(gpu(), H100)[1:]:
-        assert not fits([whole, part]), part.name
-    assert fits([whole])
-
-
 def test_no_two_placements_the_counters_admit_share_a_memory_slice_or_exceed_an_instance_count() -> None:
-    parts = partition_gpu(gpu(), H100)[1:]
+    parts = partition_gpu(gpu(), H100)
     instances = {"1g.10gb": 7, "1g.10gb+me": 1, "1g.20gb": 4, "2g.20gb": 3, "3g.40gb": 2, "4g.40gb": 1, "7g.80gb": 1}
     for a, b in itertools.combinations(parts, 2):
         (pa, sa), (pb, sb) = placement_of(a), placement_of(b)  # type: ignore[misc]
@@ -141,7 +134,7 @@ def test_slices_split_counters_from_devices_within_the_api_limits() -> None:
     assert specs[1]["sharedCounters"][0]["counters"]["memory-slice-7"] == {"value": "1"}
     assert specs[1]["sharedCounters"][0]["counters"]["compute-slices"] == {"value": "7"}
     for index, spec in ((0, specs[2]), (1, specs[3])):
-        assert "sharedCounters" not in spec and len(spec["devices"]) == 26 <= limits.MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
+        assert "sharedCounters" not in spec and len(spec["devices"]) == 25 <= limits.MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
         assert {c["counterSet"] for d in spec["devices"] for c in d["consumesCounters"]} == {f"gpu-{index}-counters"}
     entry = next(d for d in specs[2]["devices"] if d["name"] == "gpu-0-mig-1g10gb-at6")
     assert entry["consumesCounters"] == [{"counterSet": "gpu-0-counters", "counters": {
@@ -160,24 +153,23 @@ def test_more_than_eight_gpus_take_a_second_counter_slice() -> None:
 
 
 def test_a_consumption_the_pool_cannot_back_is_refused_before_publishing() -> None:
-    whole, part = partition_gpu(gpu(), H100)[:2]
+    first, part = partition_gpu(gpu(), H100)[:2]
     with pytest.raises(limits.LimitError, match="counter set gpu-0-counters, which pool node-a lacks"):
         build_slices(DRIVER, "node-a", None, 1, [part])
     odd = Device(name="odd", attributes={"type": AttrValue.of_string("gpu")},
                  consumes_counters=(CounterConsumption("gpu-0-counters", {"nvlinks": 1}),))
     with pytest.raises(limits.LimitError, match=r"consumes counters \['nvlinks'\]"):
-        build_slices(DRIVER, "node-a", None, 1, [whole, odd])
+        build_slices(DRIVER, "node-a", None, 1, [first, odd])
 
 
-def test_an_allocated_placement_is_planned_with_its_placement_and_the_whole_gpu_refused() -> None:
+def test_an_allocated_placement_is_planned_with_its_placement() -> None:
     from gpudra_driver.plugin.allocation import read_claim
     from gpudra_driver.plugin.checkpoint import Checkpoint
-    from gpudra_driver.plugin.devicenodes import MIG_ENABLED_GPU
     from gpudra_driver.plugin.model import ClaimError, ClaimRef, MigPlacement
     from gpudra_driver.plugin.plan import needs_prepare_started, plan_prepare
 
     devices = node_devices(partition_gpu(gpu(), H100))
-    assert devices["gpu-0-mig-2g20gb-at2"].kind == PLACEMENT and devices["gpu-0"].kind == MIG_ENABLED_GPU
+    assert devices["gpu-0-mig-2g20gb-at2"].kind == PLACEMENT and "gpu-0" not in devices
     uid = "0c1d2e3f-0000-4000-8000-000000000001"
     ref = ClaimRef("ns", "c", uid)
 
@@ -192,6 +184,6 @@ def test_an_allocated_placement_is_planned_with_its_placement_and_the_whole_gpu_
     (device,) = plan.claim.devices
     assert device.mig == MigPlacement(str(gpu().attr("uuid")), "2g.20gb", 2, 2, 0) and device.uuid == ""
     assert needs_prepare_started(Checkpoint("boot"), [plan.claim])  # recorded before NVML makes it
-    with pytest.raises(ClaimError, match="is a dynamic MIG GPU as a whole: its MIG mode is enabled"):
+    with pytest.raises(ClaimError, match="is not a device of node node-a"):  # a stale allocation of the whole GPU
         plan_prepare(ref, read_claim(ref, allocated("gpu-0"), driver=DRIVER), devices, Checkpoint("boot"),
                      node="node-a", driver=DRIVER)

@@ -28,7 +28,6 @@ from gpudra_driver.plugin.model import MigPlacement
 
 CAPS_DIR = "/dev/nvidia-caps"
 PLACEMENT = "mig-placement"  # NodeDevice.kind of a dynamic MIG placement
-MIG_ENABLED_GPU = "gpu-mig-enabled"  # NodeDevice.kind of a dynamic MIG GPU as a whole
 
 # (parent GPU minor, GPU instance ID, compute instance ID or None for the GI itself) -> cap minor
 CapMinor = Callable[[int, int, "int | None"], int]
@@ -95,8 +94,7 @@ def node_devices(devices: list[Device], cap_minor: CapMinor = mig_cap_minor_fall
     return {d.name: NodeDevice(d.name, "", (), PLACEMENT, d.capacity.get("memory", 0),
                                str(d.attr("cudaComputeCapability") or ""), _placement(d))
             if placement_of(d) is not None else
-            NodeDevice(d.name, str(d.attr("uuid")), device_nodes(d, cap_minor),
-                       MIG_ENABLED_GPU if d.provides_counters is not None else d.type,
+            NodeDevice(d.name, str(d.attr("uuid")), device_nodes(d, cap_minor), d.type,
                        d.capacity.get("memory", 0), str(d.attr("cudaComputeCapability") or ""))
             for d in devices}
 

@@ -15,7 +15,7 @@ from gpudra_driver.plugin.allocation import ClaimAllocation, read_claim
 from gpudra_driver.plugin.cdi import cdi_device_id
 from gpudra_core.quantity import format_quantity
 from gpudra_driver.plugin.checkpoint import COMPLETED, Checkpoint
-from gpudra_driver.plugin.devicenodes import MIG_ENABLED_GPU, PLACEMENT, NodeDevice
+from gpudra_driver.plugin.devicenodes import PLACEMENT, NodeDevice
 from gpudra_driver.gpuconfig import GpuConfig, GpuConfigError, Mps, Strategy
 from gpudra_driver.plugin.sharing import plan as gpusettings
 from gpudra_driver.plugin.model import (MPS, NOT_SHARED, TIME_SLICING, ClaimError, ClaimRef, DeviceSharing,
@@ -62,10 +62,6 @@ def plan_prepare(ref: ClaimRef, claim: ClaimAllocation | Mapping[str, Any] | Cla
                              f"pool {node!r}")
         if name not in devices:
             raise ClaimError(f"{ref}: device {name!r} is not a device of node {node}")
-        if devices[name].kind == MIG_ENABLED_GPU:
-            raise ClaimError(f"{ref}: device {name!r} is a dynamic MIG GPU as a whole: its MIG mode is enabled, "
-                             "so a container could not use it without a MIG instance, and gpudra never changes a "
-                             "GPU's MIG mode; ask for its largest MIG profile instead (docs/mig.md)")
         if devices[name].kind == PLACEMENT and result.admin_access:
             raise ClaimError(f"{ref}: device {name!r} is a dynamic MIG placement, which has no instance to "
                              "monitor unless a claim holds it: adminAccess is refused on it")
