@@ -12,10 +12,15 @@ suite, and on 1.36.3 and 1.37.2 (`make test KUBE_VERSION=... PYTEST_ARGS=<this f
 from __future__ import annotations
 
 import secrets
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+import pytest
+from test_kubelet_plugin import plugin_agents  # noqa: F401 - a fixture
 
 from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_dev.localcluster.agents import AgentProcess
@@ -133,3 +138,78 @@ async def test_the_scheduler_fills_a_gpu_with_placements_exactly_as_the_hardware
         assert other["device"] == "gpu-1-mig-7g80gb-at0"
     finally:
         await kube.delete(DEVICE_CLASS, device_class)
+
+
+def instances_on_gpu0(state: Path) -> list[tuple[int, int]]:
+    """(GPU instance, compute instance) of GPU 0's MIG devices, as the agent's simulated NVML
+    (its state directory ``state``) lists them now."""
+    from gpudra_driver.nvml.fake import FakeNvml, load_profile
+
+    nvml = FakeNvml(load_profile(PROFILE.split(":", 1)[1]), state)
+    nvml.nvmlInit()
+    try:
+        gpu = nvml.nvmlDeviceGetHandleByIndex(0)
+        found = []
+        for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(gpu)):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, slot)
+            except (nvml.NVMLError_NotFound, nvml.NVMLError_InvalidArgument):
+                continue
+            found.append((nvml.nvmlDeviceGetGpuInstanceId(mig), nvml.nvmlDeviceGetComputeInstanceId(mig)))
+        return sorted(found)
+    finally:
+        nvml.nvmlShutdown()
+
+
+async def test_an_agent_sigkilled_after_making_an_instance_leaves_none_after_its_restart(
+        kube: Kube, namespace: str, fake_nodes: Any, plugin_agents: Any,  # noqa: F811 - the fixture
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real agent process, SIGKILLed between NVML making a claim's instance and the checkpoint
+    naming it: the restarted agent destroys it at start, keeps the other claim's, and prepares the
+    claim again."""
+    from test_consumable_capacity import minor_version
+    from test_kubelet_plugin import allocated_claim, ref
+
+    from gpudra_dev.kubelet_client import DraClient
+
+    driver = f"mk{secrets.token_hex(3)}.gpudra.io"
+    node = (await fake_nodes("migkill"))["metadata"]["name"]
+    first = plugin_agents(node, driver, nvml=PROFILE, extra_args=("--mig", "dynamic"))
+    state = first.workdir / "driver-root" / "run" / "gpudra-mock"
+    if await minor_version(kube) < 36:  # static MIG instead: no placement to prepare
+        await published(kube, driver, node, 0)
+        claim = await allocated_claim(kube, namespace, "c", driver, node, ["gpu-0-mig-3g40gb-at0"])
+        async with DraClient((await first.registered()).endpoint) as kubelet:
+            out = (await first.prepare(kubelet, [ref(claim)])).claims[claim["metadata"]["uid"]]
+        assert "is not a device of node" in out.error and instances_on_gpu0(state) == []
+        return
+    await published(kube, driver, node, 2 * PER_GPU)
+    registered = await first.registered()
+    kept = await allocated_claim(kube, namespace, "kept", driver, node, ["gpu-0-mig-3g40gb-at0"])
+    crashing = await allocated_claim(kube, namespace, "crashing", driver, node, ["gpu-0-mig-2g20gb-at4"])
+    async with DraClient(registered.endpoint) as kubelet:
+        assert (await first.prepare(kubelet, [ref(kept)])).claims[kept["metadata"]["uid"]].error == ""
+    assert instances_on_gpu0(state) == [(1, 0)]
+    first.agent.stop()
+
+    monkeypatch.setenv("GPUDRA_FAULT", "after-mig-instance")
+    doomed = plugin_agents(node, driver, nvml=PROFILE, workdir=first.workdir, extra_args=("--mig", "dynamic"))
+    monkeypatch.delenv("GPUDRA_FAULT")
+    async with DraClient((await doomed.registered()).endpoint) as kubelet:
+        with pytest.raises(Exception):  # the connection dies with the agent: no answer
+            await kubelet.prepare([ref(crashing)], timeout=20)
+    assert doomed.agent.process.wait(timeout=10) == -signal.SIGKILL
+    uid = crashing["metadata"]["uid"]
+    assert instances_on_gpu0(state) == [(1, 0), (5, 0)]  # made at slices 4-5, its IDs not recorded
+    assert doomed.checkpoint()[uid] == "PrepareStarted"
+
+    restarted = plugin_agents(node, driver, nvml=PROFILE, workdir=first.workdir, extra_args=("--mig", "dynamic"))
+    registered = await restarted.registered()
+    assert instances_on_gpu0(state) == [(1, 0)]  # rolled back at start; the kept claim's untouched
+    assert restarted.checkpoint() == {kept["metadata"]["uid"]: "PrepareCompleted"}
+    async with DraClient(registered.endpoint) as kubelet:
+        response = await restarted.prepare(kubelet, [ref(crashing)])
+        assert response.claims[uid].error == "" and instances_on_gpu0(state) == [(1, 0), (5, 0)]
+        assert {u: r.error for u, r in (await kubelet.unprepare([ref(kept), ref(crashing)])).claims.items()} == \
+            {kept["metadata"]["uid"]: "", uid: ""}
+    assert instances_on_gpu0(state) == []
