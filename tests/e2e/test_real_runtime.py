@@ -163,15 +163,13 @@ async def runtime_node(cluster: ControlPlane, kube: Kube) -> AsyncIterator[Node]
         yield node
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def node(cluster: ControlPlane, kube: Kube, runtime_node: Node) -> Node:
-    """The runtime node with its agent as a host process (stopped by runtime_node's teardown)."""
-    node = runtime_node
+async def start_host_agent(cluster: ControlPlane, node: Node, profile: str, *extra_args: str) -> None:
+    """The node's agent as a host process on the mock NVML of ``profile``, registered with the
+    kubelet (stopped by the runtime node's teardown)."""
     node.agent = agent = start_agent(
-        kubeconfig=cluster.kubeconfig, node_name=node.name, nvml="mock:dgx-h100", driver=node.driver,
+        kubeconfig=cluster.kubeconfig, node_name=node.name, nvml=f"mock:{profile}", driver=node.driver,
         workdir=node.runtime.workdir / "agent", kubelet_dir=node.kubelet_dir, cdi_dir=node.cdi_dir,
-        driver_root=node.driver_root, extra_args=("--pod-uid", str(uuid.uuid4())))
-    await seedobjects.published_devices(kube, node.driver, node.name, 8)
+        driver_root=node.driver_root, extra_args=("--pod-uid", str(uuid.uuid4()), *extra_args))
 
     async def registered() -> bool:
         assert agent.process.poll() is None, f"agent exited:\n{agent.log_tail()}"
@@ -179,7 +177,14 @@ async def node(cluster: ControlPlane, kube: Kube, runtime_node: Node) -> Node:
         return "registered with the kubelet as" in agent.log_path.read_text(errors="replace")
 
     await wait_for(registered, timeout=60, what=f"the kubelet to register the agent ({agent.log_path})")
-    return node
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def node(cluster: ControlPlane, kube: Kube, runtime_node: Node) -> Node:
+    """The runtime node with its agent as a host process (stopped by runtime_node's teardown)."""
+    await start_host_agent(cluster, runtime_node, "dgx-h100")
+    await seedobjects.published_devices(kube, runtime_node.driver, runtime_node.name, 8)
+    return runtime_node
 
 
 def gpu_pod(node: Node, namespace: str, pod_name: str) -> tuple[Obj, Obj]:

@@ -16,15 +16,13 @@ import os
 import re
 import subprocess
 import sys
-import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from test_real_runtime import DONE, POD, TAINT, TEST_IMAGE, Node, container_log, runtime_node_of
+from test_real_runtime import DONE, POD, TAINT, TEST_IMAGE, Node, container_log, runtime_node_of, start_host_agent
 
 from gpudra_core.kubeapi import Kube, Obj, resource_type
-from gpudra_dev.localcluster.agents import start_agent
 from gpudra_dev.localcluster.controlplane import ControlPlane
 from gpudra_dev.localcluster.fakedriverroot import LIB_DIR
 from gpudra_dev.localcluster.mockstate import STATE_ENV, state_dir
@@ -48,17 +46,7 @@ async def minor_version(kube: Kube) -> int:
 @pytest_asyncio.fixture(loop_scope="session")
 async def mig_node(cluster: ControlPlane, kube: Kube) -> AsyncIterator[Node]:
     async with runtime_node_of(cluster, kube, PROFILE) as node:
-        node.agent = agent = start_agent(
-            kubeconfig=cluster.kubeconfig, node_name=node.name, nvml=f"mock:{PROFILE}", driver=node.driver,
-            workdir=node.runtime.workdir / "agent", kubelet_dir=node.kubelet_dir, cdi_dir=node.cdi_dir,
-            driver_root=node.driver_root, extra_args=("--pod-uid", str(uuid.uuid4()), "--mig", "dynamic"))
-
-        async def registered() -> bool:
-            assert agent.process.poll() is None, f"agent exited:\n{agent.log_tail()}"
-            node.runtime.kubelet.assert_running()
-            return "registered with the kubelet as" in agent.log_path.read_text(errors="replace")
-
-        await wait_for(registered, timeout=60, what=f"the kubelet to register the agent ({agent.log_path})")
+        await start_host_agent(cluster, node, PROFILE, "--mig", "dynamic")
         yield node
 
 
@@ -67,24 +55,15 @@ def mig_instances(node: Node) -> list[tuple[int, int]]:
     mock library lists them (a child process: the library's state is per process)."""
     script = r'''
 import ctypes, json, sys, pynvml
+from gpudra_dev.localcluster.mockstate import mig_devices
 pynvml.nvmlLib = ctypes.CDLL(sys.argv[1])
-pynvml.nvmlInit()
-gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
-found = []
-for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu)):
-    try:
-        mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, slot)
-    except pynvml.NVMLError:
-        continue
-    found.append([pynvml.nvmlDeviceGetGpuInstanceId(mig), pynvml.nvmlDeviceGetComputeInstanceId(mig),
-                  pynvml.nvmlDeviceGetUUID(mig)])
-print(json.dumps(sorted(found)))
+print(json.dumps(mig_devices(pynvml)))
 '''
     library = (node.driver_root / LIB_DIR / "libnvidia-ml.so.1").absolute()
     out = subprocess.run([sys.executable, "-c", script, str(library)], capture_output=True, text=True, timeout=60,
                          env={**os.environ, STATE_ENV: str(state_dir(node.driver_root))})
     assert out.returncode == 0, out.stderr
-    return [(gi, ci) for gi, ci, _ in json.loads(out.stdout)]
+    return [(gi, ci) for gi, ci in json.loads(out.stdout)]
 
 
 async def test_a_pods_claim_gets_a_mig_instance_made_at_prepare_and_destroyed_at_unprepare(

@@ -24,6 +24,7 @@ from test_kubelet_plugin import plugin_agents  # noqa: F401 - a fixture
 
 from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_dev.localcluster.agents import AgentProcess
+from gpudra_dev.localcluster.mockstate import mig_devices
 from gpudra_dev.localcluster.waiting import wait_for
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
@@ -145,20 +146,7 @@ def instances_on_gpu0(state: Path) -> list[tuple[int, int]]:
     (its state directory ``state``) lists them now."""
     from gpudra_driver.nvml.fake import FakeNvml, load_profile
 
-    nvml = FakeNvml(load_profile(PROFILE.split(":", 1)[1]), state)
-    nvml.nvmlInit()
-    try:
-        gpu = nvml.nvmlDeviceGetHandleByIndex(0)
-        found = []
-        for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(gpu)):
-            try:
-                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, slot)
-            except (nvml.NVMLError_NotFound, nvml.NVMLError_InvalidArgument):
-                continue
-            found.append((nvml.nvmlDeviceGetGpuInstanceId(mig), nvml.nvmlDeviceGetComputeInstanceId(mig)))
-        return sorted(found)
-    finally:
-        nvml.nvmlShutdown()
+    return mig_devices(FakeNvml(load_profile(PROFILE.split(":", 1)[1]), state))
 
 
 async def test_an_agent_sigkilled_after_making_an_instance_leaves_none_after_its_restart(

@@ -16,6 +16,7 @@ from cdispec import load_and_validate
 from plugin_fixtures import DRIVER, NODE, driver_files, result
 from test_device_state import Crash, CrashAt, items
 
+from gpudra_dev.localcluster.mockstate import mig_devices
 from gpudra_driver.discovery import scan
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 from gpudra_driver.plugin import checkpoint as ckpt
@@ -37,20 +38,7 @@ def nvml(tmp_path: Path, profile: str = PROFILE) -> FakeNvml:
 
 def instances(tmp_path: Path) -> list[tuple[int, int]]:
     """(GPU instance, compute instance) of every MIG device on GPU 0, as NVML lists them now."""
-    n = nvml(tmp_path)
-    n.nvmlInit()
-    try:
-        gpu = n.nvmlDeviceGetHandleByIndex(0)
-        found = []
-        for slot in range(n.nvmlDeviceGetMaxMigDeviceCount(gpu)):
-            try:
-                mig = n.nvmlDeviceGetMigDeviceHandleByIndex(gpu, slot)
-            except (n.NVMLError_NotFound, n.NVMLError_InvalidArgument):
-                continue
-            found.append((n.nvmlDeviceGetGpuInstanceId(mig), n.nvmlDeviceGetComputeInstanceId(mig)))
-        return sorted(found)
-    finally:
-        n.nvmlShutdown()
+    return mig_devices(nvml(tmp_path))
 
 
 def make(tmp_path: Path, fault: CrashAt | None = None, profile: str = PROFILE) -> DeviceState:

@@ -8,33 +8,15 @@ import itertools
 from collections import Counter
 
 import pytest
+from test_discovery import H100_GEOMETRY as H100  # as NVML reports an H100 80GB HBM3
 
 from gpudra_core import limits
 from gpudra_core.devicemodel import AttrValue, CounterConsumption, CounterSet, Device
-from gpudra_core.migpartitions import MigGeometry, MigProfile, partition_gpu, placement_of
+from gpudra_core.migpartitions import partition_gpu, placement_of
 from gpudra_driver.plugin.devicenodes import PLACEMENT, node_devices
 from gpudra_driver.publishing.slices import build_slices
 
 DRIVER = "gpu.gpudra.io"
-
-
-def profile(name: str, pid: int, slices: int, sm: int, mib: int, ce: int, dec: int, jpeg: int, ofa: int,
-            size: int, starts: tuple[int, ...]) -> MigProfile:
-    return MigProfile(name=name, profile_id=pid, compute_slices=slices, memory_mib=mib, multiprocessors=sm,
-                      copy_engines=ce, decoders=dec, encoders=0, jpeg_engines=jpeg, ofa_engines=ofa,
-                      placement_size=size, starts=starts)
-
-
-# H100 80GB HBM3, as `nvidia-smi mig -lgip` / `-lgipp` print it (NVIDIA MIG user guide, "H100 MIG profiles")
-H100 = MigGeometry((
-    profile("1g.10gb", 19, 1, 16, 9984, 1, 1, 1, 0, 1, (0, 1, 2, 3, 4, 5, 6)),
-    profile("1g.10gb+me", 20, 1, 16, 9984, 1, 1, 1, 1, 1, (0, 1, 2, 3, 4, 5, 6)),
-    profile("1g.20gb", 15, 1, 26, 20096, 1, 1, 1, 0, 2, (0, 2, 4, 6)),
-    profile("2g.20gb", 14, 2, 32, 20096, 2, 2, 2, 0, 2, (0, 2, 4)),
-    profile("3g.40gb", 9, 3, 60, 40448, 3, 3, 3, 0, 4, (0, 4)),
-    profile("4g.40gb", 5, 4, 64, 40448, 4, 4, 4, 0, 4, (0,)),
-    profile("7g.80gb", 0, 7, 132, 81152, 8, 7, 7, 1, 8, (0,)),
-))
 
 
 def gpu(index: int = 0) -> Device:

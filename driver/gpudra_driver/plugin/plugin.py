@@ -121,7 +121,7 @@ class KubeletPlugin:
         self.state = DeviceState(self.plugin_dir, CdiDir(cdi_dir, driver, self.driver_files, self.plugin_dir / mps.ROOT), driver=driver, node=node,
                                  boot_id=boot_id or read_boot_id(), fault=fault or FaultHook(), gpu_control=control,
                                  others_coming=lambda: self._fetching,
-                                 mig=MigInstances(lambda: load_nvml(nvml, root), self.cap_minor))
+                                 mig=MigInstances(control.load_nvml, self.cap_minor))
         self.api_versions = tuple(api_versions)
         self.health = health
         self.registration = RegistrationServicer(

@@ -28,8 +28,10 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = [
+    "mig_devices",
     "MPS_CONTROL",
     "STATE_DIR",
     "STATE_ENV",
@@ -235,3 +237,21 @@ def kill_mps_daemons(root: Path, timeout: float = 10.0) -> list[int]:
             _remove_leftovers(daemon)
             (state_dir(root) / "mps" / str(pid)).unlink(missing_ok=True)
     return killed
+
+
+def mig_devices(nvml: Any, gpu_index: int = 0) -> list[tuple[int, int]]:
+    """(GPU instance, compute instance) of each MIG device on GPU ``gpu_index``, as ``nvml`` (pynvml
+    on a mock library, or the simulator) lists them now, sorted."""
+    nvml.nvmlInit()
+    try:
+        gpu = nvml.nvmlDeviceGetHandleByIndex(gpu_index)
+        found = []
+        for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(gpu)):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, slot)
+            except (nvml.NVMLError_NotFound, nvml.NVMLError_InvalidArgument):
+                continue
+            found.append((int(nvml.nvmlDeviceGetGpuInstanceId(mig)), int(nvml.nvmlDeviceGetComputeInstanceId(mig))))
+        return sorted(found)
+    finally:
+        nvml.nvmlShutdown()
