@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import yaml
 
 from gpudra_core.consumable import ConsumableCapacity, share_devices
 from gpudra_driver.discovery import discover
@@ -19,6 +20,7 @@ from gpudra_driver.publishing.slices import build_slices
 from gpudra_operator.allocatorhelper import AllocatorError, AllocatorHelper
 from gpudra_operator.deviceclasses import render_device_class
 from gpudra_operator.explain import ExplainInputError, Snapshot, explain_snapshot
+from gpudra_operator.explain.countersets import Left
 from gpudra_operator.explain.report import as_json, as_text, as_yaml
 from gpudra_operator.explain.verdict import Verdict
 
@@ -378,7 +380,8 @@ async def test_partitions_say_how_much_of_the_counters_is_left(helpers: dict[int
     (counts,) = verdict.claims[0].requests[0].nodes
     assert (counts.request_match, counts.in_use, counts.no_room, counts.free) == (1, 0, 1, 0)
     assert verdict.conclusion.endswith("e.g. a100/whole needs 40Gi of counter memory of counter set gpu-0, "
-                                       "20Gi of 40Gi left")
+                                       "20Gi of 40Gi left; counter set gpu-0 on a100: memory 20Gi of 40Gi left; "
+                                       "held by team/half (half-0)")
     half = f'device.attributes["{DRIVER}"].size != "whole"'
     assert (await run(helpers[36], [claim([partition(1, half)])], [node("a100")], slices, others=[holder],
                       classes=classes)).satisfiable
@@ -395,6 +398,58 @@ async def test_partitions_that_fit_alone_but_not_together(helpers: dict[int, All
     assert not verdict.satisfiable and verdict.claims[0].requests[0].nodes[0].free == 2
     assert verdict.conclusion.startswith("no node can satisfy all requests together: each fits alone, but the devices "
                                          "draw on the same counters")
+
+
+def mig_claim(name: str, profile: str, gpu: int = 0, *, held: str | None = None, **result: Any) -> Obj:
+    """A claim for one dynamic MIG placement of ``profile`` on GPU ``gpu``; ``held``: the placement
+    it is allocated, its result carrying ``result``'s fields."""
+    attributes = f'device.attributes["{DRIVER}"]'
+    expression = f'{attributes}.type == "mig" && {attributes}.parentIndex == {gpu} && {attributes}.profile == "{profile}"'
+    return claim([{"name": "gpu", "exactly": exactly(1, expression, class_name="partition.gpudra.io")}], name=name,
+                 allocated=[("h100", held)] if held else None, node_name="h100", **result)
+
+
+async def test_a_mig_claim_short_of_counters_names_the_placements_taken_and_their_claims(
+        helpers: dict[int, AllocatorHelper]) -> None:
+    """The scene of tests/integration/test_dynamic_mig.py: a 4g.40gb, a 2g.20gb and a 1g.10gb fill GPU 0;
+    an adminAccess claim on its 7g.80gb holds nothing, as for the allocator."""
+    slices = build_slices(DRIVER, "h100", None, 1, discover(FakeNvml(load_profile("h100-dynamic-mig")), mig="dynamic"))
+    holders = [mig_claim("four", "4g.40gb", held="gpu-0-mig-4g40gb-at0"),
+               mig_claim("two", "2g.20gb", held="gpu-0-mig-2g20gb-at4"),
+               mig_claim("one", "1g.10gb", held="gpu-0-mig-1g10gb-at6"),
+               mig_claim("watch", "7g.80gb", held="gpu-0-mig-7g80gb-at0", adminAccess=True)]
+    classes = {"partition.gpudra.io": PARTITION_CLASS}
+    for minor in (36, 37):
+        verdict = await run(helpers[minor], [mig_claim("c", "1g.10gb")], [node("h100")], slices, others=holders,
+                            classes=classes)
+        assert not verdict.satisfiable
+        assert verdict.conclusion.endswith(
+            "e.g. h100/gpu-0-mig-1g10gb-at0 needs 1 of counter compute-slices of counter set gpu-0-counters, 0 of 7 "
+            "left; counter set gpu-0-counters on h100: compute-slices 0 of 7, decoders 0 of 7, jpeg-engines 0 of 7 "
+            "left; memory slices 0-6 taken, 7 free; held by team/four (gpu-0-mig-4g40gb-at0), team/two "
+            "(gpu-0-mig-2g20gb-at4), team/one (gpu-0-mig-1g10gb-at6)"), verdict.conclusion
+    (request,) = verdict.claims[0].requests
+    (use,) = request.counter_sets
+    assert (use.pool, use.name, use.node, use.more_taken) == ("h100", "gpu-0-counters", "h100", 0)
+    assert [(t.device, t.claims) for t in use.taken] == [("gpu-0-mig-4g40gb-at0", ["team/four"]),
+                                                         ("gpu-0-mig-2g20gb-at4", ["team/two"]),
+                                                         ("gpu-0-mig-1g10gb-at6", ["team/one"])]
+    assert use.counters["copy-engines"] == Left(total="8", left="1")
+    assert use.counters["memory-slice-7"] == Left(total="1", left="1")
+    assert sorted(use.short) == ["compute-slices", "decoders", "jpeg-engines"] + [f"memory-slice-{i}" for i in range(6)]
+    # the detail names every counter; -o yaml and -o json carry the structure
+    assert ("  request gpu: short of counter set gpu-0-counters on h100: compute-slices 0 of 7, copy-engines 1 of 8, "
+            "decoders 0 of 7, jpeg-engines 0 of 7, ofa-engines 1 of 1 left; memory slices 0-6 taken, 7 free; held by "
+            "team/four (gpu-0-mig-4g40gb-at0), team/two (gpu-0-mig-2g20gb-at4), team/one (gpu-0-mig-1g10gb-at6)"
+            ) in as_text(verdict).splitlines()
+    data = yaml.safe_load(as_yaml(verdict))["claims"][0]["requests"][0]["counter_sets"][0]
+    assert data["taken"][0] == {"device": "gpu-0-mig-4g40gb-at0", "claims": ["team/four"], "more_claims": 0}
+    assert data["counters"]["compute-slices"] == {"total": "7", "left": "0"}
+    assert '"name": "gpu-0-counters"' in as_json(verdict)
+    # GPU 1 is untouched: a 1g.10gb fits there, and nothing is short
+    free = await run(helpers[37], [mig_claim("c", "1g.10gb", 1)], [node("h100")], slices, others=holders,
+                     classes=classes)
+    assert free.satisfiable and free.claims[0].requests[0].counter_sets == []
 
 
 async def test_binding_conditions_make_the_allocation_wait(helpers: dict[int, AllocatorHelper]) -> None:

@@ -5,7 +5,8 @@ DRA allocator and CEL of the cluster's release (k8s.io/dynamic-resource-allocati
 the objects and explains the answer.
 
 Functional core: :mod:`.inventory` (pools, what claims hold, node selection), :mod:`.claims` (a
-claim's requests), :mod:`.room` (capacity and counters left), :mod:`.verdict` (what to ask, then
+claim's requests), :mod:`.room` (capacity and counters left), :mod:`.countersets` (who holds a
+counter set a claim is short of), :mod:`.verdict` (what to ask, then
 counts, rejections, the conclusion), :mod:`.ownership` (which requests are the driver's),
 :mod:`.report` (text, YAML, JSON), :mod:`.extended` (the claim the scheduler builds for extended
 resources, as the helper answers it). Imperative shell: :mod:`.gather` reads the cluster,

@@ -12,6 +12,7 @@ from gpudra_operator.explain.verdict import Verdict
 
 MAX_NODE_ROWS = 20  # per request; the nodes with the most free devices first
 MAX_ROOM_LINES = 3  # per request: the nearest misses (-o yaml lists them all)
+MAX_COUNTER_SET_LINES = 3  # per request: the counter sets short of room, nearest first
 _COLUMNS = ("CLAIM", "REQUEST", "CLASS", "NODE", "PUBLISHED", "CLASS-MATCH", "REQUEST-MATCH",
             "TAINTED", "IN-USE", "NO-ROOM", "FREE", "NEEDED")
 
@@ -77,6 +78,12 @@ def as_text(verdict: Verdict) -> str:
             if len(request.rooms) > MAX_ROOM_LINES:
                 details.append(f"  request {request.name}: {len(request.rooms) - MAX_ROOM_LINES} more of the room met "
                                "not shown (-o yaml lists it)")
+            for use in request.counter_sets[:MAX_COUNTER_SET_LINES]:
+                details.append(f"  request {request.name}: short of {use.describe()}")
+            listed = len(request.counter_sets) - MAX_COUNTER_SET_LINES  # in -o yaml, not here
+            if listed + request.more_counter_sets > 0:
+                details.append(f"  request {request.name}: {listed + request.more_counter_sets} more counter sets "
+                               "short of room not shown" + (f" (-o yaml lists {listed})" if listed > 0 else ""))
         for constraint in claim.constraints:
             details.append(f"  {claim.name}: constraint {constraint}")
     if verdict.extended is not None and verdict.extended.claim:

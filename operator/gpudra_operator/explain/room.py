@@ -34,6 +34,7 @@ class Room:
     asks: str | None = None  # what the request consumes of the capacity, or the device of the counter
     holders: dict[str, str] = field(default_factory=dict)  # claim -> what its share holds
     reason: str | None = None  # a rule rather than arithmetic: a missing capacity, the request policy, a gate
+    pool: str | None = None  # of a counter's device: the pool whose counter set it is
 
     def describe(self) -> str:
         if self.reason is not None:
@@ -142,12 +143,13 @@ def counter_rooms(node: str, device: Device, sets: CounterSets | None) -> list[R
         for name, need in sorted((consumption.get("counters") or {}).items()):
             counter = (counters or {}).get(name)
             if counter is None:
-                rooms.append(Room(node, device.label, "counter", f"{set_name}/{name}", False,
+                rooms.append(Room(node, device.label, "counter", f"{set_name}/{name}", False, pool=device.pool,
                                   reason=f"consumes counter {name} of counter set {set_name}, which its pool lacks"))
                 continue
             amount = _quantity(need.get("value")) or Decimal(0)
             rooms.append(Room(node, device.label, "counter", f"{set_name}/{name}", amount <= counter.left,
                               total=show(counter.total, counter.binary),
                               held=show(counter.total - counter.left, counter.binary),
-                              left=show(counter.left, counter.binary), asks=show(amount, counter.binary)))
+                              left=show(counter.left, counter.binary), asks=show(amount, counter.binary),
+                              pool=device.pool))
     return rooms

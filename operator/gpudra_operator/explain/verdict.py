@@ -27,6 +27,7 @@ from gpudra_core.quantity import quantity_value
 from gpudra_operator.allocatorhelper import NodeOutcome, Outcome
 from gpudra_operator.deviceclasses.celrefs import CelSyntaxError, all_model_references
 from gpudra_operator.explain.claims import Request, allocation, claim_label, claim_requests, untolerated_taints
+from gpudra_operator.explain.countersets import CounterSetUse, counter_set_use
 from gpudra_operator.explain.inventory import (
     CounterSets,
     Device,
@@ -47,6 +48,9 @@ from gpudra_operator.explain.room import Room, capacity_rooms, counter_rooms
 
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
 MAX_ROOMS = 50  # per request in the verdict: the devices short of room first
+MAX_COUNTER_SETS = 8  # counter sets a request found short, per request in the verdict
+COUNTER_SETS_IN_LINE = 2  # of those, named in the conclusion
+HOLDERS_IN_LINE = 4  # claims named per counter set in the conclusion
 BINDING_GATES = ("DRADeviceBindingConditions", "DRAResourceClaimDeviceStatus")
 
 
@@ -91,6 +95,8 @@ class RequestReport:
     rejection: Rejection | None = None
     largest: str | None = None  # the best value among class-matching devices, for the rejecting selector
     rooms: list[Room] = field(default_factory=list)  # shared capacity and counters met, short of room first
+    counter_sets: list[CounterSetUse] = field(default_factory=list)  # those short of counters, nearest first
+    more_counter_sets: int = 0
 
 
 @dataclass
@@ -229,6 +235,7 @@ class Scene:
     expressions: list[str]  # every selector of the requests and their classes, once
     held: Holdings = field(default_factory=Holdings)
     counters: dict[PoolID, CounterSets] = field(default_factory=dict)
+    newest: Mapping[PoolID, list[Obj]] = field(default_factory=dict)  # per pool, its newest generation's slices
 
 
 def _class_selectors(device_class: Obj | None) -> list[str]:
@@ -281,7 +288,7 @@ def scene(target: str, claims: Sequence[Obj], *, pod: Obj | None, classes: Mappi
                  candidates=candidates,
                  holders=holders, namespace=namespace, gates=dict(gates), pools_by_node=pools_by_node,
                  devices=list(devices.values()), expressions=list(expressions), held=held,
-                 counters=counters_left(index, held) if partitionable else {})
+                 counters=counters_left(index, held) if partitionable else {}, newest=index.newest)
 
 
 @dataclass(frozen=True)
@@ -499,8 +506,27 @@ def _request_report(request: Request, scene: Scene, outcomes: Mapping[tuple[str,
     free_nodes = {n.node: n.free for n in report.nodes}
     # Short of room first, on the nodes with the most free devices: the nearest misses lead.
     report.rooms.sort(key=lambda r: (r.fits, -free_nodes.get(r.node, 0)))
+    report.counter_sets, report.more_counter_sets = _short_counter_sets(report.rooms, scene)
     del report.rooms[MAX_ROOMS:]
     return report
+
+
+def _short_counter_sets(rooms: Sequence[Room], scene: Scene) -> tuple[list[CounterSetUse], int]:
+    """The counter sets ``rooms`` (nearest first) found short, with who holds them, and how many
+    more there are."""
+    short: dict[tuple[str, str], list[str]] = {}  # (pool, counter set) -> its counters found short
+    for room in rooms:
+        if room.kind == "counter" and not room.fits and room.reason is None and room.pool is not None:
+            set_name, _, counter = room.name.partition("/")
+            names = short.setdefault((room.pool, set_name), [])
+            if counter not in names:
+                names.append(counter)
+    uses = []
+    for (pool, set_name), names in list(short.items())[:MAX_COUNTER_SETS]:
+        counters = scene.counters.get((scene.driver, pool), {}).get(set_name, {})
+        uses.append(counter_set_use(scene.driver, pool, set_name, scene.newest.get((scene.driver, pool), []),
+                                    counters, scene.held, names))
+    return uses, max(0, len(short) - MAX_COUNTER_SETS)
 
 
 def _plural(n: int, word: str) -> str:
@@ -568,6 +594,19 @@ def _unavailable(request: RequestReport, node: str) -> str:
         nearest = next((r for r in short if r.node == node), short[0])
         without = sum(n.no_room for n in request.nodes)
         text += f"; {without} without room for it, e.g. {nearest.describe()}"
+        text += _counter_holders(request, nearest)
+    return text
+
+
+def _counter_holders(request: RequestReport, nearest: Room) -> str:
+    """Who holds the counter sets the request found short, the nearest miss's first."""
+    own = (nearest.pool, nearest.name.partition("/")[0])
+    sets = sorted(request.counter_sets, key=lambda s: (s.pool, s.name) != own)
+    text = "".join("; " + use.describe(every_counter=False, holders=HOLDERS_IN_LINE)
+                   for use in sets[:COUNTER_SETS_IN_LINE])
+    more = len(sets) - COUNTER_SETS_IN_LINE + request.more_counter_sets
+    if more > 0:
+        text += f"; {more} more counter {'set' if more == 1 else 'sets'} short of it"
     return text
 
 
