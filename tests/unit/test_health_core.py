@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import pytest
 
+from test_discovery import H100_GEOMETRY
+
 from gpudra_core.devicemodel import AttrValue, Device, DeviceTaint
+from gpudra_core.migpartitions import partition_gpu
 from gpudra_driver.devicehealth import xids
+from gpudra_driver.devicehealth.scope import instance_slices, memory_slices
 from gpudra_driver.publishing.apisupport import probe_slice, taints_dropped
 from gpudra_driver.devicehealth.plan import (
     MAX_FAULTS_PER_GPU, NO_INSTANCE, Ecc, Moment, Policy, Probe, Unmonitored, Xid, apply, carry_lost, expire, health_of,
-    next_expiry, observe, taints, transitions,
+    has_instance, next_expiry, observe, taints, transitions,
 )
+from gpudra_driver.plugin.model import MigPlacement
 from gpudra_core.kubeapi import rfc3339
 from gpudra_driver.publishing.slices import build_slices
 
@@ -83,6 +88,91 @@ def test_mig_events_are_attributed_by_gpu_and_compute_instance() -> None:
     assert all(keys(taints(state, d, POLICY)) == {(f"{D}/gpu-lost", "", "NoSchedule")} for d in (a, b, c))
 
 
+def test_an_error_the_hardware_does_not_contain_reaches_every_device_of_the_gpu() -> None:
+    """Whatever instance IDs NVML gives, an uncontained XID (95, 79, 48, GSP, unknown ones) is the
+    whole GPU's; a contained one (94, an application's 13/31/43/45) or an ECC event NVML places in
+    an instance is that instance's."""
+    a, b = mig("gpu-0-mig-3g40gb-1-0", GPU_A, 1, 0), mig("gpu-0-mig-3g40gb-2-0", GPU_A, 2, 0)
+    for xid in (95, 79, 48, 119, 120, 154, 999):
+        state = observe({}, [Xid(GPU_A, xid, gi=2, ci=0)], POLICY, at(T0))
+        assert [bool(taints(state, d, POLICY)) for d in (a, b)] == [True, True], xid
+    for xid in (94, 13, 31, 43, 45):
+        state = observe({}, [Xid(GPU_A, xid, gi=2, ci=0)], POLICY, at(T0))
+        assert [bool(taints(state, d, POLICY)) for d in (a, b)] == [False, True], xid
+    state = observe({}, [Ecc(GPU_A, gi=2, ci=0)], POLICY, at(T0))
+    assert [bool(taints(state, d, POLICY)) for d in (a, b)] == [False, True]
+    assert xids.contained(94) and not xids.contained(95)
+
+
+H100 = Device(name="gpu-0", attributes={
+    "type": AttrValue.of_string("gpu"), "uuid": AttrValue.of_string(GPU_A), "index": AttrValue.of_int(0),
+    "minor": AttrValue.of_int(0), "productName": AttrValue.of_string("NVIDIA H100 80GB HBM3")})
+PLACEMENTS = partition_gpu(H100, H100_GEOMETRY)  # the 25 placements of a dynamic H100
+AT0_1G = {"gpu-0-mig-1g10gb-at0", "gpu-0-mig-1g10gbme-at0", "gpu-0-mig-1g20gb-at0", "gpu-0-mig-2g20gb-at0",
+          "gpu-0-mig-3g40gb-at0", "gpu-0-mig-4g40gb-at0", "gpu-0-mig-7g80gb-at0"}  # all that use memory slice 0
+
+
+def tainted(state: dict, policy: Policy = POLICY) -> set[str]:
+    return {d.name for d in PLACEMENTS if taints(state, d, policy)}
+
+
+def created(profile: str, start: int, size: int, gi: int, ci: int = 0, gpu_uuid: str = GPU_A) -> MigPlacement:
+    return MigPlacement(gpu_uuid, profile, start, size, 0, gi=gi, ci=ci)
+
+
+def test_an_xid_on_a_dynamic_instance_taints_the_placements_on_its_memory_and_no_other() -> None:
+    assert len(PLACEMENTS) == 25 and {n for n in AT0_1G} <= {d.name for d in PLACEMENTS}
+    instances = instance_slices([created("1g.10gb", 0, 1, gi=9), created("2g.20gb", 4, 2, gi=5),
+                                 MigPlacement(GPU_A, "1g.10gb", 6, 1, 0)])  # the last: not created yet
+    assert instances == {(GPU_A, 9): (0, (0,)), (GPU_A, 5): (0, (4, 5))}
+    state = observe({}, [Xid(GPU_A, 94, gi=9, ci=0)], POLICY, at(T0), instances)
+    assert tainted(state) == AT0_1G
+    (taint,) = taints(state, PLACEMENTS[0], POLICY)
+    assert (taint.key, taint.value, taint.effect) == (f"{D}/xid", "94", "NoSchedule")
+    # the whole GPU instance (no compute instance named) is the same placement
+    assert tainted(observe({}, [Xid(GPU_A, 94, gi=9, ci=NO_INSTANCE)], POLICY, at(T0), instances)) == AT0_1G
+    # a 2g at slices 4-5: what overlaps 4 or 5, the 7g included
+    assert tainted(observe({}, [Ecc(GPU_A, gi=5, ci=0)], POLICY, at(T0), instances)) == {
+        "gpu-0-mig-1g10gb-at4", "gpu-0-mig-1g10gb-at5", "gpu-0-mig-1g10gbme-at4", "gpu-0-mig-1g10gbme-at5",
+        "gpu-0-mig-1g20gb-at4", "gpu-0-mig-2g20gb-at4", "gpu-0-mig-3g40gb-at4", "gpu-0-mig-7g80gb-at0"}
+    # an application's XID stays in the instance too, as a taint without effect
+    state = observe({}, [Xid(GPU_A, 43, gi=9, ci=0)], POLICY, at(T0), instances)
+    assert tainted(state) == AT0_1G and health_of(taints(state, PLACEMENTS[0], POLICY), D) == "healthy"
+    # another GPU's instance with the same IDs is not this one's
+    assert tainted(observe({}, [Xid(GPU_B, 94, gi=9, ci=0)], POLICY, at(T0), instances)) == set()
+    assert memory_slices(H100) is None and memory_slices(mig("m", GPU_A, 1, 0)) is None
+
+
+def test_what_cannot_be_placed_or_is_not_contained_taints_every_placement() -> None:
+    instances = instance_slices([created("1g.10gb", 0, 1, gi=9)])
+    every = {d.name for d in PLACEMENTS}
+    for seen in (Xid(GPU_A, 79), Xid(GPU_A, 95, gi=9, ci=0), Xid(GPU_A, 48, gi=9, ci=0),
+                 Xid(GPU_A, 94, gi=3, ci=0),  # an instance no checkpoint entry names
+                 Xid(GPU_A, 94, gi=9, ci=2),  # a compute instance that is not the entry's
+                 Ecc(GPU_A)):
+        assert tainted(observe({}, [seen], POLICY, at(T0), instances)) == every, seen
+    assert tainted(observe({}, [Probe(GPU_A, lost=True)], POLICY, at(T0), instances)) == every
+    assert tainted(observe({}, [Probe(GPU_A, lost=False, recovery_action=1)], POLICY, at(T0), instances)) == every
+    assert not has_instance(Xid(GPU_A, 79)) and has_instance(Xid(GPU_A, 94, gi=9, ci=0))
+    assert not has_instance(Probe(GPU_A, lost=True))
+
+
+def test_a_placement_taint_outlives_the_claim_and_follows_the_ids_nvml_gives_the_next() -> None:
+    """The IDs are resolved when the event is folded in: the fault keeps the memory slices, so the
+    taint stays on the same memory for the quiet period once the claim is unprepared, and the same
+    IDs on the next claim's instance elsewhere taint that placement's memory, not the old one's."""
+    state = observe({}, [Xid(GPU_A, 94, gi=9, ci=0)], POLICY, at(T0), instance_slices([created("1g.10gb", 0, 1, 9)]))
+    state = observe(state, [], POLICY, at(T0 + 30), {})  # unprepared: no entry names the instance
+    assert tainted(state) == AT0_1G
+    state = observe(state, [Xid(GPU_A, 94, gi=9, ci=0)], POLICY, at(T0 + 40),
+                    instance_slices([created("1g.10gb", 6, 1, 9)]))  # NVML gave ID 9 to a 1g at slice 6
+    at6 = {"gpu-0-mig-1g10gb-at6", "gpu-0-mig-1g10gbme-at6", "gpu-0-mig-1g20gb-at6", "gpu-0-mig-3g40gb-at4",
+           "gpu-0-mig-7g80gb-at0"}
+    assert tainted(state) == AT0_1G | at6
+    assert tainted(observe(state, [], POLICY, at(T0 + 61))) == at6  # slice 0's quiet period is over
+    assert observe(state, [], POLICY, at(T0 + 101)) == {}
+
+
 def test_recovery_after_the_quiet_period_only_once_the_gpu_is_back_and_needs_no_action() -> None:
     state = observe({}, [Xid(GPU_A, 48), Probe(GPU_A, lost=False, recovery_action=1)], POLICY, at(T0))
     assert next_expiry(state, POLICY) == T0 + 60
@@ -124,8 +214,15 @@ def test_a_step_of_the_wall_clock_neither_clears_a_fatal_xid_early_nor_holds_it_
 def test_a_storm_changes_values_never_the_size() -> None:
     state = observe({}, [Xid(GPU_A, n) for n in range(1, 10_000)], POLICY, at(T0))
     assert len(state[GPU_A].faults) <= 2  # fatal and informational, one each
-    state = observe({}, [Xid(GPU_A, 48, gi=g, ci=c) for g in range(100) for c in range(10)], POLICY, at(T0))
+    state = observe({}, [Xid(GPU_A, 94, gi=g, ci=c) for g in range(100) for c in range(10)], POLICY, at(T0))
     assert len(state[GPU_A].faults) == MAX_FAULTS_PER_GPU
+    # dynamic instances: one fault per memory-slice set, bounded the same
+    instances = instance_slices(MigPlacement(GPU_A, "1g.10gb", g % 8, 1, 0, gi=g, ci=0) for g in range(100))
+    state = observe({}, [Xid(GPU_A, 94, gi=g, ci=0) for g in range(100)], POLICY, at(T0), instances)
+    assert len(state[GPU_A].faults) == 8
+    state = observe(state, [Xid(GPU_A, x, gi=g, ci=0) for g in range(100) for x in (13, 31, 43, 45)], POLICY,
+                    at(T0), instances)
+    assert len(state[GPU_A].faults) == 16  # and the informational ones, per memory slice too
 
 
 def test_unmonitored_is_a_none_taint() -> None:

@@ -10,6 +10,9 @@
   each GPU up by UUID (``GPU_IS_LOST`` or a UUID that no longer resolves: lost) and reads
   ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``. Being the first thing done after a start, it re-derives
   the taints of a GPU that is still broken when the agent restarts.
+* An event NVML attributes to a MIG instance is placed when it is folded in: the loop reads which
+  dynamic MIG instances the checkpoint names then (``mig_instances``), so the fault keeps the
+  memory slices of the instance those IDs were at that moment (:mod:`.scope`).
 * Storms: identical observations coalesce in the buffer (bounded: past ``MAX_PENDING`` distinct
   ones, the rest are counted and dropped, and a probe is asked for), the loop folds whatever is
   buffered into one state change, and the publisher writes once per change (a write in flight
@@ -26,7 +29,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from gpudra_driver import metrics
@@ -37,9 +40,11 @@ from gpudra_driver.devicehealth.feed import HealthFeed
 from gpudra_driver.devicehealth.plan import (
     HEALTH_STATES, NO_INSTANCE, Ecc, GpuHealth, Mode, Moment, Observation, Policy, Probe, Transition, Unmonitored,
     Xid, apply,
-    carry_lost, gpu_uuid, health_of, next_expiry, observe, taints, transitions,
+    carry_lost, gpu_uuid, has_instance, health_of, next_expiry, observe, taints, transitions,
 )
+from gpudra_driver.devicehealth.scope import InstanceSlices, instance_slices
 from gpudra_driver.nvml import load_nvml
+from gpudra_driver.plugin.model import MigPlacement
 
 log = logging.getLogger("gpudra.agent.health")
 
@@ -115,14 +120,18 @@ class HealthMonitor:
                  publish: Publish, report: Report | None = None, probe_interval: float = 5.0,
                  wait_timeout: float = 1.0, clock: Callable[[], Moment] = Moment.now,
                  feed: HealthFeed | None = None,
-                 on_transition: Callable[[Transition], Awaitable[None]] | None = None) -> None:
+                 on_transition: Callable[[Transition], Awaitable[None]] | None = None,
+                 mig_instances: Callable[[], Iterable[MigPlacement]] = tuple) -> None:
         """``feed``: where each probe round's health of every device goes, for the kubelet (KEP-4680);
         ``on_transition``: told each device that turned unhealthy or recovered, after the Node event
-        (the pods holding it are told: :mod:`.podevents`)."""
+        (the pods holding it are told: :mod:`.podevents`); ``mig_instances``: the dynamic MIG
+        placements the checkpoint names now (blocking: called off the loop, only for an event NVML
+        attributed to a MIG instance)."""
         self.nvml_spec, self.driver_root, self.policy = nvml_spec, driver_root, policy
         self.feed = feed
         self.publish, self.report = publish, report
         self.on_transition = on_transition
+        self.mig_instances = mig_instances
         self._transitions: list[Transition] = []
         self.probe_interval, self.wait_timeout, self.clock = probe_interval, wait_timeout, clock
         self.state: dict[str, GpuHealth] = {}
@@ -181,7 +190,10 @@ class HealthMonitor:
 
     def _publish(self) -> bool:
         computed = {d.name: taints(self.state, d, self.policy) for d in self.discovered}
-        uuids = {d.name: str(d.attributes["uuid"].value) for d in self.discovered if "uuid" in d.attributes}
+        # what a message names each device by: its UUID, or a dynamic MIG placement's GPU
+        uuids = {d.name: str(d.attributes["uuid"].value) if "uuid" in d.attributes
+                 else f"on {d.attributes['parentUUID'].value}"
+                 for d in self.discovered if "uuid" in d.attributes or "parentUUID" in d.attributes}
         for change in transitions(self.computed, computed, uuids, self.policy.driver):
             (log.warning if change.unhealthy else log.info)("%s", change.message)
             self._reports.append(("Warning", "DeviceUnhealthy", change.message) if change.unhealthy
@@ -230,7 +242,8 @@ class HealthMonitor:
                     observations += await asyncio.to_thread(probe, nvml, sorted(gpus))
                     first, self.probed = bool(gpus - self.probed), self.probed | gpus
                     next_probe = time.monotonic() + self.probe_interval
-                state = observe(self.state, observations, self.policy, self.clock())
+                state = observe(self.state, observations, self.policy, self.clock(),
+                                await self._instances(observations))
                 changed = state != self.state or first
                 if changed:
                     self.state = state
@@ -249,6 +262,17 @@ class HealthMonitor:
                 nvml.nvmlShutdown()
             except nvml.NVMLError:
                 pass
+
+    async def _instances(self, observations: Sequence[Observation]) -> InstanceSlices:
+        """The dynamic MIG instances now, when an observation needs them to be placed."""
+        if not any(has_instance(o) for o in observations):
+            return {}
+        try:
+            return instance_slices(await asyncio.to_thread(lambda: list(self.mig_instances())))
+        except Exception as error:  # noqa: BLE001 - an unreadable checkpoint: the event is GPU-wide
+            log.warning("device health: cannot read the dynamic MIG instances (%r); a MIG event taints its whole GPU",
+                        error)
+            return {}
 
     async def _feed(self) -> None:
         """The health of every discovered device, once each of their GPUs was probed (as for publishing)."""

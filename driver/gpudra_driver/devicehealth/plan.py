@@ -2,8 +2,9 @@
 
 Per physical GPU (by UUID) a :class:`GpuHealth` holds:
 
-* faults from events (an XID critical error, a double-bit ECC error), attributed to the GPU or to
-  one MIG device by its GPU and compute instance IDs, as NVML reports them;
+* faults from events (an XID critical error, a double-bit ECC error), attributed to the GPU, to
+  one MIG device by its GPU and compute instance IDs as NVML reports them, or to the memory slices
+  of a dynamic MIG instance (which devices each reaches: :mod:`.scope`);
 * from the probe: the GPU lost (``NVML_ERROR_GPU_IS_LOST``, or its UUID no longer resolves) and
   its recovery action (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, where the driver reports it);
 * ``unmonitored``: NVML cannot deliver events for it.
@@ -27,8 +28,9 @@ for the quiet period *and* the GPU is neither lost nor waiting for a recovery ac
 agent restart a GPU that still needs a reset is tainted again by the first probe, while the XID
 that caused it (an event, gone with the process) is not repeated.
 
-Memory is bounded: one fault per (kind, informational, GPU instance, compute instance) and GPU,
-the newest value winning, so a storm of events changes a value, never the size.
+Memory is bounded: one fault per (kind, informational, GPU instance, compute instance, memory
+slices) and GPU, the newest value winning, at most ``MAX_FAULTS_PER_GPU`` per GPU, so a storm of
+events changes a value, never the size.
 """
 
 from __future__ import annotations
@@ -41,9 +43,8 @@ from typing import Literal, TypeAlias
 
 from gpudra_core.devicemodel import Device, DeviceTaint, TaintEffect
 from gpudra_driver.devicehealth import xids as xid_catalogue
+from gpudra_driver.devicehealth.scope import NO_INSTANCE, InstanceSlices, Slices, attribute, reaches
 from gpudra_core.kubeapi import rfc3339  # whole seconds: a republished taint compares equal
-
-NO_INSTANCE = 0xFFFFFFFF  # NVML's GPU/compute instance ID of an event not tied to a MIG device
 MAX_FAULTS_PER_GPU = 32
 DEFAULT_QUIET_PERIOD = 300.0  # seconds without a new fatal event before its taint goes
 
@@ -121,14 +122,17 @@ class Fault:
     kind: Literal["xid", "ecc"]
     value: str  # the newest XID, or "double-bit"
     informational: bool
-    gi: int
+    gi: int  # NO_INSTANCE (both): the whole GPU
     ci: int
     since: float  # first seen, wall clock: the taint's timeAdded
     last: float  # newest, monotonic clock: the quiet period counts from here
+    slices: Slices | None = None  # a dynamic MIG instance's memory slices when the event came
 
     @property
-    def key(self) -> tuple[str, bool, int, int]:
-        return self.kind, self.informational, self.gi, self.ci
+    def key(self) -> tuple[str, bool, int, int, Slices | None]:
+        if self.slices is not None:  # a dynamic instance's: its IDs pass to other instances, its memory stays
+            return self.kind, self.informational, 0, 0, self.slices
+        return self.kind, self.informational, self.gi, self.ci, None
 
 
 @dataclass(frozen=True)
@@ -153,15 +157,24 @@ class GpuHealth:
 State: TypeAlias = Mapping[str, GpuHealth]  # by GPU UUID; never mutated, each step returns a new one
 
 
-def observe(state: State, observations: Iterable[Observation], policy: Policy, now: Moment) -> dict[str, GpuHealth]:
-    """``state`` after ``observations`` (all at ``now``), faults past their quiet period dropped."""
+def observe(state: State, observations: Iterable[Observation], policy: Policy, now: Moment,
+            instances: InstanceSlices | None = None) -> dict[str, GpuHealth]:
+    """``state`` after ``observations`` (all at ``now``), faults past their quiet period dropped.
+    ``instances``: the dynamic MIG instances that exist now (:func:`.scope.instance_slices`), to
+    place an event NVML attributes to one of them."""
     gpus = dict(state)
     for seen in observations:
-        gpus[seen.gpu] = _observe_one(gpus.get(seen.gpu, GpuHealth()), seen, policy, now)
+        gpus[seen.gpu] = _observe_one(gpus.get(seen.gpu, GpuHealth()), seen, policy, now, instances or {})
     return expire(gpus, policy, now)
 
 
-def _observe_one(gpu: GpuHealth, seen: Observation, policy: Policy, now: Moment) -> GpuHealth:
+def has_instance(observation: Observation) -> bool:
+    """Whether NVML attributed the event to a MIG instance (its fold then needs the dynamic instances)."""
+    return isinstance(observation, (Xid, Ecc)) and observation.gi != NO_INSTANCE
+
+
+def _observe_one(gpu: GpuHealth, seen: Observation, policy: Policy, now: Moment,
+                 instances: InstanceSlices) -> GpuHealth:
     if isinstance(seen, Probe):
         if seen.lost:
             return dataclasses.replace(gpu, lost_since=gpu.lost_since if gpu.lost_since is not None else now.wall)
@@ -172,10 +185,12 @@ def _observe_one(gpu: GpuHealth, seen: Observation, policy: Policy, now: Moment)
         return dataclasses.replace(gpu, unmonitored=seen.reason,
                                    unmonitored_since=gpu.unmonitored_since or now.wall)
     if isinstance(seen, Xid):
-        fault = Fault("xid", str(seen.xid), seen.xid in policy.informational_xids, seen.gi, seen.ci, now.wall,
-                      now.monotonic)
+        gi, ci, slices = attribute(seen.gpu, seen.xid, seen.gi, seen.ci, instances)
+        fault = Fault("xid", str(seen.xid), seen.xid in policy.informational_xids, gi, ci, now.wall,
+                      now.monotonic, slices)
     else:
-        fault = Fault("ecc", "double-bit", False, seen.gi, seen.ci, now.wall, now.monotonic)
+        gi, ci, slices = attribute(seen.gpu, None, seen.gi, seen.ci, instances)
+        fault = Fault("ecc", "double-bit", False, gi, ci, now.wall, now.monotonic, slices)
     faults = [f for f in gpu.faults if f.key != fault.key]
     earlier = next((f for f in gpu.faults if f.key == fault.key), None)
     if earlier is not None:
@@ -212,20 +227,6 @@ def gpu_uuid(device: Device) -> str | None:
     return str(attr.value) if attr is not None else None
 
 
-def _instance(device: Device) -> tuple[int, int] | None:
-    gi, ci = device.attributes.get("gpuInstanceId"), device.attributes.get("computeInstanceId")
-    return (int(gi.value), int(ci.value)) if gi is not None and ci is not None else None
-
-
-def _applies(fault: Fault, instance: tuple[int, int] | None) -> bool:
-    """A GPU-wide fault concerns every device on the GPU; a MIG-attributed one only that MIG
-    device (or every compute instance of its GPU instance when NVML names no compute instance).
-    A full GPU gets them all: its MIG devices are its own silicon."""
-    if instance is None or fault.gi == NO_INSTANCE:
-        return True
-    return fault.gi == instance[0] and fault.ci in (NO_INSTANCE, instance[1])
-
-
 def taints(state: State, device: Device, policy: Policy) -> tuple[DeviceTaint, ...]:
     """The device's taints, sorted by key and effect."""
     uuid = gpu_uuid(device)
@@ -240,10 +241,9 @@ def taints(state: State, device: Device, policy: Policy) -> tuple[DeviceTaint, .
         assert gpu.recovery_action is not None and gpu.action_since is not None
         action = RECOVERY_ACTIONS.get(gpu.recovery_action, str(gpu.recovery_action))
         found.append(DeviceTaint(f"{d}/recovery-action", action, effect, rfc3339(gpu.action_since)))
-    instance = _instance(device)
     groups: dict[tuple[str, bool], list[Fault]] = {}
     for fault in gpu.faults:
-        if _applies(fault, instance):
+        if reaches(fault.gi, fault.ci, fault.slices, device):
             groups.setdefault((fault.kind, fault.informational), []).append(fault)
     for (kind, informational), faults in groups.items():
         newest = max(faults, key=lambda f: f.last)

@@ -11,6 +11,21 @@ from __future__ import annotations
 # application errors, not device faults: an informational taint (effect None), never NoSchedule
 DEFAULT_INFORMATIONAL = frozenset({13, 31, 43, 45, 68, 109})
 
+# XIDs the hardware contains to the MIG instance NVML attributes them to; every other XID reaches
+# the whole GPU, whatever instance IDs came with it (:mod:`.scope`). Sources:
+# * 94, a contained uncorrectable ECC error: NVIDIA's "GPU Memory Error Management", "Error
+#   Containment" and "Response to Uncorrectable Contained ECC Errors"
+#   (docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/): only the application that met the error is
+#   hit, the others run on and new work may start without a GPU reset. Its uncontained twin, 95,
+#   "might impact all the workloads being processed in the GPU" (same pages): GPU-wide.
+# * 13, 31, 43, 45: the application's own channel faulted (graphics engine exception, memory page
+#   fault, stopped processing, preemptive cleanup); NVIDIA's XID catalog
+#   (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html) resolves them by restarting the
+#   application (RESTART_APP), nothing on the GPU; under MIG that application runs in one instance.
+# Not here, so GPU-wide: 48 (double-bit ECC, XID form), 79 (fallen off the bus), 95, 119/120 (GSP),
+# 154 (recovery action changed), NVLink and micro-controller errors, and any XID not named.
+CONTAINED_IN_INSTANCE = frozenset({13, 31, 43, 45, 94})
+
 MEANINGS = {
     13: "graphics engine exception (usually the application)",
     31: "GPU memory page fault (usually the application)",
@@ -33,6 +48,11 @@ MEANINGS = {
     120: "GSP error",
     154: "GPU recovery action changed",
 }
+
+
+def contained(xid: int) -> bool:
+    """Whether the hardware keeps XID ``xid`` inside the MIG instance it happened in."""
+    return xid in CONTAINED_IN_INSTANCE
 
 
 def meaning(xid: int) -> str:
