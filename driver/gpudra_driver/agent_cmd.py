@@ -157,6 +157,8 @@ async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: obje
     tell_pods = PodNotifier(plugin.state.prepared_claims, plugin.get_claim,  # type: ignore[attr-defined]
                             events.post_on_pod)  # type: ignore[attr-defined]
     health = _health_monitor(args, root, publish_slices, events, plugin.health, tell_pods)  # type: ignore[attr-defined]
+    if health is not None:  # an event NVML attributes to a dynamic MIG instance is placed by the checkpoint
+        health.mig_instances = plugin.state.mig_placements  # type: ignore[attr-defined]
 
     def publish(devices):  # type: ignore[no-untyped-def]
         plugin.set_devices(devices)  # type: ignore[attr-defined]  # prepared claims keep working

@@ -51,7 +51,7 @@ from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.devicenodes import PLACEMENT, NodeDevice
 from gpudra_driver.plugin.faults import FaultHook
 from gpudra_driver.plugin.locking import LOCK_FILE, LOCK_TIMEOUT
-from gpudra_driver.plugin.model import ClaimError, ClaimRef, PreparedClaim, PrepareResult
+from gpudra_driver.plugin.model import ClaimError, ClaimRef, MigPlacement, PreparedClaim, PrepareResult
 from gpudra_driver.plugin.plan import needs_prepare_started, plan_prepare
 from gpudra_driver.plugin.recovery import Recovery
 from gpudra_driver.plugin.rollback import Rollback
@@ -125,6 +125,13 @@ class DeviceState:
         names: discovery keeps their GPUs dynamic; for callers without the node lock."""
         return {(d.mig.parent_uuid, d.mig.gi) for e in self.checkpoint.load_unlocked().claims.values()
                 for d in e.claim.devices if d.mig is not None and d.mig.gi is not None}
+
+    def mig_placements(self) -> list[MigPlacement]:
+        """The dynamic MIG placements checkpoint entries name, with their instance IDs once created:
+        device health places an event NVML attributes to an instance by them; for callers without
+        the node lock."""
+        return [d.mig for e in self.checkpoint.load_unlocked().claims.values() for d in e.claim.devices
+                if d.mig is not None]
 
     def held_claims(self) -> list[HeldClaim]:
         """What the leak sweep looks up: the prepared claims, and the adopted ones whose name is
