@@ -263,6 +263,23 @@ async def _mig_mode(args: argparse.Namespace, kube: object, events: object) -> M
     return "static"
 
 
+async def _watch_mig_instances(plugin: object, events: object, interval: float) -> None:
+    """At start and every rescan interval: prepared claims whose dynamic MIG instance a GPU reset or
+    a driver reload destroyed get it made again, and each is said in Warning Events on the Node and
+    the claim's pods (plugin.migrepair)."""
+    from gpudra_driver.plugin.migrepair import report
+
+    state = plugin.state  # type: ignore[attr-defined]
+    while True:
+        try:
+            found = await state.check_mig_instances()
+        except Exception as error:  # noqa: BLE001 - the lock held by a peer, a disk fault: next time
+            log.warning("checking the prepared claims' MIG instances failed: %r", error)
+            found = []
+        await report(found, events.post, plugin.get_claim, events.post_on_pod)  # type: ignore[attr-defined]
+        await asyncio.sleep(interval)  # the rescan period itself, not a synchronisation
+
+
 READINESS_RECHECK = 1.0  # seconds between looks at whether the registration still holds
 
 
@@ -344,6 +361,7 @@ async def _main(args: argparse.Namespace) -> int:
                                              report=events.post, interval=args.checkpoint_sweep_interval).run(),
                                  name="checkpoint-sweep"),
              asyncio.create_task(plugin.watch(), name="kubelet-plugin"),
+             asyncio.create_task(_watch_mig_instances(plugin, events, args.rescan_interval), name="mig-instances"),
              asyncio.create_task(report_restarts(plugin.state.sharing.mps, plugin.state.prepared_claims, events.post),
                                  name="mps-restarts")]
     if args.ready_file:

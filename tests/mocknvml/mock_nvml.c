@@ -202,6 +202,7 @@ struct gpu {
     struct instance ci_h[MAX_GIS][MAX_CIS];   /* created compute instance handles, by GI and CI ID */
     int state_loaded, state_present;          /* what the last read of the file saw */
     struct stat state_st;
+    int resets;                               /* <state>/state/<uuid>/resets: GPU resets so far */
 };
 
 /* Handles point into these static arrays, so they stay valid across init/shutdown. */
@@ -1027,7 +1028,10 @@ UNSUPPORTED_DEVICE_CALL(nvmlDeviceGetEccMode, "nvmlDeviceGetEccMode", int *curre
  *    InstanceId, GetAttributes (the catalog profile's), GetName, GetMemoryInfo and the parent handle
  *    answer as for an inventory MIG device. Its UUID is MIG-<8-4-4-4-12 hex> from FNV-1a 64 over
  *    "<parent uuid>/<gi>/<ci>" (twice, the second continuing with "#"), version nibble 5, variant 10:
- *    the same in every process, and in the Python simulator (fake.py mig_uuid);
+ *    the same in every process, and in the Python simulator (fake.py mig_uuid); after a GPU reset
+ *    (`nvidia-smi -r`, which empties the state file and counts the reset in
+ *    <state>/state/<uuid>/resets) over "<parent uuid>/<gi>/<ci>/<resets>", so an instance made again
+ *    at the same place has another UUID, as a real GPU's would;
  *  - nvmlComputeInstanceDestroy, then nvmlGpuInstanceDestroy: IN_USE for a GPU instance that still has
  *    compute instances (nvml.h: "compute instances are active on the GPU instance") and for inventory
  *    instances (chosen: they model instances someone else made and uses); a destroyed instance's
@@ -1118,9 +1122,10 @@ static unsigned long long fnv1a64(const char *text, unsigned long long h) {
 }
 
 /* The UUID of a created MIG device (see above); `out` holds at least 41 bytes. */
-static void mig_uuid(const char *parent, unsigned int gi, unsigned int ci, char *out, size_t size) {
-    char text[TEXT_LEN + 32], hex[33];
-    snprintf(text, sizeof text, "%s/%u/%u", parent, gi, ci);
+static void mig_uuid(const char *parent, unsigned int gi, unsigned int ci, int resets, char *out, size_t size) {
+    char text[TEXT_LEN + 48], hex[33];
+    if (resets > 0) snprintf(text, sizeof text, "%s/%u/%u/%d", parent, gi, ci, resets);
+    else snprintf(text, sizeof text, "%s/%u/%u", parent, gi, ci);
     unsigned long long h1 = fnv1a64(text, 0xcbf29ce484222325ULL);
     unsigned long long h2 = fnv1a64("#", fnv1a64(text, h1));
     snprintf(hex, sizeof hex, "%016llx%016llx", h1, h2);
@@ -1158,7 +1163,7 @@ static void build_created_migs(struct gpu *g) {
             d->present = 1;
             d->gpu_index = g->dev.gpu_index;
             d->slot = c->slot;
-            mig_uuid(g->dev.uuid, gi, ci, d->uuid, sizeof d->uuid);
+            mig_uuid(g->dev.uuid, gi, ci, g->resets, d->uuid, sizeof d->uuid);
             copy_text(d->profile, sizeof d->profile, p->name);
             d->gi = gi;
             d->ci = ci;
@@ -1192,6 +1197,9 @@ static void load_instances(struct gpu *g, int force) {
     }
     memset(g->cgi, 0, sizeof g->cgi);
     memset(g->cci, 0, sizeof g->cci);
+    char state[MOCK_PATH_LEN];
+    if (state_path(state, sizeof state) != 0 || mock_get_value(state, g->dev.uuid, "resets", 0, &g->resets) < 0)
+        g->resets = 0;
     g->state_loaded = 1;
     g->state_present = present;
     if (present) g->state_st = st;

@@ -33,10 +33,27 @@
  * 3 not supported on the device (a MIG device: these are per-GPU settings), 4 no permission (a
  * state directory it cannot write), 6 no such GPU ("No devices were found"), 9 no inventory.
  * It stops at the first GPU that fails, like the real tool ("Terminating early due to previous errors.").
+ *
+ * A GPU reset, which a test uses to model what a reset or a reload of the kernel module does to MIG:
+ *
+ *   nvidia-smi -r|--gpu-reset [-i <id>]          every MIG GPU and compute instance of the GPU is gone
+ *                                                (the mock NVML's and the Python simulator's state file
+ *                                                <state>/state/<uuid>/mig_instances emptied under its
+ *                                                lock), MIG mode and the other settings kept; the reset
+ *                                                counted in <state>/state/<uuid>/resets, so instances
+ *                                                made again get new UUIDs (mock_nvml.c); one
+ *                                                `nvidia-smi -r <GPU uuid>` line in calls.log per GPU.
+ *
+ * Refused, as the real tool refuses a GPU in use, while a mock MPS control daemon runs for it
+ * (<state>/mps/<pid> naming the GPU or `all`, the process alive): "In use by another client", status
+ * 255, nothing reset. A MIG device given to -i: status 3 (a reset is of the whole GPU).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -208,6 +225,112 @@ static int compute_policy(int argc, char **argv) {
     return RC_OK;
 }
 
+/* Whether a running mock MPS control daemon (<state>/mps/<pid>, its `serves` line) holds GPU `uuid`. */
+static int in_use(const char *state, const char *uuid) {
+    char registry[MOCK_PATH_LEN + 8];
+    snprintf(registry, sizeof registry, "%s/mps", state);
+    DIR *dir = opendir(registry);
+    if (!dir) return 0;
+    int held = 0;
+    for (struct dirent *e; !held && (e = readdir(dir));) {
+        if (!*e->d_name || strspn(e->d_name, "0123456789") != strlen(e->d_name)) continue;
+        if (kill((pid_t)strtol(e->d_name, NULL, 10), 0) != 0 && errno == ESRCH) continue; /* exited */
+        char path[MOCK_PATH_LEN + 300], line[8192];
+        snprintf(path, sizeof path, "%s/%s", registry, e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        while (!held && fgets(line, sizeof line, f)) {
+            if (strncmp(line, "serves ", 7) != 0) continue;
+            line[strcspn(line, "\n")] = '\0';
+            char *save = NULL;
+            for (char *u = strtok_r(line + 7, ",", &save); u && !held; u = strtok_r(NULL, ",", &save))
+                held = !strcmp(u, "all") || !strcmp(u, uuid);
+        }
+        fclose(f);
+    }
+    closedir(dir);
+    return held;
+}
+
+/* One GPU's reset: under the lock the MIG instance writers take, the reset counted, then the
+ * instance file replaced by an empty one; 0, or -1 with errno. */
+static int reset_one(const char *state, const char *uuid) {
+    char dir[MOCK_PATH_LEN], lock_path[MOCK_PATH_LEN + 32], file[MOCK_PATH_LEN + 32], tmp[MOCK_PATH_LEN + 64];
+    if (!mock_safe_name(uuid) || snprintf(dir, sizeof dir, "%s/state/%s", state, uuid) >= (int)sizeof dir) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    snprintf(lock_path, sizeof lock_path, "%s/.mig_instances.lock", dir);
+    snprintf(file, sizeof file, "%s/mig_instances", dir);
+    snprintf(tmp, sizeof tmp, "%s/.mig_instances.%ld.tmp", dir, (long)getpid());
+    if (mock_mkdirs(dir, 0755) != 0) return -1;
+    int lock = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lock < 0) return -1;
+    int rc = -1, resets = 0;
+    if (flock(lock, LOCK_EX) == 0 && mock_get_value(state, uuid, "resets", 0, &resets) >= 0 &&
+        mock_set_value(state, uuid, "resets", resets + 1) == 0) {
+        FILE *f = fopen(tmp, "w");
+        if (f) {
+            fprintf(f, "# gpudra mock NVML: MIG instances created on %s (reset by nvidia-smi -r)\n", uuid);
+            int ok = fclose(f) == 0;
+            if (ok && rename(tmp, file) == 0) rc = 0;
+            else unlink(tmp);
+        }
+    }
+    int saved = errno;
+    close(lock); /* releases the flock */
+    errno = saved;
+    return rc;
+}
+
+static int reset_gpus(const char *ids) {
+    struct target targets[MOCK_MAX_GPUS];
+    int n, rc = select_targets(ids, targets, &n);
+    if (rc != RC_OK) return rc;
+    char state[MOCK_PATH_LEN];
+    if (mock_tool_state_dir(state, sizeof state) != 0) {
+        fprintf(stderr, "gpudra mock nvidia-smi: the driver root's path is too long\n");
+        return RC_OTHER;
+    }
+    for (int i = 0; i < n; i++) {
+        if (!targets[i].gpu) {
+            fprintf(stderr, "Unable to reset MIG device %s: Not Supported\n", targets[i].mig);
+            return RC_NOT_SUPPORTED;
+        }
+        if (in_use(state, targets[i].gpu->uuid)) {
+            fprintf(stderr, "The following GPUs could not be reset:\n  GPU %s: In use by another client\n\n"
+                            "1 device is currently being used by one or more other processes. Please first kill "
+                            "all processes using this device and all compute applications running in the system.\n",
+                    targets[i].gpu->bus_id);
+            return RC_OTHER;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        const struct mock_gpu *g = targets[i].gpu;
+        if (reset_one(state, g->uuid) != 0) return state_error("reset", g->bus_id);
+        mock_log_call(state, "nvidia-smi -r %s", g->uuid);
+        printf("GPU %s was successfully reset.\n", g->bus_id);
+    }
+    printf("All done.\n");
+    return RC_OK;
+}
+
+/* `-r` anywhere (with an optional -i): a GPU reset; 1 if this is such a call (*rc set). */
+static int reset_call(int argc, char **argv, int *rc) {
+    const char *ids = NULL;
+    int reset = 0, other = 0;
+    for (int i = 1; i < argc; i++) {
+        int missing = 0;
+        const char *v;
+        if ((v = option(argc, argv, &i, "-i", "--id", &missing))) ids = v;
+        else if (!strcmp(argv[i], "-r") || !strcmp(argv[i], "--gpu-reset")) reset = 1;
+        else other = 1;
+    }
+    if (!reset) return 0;
+    *rc = other ? usage_error() : reset_gpus(ids);
+    return 1;
+}
+
 /* `-c` anywhere (with an optional -i): the compute mode; 1 if this is such a call (*rc set). */
 static int compute_mode_call(int argc, char **argv, int *rc) {
     const char *ids = NULL, *mode = NULL;
@@ -265,6 +388,7 @@ int main(int argc, char **argv) {
     }
     if (argc > 1 && strcmp(argv[1], "compute-policy") == 0) return compute_policy(argc, argv);
     int rc;
+    if (reset_call(argc, argv, &rc)) return rc;
     if (compute_mode_call(argc, argv, &rc)) return rc;
     int minors[MOCK_MAX_GPUS];
     int n = present_minors(minors, MOCK_MAX_GPUS);

@@ -1096,7 +1096,7 @@ class FakeNvml:
             if c.slot in out or c.slot in gpu.migs:
                 continue
             out[c.slot] = MigSpec(
-                uuid=mig_uuid(gpu.uuid, gi, ci), profile=spec.name, gpu_instance_id=gi, compute_instance_id=ci,
+                uuid=mig_uuid(gpu.uuid, gi, ci, created.resets), profile=spec.name, gpu_instance_id=gi, compute_instance_id=ci,
                 attributes={
                     "multiprocessorCount": spec.multiprocessors, "sharedCopyEngineCount": spec.copy_engines,
                     "sharedDecoderCount": spec.decoders, "sharedEncoderCount": spec.encoders,
@@ -1131,8 +1131,24 @@ class FakeNvml:
                 if not force and index in self._created and self._created_seen.get(index) is None:
                     return self._created[index]
             self._created[index] = _parse_instances(text, gpu.mig_catalog)
+            self._created[index].resets = _read_resets(path.parent)
             self._created_seen[index] = key
             return self._created[index]
+
+    def reset_gpu(self, uuid: str) -> None:
+        """What a GPU reset (or a reload of the kernel module) does to MIG, as the mock ``nvidia-smi
+        -r`` does it (tests/mocknvml/nvidia_smi.c): every GPU and compute instance of the GPU gone,
+        MIG mode kept, the reset counted, so instances made again get new UUIDs."""
+        index = next((i for i, gpu in enumerate(self.profile.gpus) if gpu.uuid == uuid), None)
+        if index is None:
+            raise pynvml.NVMLError_NotFound()
+        with self._change(index) as created:
+            created.gis.clear()
+            created.cis.clear()
+            created.resets += 1
+            path = self._state_file(index)
+            if path is not None:  # the count first: the emptied file's readers then see it
+                _write_resets(path.parent, created.resets)
 
     @contextlib.contextmanager
     def _change(self, index: int) -> Iterator[_Created]:
@@ -1468,9 +1484,10 @@ class _Created:
 
     gis: dict[int, _CreatedGi] = field(default_factory=dict)
     cis: dict[tuple[int, int], _CreatedCi] = field(default_factory=dict)
+    resets: int = 0  # the GPU's resets so far (state/<uuid>/resets): part of its MIG devices' UUIDs
 
     def copy(self) -> _Created:
-        return _Created(dict(self.gis), dict(self.cis))
+        return _Created(dict(self.gis), dict(self.cis), self.resets)
 
 
 @dataclass(frozen=True)
@@ -1544,6 +1561,20 @@ def _parse_instances(text: str, catalog: MigCatalog) -> _Created:
         elif words[0] == "ci" and a < _MAX_GIS and b < _MAX_CIS and a in created.gis and d < _MAX_MIG_SLOTS:
             created.cis[(a, b)] = _CreatedCi(c, d)
     return created
+
+
+def _read_resets(directory: Path) -> int:
+    try:
+        return int((directory / "resets").read_text())
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def _write_resets(directory: Path, resets: int) -> None:
+    """``resets`` replaced atomically, as the mocks' value files are (tests/mocknvml/mock_state.h)."""
+    tmp = directory / f".resets.{os.getpid()}"
+    tmp.write_text(f"{resets}\n")
+    os.replace(tmp, directory / "resets")
 
 
 def _format_instances(uuid: str, created: _Created) -> str:
@@ -1658,10 +1689,11 @@ def _fnv1a64(data: bytes, h: int) -> int:
     return h
 
 
-def mig_uuid(parent_uuid: str, gi: int, ci: int) -> str:
+def mig_uuid(parent_uuid: str, gi: int, ci: int, resets: int = 0) -> str:
     """The UUID of a created MIG device: MIG-<8-4-4-4-12 hex> from FNV-1a 64 over ``<parent>/<gi>/<ci>``
+    (``<parent>/<gi>/<ci>/<resets>`` once the GPU was reset: an instance made again has another UUID)
     (twice, the second continuing with ``#``), version nibble 5, variant 10 — the mock library's."""
-    text = f"{parent_uuid}/{gi}/{ci}".encode()
+    text = (f"{parent_uuid}/{gi}/{ci}" + (f"/{resets}" if resets else "")).encode()
     h1 = _fnv1a64(text, 0xCBF29CE484222325)
     h2 = _fnv1a64(b"#", _fnv1a64(text, h1))
     x = f"{h1:016x}{h2:016x}"

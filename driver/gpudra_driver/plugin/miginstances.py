@@ -7,7 +7,9 @@ Every call is idempotent, so a prepare or unprepare repeated after a crash ends 
   its compute instance;
 - destroy finds the instance by the recorded IDs, or by the placement where none were recorded
   yet, and treats "not there" as done. It destroys only an instance whose profile and placement
-  are the ones recorded, so an instance someone else made is never touched.
+  are the ones recorded, and, where a MIG device UUID was recorded, whose UUID it is: a GPU reset
+  or a driver reload destroys every instance (:mod:`.migrepair`), and NVML may give the same IDs
+  at the same place to one someone else makes afterwards, which is never touched.
 
 The calls block in the driver: the plugin runs them off the event loop, under the node lock. Each
 failure is a :class:`MigInstanceError` naming the GPU and what failed: a per-claim error."""
@@ -18,10 +20,13 @@ import ctypes
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 from gpudra_driver.plugin.devicenodes import CAPS_DIR, CapMinor
 from gpudra_driver.plugin.model import MigPlacement
+
+# Whether a prepared claim's recorded instance is there (:meth:`MigInstances.state`)
+InstanceState = Literal["present", "missing", "foreign"]
 
 
 class MigInstanceError(RuntimeError):
@@ -63,19 +68,34 @@ class MigInstances:
                  f"{CAPS_DIR}/nvidia-cap{self.cap_minor(minor, gi_id, ci_id)}")
         return made, uuid, nodes
 
-    def destroy(self, placement: MigPlacement) -> bool:
+    def destroy(self, placement: MigPlacement, uuid: str = "") -> bool:
         """The instance at ``placement`` destroyed (compute instances first); False when there was
-        none. Raises when it is still in use (a process on it: NVML answers IN_USE)."""
+        none, or none that is the one recorded (IDs, and ``uuid``: the MIG device's, when known).
+        Raises when it is still in use (a process on it: NVML answers IN_USE)."""
         with self._nvml(f"destroying the MIG instance {_where(placement)}") as nvml:
             handle = nvml.nvmlDeviceGetHandleByUUID(placement.parent_uuid)
             profile_id, slices = _profile(nvml, handle, placement.profile)
             gi = _gpu_instance_at(nvml, handle, profile_id, placement.start)
-            if gi is None:
+            if gi is None or _foreign(nvml, handle, gi, placement, uuid):
                 return False
-            if placement.gi is not None and int(nvml.nvmlGpuInstanceGetInfo(gi).id) != placement.gi:
-                return False  # another instance at the same place: not the one recorded
             _destroy(nvml, gi, slices)
             return True
+
+    def state(self, placement: MigPlacement, uuid: str) -> InstanceState:
+        """Whether a prepared claim's instance is there: ``present`` (its profile at its placement,
+        with the recorded IDs and MIG device UUID ``uuid``); ``missing`` (none of its profile
+        there: a GPU reset or a driver reload destroyed it; or no IDs recorded yet: :meth:`create`
+        makes it or takes over the one a crashed call made); ``foreign`` (one of its profile there
+        that is not the one recorded: someone else made it since)."""
+        with self._nvml(f"looking up the MIG instance {_where(placement)}") as nvml:
+            handle = nvml.nvmlDeviceGetHandleByUUID(placement.parent_uuid)
+            profile_id, _ = _profile(nvml, handle, placement.profile)
+            gi = _gpu_instance_at(nvml, handle, profile_id, placement.start)
+            if gi is None or not placement.created:
+                return "missing"
+            if _foreign(nvml, handle, gi, placement, uuid):
+                return "foreign"
+            return "present" if _listed_uuid(nvml, handle, placement) is not None else "missing"
 
     @contextmanager
     def _nvml(self, doing: str) -> Iterator[Any]:
@@ -157,6 +177,28 @@ def _destroy(nvml: Any, gi: Any, slices: int) -> None:
     for ci in _compute_instances(nvml, gi, _full_compute_profile(nvml, gi, slices)):
         nvml.nvmlComputeInstanceDestroy(ci)
     nvml.nvmlGpuInstanceDestroy(gi)
+
+
+def _foreign(nvml: Any, handle: Any, gi: Any, placement: MigPlacement, uuid: str) -> bool:
+    """Whether GPU instance ``gi``, at ``placement``'s place, is not the instance recorded there:
+    another GPU instance ID, or another MIG device UUID than ``uuid`` (when IDs and a UUID were
+    recorded: the same IDs at the same place are what NVML gives any instance made there again)."""
+    if placement.gi is None:
+        return False  # no IDs recorded yet: a crashed prepare's, found by its place
+    if int(nvml.nvmlGpuInstanceGetInfo(gi).id) != placement.gi:
+        return True
+    listed = _listed_uuid(nvml, handle, placement) if uuid.startswith("MIG-") else None
+    return listed is not None and listed != uuid
+
+
+def _listed_uuid(nvml: Any, handle: Any, placement: MigPlacement) -> str | None:
+    """The UUID of the MIG device of the recorded GPU and compute instance, None when NVML lists none."""
+    if placement.gi is None or placement.ci is None:
+        return None
+    try:
+        return _mig_device_uuid(nvml, handle, placement.gi, placement.ci)
+    except MigInstanceError:
+        return None
 
 
 def _mig_device_uuid(nvml: Any, handle: Any, gi_id: int, ci_id: int) -> str:

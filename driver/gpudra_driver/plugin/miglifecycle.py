@@ -58,7 +58,7 @@ class MigLifecycle:
                 if device.mig is None or self.instances is None:
                     continue
                 try:
-                    self.instances.destroy(device.mig)
+                    self.instances.destroy(device.mig, device.uuid)
                 except MigInstanceError as error:
                     log.error("%s: %s", claim.ref, error)
 
@@ -74,7 +74,7 @@ class MigLifecycle:
                 if device.mig is None:
                     continue
                 try:
-                    self.instances.destroy(device.mig)
+                    self.instances.destroy(device.mig, device.uuid)
                 except MigInstanceError as error:
                     failed[uid] = f"{entry.claim.ref}: {error}"
         return failed

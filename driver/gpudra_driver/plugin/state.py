@@ -22,7 +22,10 @@ or more kubelet calls):
 5. writes the checkpoint with them as PrepareCompleted, claims whose spec failed dropped. This is
    the commit; then it answers.
 
-So a plain claim (new, no sharing) costs one checkpoint write, and one with side effects two.
+So a plain claim (new, no sharing) costs one checkpoint write, and one with side effects two. A
+completed claim with a dynamic MIG instance is looked up in NVML when the kubelet prepares it again,
+and its instance made again where a GPU reset or a driver reload destroyed it (:mod:`.migrepair`);
+:meth:`DeviceState.check_mig_instances` does the same for every such claim at start and each rescan.
 Unprepare drops the entries (one checkpoint write), then removes the specs, and with them any spec
 no entry names (:meth:`.rollback.Rollback.orphan_specs`).
 
@@ -61,6 +64,7 @@ from gpudra_driver.plugin.sharing import plan as gpusettings
 from gpudra_driver.plugin.sharing.apply import GpuControl
 from gpudra_driver.plugin.miglifecycle import MigLifecycle
 from gpudra_driver.plugin.miginstances import MigInstances
+from gpudra_driver.plugin.migrepair import MigRepair, Outcome, has_mig
 from gpudra_driver.plugin.sharing.controller import SharingController
 from gpudra_driver.plugin.sharing.mps import plan as mps
 from gpudra_driver.plugin.sharing.mps.apply import MpsDaemons
@@ -93,6 +97,8 @@ class DeviceState:
         self.sharing = SharingController(gpu_control, MpsDaemons(plugin_dir / mps.ROOT))
         self.specs = ClaimSpecs(cdi, node, self.fault)
         self.mig = MigLifecycle(mig)
+        self.mig_repair = MigRepair(self.checkpoint, self.specs, mig, self.fault)
+        self.mig_lost: list[Outcome] = []  # found by prepares since the last check_mig_instances
         self.rollback = Rollback(self.checkpoint, self.specs, self.sharing, self.mig)
         self.recovery = Recovery(self.checkpoint, self.specs, self.sharing, boot_id=boot_id, mig=self.mig)
 
@@ -101,7 +107,13 @@ class DeviceState:
         under the node lock, before any call (blocking: run it off the event loop)."""
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         with self.locks.node_locked_blocking():
-            return self.recovery.reconcile()
+            result = self.recovery.reconcile()
+            # instances a GPU reset or a driver reload destroyed while no agent ran, and one a crash
+            # left being made again: before discovery, which would take that one for someone else's
+            _, found = self.mig_repair.repair(
+                result.checkpoint, [uid for uid, e in result.checkpoint.claims.items() if e.state == ckpt.COMPLETED])
+            self.mig_lost += found  # reported by the agent with the first check
+            return result
 
     @property
     def checkpoint_path(self) -> Path:
@@ -173,6 +185,7 @@ class DeviceState:
             self.checkpoint.save(checkpoint)
         original = checkpoint
         planned: list[PreparedClaim] = []
+        remake: list[str] = []  # prepared claims with dynamic MIG instances: looked up before answering
         for ref, read in claims:
             if ref.uid in results or any(c.uid == ref.uid for c in planned):
                 continue  # the same claim twice in one call: one answer
@@ -185,11 +198,26 @@ class DeviceState:
                 log.exception("planning %s failed", ref)
                 results[ref.uid] = PrepareResult(error=f"{ref}: its allocation cannot be read: {error!r}")
                 continue
-            if plan.done:
+            if plan.done and has_mig(plan.claim):
+                remake.append(ref.uid)
+            elif plan.done:
                 results[ref.uid] = self.specs.answer_again(plan.claim)
             else:
                 planned.append(plan.claim)
                 checkpoint = checkpoint.started(plan.claim)
+        if remake:  # saved as it goes; the new claims' entries then go on top of what it saved
+            original, outcomes = self.mig_repair.repair(original, remake)
+            self.mig_lost += outcomes
+            failed_remake = {o.claim.uid: o for o in outcomes if o.error is not None}
+            for uid in remake:
+                if uid in failed_remake:
+                    results[uid] = PrepareResult(error=f"{failed_remake[uid].claim.ref}: its MIG instance is gone "
+                                                       f"and could not be made again: {failed_remake[uid].error}")
+                else:
+                    results[uid] = self.specs.answer_again(original.claims[uid].claim)
+            checkpoint = original
+            for claim in planned:
+                checkpoint = checkpoint.started(claim)
         if not planned:
             return
         # Entries this call replaces: a claim allocated anew, or one a crashed peer left half-done.
@@ -238,6 +266,28 @@ class DeviceState:
         self.fault("after-checkpoint-completed")
         for claim in written:
             results[claim.uid] = PrepareResult(claim)
+
+    async def check_mig_instances(self) -> list[Outcome]:
+        """Every prepared claim's dynamic MIG instances looked up, and made again where they are
+        gone (:mod:`.migrepair`), under both locks like a call; what was found, with what the
+        prepares since the last check found. No NVML call and no lock without such a claim."""
+        found, self.mig_lost = self.mig_lost, []
+        try:
+            uids = [uid for uid, e in self.checkpoint.load_unlocked().claims.items()
+                    if e.state == ckpt.COMPLETED and has_mig(e.claim)]
+        except ckpt.CheckpointError:
+            return found  # the next call recovers it
+        if not uids:
+            return found
+        async with self.locks.one_at_a_time(None) as lock_timeout, self.locks.node_locked(lock_timeout):
+            found += await asyncio.to_thread(self._check_mig_locked)
+        return found
+
+    def _check_mig_locked(self) -> list[Outcome]:
+        checkpoint = self._load()
+        _, outcomes = self.mig_repair.repair(
+            checkpoint, [uid for uid, e in checkpoint.claims.items() if e.state == ckpt.COMPLETED])
+        return outcomes
 
     def _may_change_gpus(self, claims: Sequence[tuple[ClaimRef, ReadClaim]]) -> bool:
         """Whether this call may call into the driver or block: a claim asking for GPU sharing, a
