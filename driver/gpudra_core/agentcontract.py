@@ -17,3 +17,13 @@ def event_source(driver: str) -> str:
     """The agent's Events' ``source.component``: per driver, so each GpuDraConfig's operator finds
     its agents' events with one field selector (``source=gpudra-agent/<driver>``)."""
     return f"gpudra-agent/{driver}"
+
+# The agent's warning, and its all-clear, when the API server drops counter sets (1.35), so that
+# dynamic MIG falls back to static MIG on its node.
+DYNAMIC_MIG_UNSUPPORTED = "DynamicMigUnsupported"
+DYNAMIC_MIG_SUPPORTED = "DynamicMigSupported"
+
+# The agent's warning, and its all-clear, about GPUs on its node that do not match their MIG mode
+# (MIG mode disabled under dynamic, enabled under whole, MIG devices someone else made).
+MIG_NOT_READY = "MigNotReady"
+MIG_READY = "MigReady"

@@ -21,7 +21,7 @@ from gpudra_driver import eventloop
 
 if TYPE_CHECKING:
     from gpudra_core.consumable import ConsumableCapacity
-    from gpudra_driver.discovery import MigMode
+    from gpudra_driver.publishing.migmode import MigModeSource
     from gpudra_driver.devicehealth.feed import HealthFeed
     from gpudra_driver.devicehealth.apply import HealthMonitor
 
@@ -68,6 +68,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from gpudra_driver.discovery import add_mig_argument
 
     add_mig_argument(parser)
+    parser.add_argument("--mig-node-group", action="append", default=[], metavar="NAME:MODE:KEY=VALUE[,...]",
+                        type=_mig_node_group,
+                        help="a MIG mode for nodes carrying all of these labels, ahead of --mig; repeatable, the first "
+                             "match wins; the agent follows its Node's labels (docs/mig.md)")
     parser.add_argument("--nvidia-cdi-hook", default=None, metavar="PATH",
                         help="host path of NVIDIA's nvidia-cdi-hook for the CDI specs' hooks (default: "
                              "looked up in the driver root; none found: libraries are also mounted at "
@@ -169,8 +173,9 @@ async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: obje
                           numa_node_of=functools.partial(numa_node_from_sysfs, sysfs=sysfs), sysfs=sysfs,
                           driver_root=root,  # type: ignore[arg-type]
                           report=events.post, gate=guard.check,  # type: ignore[attr-defined]
-                          sharing=await _sharing(args, kube, events), mig=await _mig_mode(args, kube, events),
-                          owned_mig=plugin.state.owned_mig_instances)  # type: ignore[attr-defined]
+                          sharing=await _sharing(args, kube, events), mig_source=_mig_mode(args, kube, events).current,
+                          owned_mig=plugin.state.owned_mig_instances,  # type: ignore[attr-defined]
+                          mig_mode_off=plugin.state.mig_mode_off_gpus)  # type: ignore[attr-defined]
     if health is None:
         await rescanner.run()
         return
@@ -239,28 +244,28 @@ async def _sharing(args: argparse.Namespace, kube: object, events: object) -> Co
 
 
 
-async def _mig_mode(args: argparse.Namespace, kube: object, events: object) -> MigMode:
-    """``--mig dynamic`` if the API server keeps counter sets (one dry run, retried until the
-    server answers); else static MIG, said once in the log and a Node event."""
+def _mig_node_group(text: str) -> object:
+    from gpudra_core.migpolicy import parse_node_group
+
+    try:
+        return parse_node_group(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _mig_mode(args: argparse.Namespace, kube: object, events: object) -> MigModeSource:
+    """The MIG mode by the flags, the Node's labels and the API server (:mod:`.publishing.migmode`)."""
+    import functools
+
     from gpudra_core.migpartitions import api_server_keeps_counters
-    from gpudra_driver.publishing.apply import retrying
+    from gpudra_core.migpolicy import MigPolicy
+    from gpudra_driver.publishing.migmode import MigModeSource, node_labels_reader
 
-    if args.mig != "dynamic":
-        return "static"
-
-    def retry(state):  # type: ignore[no-untyped-def]
-        log.warning("checking partitionable devices failed (%r); retrying", state.outcome.exception())
-
-    answer: tuple[bool, str] = await retrying(retry)(api_server_keeps_counters, kube, args.driver, args.node_name)
-    kept, why = answer
-    if kept:
-        log.info("dynamic MIG: MIG-enabled GPUs without MIG devices are published as every placement they could have")
-        return "dynamic"
-    message = (f"--mig dynamic is ignored: {why}. MIG-enabled GPUs are published as the MIG devices that exist "
-               "(static MIG); upgrade to Kubernetes 1.36 or enable the gate on the API server and scheduler")
-    log.error("%s", message)
-    await events.post("Warning", "DynamicMigUnsupported", message)  # type: ignore[attr-defined]
-    return "static"
+    policy = MigPolicy(args.mig, tuple(args.mig_node_group))
+    return MigModeSource(policy, node_labels=node_labels_reader(kube, args.node_name),
+                         counters_kept=functools.partial(api_server_keeps_counters, kube, args.driver, args.node_name),
+                         report=events.post,  # type: ignore[attr-defined]
+                         node_recheck=5 * args.rescan_interval)  # as the device plugin guard reads the Node
 
 
 async def _watch_mig_instances(plugin: object, events: object, interval: float) -> None:

@@ -19,10 +19,10 @@ from __future__ import annotations
 import logging
 import math
 from types import ModuleType
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeAlias
+from typing import Any
 
 from gpudra_core.devicemodel import (
     STANDARD_DOMAIN,
@@ -34,15 +34,14 @@ from gpudra_core.devicemodel import (
     normalize_pci_bus_id,
     normalize_version,
 )
-from gpudra_core.migpartitions import MigGeometry, MigProfile, partition_gpu
+from gpudra_core.migpartitions import MigGeometry, MigProfile, partition_gpu, toggles_mig_mode_live
+from gpudra_core.migpolicy import MIG_MODES, MigMode
 from gpudra_driver.nvml import NvmlUnavailable
 from gpudra_driver.deviceapi import fit_devices
 
 __all__ = ["MIG_MODES", "Discovery", "MigMode", "NvmlUnavailable", "discover", "mig_profile_name",
            "numa_node_from_sysfs", "nvidia_gpus_on_pci", "read_mig_geometry", "scan"]
 
-MigMode: TypeAlias = Literal["static", "dynamic"]
-MIG_MODES: tuple[MigMode, ...] = ("static", "dynamic")
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +80,9 @@ _SIMULATE_HINT = "to run without GPUs, use --nvml fake:<profile> or GPUDRA_NVML=
 class Discovery:
     devices: list[Device]
     warnings: list[str] = field(default_factory=list)
+    # The GPUs that do not match their MIG mode, and what to do (also in ``warnings``): the agent
+    # reports them in a MigNotReady Node event, which the config's Degraded condition reads.
+    mig_not_ready: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -98,11 +100,12 @@ class _CallFailed(Exception):
 
 
 def add_mig_argument(parser: Any) -> None:
-    """``--mig static|dynamic``, for the agent and ``gpudra discover``."""
+    """``--mig whole|static|dynamic``, for the agent and ``gpudra discover``."""
     parser.add_argument("--mig", choices=MIG_MODES, default="static",
-                        help="MIG-enabled GPUs: 'static' publishes the MIG devices that exist; 'dynamic' publishes "
+                        help="MIG-capable GPUs: 'static' publishes the MIG devices that exist; 'dynamic' publishes "
                              "every MIG placement a GPU without MIG devices could have, over counters the "
-                             "scheduler allocates (Kubernetes 1.36+; docs/mig.md) (default: %(default)s)")
+                             "scheduler allocates (Kubernetes 1.36+); 'whole' publishes GPUs whole only, and "
+                             "nothing of a MIG-enabled one (docs/mig.md) (default: %(default)s)")
 
 
 def discover(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = None,
@@ -115,12 +118,16 @@ def discover(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = No
 
 
 def scan(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = None,
-         mig: MigMode = "static", owned: Collection[tuple[str, int]] = ()) -> Discovery:
+         mig: MigMode = "static", owned: Collection[tuple[str, int]] = (),
+         mig_mode_off: Mapping[str, MigGeometry | None] | None = None) -> Discovery:
     """Enumerate GPUs and MIG devices. ``numa_node_of(pci_bus_id)`` is the fallback when NVML has no
     NUMA answer (e.g. :func:`numa_node_from_sysfs`); without it such devices carry no numaNode.
     ``mig``: how a MIG-enabled GPU is published (see the module's docstring); ``owned``: the
     (parent GPU UUID, GPU instance ID) of the dynamic MIG instances the agent created for claims,
-    which leave their GPU dynamic (others make it static)."""
+    which leave their GPU dynamic (others make it static); ``mig_mode_off``: GPU UUID -> the MIG
+    geometry recorded (None: not yet) of each dynamic GPU whose MIG mode a claim of the whole GPU
+    turned off, published as before from that geometry (else NVML's), so the slice does not change
+    under the claim."""
     if mig not in MIG_MODES:
         raise ValueError(f"mig must be one of {MIG_MODES}, not {mig!r}")
     try:
@@ -143,15 +150,17 @@ def scan(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = None,
             raise NvmlUnavailable(f"NVML started but cannot enumerate GPUs: {exc}") from exc
         devices: list[Device] = []
         warnings: list[str] = []
+        not_ready: list[str] = []
         for index in range(count):
             try:
-                devices += _scan_gpu(nvml, index, system, numa_node_of, warnings, mig, owned)
+                devices += _scan_gpu(nvml, index, system, numa_node_of, warnings, mig, owned, not_ready,
+                                     mig_mode_off or {})
             except (_CallFailed, ValueError) as exc:
                 warnings.append(f"GPU {index} skipped: {exc}")
         # A value past an API limit (a 96-character product name) changes that device only; the
         # node's other devices publish (a LimitError in build_slices would hold up the whole pool).
         devices, fixes = fit_devices(devices)
-        return Discovery(devices, warnings + fixes)
+        return Discovery(devices, warnings + fixes, not_ready)
     finally:
         try:
             nvml.nvmlShutdown()
@@ -167,7 +176,14 @@ def _scan_gpu(
     warnings: list[str],
     mig: MigMode = "static",
     owned: Collection[tuple[str, int]] = (),
+    not_ready: list[str] | None = None,
+    mig_mode_off: Mapping[str, MigGeometry | None] | None = None,
 ) -> list[Device]:
+    def unready(message: str) -> None:  # a GPU that does not match its MIG mode
+        warnings.append(message)
+        if not_ready is not None:
+            not_ready.append(message)
+
     call = _caller(nvml)
     handle = call("nvmlDeviceGetHandleByIndex", index)
     major, minor_cc = call("nvmlDeviceGetCudaComputeCapability", handle)
@@ -193,7 +209,7 @@ def _scan_gpu(
 
     mig_mode = _optional(nvml, lambda: call("nvmlDeviceGetMigMode", handle))  # None: no MIG support
     if mig_mode is not None and mig_mode[0] != mig_mode[1]:
-        warnings.append(
+        unready(
             f"GPU {index} ({uuid}) has a MIG mode change pending; publishing by the current mode "
             "until the GPU is reset"
         )
@@ -208,12 +224,22 @@ def _scan_gpu(
         },
         capacity={"memory": memory},
     )
+    arch = next((k for k, v in ARCHITECTURES.items() if v == common["architecture"].value), None)
+    if mig_mode is not None and mig_mode[0] != nvml.NVML_DEVICE_MIG_ENABLE and uuid in (mig_mode_off or {}):
+        # a claim of the whole GPU turned its MIG mode off: the same devices and counters as before
+        try:
+            geometry = (mig_mode_off or {})[uuid] or read_mig_geometry(nvml, handle)
+        except (_CallFailed, ValueError) as exc:
+            unready(f"GPU {index} ({uuid}): its MIG mode is off for a claim of the whole GPU and its MIG profiles "
+                    f"cannot be read ({exc}); it publishes nothing until they can")
+            return []
+        return partition_gpu(whole, geometry, whole=True)
     if mig_mode is None or mig_mode[0] != nvml.NVML_DEVICE_MIG_ENABLE:
         if mig == "dynamic" and mig_mode is not None:
-            warnings.append(
+            unready(
                 f"GPU {index} ({uuid}) is MIG-capable but its MIG mode is disabled: published as a whole GPU, "
                 f"without dynamic MIG placements; enable MIG mode while no workload uses it "
-                f"(`nvidia-smi -i {index} -mig 1`, then a GPU reset where the GPU needs one) and restart the agent"
+                f"(`nvidia-smi -i {index} -mig 1`, then a GPU reset where the GPU needs one)"
             )
         return [whole]
 
@@ -230,22 +256,39 @@ def _scan_gpu(
             migs.append(_mig_device(call, mig_handle, slot, index, uuid, minor, memory, common))
         except (_CallFailed, ValueError) as exc:
             warnings.append(f"MIG device {slot} on GPU {index} skipped: {exc}")
+    ours = [m for m in migs if (uuid, m.attr("gpuInstanceId")) in owned]
+    if ours and mig != "dynamic":
+        # The mode changed (the config, or the node's group) while claims hold instances the agent
+        # made: the GPU keeps the placements those claims were allocated until they are gone.
+        warnings.append(
+            f"GPU {index} ({uuid}) stays dynamic MIG, not {mig}, until its {len(ours)} prepared claim(s) "
+            "are unprepared"
+        )
+        mig = "dynamic"
     if mig == "dynamic":
         foreign = [m for m in migs if (uuid, m.attr("gpuInstanceId")) not in owned]
         if foreign:  # instances someone else made: never changed, and nothing may overlap them
-            warnings.append(
+            unready(
                 f"GPU {index} ({uuid}) has {len(foreign)} MIG device(s) gpudra did not create: published as they "
                 "are (static MIG), without dynamic placements, until they are destroyed"
             )
             return foreign
         try:
-            return partition_gpu(whole, read_mig_geometry(nvml, handle))
+            # the whole GPU too where MIG mode can be turned off for it without a reset
+            return partition_gpu(whole, read_mig_geometry(nvml, handle), whole=toggles_mig_mode_live(arch))
         except (_CallFailed, ValueError) as exc:
-            warnings.append(f"GPU {index} ({uuid}): its MIG profiles cannot be read ({exc}); "
-                            "it publishes nothing until they can")
+            unready(f"GPU {index} ({uuid}): its MIG profiles cannot be read ({exc}); "
+                    "it publishes nothing until they can")
             return []
+    if mig == "whole":
+        unready(
+            f"GPU {index} ({uuid}) has MIG mode enabled, so it cannot be used whole: it publishes nothing "
+            f"under MIG mode 'whole'; disable MIG mode while no workload uses it (`nvidia-smi -i {index} -mig 0`, "
+            "then a GPU reset where the GPU needs one), or give its node a MIG mode that uses MIG"
+        )
+        return []
     if not migs:
-        warnings.append(
+        unready(
             f"GPU {index} ({uuid}) has MIG mode enabled but no MIG devices: it publishes nothing "
             "until MIG devices are created or MIG mode is disabled"
         )

@@ -18,8 +18,10 @@ The four conditions, always all present (from the first reconcile on):
     True when a person has to act: a conflict, a render error, an apply error (same reasons as
     above), or NVIDIA's device plugin on nodes whose agents therefore publish nothing
     (``DevicePluginConflict``), or a spec option the API server cannot honour (its reason, e.g.
-    ``ConsumableCapacityUnsupported``); the first one wins, the message lists them all. A rollout in
-    progress is not degraded.
+    ``ConsumableCapacityUnsupported``), or what agents report of their nodes: dynamic MIG falling
+    back to static (``DynamicMigUnsupported``), GPUs that do not match their MIG mode
+    (``MigNotReady``); the first one wins, the message lists them all. A rollout in progress is not
+    degraded.
     False with ``AsExpected`` otherwise.
 ``Ready``
     True (``Ready``) exactly when AgentsReady and DeviceClassesReady are True and Degraded is
@@ -61,6 +63,18 @@ class ConditionValue:
 class Unsupported:
     """A spec option this cluster's API server cannot honour, so the operator leaves it out:
     ``reason`` (CamelCase, e.g. ConsumableCapacityUnsupported) and what to do, in ``message``."""
+
+    reason: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class NodeProblem:
+    """What agents report of their nodes that a person has to fix (e.g. ``MigNotReady``): the
+    reason, and a message naming the nodes and what to do."""
 
     reason: str
     message: str
@@ -187,25 +201,31 @@ def _classes(device_classes: Sequence[str], render_errors: Sequence[Any],
 MAX_NODES_NAMED = 10
 
 
+def named_nodes(nodes: Sequence[str]) -> str:
+    """The first :data:`MAX_NODES_NAMED` of ``nodes`` by name, and how many more."""
+    shown = ", ".join(sorted(nodes)[:MAX_NODES_NAMED])
+    return shown + (f" and {len(nodes) - MAX_NODES_NAMED} more" if len(nodes) > MAX_NODES_NAMED else "")
+
+
 def device_plugin_problem(nodes: Sequence[str]) -> str:
-    named = ", ".join(sorted(nodes)[:MAX_NODES_NAMED]) + (f" and {len(nodes) - MAX_NODES_NAMED} more"
-                                                          if len(nodes) > MAX_NODES_NAMED else "")
-    return (f"NVIDIA's device plugin advertises nvidia.com/gpu on {len(nodes)} node(s) ({named}): their "
+    return (f"NVIDIA's device plugin advertises nvidia.com/gpu on {len(nodes)} node(s) ({named_nodes(nodes)}): their "
             "agents publish no GPUs, so none is handed out twice; disable the device plugin there "
             "(docs/deploy.md) or set spec.agent.allowDevicePlugin: true")
 
 
 def _degraded(render_errors: Sequence[Any], apply_errors: Sequence[ApplyError],
               conflicts: Sequence[str], device_plugin_nodes: Sequence[str] = (),
-              unsupported: Sequence[Unsupported] = ()) -> ConditionValue:
+              unsupported: Sequence[Unsupported] = (), node_problems: Sequence[NodeProblem] = ()) -> ConditionValue:
     problems = [*conflicts, *map(str, render_errors), *map(str, apply_errors)]
     if device_plugin_nodes:
         problems.append(device_plugin_problem(device_plugin_nodes))
     problems += map(str, unsupported)
+    problems += map(str, node_problems)
     if not problems:
         return ConditionValue(DEGRADED, FALSE, "AsExpected", "")
     reason = ("Conflict" if conflicts else "RenderFailed" if render_errors else "ApplyFailed" if apply_errors
-              else "DevicePluginConflict" if device_plugin_nodes else unsupported[0].reason)
+              else "DevicePluginConflict" if device_plugin_nodes else unsupported[0].reason if unsupported
+              else node_problems[0].reason)
     return ConditionValue(DEGRADED, TRUE, reason, "; ".join(problems))
 
 
@@ -230,7 +250,7 @@ def class_matches_no_device(counts: Sequence[Any], driver: str, devices: int, *,
 def summarize(*, daemonset: Mapping[str, Any] | None, device_classes: Sequence[str] = (),
               render_errors: Sequence[Any] = (), apply_errors: Sequence[ApplyError] = (),
               conflicts: Sequence[str] = (), device_plugin_nodes: Sequence[str] = (),
-              unsupported: Sequence[Unsupported] = ()) -> list[ConditionValue]:
+              unsupported: Sequence[Unsupported] = (), node_problems: Sequence[NodeProblem] = ()) -> list[ConditionValue]:
     """The four conditions, in the order Ready, AgentsReady, DeviceClassesReady, Degraded.
 
     ``daemonset``: the live agent DaemonSet (whole object: its generation is compared with
@@ -240,10 +260,11 @@ def summarize(*, daemonset: Mapping[str, Any] | None, device_classes: Sequence[s
     GpuDraConfig (e.g. ``driver name gpu.gpudra.io is already claimed by GpuDraConfig 'a'``).
     ``device_plugin_nodes``: nodes whose agent publishes nothing because NVIDIA's device plugin
     advertises ``nvidia.com/gpu`` there. ``unsupported``: spec options the API server cannot honour
-    (:class:`Unsupported`), left out of what was applied."""
+    (:class:`Unsupported`), left out of what was applied. ``node_problems``: what agents report of
+    their nodes that a person has to fix (:class:`NodeProblem`)."""
     agents = _agents(daemonset, apply_errors, conflicts)
     classes = _classes(device_classes, render_errors, apply_errors, conflicts)
-    degraded = _degraded(render_errors, apply_errors, conflicts, device_plugin_nodes, unsupported)
+    degraded = _degraded(render_errors, apply_errors, conflicts, device_plugin_nodes, unsupported, node_problems)
     if degraded.status == TRUE:
         ready = ConditionValue(READY, FALSE, degraded.reason, degraded.message)
     elif classes.status != TRUE:

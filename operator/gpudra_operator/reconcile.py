@@ -27,7 +27,7 @@ from gpudra_operator.droppedfields import DroppedFields
 from . import metrics
 from gpudra_operator.events import EventRecorder
 from gpudra_operator.features import CONSUMABLE_CAPACITY_UNSUPPORTED, FeatureProbe
-from gpudra_operator.pluginconflicts import PluginConflicts
+from gpudra_operator.agentreports import AgentEvents
 from gpudra_operator.render import (DEFAULT_AGENT_IMAGE, LABEL_CONFIG, LABEL_MANAGED_BY, MANAGED_BY, MPS_NAME, Rendered,
                      child_selector, render)
 from gpudra_operator.spec import GpuDraConfig, SpecError
@@ -134,7 +134,7 @@ class Reconciler:
 
     def __init__(self, kube: Kube, events: EventRecorder, *, agent_image: str = DEFAULT_AGENT_IMAGE,
                  device_counts: DeviceCounts | None = None, claims: ClaimWatch | None = None,
-                 plugin_conflicts: PluginConflicts | None = None, dropped: DroppedFields | None = None) -> None:
+                 agent_events: AgentEvents | None = None, dropped: DroppedFields | None = None) -> None:
         self.agent_image = agent_image
         self.kube = kube
         self.events = events
@@ -142,7 +142,7 @@ class Reconciler:
         # status.devices and status.deviceClasses[] come from the operator's watches of the slices
         # and claims; without them (a reconcile run in-process), the counts already in status stand.
         self.counts = StatusCounts(device_counts, claims, self.features)
-        self.plugin_conflicts = PluginConflicts(kube) if plugin_conflicts is None else plugin_conflicts
+        self.agent_events = AgentEvents(kube) if agent_events is None else agent_events
         self.dropped = DroppedFields() if dropped is None else dropped
         self.locks = ConfigLocks(LOCK_HELD_AT_MOST * kube.deadlines.request)
         self._reconciled: dict[str, Reconciled] = {}
@@ -298,12 +298,14 @@ class Reconciler:
         applied_classes = [c["metadata"]["name"] for c in rendered.device_classes
                            if not any(e.kind == "DeviceClass" and e.name == c["metadata"]["name"]
                                       for e in outcome.apply_errors)]
+        reports = None if outcome.conflicts else await self.agent_events.reports(config.spec.driver_name)
         values = summarize(daemonset=daemonset, device_classes=applied_classes, render_errors=rendered.errors,
                            # in a stable order: the children are written concurrently
                            apply_errors=sorted(outcome.apply_errors, key=lambda e: (e.kind, e.name)),
                            conflicts=outcome.conflicts, unsupported=outcome.unsupported,
-                           device_plugin_nodes=[] if outcome.conflicts or config.spec.agent.allow_device_plugin
-                           else await self.plugin_conflicts.nodes(config.spec.driver_name))
+                           device_plugin_nodes=[] if reports is None or config.spec.agent.allow_device_plugin
+                           else list(reports.device_plugin),
+                           node_problems=[] if reports is None else reports.mig_problems())
         old_status = body.get("status") or {}
         agents = agents_status(daemonset)
         driver = config.spec.driver_name

@@ -48,8 +48,9 @@ The agent pod (a DRA kubelet plugin) needs:
 * ``--consumable-memory-step``/``--consumable-shares`` from ``spec.sharing.consumableCapacity``
   (docs/sharing.md), unless the caller says the API server would drop what they publish
   (``consumable_capacity=False``: the operator's probe, :mod:`gpudra_operator.features`).
-* ``--mig dynamic`` from ``spec.mig.mode`` (docs/mig.md); the agent checks itself whether the API
-  server keeps counters, and publishes static MIG where it does not.
+* ``--mig`` and ``--mig-node-group`` from ``spec.mig`` (docs/mig.md): each agent resolves them
+  against its Node's labels, and checks itself whether the API server keeps counters (static MIG
+  where it does not).
 * RollingUpdate with ``maxSurge: 1, maxUnavailable: 0`` by default: the new agent starts next to the
   old one, so the kubelet never sees the driver deregister and never wipes the node's slices.
 """
@@ -65,6 +66,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpudra_core.agentcontract import MPS_SUPERVISOR_SOCKET
+from gpudra_core.migpolicy import MigPolicy, policy_args
 from gpudra_operator.deviceclasses import RenderError, render_device_classes
 from gpudra_operator.spec import AgentSpec, ConsumableCapacitySpec, GpuDraConfig, thaw
 
@@ -208,13 +210,13 @@ def sharing_args(consumable: ConsumableCapacitySpec | None) -> list[str]:
 
 
 def agent_args(driver_name: str, agent: AgentSpec, consumable: ConsumableCapacitySpec | None = None,
-               mig_mode: str = "static") -> list[str]:
+               mig: MigPolicy = MigPolicy()) -> list[str]:
     return ["agent", "--driver", driver_name, "--kubelet-dir", agent.kubelet_dir,
             "--cdi-dir", agent.cdi_dir, "--driver-root", agent.driver_root,
             "--container-driver-root", DRIVER_ROOT_MOUNT, "--host-dev", HOST_DEV_MOUNT,
             *(["--allow-device-plugin"] if agent.allow_device_plugin else []),
             *sharing_args(consumable),
-            *(["--mig", mig_mode] if mig_mode != "static" else []),
+            *policy_args(mig),
             "--metrics-port", str(AGENT_METRICS_PORT), *agent.extra_args,
             # last, so that it wins over extraArgs: the probes dial this port
             "--health-port", str(AGENT_HEALTH_PORT)]
@@ -243,7 +245,7 @@ def render_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_IMAG
         "imagePullPolicy": agent.image_pull_policy,
         "command": ["gpudra"],
         "args": agent_args(spec.driver_name, agent,
-                           spec.sharing.consumable_capacity if consumable_capacity else None, spec.mig.mode),
+                           spec.sharing.consumable_capacity if consumable_capacity else None, spec.mig.policy),
         "env": [
             field_env("NODE_NAME", "spec.nodeName"),
             field_env("POD_UID", "metadata.uid"),

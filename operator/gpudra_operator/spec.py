@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpudra_core.consumable import MAX_SHARES, parse_memory_step
+from gpudra_core.migpolicy import DEFAULT_MIG_MODE, MIG_MODES, MigNodeGroup, MigPolicy
 
 DEFAULT_DRIVER_NAME = "gpu.gpudra.io"
 DEFAULT_NAMESPACE = "gpudra-system"
@@ -341,14 +342,13 @@ class SharingSpec:
                    mps=None if d.get("mps") is None else MpsSpec.from_dict(d["mps"], f"{path}.mps"))
 
 
-MIG_MODES = ("static", "dynamic")
-
-
 @dataclass(frozen=True)
 class MigSpec:
-    """spec.mig: how the agents publish MIG-enabled GPUs (the agent's ``--mig``)."""
+    """spec.mig: how the agents publish MIG-capable GPUs, by default and per node group (the
+    agent's ``--mig`` and ``--mig-node-group``; :mod:`gpudra_core.migpolicy`)."""
 
-    mode: str = "static"
+    mode: str = DEFAULT_MIG_MODE
+    node_groups: tuple[MigNodeGroup, ...] = ()
 
     @classmethod
     def from_dict(cls, data: Any, path: str = "spec.mig") -> MigSpec:
@@ -356,7 +356,24 @@ class MigSpec:
         mode = _str(d.get("mode"), f"{path}.mode", cls.mode)
         if mode not in MIG_MODES:
             raise SpecError(f"{path}.mode", f"must be one of {', '.join(MIG_MODES)}, not {mode!r}")
-        return cls(mode=mode)
+        groups = []
+        for i, g in enumerate(_list(d.get("nodeGroups"), f"{path}.nodeGroups")):
+            where = f"{path}.nodeGroups[{i}]"
+            group = _map(g, where)
+            try:
+                groups.append(MigNodeGroup(_str(group.get("name"), f"{where}.name", ""),
+                                           _str(group.get("mode"), f"{where}.mode", ""),  # type: ignore[arg-type]
+                                           _str_map(group.get("nodeSelector"), f"{where}.nodeSelector")))
+            except ValueError as error:
+                raise SpecError(where, str(error)) from None
+        try:
+            return cls(mode=mode, node_groups=MigPolicy(mode, tuple(groups)).groups)  # type: ignore[arg-type]
+        except ValueError as error:
+            raise SpecError(f"{path}.nodeGroups", str(error)) from None
+
+    @property
+    def policy(self) -> MigPolicy:
+        return MigPolicy(self.mode, self.node_groups)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

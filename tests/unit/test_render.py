@@ -335,8 +335,43 @@ def test_spec_mig_mode_reaches_the_agents_as_a_flag() -> None:
     parser = argparse.ArgumentParser(prog="gpudra")
     agent_cmd.add_parser(parser.add_subparsers())
     assert parser.parse_args(args).mig == "dynamic"
-    with pytest.raises(SpecError, match=r"spec.mig.mode.*must be one of static, dynamic, not 'auto'"):
+    with pytest.raises(SpecError, match=r"spec.mig.mode.*must be one of whole, static, dynamic, not 'auto'"):
         render(config({"mig": {"mode": "auto"}}))
+
+
+def test_mig_node_groups_reach_the_agents_and_each_node_resolves_its_own_mode() -> None:
+    from gpudra_core.migpolicy import MigPolicy
+    from gpudra_driver import agent_cmd
+    import argparse
+
+    groups = [{"name": "training", "mode": "dynamic", "nodeSelector": {"gpudra.io/mig": "dynamic"}},
+              {"name": "inference", "mode": "whole", "nodeSelector": {"pool": "inference", "zone": "a"}}]
+    args = container(render(config({"mig": {"mode": "static", "nodeGroups": groups}})).daemonset)["args"]
+    assert "--mig" not in args  # static stays the agent's default
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--mig-node-group"] == [
+        "training:dynamic:gpudra.io/mig=dynamic", "inference:whole:pool=inference,zone=a"]
+    parser = argparse.ArgumentParser(prog="gpudra")
+    agent_cmd.add_parser(parser.add_subparsers())
+    parsed = parser.parse_args(args)
+    policy = MigPolicy(parsed.mig, tuple(parsed.mig_node_group))
+    assert str(policy.for_labels({"gpudra.io/mig": "dynamic", "pool": "inference", "zone": "a"})) == \
+        "dynamic (node group training)"  # the first match wins
+    assert str(policy.for_labels({"pool": "inference", "zone": "a"})) == "whole (node group inference)"
+    assert str(policy.for_labels({"pool": "inference", "zone": "b"})) == "static (the default)"
+
+
+@pytest.mark.parametrize(("groups", "error"), [
+    ([{"name": "a", "mode": "dynamic", "nodeSelector": {}}], r"nodeGroups\[0\]: .*needs 1 to 8 labels"),
+    ([{"name": "A_b", "mode": "dynamic", "nodeSelector": {"k": "v"}}], r"nodeGroups\[0\]: .*must be a DNS label"),
+    ([{"name": "a", "mode": "auto", "nodeSelector": {"k": "v"}}], r"nodeGroups\[0\]: .*not 'auto'"),
+    ([{"name": "a", "mode": "whole", "nodeSelector": {"k:x": "v"}}], r"nodeGroups\[0\]: .*not a valid label"),
+    ([{"name": "a", "mode": "whole", "nodeSelector": {"k": "v"}}] * 2, r"spec.mig.nodeGroups: .*must be unique"),
+])
+def test_bad_mig_node_groups_are_refused_with_the_field(groups: list[Any], error: str) -> None:
+    from gpudra_operator.spec import SpecError
+
+    with pytest.raises(SpecError, match=error):
+        render(config({"mig": {"nodeGroups": groups}}))
 
 
 def test_a_class_may_select_shared_gpus_with_cel() -> None:

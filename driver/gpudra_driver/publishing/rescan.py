@@ -9,6 +9,10 @@ Failure behaviour (documented in docs/agent.md):
   worked, the last published devices otherwise) and retries every interval.
 * Per-GPU problems (one GPU erroring mid-scan, a MIG mode change pending): a WARNING when the
   problem appears, not again on every rescan while it persists.
+* GPUs that do not match their MIG mode (:attr:`Discovery.mig_not_ready`): one ``MigNotReady``
+  Warning on the Node naming them all, again when the set changes and every ``REPOST_INTERVAL``
+  while it lasts (Events expire, and the config's Degraded condition reads them), then one
+  ``MigReady`` when none is left.
 
 With a sharing policy (:mod:`gpudra_core.consumable`) the discovered GPUs are handed on as
 published for sharing, to the publisher and the kubelet plugin alike.
@@ -18,12 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Collection, Sequence
+import time
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
+from gpudra_core.agentcontract import MIG_NOT_READY, MIG_READY
 from gpudra_core.consumable import ConsumableCapacity, share_devices
 from gpudra_core.devicemodel import Device
-from gpudra_driver.discovery import Discovery, MigMode, NvmlUnavailable, nvidia_gpus_on_pci, scan
+from gpudra_core.migpartitions import MigGeometry
+from gpudra_core.migpolicy import MigMode
+from gpudra_driver.discovery import Discovery, NvmlUnavailable, nvidia_gpus_on_pci, scan
 from gpudra_driver.driverroot import DriverRoot
 from gpudra_driver.nvml import load_nvml, resolve_spec
 
@@ -32,6 +40,8 @@ log = logging.getLogger("gpudra.agent")
 Publish = Callable[[Sequence[Device]], bool]  # True when the devices changed
 # (type, reason, message) of a Node event: a failure's reason when it changes, and the recovery
 Report = Callable[[str, str, str], Awaitable[None]]
+REPOST_INTERVAL = 900.0  # seconds between MigNotReady events while it lasts (Events live an hour)
+MAX_EVENT_MESSAGE = 4096  # characters of a MigNotReady message: a node's few GPUs fit, a storm does not
 NO_GPU_ON_PCI = ("no NVIDIA GPU on this node: no PCI device of vendor 10de under /sys/bus/pci/devices "
                  "(a CPU-only node: check spec.agent.nodeSelector/affinity)")
 
@@ -47,11 +57,21 @@ class Rescanner:
                  driver_root: DriverRoot | None = None, report: Report | None = None,
                  sysfs: Path = Path("/sys"), gate: Callable[[], Awaitable[str | None]] | None = None,
                  sharing: ConsumableCapacity | None = None, mig: MigMode = "static",
-                 owned_mig: Callable[[], Collection[tuple[str, int]]] = tuple) -> None:
-        """``owned_mig``: the dynamic MIG instances the agent made for claims (:func:`scan`'s ``owned``)."""
+                 mig_source: Callable[[], Awaitable[MigMode]] | None = None,
+                 owned_mig: Callable[[], Collection[tuple[str, int]]] = tuple,
+                 mig_mode_off: Callable[[], Mapping[str, MigGeometry | None]] = dict,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``mig``: the MIG mode, or ``mig_source`` asked before each scan
+        (:class:`.migmode.MigModeSource`); ``owned_mig``: the dynamic MIG instances the agent made
+        for claims (:func:`scan`'s ``owned``)."""
         self.sharing = sharing
         self.mig = mig
+        self.mig_source = mig_source
         self.owned_mig = owned_mig
+        self.mig_mode_off = mig_mode_off  # the GPUs whose MIG mode claims of the whole GPU turned off (scan's)
+        self.clock = clock
+        self.mig_not_ready: tuple[str, ...] = ()  # as last reported
+        self._mig_posted: float | None = None
         self.gate = gate  # checked before each publish (the device plugin guard); the publish reads it
         self.spec = resolve_spec(spec)
         self.sysfs = sysfs
@@ -73,6 +93,8 @@ class Rescanner:
 
     async def scan_once(self) -> bool:
         """Scan and hand the devices to ``publish``; False when discovery failed."""
+        if self.mig_source is not None:
+            self.mig = await self.mig_source()
         try:
             result = await asyncio.to_thread(self._scan)
         except asyncio.CancelledError:
@@ -91,9 +113,11 @@ class Rescanner:
         for warning in result.warnings:
             if warning not in self.warnings:
                 log.warning("%s", warning)
-                if self.report is not None and not warning.startswith(NO_GPU_ON_PCI):
+                if (self.report is not None and not warning.startswith(NO_GPU_ON_PCI)
+                        and warning not in result.mig_not_ready):
                     await self.report("Warning", "DiscoveryWarning", warning)
         self.warnings = set(result.warnings)
+        await self._report_mig_readiness(tuple(result.mig_not_ready))
         if self.gate is not None:
             await self.gate()
         try:
@@ -114,10 +138,25 @@ class Rescanner:
         self.device_count = len(result.devices)
         return True
 
+    async def _report_mig_readiness(self, not_ready: tuple[str, ...]) -> None:
+        now = self.clock()
+        if not_ready:
+            if not_ready != self.mig_not_ready or self._mig_posted is None or now - self._mig_posted >= REPOST_INTERVAL:
+                self._mig_posted = now
+                if self.report is not None:
+                    message = f"{len(not_ready)} GPU(s) do not match the node's MIG mode {self.mig}: " + "; ".join(not_ready)
+                    await self.report("Warning", MIG_NOT_READY, message[:MAX_EVENT_MESSAGE])
+        elif self.mig_not_ready:
+            self._mig_posted = None
+            if self.report is not None:
+                await self.report("Normal", MIG_READY, f"every GPU matches the node's MIG mode {self.mig}")
+        self.mig_not_ready = not_ready
+
     def _scan(self) -> Discovery:
         try:
+            # owned whatever the mode: a GPU keeps the placements its prepared claims were given
             found = scan(load_nvml(self.spec, self.driver_root), numa_node_of=self.numa_node_of, mig=self.mig,
-                         owned=self.owned_mig() if self.mig == "dynamic" else ())
+                         owned=self.owned_mig(), mig_mode_off=self.mig_mode_off())
         except NvmlUnavailable as error:
             if self.spec != "real" or nvidia_gpus_on_pci(self.sysfs) != []:  # GPUs, or unreadable
                 raise
@@ -125,7 +164,7 @@ class Rescanner:
             # and turns ready, so a DaemonSet that reaches such a node never holds the config's Ready.
             return Discovery([], [f"{NO_GPU_ON_PCI}; NVML: {error}"])
         devices, warnings = share_devices(found.devices, self.sharing)
-        return Discovery(devices, found.warnings + warnings)
+        return Discovery(devices, found.warnings + warnings, found.mig_not_ready)
 
     def _failed(self, error: Exception) -> str | None:
         """Log the failure; returns its message when it is new (not the same as the last scan's)."""
