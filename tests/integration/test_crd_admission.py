@@ -110,6 +110,18 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
      "sharing.mps.shmSize must be at most sharing.mps.maxShmSize"),
     ("mps-max-shm-below-1mi", {"sharing": {"mps": {"shmSize": "1Mi", "maxShmSize": "1Ki"}}},
      "sharing.mps.maxShmSize must be a whole number of bytes of at least 1Mi"),
+    ("mig-mode-unknown", {"mig": {"mode": "auto"}}, 'Unsupported value: "auto"'),
+    ("mig-group-duplicate", {"mig": {"nodeGroups": [
+        {"name": "a", "mode": "dynamic", "nodeSelector": {"k": "v"}},
+        {"name": "a", "mode": "whole", "nodeSelector": {"k": "w"}}]}}, "Duplicate value"),
+    ("mig-group-no-selector", {"mig": {"nodeGroups": [{"name": "a", "mode": "dynamic", "nodeSelector": {}}]}},
+     "should have at least 1 properties"),
+    ("mig-group-bad-key", {"mig": {"nodeGroups": [{"name": "a", "mode": "dynamic", "nodeSelector": {"a b": "v"}}]}},
+     "nodeSelector keys must be label keys"),
+    ("mig-group-bad-value", {"mig": {"nodeGroups": [{"name": "a", "mode": "dynamic", "nodeSelector": {"k": "v w"}}]}},
+     "should match"),
+    ("mig-group-bad-name", {"mig": {"nodeGroups": [{"name": "A", "mode": "dynamic", "nodeSelector": {"k": "v"}}]}},
+     "should match"),
 ]
 
 
