@@ -1,7 +1,8 @@
 /*
  * gpudra mock driver tools: the static binaries' view of the mock-NVML inventory (the format is
- * documented at the top of mock_nvml.c; only driverVersion, gpu, name, uuid, minor, busId and a MIG
- * device's uuid are read here).
+ * documented at the top of mock_nvml.c; only driverVersion, gpu, name, uuid, minor, busId, a GPU's
+ * migProfile lines (ID, slices, name) and a MIG device's slot, uuid, profile and instance IDs are read
+ * here).
  *
  * make_driver_root (gpudra_operator/localcluster/driverroot.py) installs each tool with the root's
  * inventory appended (the ELF loader ignores trailing bytes): the inventory text, its length as 8
@@ -27,6 +28,12 @@
 #define MOCK_MAX_GPUS 64
 #define MOCK_MAX_MIGS 256
 #define MOCK_MAX_INVENTORY (1 << 20)
+#define MOCK_MAX_PROFILES 32
+
+struct mock_gi_profile {
+    unsigned int id, slices;
+    char name[32]; /* "1g.10gb" */
+};
 
 struct mock_gpu {
     int index; /* NVML's: the order in the inventory */
@@ -34,11 +41,15 @@ struct mock_gpu {
     char name[128];
     char uuid[96];
     char bus_id[32];
+    int nprofiles; /* its MIG catalog's GPU instance profiles */
+    struct mock_gi_profile profiles[MOCK_MAX_PROFILES];
 };
 
 struct mock_mig {
     int parent; /* index of its GPU */
+    int slot, gi, ci;
     char uuid[96];
+    char profile[32];
 };
 
 struct mock_inventory {
@@ -145,10 +156,19 @@ static inline void mock_parse_inventory(char *text, struct mock_inventory *inv) 
         } else if (strcmp(line, "mig") == 0) {
             /* the keys that follow describe a MIG device of the current GPU, not the GPU */
             mig = current && inv->nmigs < MOCK_MAX_MIGS ? &inv->migs[inv->nmigs++] : NULL;
-            if (mig) mig->parent = current->index;
-            else current = NULL; /* no room: ignore this device's keys */
+            if (mig) {
+                mig->parent = current->index;
+                mig->slot = atoi(value);
+            } else current = NULL; /* no room: ignore this device's keys */
         } else if (mig) {
             if (strcmp(line, "uuid") == 0) mock_copy_value(mig->uuid, sizeof mig->uuid, value);
+            else if (strcmp(line, "profile") == 0) mock_copy_value(mig->profile, sizeof mig->profile, value);
+            else if (strcmp(line, "gpuInstanceId") == 0) mig->gi = atoi(value);
+            else if (strcmp(line, "computeInstanceId") == 0) mig->ci = atoi(value);
+        } else if (current && strcmp(line, "migProfile") == 0 && current->nprofiles < MOCK_MAX_PROFILES) {
+            struct mock_gi_profile *p = &current->profiles[current->nprofiles];
+            if (sscanf(value, "%*u %u %u %*u %*u %*u %*u %*u %*u %*u %*u %31s", &p->id, &p->slices, p->name) == 3)
+                current->nprofiles++;
         } else if (current && strcmp(line, "name") == 0) {
             mock_copy_value(current->name, sizeof current->name, value);
         } else if (current && strcmp(line, "uuid") == 0) {

@@ -1112,26 +1112,9 @@ static unsigned int static_placement(const struct device *m, unsigned int *start
     return 1;
 }
 
-/* FNV-1a 64 over `text` from `h`. */
-static unsigned long long fnv1a64(const char *text, unsigned long long h) {
-    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
-        h ^= *p;
-        h *= 0x100000001b3ULL;
-    }
-    return h;
-}
-
-/* The UUID of a created MIG device (see above); `out` holds at least 41 bytes. */
+/* The UUID of a created MIG device (see above; mock_state.h has the one definition). */
 static void mig_uuid(const char *parent, unsigned int gi, unsigned int ci, int resets, char *out, size_t size) {
-    char text[TEXT_LEN + 48], hex[33];
-    if (resets > 0) snprintf(text, sizeof text, "%s/%u/%u/%d", parent, gi, ci, resets);
-    else snprintf(text, sizeof text, "%s/%u/%u", parent, gi, ci);
-    unsigned long long h1 = fnv1a64(text, 0xcbf29ce484222325ULL);
-    unsigned long long h2 = fnv1a64("#", fnv1a64(text, h1));
-    snprintf(hex, sizeof hex, "%016llx%016llx", h1, h2);
-    hex[12] = '5';                                                    /* version 5 */
-    hex[16] = "89ab"[(hex[16] >= 'a' ? hex[16] - 'a' + 10 : hex[16] - '0') & 3]; /* variant 10 */
-    snprintf(out, size, "MIG-%.8s-%.4s-%.4s-%.4s-%.12s", hex, hex + 8, hex + 12, hex + 16, hex + 20);
+    mock_mig_uuid(parent, gi, ci, resets, out, size);
 }
 
 /* -- created instances: the state file ---------------------------------------------------------- */

@@ -7,6 +7,8 @@
  *
  *   <root>/run/gpudra-mock/state/<GPU uuid>/compute_mode   NVML compute mode, decimal (absent: 0, DEFAULT)
  *   <root>/run/gpudra-mock/state/<GPU uuid>/timeslice      nvidia-smi compute-policy time slice 0-3 (absent: 0)
+ *   <root>/run/gpudra-mock/state/<GPU uuid>/mig_instances  MIG instances made through NVML (mock_nvml.c)
+ *   <root>/run/gpudra-mock/state/<GPU uuid>/resets         GPU resets by nvidia-smi -r so far (absent: 0)
  *   <root>/run/gpudra-mock/mps/<pid>                       one per running mock MPS control daemon
  *   <root>/run/gpudra-mock/calls.log                       one line per mutating call, appended
  *   <root>/run/gpudra-mock/events                          health a test injects (xid, ecc, lost,
@@ -19,6 +21,7 @@
  *   nvml SetComputeMode <GPU uuid> <mode>                            nvmlDeviceSetComputeMode succeeded
  *   nvidia-smi -c <GPU uuid> <mode>                                  nvidia-smi -c, per GPU it set
  *   nvidia-smi compute-policy <GPU uuid> --set-timeslice <0-3>       per GPU it set
+ *   nvidia-smi -r <GPU uuid>                                         per GPU it reset
  *   mps-control <pipe dir> -d|-f <devices>                           a daemon started (-d or -f);
  *                                                                    <devices>: CUDA_VISIBLE_DEVICES,
  *                                                                    `all` when unset, `none` when empty
@@ -135,6 +138,31 @@ static inline int mock_set_value(const char *state, const char *uuid, const char
     unlink(tmp);
     errno = saved;
     return -1;
+}
+
+/* FNV-1a 64 over `text` from `h`. */
+static inline unsigned long long mock_fnv1a64(const char *text, unsigned long long h) {
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
+        h ^= *p;
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+/* The UUID of a MIG device made through NVML (the rule is documented in mock_nvml.c, "MIG GPU and
+ * compute instances"; the Python simulator's fake.mig_uuid is the same): the library's and the
+ * tools' one definition. `resets`: the GPU's resets so far (<state>/state/<uuid>/resets). */
+static inline void mock_mig_uuid(const char *parent, unsigned int gi, unsigned int ci, int resets, char *out,
+                                 size_t size) {
+    char text[256], hex[33];
+    if (resets > 0) snprintf(text, sizeof text, "%s/%u/%u/%d", parent, gi, ci, resets);
+    else snprintf(text, sizeof text, "%s/%u/%u", parent, gi, ci);
+    unsigned long long h1 = mock_fnv1a64(text, 0xcbf29ce484222325ULL);
+    unsigned long long h2 = mock_fnv1a64("#", mock_fnv1a64(text, h1));
+    snprintf(hex, sizeof hex, "%016llx%016llx", h1, h2);
+    hex[12] = '5';                                                                /* version 5 */
+    hex[16] = "89ab"[(hex[16] >= 'a' ? hex[16] - 'a' + 10 : hex[16] - '0') & 3]; /* variant 10 */
+    snprintf(out, size, "MIG-%.8s-%.4s-%.4s-%.4s-%.12s", hex, hex + 8, hex + 12, hex + 16, hex + 20);
 }
 
 /* Append one line (printf format, no newline) to <state>/calls.log; 0 on success, else -1. */

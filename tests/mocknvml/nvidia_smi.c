@@ -16,8 +16,24 @@
  *   gpudra mock nvidia-smi: driver 570.133.20, GPUs: GPU-aaaa GPU-bbbb
  *   GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-aaaa) /dev/nvidia3
  *
+ * Under each GPU, its MIG devices as the real `nvidia-smi -L` lists them, by MIG device slot: the
+ * inventory's and those made through NVML (the mock library's state file mig_instances, UUIDs by
+ * its rule), each when both its capability nodes /dev/nvidia-caps/nvidia-cap<N> exist (the driver's
+ * fixed minor layout; in a container: those CDI injected):
+ *
+ *     MIG 1g.10gb     Device  0: (UUID: MIG-...)
+ *
+ * ($GPUDRA_MOCK_DEV_DIR, test-only, names another directory than /dev to look in.)
  * Exit status 0 with at least one GPU; 9 (the real tool's "couldn't communicate with the NVIDIA
  * driver") with none or without an inventory. `--version` prints the driver version only.
+ *
+ * The MIG instances made through NVML, on the host's view (every GPU of the inventory, or -i's), in
+ * the real tool's tables (status 6 and "No ... found: Not Found" when there are none; the
+ * inventory's own MIG devices are not listed here):
+ *
+ *   nvidia-smi mig -lgi [-i <id>]     GPU instances: GPU, name, profile ID, instance ID, placement
+ *   nvidia-smi mig -lci [-i <id>]     compute instances: GPU, GPU instance ID, name, profile ID,
+ *                                     instance ID, placement (its compute slices in the GPU instance)
  *
  * The settings gpudra's GPU sharing makes, on the host's view of the machine (every GPU of the
  * inventory, by NVML index, UUID or PCI bus ID; `-i a,b` for several; no -i: all GPUs):
@@ -331,6 +347,185 @@ static int reset_call(int argc, char **argv, int *rc) {
     return 1;
 }
 
+/* -- MIG instances made through NVML (the mock library's state file) ----------------------------- */
+
+struct created_gi {
+    unsigned int gi, profile_id, start, size;
+};
+
+struct created_ci {
+    unsigned int gi, ci, profile_id, slot;
+};
+
+struct created {
+    int ngis, ncis, resets;
+    struct created_gi gis[16];
+    struct created_ci cis[64];
+};
+
+/* GPU `g`'s instances from <state>/state/<uuid>/mig_instances (lines the library would skip are
+ * skipped: a CI without its GI), and its resets; by ascending IDs, as the file lists them. */
+static void read_created(const char *state, const struct mock_gpu *g, struct created *out) {
+    char path[MOCK_PATH_LEN + 160], line[256];
+    memset(out, 0, sizeof *out);
+    if (!mock_safe_name(g->uuid) || mock_get_value(state, g->uuid, "resets", 0, &out->resets) < 0) out->resets = 0;
+    snprintf(path, sizeof path, "%s/state/%s/mig_instances", state, g->uuid);
+    FILE *f = fopen(path, "r");
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned int a, b, c, d;
+        char kind[4], tail;
+        if (sscanf(line, "%3s %u %u %u %u %c", kind, &a, &b, &c, &d, &tail) != 5) continue;
+        if (!strcmp(kind, "gi") && out->ngis < 16) {
+            out->gis[out->ngis++] = (struct created_gi){a, b, c, d};
+        } else if (!strcmp(kind, "ci") && out->ncis < 64) {
+            for (int i = 0; i < out->ngis; i++)
+                if (out->gis[i].gi == a) {
+                    out->cis[out->ncis++] = (struct created_ci){a, b, c, d};
+                    break;
+                }
+        }
+    }
+    if (f) fclose(f);
+}
+
+static const struct created_gi *gi_of(const struct created *c, unsigned int gi) {
+    for (int i = 0; i < c->ngis; i++)
+        if (c->gis[i].gi == gi) return &c->gis[i];
+    return NULL;
+}
+
+static const struct mock_gi_profile *profile_by_id(const struct mock_gpu *g, unsigned int id) {
+    for (int i = 0; i < g->nprofiles; i++)
+        if (g->profiles[i].id == id) return &g->profiles[i];
+    return NULL;
+}
+
+/* The GPU instance profile name of a MIG device's profile: "1c.3g.20gb" -> "3g.20gb". */
+static const char *gi_profile_name(const char *profile) {
+    const char *p = profile + strspn(profile, "0123456789");
+    return p != profile && p[0] == 'c' && p[1] == '.' ? p + 2 : profile;
+}
+
+static const char *dev_dir(void) {
+    const char *dir = getenv("GPUDRA_MOCK_DEV_DIR");
+    return dir && *dir ? dir : "/dev";
+}
+
+/* Whether MIG instance gi/ci of GPU `minor` is visible: both its capability nodes exist (the
+ * driver's fixed layout: 15 GPU instances of 9 minors per GPU, from minor 3). */
+static int mig_visible(int minor, int gi, int ci) {
+    char path[MOCK_PATH_LEN];
+    struct stat st;
+    int base = 3 + minor * 15 * 9 + gi * 9;
+    snprintf(path, sizeof path, "%s/nvidia-caps/nvidia-cap%d", dev_dir(), base);
+    if (stat(path, &st) != 0 || !S_ISCHR(st.st_mode)) return 0;
+    snprintf(path, sizeof path, "%s/nvidia-caps/nvidia-cap%d", dev_dir(), base + 1 + ci);
+    return stat(path, &st) == 0 && S_ISCHR(st.st_mode);
+}
+
+struct listed_mig {
+    int slot;
+    char name[32];
+    char uuid[96];
+};
+
+/* The visible MIG devices of GPU `g` (the inventory's and the created ones), by slot. */
+static int mig_devices_of(const char *state, const struct mock_gpu *g, struct listed_mig *out, int max) {
+    int n = 0;
+    for (int i = 0; i < inv.nmigs && n < max; i++) {
+        const struct mock_mig *m = &inv.migs[i];
+        if (m->parent != g->index || !mig_visible(g->minor, m->gi, m->ci)) continue;
+        out[n].slot = m->slot;
+        snprintf(out[n].name, sizeof out[n].name, "%s", gi_profile_name(m->profile));
+        snprintf(out[n].uuid, sizeof out[n].uuid, "%s", m->uuid);
+        n++;
+    }
+    struct created c;
+    if (state) read_created(state, g, &c);
+    else memset(&c, 0, sizeof c);
+    for (int i = 0; i < c.ncis && n < max; i++) {
+        const struct created_gi *gi = gi_of(&c, c.cis[i].gi);
+        const struct mock_gi_profile *p = gi ? profile_by_id(g, gi->profile_id) : NULL;
+        if (!p || !mig_visible(g->minor, (int)c.cis[i].gi, (int)c.cis[i].ci)) continue;
+        out[n].slot = (int)c.cis[i].slot;
+        snprintf(out[n].name, sizeof out[n].name, "%s", p->name);
+        mock_mig_uuid(g->uuid, c.cis[i].gi, c.cis[i].ci, c.resets, out[n].uuid, sizeof out[n].uuid);
+        n++;
+    }
+    for (int i = 1; i < n; i++) /* insertion sort by slot: a handful at most */
+        for (int j = i; j > 0 && out[j - 1].slot > out[j].slot; j--) {
+            struct listed_mig t = out[j];
+            out[j] = out[j - 1];
+            out[j - 1] = t;
+        }
+    return n;
+}
+
+static const char *const gi_table_head =
+    "+-------------------------------------------------------+\n"
+    "| GPU instances:                                        |\n"
+    "| GPU   Name             Profile  Instance   Placement  |\n"
+    "|                          ID       ID       Start:Size |\n"
+    "|=======================================================|\n";
+static const char *const gi_table_rule = "+-------------------------------------------------------+\n";
+static const char *const ci_table_head =
+    "+--------------------------------------------------------------------+\n"
+    "| Compute instances:                                                 |\n"
+    "| GPU     GPU       Name             Profile   Instance   Placement  |\n"
+    "|       Instance                       ID        ID       Start:Size |\n"
+    "|         ID                                                         |\n"
+    "|====================================================================|\n";
+static const char *const ci_table_rule = "+--------------------------------------------------------------------+\n";
+
+/* `nvidia-smi mig -lgi|-lci [-i <id>]`. */
+static int mig_listing(int argc, char **argv) {
+    const char *ids = NULL;
+    int gis = 0, cis = 0;
+    for (int i = 2; i < argc; i++) {
+        int missing = 0;
+        const char *v;
+        if ((v = option(argc, argv, &i, "-i", "--id", &missing))) ids = v;
+        else if (!missing && (!strcmp(argv[i], "-lgi") || !strcmp(argv[i], "--list-gpu-instances"))) gis = 1;
+        else if (!missing && (!strcmp(argv[i], "-lci") || !strcmp(argv[i], "--list-compute-instances"))) cis = 1;
+        else return usage_error();
+    }
+    if (gis == cis) return usage_error(); /* exactly one of them */
+    struct target targets[MOCK_MAX_GPUS];
+    int n, rc = select_targets(ids, targets, &n);
+    if (rc != RC_OK) return rc;
+    char state[MOCK_PATH_LEN];
+    if (mock_tool_state_dir(state, sizeof state) != 0) {
+        fprintf(stderr, "gpudra mock nvidia-smi: the driver root's path is too long\n");
+        return RC_OTHER;
+    }
+    int rows = 0;
+    for (int t = 0; t < n; t++) {
+        const struct mock_gpu *g = targets[t].gpu;
+        if (!g) return not_supported("MIG listing", targets[t].mig);
+        struct created c;
+        read_created(state, g, &c);
+        for (int i = 0; i < (gis ? c.ngis : c.ncis); i++) {
+            const struct created_gi *gi = gis ? &c.gis[i] : gi_of(&c, c.cis[i].gi);
+            const struct mock_gi_profile *p = gi ? profile_by_id(g, gi->profile_id) : NULL;
+            if (!p) continue;
+            char name[40];
+            snprintf(name, sizeof name, "MIG %s", p->name);
+            if (rows++ == 0) fputs(gis ? gi_table_head : ci_table_head, stdout);
+            if (gis)
+                printf("|%4d  %-20s%2u%9u%11u:%-6u|\n%s", g->index, name, p->id, gi->gi, gi->start, gi->size,
+                       gi_table_rule);
+            else /* a full-size compute instance: all of its GPU instance's compute slices, from 0 */
+                printf("|%4d%7u       %-20s%2u%10u%11u:%-6u|\n%s", g->index, gi->gi, name, c.cis[i].profile_id,
+                       c.cis[i].ci, 0u, p->slices, ci_table_rule);
+        }
+    }
+    if (rows == 0) {
+        printf("No %s instances found: Not Found\n", gis ? "GPU" : "compute");
+        return RC_NOT_FOUND;
+    }
+    return RC_OK;
+}
+
 /* `-c` anywhere (with an optional -i): the compute mode; 1 if this is such a call (*rc set). */
 static int compute_mode_call(int argc, char **argv, int *rc) {
     const char *ids = NULL, *mode = NULL;
@@ -351,7 +546,7 @@ static int compute_mode_call(int argc, char **argv, int *rc) {
 }
 
 static int present_minors(int *minors, int max) {
-    DIR *dev = opendir("/dev");
+    DIR *dev = opendir(dev_dir());
     if (!dev)
         return 0;
     int n = 0;
@@ -360,9 +555,9 @@ static int present_minors(int *minors, int max) {
         const char *digits = entry->d_name + strlen("nvidia");
         if (strncmp(entry->d_name, "nvidia", 6) != 0 || !*digits || strspn(digits, "0123456789") != strlen(digits))
             continue;
-        char path[300];
+        char path[MOCK_PATH_LEN + 300];
         struct stat st;
-        snprintf(path, sizeof path, "/dev/%s", entry->d_name);
+        snprintf(path, sizeof path, "%s/%s", dev_dir(), entry->d_name);
         if (stat(path, &st) == 0 && S_ISCHR(st.st_mode))
             minors[n++] = atoi(digits);
     }
@@ -387,6 +582,7 @@ int main(int argc, char **argv) {
         return RC_OK;
     }
     if (argc > 1 && strcmp(argv[1], "compute-policy") == 0) return compute_policy(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "mig") == 0) return mig_listing(argc, argv);
     int rc;
     if (reset_call(argc, argv, &rc)) return rc;
     if (compute_mode_call(argc, argv, &rc)) return rc;
@@ -401,8 +597,15 @@ int main(int argc, char **argv) {
     for (int i = 0; i < nshown; i++)
         printf(" %s", shown[i]->uuid);
     printf("\n");
-    for (int i = 0; i < nshown; i++)
+    char state[MOCK_PATH_LEN];
+    int have_state = mock_tool_state_dir(state, sizeof state) == 0;
+    for (int i = 0; i < nshown; i++) {
         printf("GPU %d: %s (UUID: %s) /dev/nvidia%d\n", i, shown[i]->name, shown[i]->uuid, shown[i]->minor);
+        struct listed_mig migs[32];
+        int m = mig_devices_of(have_state ? state : NULL, shown[i], migs, 32);
+        for (int k = 0; k < m; k++)
+            printf("  MIG %-12sDevice %2d: (UUID: %s)\n", migs[k].name, migs[k].slot, migs[k].uuid);
+    }
     if (nshown == 0) {
         fprintf(stderr, "NVIDIA-SMI has failed because it couldn't find a GPU device node (/dev/nvidia<minor>)\n");
         return RC_DRIVER_NOT_LOADED;
