@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from test_dynamic_mig import PROFILE, slices_of
 from test_kubelet_plugin import allocated_claim, plugin_agents, ref  # noqa: F401 - a fixture
 
-from gpudra_core.kubeapi import Kube, Obj
+from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_dev.kubelet_client import DraClient
 from gpudra_dev.localcluster import mockstate
 from gpudra_dev.localcluster.waiting import ConditionTimeout, wait_for
@@ -32,6 +31,8 @@ from gpudra_driver.nvml.fake import FakeNvml, load_profile
 from gpudra_driver.plugin.gen import dra_health_v1_pb2, dra_health_v1_pb2_grpc
 from gpudra_driver.plugin.sockets import SocketAddress
 
+SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
+PROFILE = "fake:h100-dynamic-mig"  # two H100 80GB HBM3, MIG enabled, no MIG devices
 HEALTH_FLAGS = ("--health-probe-interval", "0.5", "--health-quiet-period", "300")
 AT0 = {"gpu-0-mig-1g10gb-at0", "gpu-0-mig-1g10gbme-at0", "gpu-0-mig-1g20gb-at0", "gpu-0-mig-2g20gb-at0",
        "gpu-0-mig-3g40gb-at0", "gpu-0-mig-4g40gb-at0", "gpu-0-mig-7g80gb-at0"}  # every user of memory slice 0
@@ -40,7 +41,8 @@ AT6 = {"gpu-0-mig-1g10gb-at6", "gpu-0-mig-1g10gbme-at6", "gpu-0-mig-1g20gb-at6",
 
 
 async def devices_of(kube: Kube, driver: str, node: str) -> dict[str, Obj]:
-    return {d["name"]: d for s in await slices_of(kube, driver, node) for d in s["spec"].get("devices") or []}
+    return {d["name"]: d async for s in kube.list(SLICE, field_selector=f"spec.driver={driver},spec.nodeName={node}")
+            for d in s["spec"].get("devices") or []}
 
 
 def tainted(devices: dict[str, Obj]) -> dict[str, set[tuple[str, str, str]]]:
