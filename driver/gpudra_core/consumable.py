@@ -90,6 +90,9 @@ def share_device(device: Device, policy: ConsumableCapacity) -> tuple[Device, st
     """``device`` as published for sharing, and a warning when it is left exclusive."""
     if device.type != "gpu" or "memory" not in device.capacity:
         return device, None
+    if device.consumes_counters:  # a dynamic MIG GPU: whole (its MIG mode off for one claim) or partitioned
+        return device, (f"GPU {device.name}: a dynamic MIG GPU is not shared by consumable capacity (its MIG "
+                        "placements are its partitions): published unshared, one claim at a time")
     memory = memory_policy(device.capacity["memory"], policy.memory_step)
     if memory is None:
         return device, (f"GPU {device.name}: its memory ({format_quantity(device.capacity['memory'], binary=True)}) "

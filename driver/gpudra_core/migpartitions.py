@@ -13,10 +13,10 @@ still free. For a MIG-capable GPU the counters are the hardware's own units:
   profile takes what NVML says it gets. This is what keeps the media-extension profiles
   (``1g.10gb+me``: the GPU's one OFA) to one at a time, as the hardware does.
 
-A counter whose GPU total is zero is left out (nothing could take it). The whole GPU is not a
-device of its own here: with MIG mode enabled a container cannot use it without an instance, and
-gpudra never changes a GPU's MIG mode (its largest profile, e.g. 7g.80gb, is the whole GPU as one
-instance). The geometry comes from NVML
+A counter whose GPU total is zero is left out (nothing could take it). The whole GPU, where it is
+offered (:func:`toggles_mig_mode_live`), takes all of them, so the scheduler gives it only while no
+placement is taken, and no placement while it is: prepare then turns the GPU's MIG mode off for
+it, and unprepare on again (docs/mig.md). The geometry comes from NVML
 (:func:`gpudra_driver.discovery.read_mig_geometry`), never from a table of ours, so a new GPU or
 driver brings its own profiles.
 """
@@ -134,19 +134,35 @@ def placement_counters(geometry: MigGeometry, profile: MigProfile, start: int) -
     return counters
 
 
-def partition_gpu(gpu: Device, geometry: MigGeometry) -> list[Device]:
-    """The GPU ``gpu`` (a ``type: gpu`` device from discovery) as dynamic MIG: one ``type: mig``
-    device per profile and placement, in NVML's profile order, the first carrying the GPU's
-    counter set (``provides_counters``: published once, in the pool's counter slice). A placement
-    has the GPU's product attributes, its profile, its parent, and its own memory, engines and
-    compute slices as capacities; no UUID or instance IDs, which exist only once prepare creates
-    the instance."""
+# NVML's nvmlDeviceArchitecture_t: Hopper (9) and later switch MIG mode without a GPU reset once
+# the GPU is idle; on Ampere the change stays pending until a reset. NVIDIA's DRA driver offers the
+# whole GPU of a MIG-enabled GPU on the same condition (supportsMIGModeToggle in its nvlib.go).
+NVML_ARCH_HOPPER = 9
+
+
+def toggles_mig_mode_live(architecture: int | None) -> bool:
+    """Whether a GPU of this NVML architecture switches MIG mode without a reset, so that its
+    whole GPU can be prepared by turning MIG mode off (None: unknown, so no)."""
+    return architecture is not None and architecture >= NVML_ARCH_HOPPER
+
+
+def partition_gpu(gpu: Device, geometry: MigGeometry, *, whole: bool = False) -> list[Device]:
+    """The GPU ``gpu`` (a ``type: gpu`` device from discovery) as dynamic MIG: with ``whole``, the
+    GPU itself first, taking every counter; then one ``type: mig`` device per profile and
+    placement, in NVML's profile order. The first device carries the GPU's counter set
+    (``provides_counters``: published once, in the pool's counter slice). A placement has the
+    GPU's product attributes, its profile, its parent, and its own memory, engines and compute
+    slices as capacities; no UUID or instance IDs, which exist only once prepare creates the
+    instance."""
     counter_set = CounterSet(counter_set_name(gpu), gpu_counters(geometry))
     parent_index = int(gpu.attributes["index"].value)
     inherited = {k: v for k, v in gpu.attributes.items() if k in INHERITED_ATTRIBUTES}
     parent = {"parentUUID": gpu.attributes["uuid"], "parentIndex": gpu.attributes["index"],
               "parentMinor": gpu.attributes["minor"]}
     devices: list[Device] = []
+    if whole:
+        devices.append(dataclasses.replace(gpu, consumes_counters=(
+            CounterConsumption(counter_set.name, dict(counter_set.counters)),)))
     for profile in geometry.profiles:
         for start in profile.starts:
             devices.append(Device(
@@ -163,6 +179,33 @@ def partition_gpu(gpu: Device, geometry: MigGeometry) -> list[Device]:
     if devices:
         devices[0] = dataclasses.replace(devices[0], provides_counters=counter_set)
     return devices
+
+
+def is_dynamic_whole_gpu(device: Device) -> bool:
+    """The whole GPU of a dynamic MIG GPU (it takes its GPU's counters)."""
+    return device.type == "gpu" and bool(device.consumes_counters)
+
+
+def geometry_to_json(geometry: MigGeometry) -> list[dict[str, Any]]:
+    """The geometry as JSON: what a whole-GPU claim's checkpoint record keeps, so that the GPU is
+    published the same while its MIG mode is off (when NVML may not report its profiles)."""
+    return [{**dataclasses.asdict(p), "starts": list(p.starts)} for p in geometry.profiles]
+
+
+def geometry_from_json(data: Any) -> MigGeometry:
+    """:func:`geometry_to_json`'s inverse; ValueError for anything else."""
+    if not isinstance(data, list):
+        raise ValueError(f"MIG geometry: {data!r} is not a list of profiles")
+    fields = [f.name for f in dataclasses.fields(MigProfile)]
+    profiles = []
+    for raw in data:
+        if not isinstance(raw, dict) or sorted(raw) != sorted(fields) or not isinstance(raw["name"], str) \
+                or not isinstance(raw["starts"], list) \
+                or not all(type(raw[f]) is int for f in fields if f not in ("name", "starts")) \
+                or not all(type(s) is int for s in raw["starts"]):
+            raise ValueError(f"MIG geometry: {raw!r} is not a MIG profile")
+        profiles.append(MigProfile(**{**raw, "starts": tuple(raw["starts"])}))
+    return MigGeometry(tuple(profiles))
 
 
 def placement_of(device: Device) -> tuple[str, int] | None:

@@ -37,6 +37,10 @@
  *    profile name) and placement size (start 0: the inventory has no placements). A MIG-capable GPU
  *    without a catalog derives profile info from its MIG devices (ID = the index, indexes 7..0x11:
  *    NOT_SUPPORTED) and has no placements (NOT_SUPPORTED);
+ *  - nvmlDeviceSetMigMode: NVML's semantics (pending set, activated at once on Hopper and later, left
+ *    pending with activation status RESET_REQUIRED on older GPUs; IN_USE while the GPU has a GPU
+ *    instance), the mode kept in <state>/state/<uuid>/mig_mode for every process, which GetMigMode and
+ *    every MIG call read (see nvmlDeviceSetMigMode below);
  *  - nvmlDevice{Get,Set}ComputeMode: per GPU, shared with other processes through a file under the
  *    driver root (mock_state.h), default DEFAULT (0); Set takes DEFAULT, PROHIBITED (2) or
  *    EXCLUSIVE_PROCESS (3), anything else (EXCLUSIVE_THREAD, 1, whose support NVML removed,
@@ -178,6 +182,7 @@ struct gpu {
     int has_numa, numa;
     int mig_capable;
     unsigned int mig_current, mig_pending;
+    int mig_inventory;                        /* the inventory's migMode as <current><pending>; -1 not kept yet */
     unsigned int max_migs;
     struct device migs[MAX_MIG_SLOTS];
     int has_catalog; /* migCatalog */
@@ -405,6 +410,7 @@ static nvmlReturn_t load_inventory(int *init_error) {
             d = &g->dev;
             d->gpu_index = (int)gpu_count;
             g->minor = gpu_count;
+            g->mig_inventory = -1;
             gpu_count++;
         } else if (!g) bad = 1;
         else if (!strcmp(key, "mig")) {
@@ -863,11 +869,24 @@ EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *n
 
 /* -- MIG -------------------------------------------------------------------------------------- */
 
+/* The MIG mode as nvmlDeviceSetMigMode last set it in any process (<state>/state/<uuid>/mig_mode,
+ * <current><pending> as one number: 11, 10, 1, 0), else the inventory's. */
+static void refresh_mig_mode(struct gpu *g) {
+    char state[MOCK_PATH_LEN];
+    int value;
+    if (g->mig_inventory < 0) g->mig_inventory = (int)(g->mig_current * 10 + g->mig_pending);
+    if (state_path(state, sizeof state) != 0 || mock_get_value(state, g->dev.uuid, "mig_mode", g->mig_inventory, &value) < 0)
+        value = g->mig_inventory;
+    g->mig_current = (unsigned int)value / 10;
+    g->mig_pending = (unsigned int)value % 10;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
     GPU(device, "nvmlDeviceGetMigMode", g);
     if (!g->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
     OUT(current);
     OUT(pending);
+    refresh_mig_mode(g);
     *current = g->mig_current;
     *pending = g->mig_pending;
     return NVML_SUCCESS;
@@ -876,6 +895,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *curr
 EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
     GPU(device, "nvmlDeviceGetMaxMigDeviceCount", g);
     OUT(count);
+    refresh_mig_mode(g);
     *count = g->mig_capable && g->mig_current == NVML_DEVICE_MIG_ENABLE ? g->max_migs : 0;
     return NVML_SUCCESS;
 }
@@ -885,6 +905,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, uns
     GPU(device, "nvmlDeviceGetMigDeviceHandleByIndex", g);
     if (!g->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
     OUT(migDevice);
+    refresh_mig_mode(g);
     if (g->mig_current != NVML_DEVICE_MIG_ENABLE) return NVML_ERROR_NOT_FOUND;
     if (index >= g->max_migs) return NVML_ERROR_INVALID_ARGUMENT;
     if (g->migs[index].present) {
@@ -1589,7 +1610,46 @@ static struct instance *instance_of(struct instance *h, int compute) {
     { int code_ = lost(&g->dev); if (code_) return code_; }              \
     { int code_ = fault(&g->dev, call); if (code_) return code_; }
 
-static int mig_enabled(const struct gpu *g) { return g->mig_capable && g->mig_current == NVML_DEVICE_MIG_ENABLE; }
+static int mig_enabled(struct gpu *g) {
+    if (!g->mig_capable) return 0;
+    refresh_mig_mode(g);
+    return g->mig_current == NVML_DEVICE_MIG_ENABLE;
+}
+
+/* NVML's semantics: the pending mode is set, then activated at once on Hopper (architecture 9) and
+ * later (the GPU is idle: nothing runs on a mock GPU); on older GPUs it stays pending until a GPU
+ * reset, with activation status RESET_REQUIRED. Disabling while the GPU has a GPU instance
+ * (inventory or created): IN_USE. Shared with every process through <state>/state/<uuid>/mig_mode;
+ * logged as `nvml SetMigMode <uuid> <mode>`. */
+EXPORT nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode, nvmlReturn_t *activationStatus) {
+    GPU(device, "nvmlDeviceSetMigMode", g);
+    if (!g->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    OUT(activationStatus);
+    if (mode != NVML_DEVICE_MIG_DISABLE && mode != NVML_DEVICE_MIG_ENABLE) return NVML_ERROR_INVALID_ARGUMENT;
+    int fd;
+    nvmlReturn_t ret = g->has_catalog ? begin_change(g, &fd) : NVML_SUCCESS; /* no instance made meanwhile */
+    if (ret != NVML_SUCCESS) return ret;
+    refresh_mig_mode(g);
+    if (mode == NVML_DEVICE_MIG_DISABLE && g->mig_current == NVML_DEVICE_MIG_ENABLE) {
+        for (unsigned int s = 0; s < MAX_MIG_SLOTS; s++) ret = g->migs[s].present ? NVML_ERROR_IN_USE : ret;
+        for (unsigned int gi = 0; gi < MAX_GIS; gi++) ret = g->cgi[gi].present ? NVML_ERROR_IN_USE : ret;
+    }
+    int live = g->arch >= 9;
+    if (ret == NVML_SUCCESS) {
+        char state[MOCK_PATH_LEN];
+        unsigned int current = live ? mode : g->mig_current;
+        if (state_path(state, sizeof state) != 0) ret = NVML_ERROR_UNKNOWN;
+        else if (mock_set_value(state, g->dev.uuid, "mig_mode", (int)(current * 10 + mode)) != 0)
+            ret = errno == EACCES || errno == EPERM || errno == EROFS ? NVML_ERROR_NO_PERMISSION : NVML_ERROR_UNKNOWN;
+        else {
+            *activationStatus = live || mode == g->mig_current ? NVML_SUCCESS : NVML_ERROR_RESET_REQUIRED;
+            refresh_mig_mode(g);
+            mock_log_call(state, "nvml SetMigMode %s %u", g->dev.uuid, mode);
+        }
+    }
+    if (g->has_catalog) end_change(g, fd);
+    return ret;
+}
 
 /* -- GPU instances -------------------------------------------------------------------------------- */
 

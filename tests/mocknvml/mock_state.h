@@ -9,6 +9,8 @@
  *   <root>/run/gpudra-mock/state/<GPU uuid>/timeslice      nvidia-smi compute-policy time slice 0-3 (absent: 0)
  *   <root>/run/gpudra-mock/state/<GPU uuid>/mig_instances  MIG instances made through NVML (mock_nvml.c)
  *   <root>/run/gpudra-mock/state/<GPU uuid>/resets         GPU resets by nvidia-smi -r so far (absent: 0)
+ *   <root>/run/gpudra-mock/state/<GPU uuid>/mig_mode       MIG mode set by nvmlDeviceSetMigMode, <current><pending>
+ *                                                          as one number: 11, 10, 1, 0 (absent: the inventory's)
  *   <root>/run/gpudra-mock/mps/<pid>                       one per running mock MPS control daemon
  *   <root>/run/gpudra-mock/calls.log                       one line per mutating call, appended
  *   <root>/run/gpudra-mock/events                          health a test injects (xid, ecc, lost,
@@ -19,6 +21,7 @@
  * so lines from concurrent processes never interleave. Line formats (single spaces, no quoting):
  *
  *   nvml SetComputeMode <GPU uuid> <mode>                            nvmlDeviceSetComputeMode succeeded
+ *   nvml SetMigMode <GPU uuid> <mode>                                nvmlDeviceSetMigMode succeeded
  *   nvidia-smi -c <GPU uuid> <mode>                                  nvidia-smi -c, per GPU it set
  *   nvidia-smi compute-policy <GPU uuid> --set-timeslice <0-3>       per GPU it set
  *   nvidia-smi -r <GPU uuid>                                         per GPU it reset

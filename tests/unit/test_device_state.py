@@ -363,8 +363,8 @@ async def test_calls_queued_behind_one_are_done_as_one_batch_even_if_its_taker_i
 
 
 @pytest.mark.parametrize("kind", ["plain", "time-sliced"])  # one checkpoint write, or two phases
-@pytest.mark.parametrize("point", [p for p in POINTS if not p.startswith("unprepare")
-                                   and p != "after-mig-instance"])  # dynamic MIG's: test_mig_prepare.py
+@pytest.mark.parametrize("point", [p for p in POINTS if not p.startswith("unprepare")  # dynamic MIG's below:
+                                   and p not in ("after-mig-instance", "after-mig-mode-off")])  # test_mig_*.py
 async def test_a_crash_anywhere_in_prepare_loses_nothing_and_leaves_nothing(tmp_path: Path, point: str,
                                                                             kind: str) -> None:
     control = RecordingControl()

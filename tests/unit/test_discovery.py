@@ -113,7 +113,7 @@ H100_DYNAMIC = [
     d for i, (uuid, bus) in enumerate([("GPU-3f1c2a5e-8d4b-5c6e-9a7f-1b2c3d4e5f60", "0000:18:00.0"),
                                        ("GPU-7a8b9c0d-1e2f-5a3b-8c4d-5e6f7a8b9c0d", "0000:2a:00.0")])
     for d in partition_gpu(gpu(i, uuid, "NVIDIA H100 80GB HBM3", "Hopper", "9.0.0", "570.133.20", "12.8.0", bus, 0,
-                               81559), H100_GEOMETRY)
+                               81559), H100_GEOMETRY, whole=True)  # Hopper: MIG mode off for a whole-GPU claim
 ]
 MIG_MODE = {"h100-dynamic-mig": "dynamic"}  # the others: the default, static
 

@@ -22,6 +22,8 @@ BEGIN, END = "<!-- mig tables: begin (tests/unit/test_mig_docs.py) -->", "<!-- m
 PRODUCTS = {"a100-sxm4-40gb": "NVIDIA A100-SXM4-40GB", "a100-sxm4-80gb": "NVIDIA A100-SXM4-80GB",
             "h100-sxm5-80gb": "NVIDIA H100 80GB HBM3", "h200-sxm-141gb": "NVIDIA H200",
             "b200-180gb": "NVIDIA B200"}
+# NVML's architecture of each: whether its whole GPU is offered (MIG mode switched without a reset)
+ARCHITECTURES = {"a100-sxm4-40gb": "AMPERE", "a100-sxm4-80gb": "AMPERE", "b200-180gb": "BLACKWELL"}
 
 
 def discovered(model: str) -> tuple[MigGeometry, list[Device]]:
@@ -29,7 +31,8 @@ def discovered(model: str) -> tuple[MigGeometry, list[Device]]:
     the devices dynamic MIG publishes for one such GPU."""
     profile = {"description": model, "driverVersion": "570.133.20", "cudaDriverVersion": 12080,
                "gpus": [{"name": PRODUCTS[model], "uuid": "GPU-00000000-0000-4000-8000-000000000000",
-                         "brand": "NVIDIA", "architecture": "HOPPER", "cudaComputeCapability": "9.0",
+                         "brand": "NVIDIA", "architecture": ARCHITECTURES.get(model, "HOPPER"),
+                         "cudaComputeCapability": "9.0",
                          "memoryMiB": 81920, "pciDeviceId": 0x233010DE, "busId": "00000000:18:00.0", "numaNode": 0,
                          "migCapable": True, "migMode": "enabled", "maxMigDevices": 7, "migCatalog": model}]}
     with tempfile.TemporaryDirectory() as tmp:
@@ -54,9 +57,12 @@ def tables() -> str:
         assert counters is not None
         slices = build_slices("gpu.gpudra.io", "node-a", None, 1, devices)
         size = len(json.dumps(slices[-1], separators=(",", ":")))
+        whole = [d for d in devices if d.type == "gpu"]
         lines = [f"### {PRODUCTS[model]} (`{model}`)", "",
                  f"{found.memory_slices} memory slices, {found.compute_slices} compute slices; "
-                 f"{len(devices)} placements, all in one slice of "
+                 f"{len(devices) - len(whole)} placements"
+                 + (" and the whole GPU" if whole else " (no whole GPU: its MIG mode switches only at a reset)")
+                 + ", all in one slice of "
                  f"{size:,} bytes (JSON); {len(counters.counters)} counters: "
                  + ", ".join(f"`{k}` {v}" for k, v in counters.counters.items() if not k.startswith("memory-slice-"))
                  + f", `memory-slice-0..{found.memory_slices - 1}` 1 each.", "",
@@ -110,6 +116,9 @@ def test_every_layout_the_counters_admit_is_one_the_hardware_holds_and_no_more()
         catalog = {p["name"]: p for p in yaml.safe_load(
             (Path(__file__).resolve().parents[2] / "driver/gpudra_driver/profiles/mig" / f"{model}.yaml").read_text())["profiles"]}
         for layout in layouts:
+            if any(d.type == "gpu" for d in layout):  # the whole GPU takes every counter: alone or not at all
+                assert len(layout) == 1, (model, [d.name for d in layout])
+                continue
             slices: list[int] = []
             for device in layout:
                 profile = profiles[str(device.attr("profile"))]

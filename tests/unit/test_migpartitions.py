@@ -4,6 +4,7 @@ hold; and the ResourceSlices that carry them within the API's limits."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import Counter
 
@@ -168,4 +169,76 @@ def test_an_allocated_placement_is_planned_with_its_placement() -> None:
     assert needs_prepare_started(Checkpoint("boot"), [plan.claim])  # recorded before NVML makes it
     with pytest.raises(ClaimError, match="is not a device of node node-a"):  # a stale allocation of the whole GPU
         plan_prepare(ref, read_claim(ref, allocated("gpu-0"), driver=DRIVER), devices, Checkpoint("boot"),
+                     node="node-a", driver=DRIVER)
+
+
+def test_the_whole_gpu_takes_every_counter_where_mig_mode_switches_without_a_reset() -> None:
+    from gpudra_core.consumable import ConsumableCapacity, share_device
+    from gpudra_core.migpartitions import (geometry_from_json, geometry_to_json, is_dynamic_whole_gpu,
+                                           toggles_mig_mode_live)
+
+    parts = partition_gpu(gpu(), H100, whole=True)
+    whole, placed = parts[0], parts[1:]
+    assert placed == [dataclasses.replace(p, provides_counters=None) for p in partition_gpu(gpu(), H100)]
+    assert whole.name == "gpu-0" and whole.attributes == gpu().attributes and whole.capacity == gpu().capacity
+    assert whole.provides_counters is not None and is_dynamic_whole_gpu(whole) and placement_of(whole) is None
+    assert whole.consumes_counters == (CounterConsumption("gpu-0-counters", dict(whole.provides_counters.counters)),)
+    # the scheduler gives it alone: with no placement at all, and no placement after it
+    assert fits([whole]) and not any(fits([whole, p]) for p in placed)
+    assert not any(is_dynamic_whole_gpu(p) for p in placed) and not is_dynamic_whole_gpu(gpu())
+    # NVML's architectures: Ampere (7) switches MIG mode at a reset only; Hopper (9), Blackwell (10) at once
+    assert [toggles_mig_mode_live(a) for a in (None, 7, 8, 9, 10)] == [False, False, False, True, True]
+    # 26 devices: one slice, within the 64 a slice with counters may hold
+    specs = [s["spec"] for s in build_slices(DRIVER, "node-a", None, 1, parts)]
+    assert len(specs[1]["devices"]) == 26 <= limits.MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
+    entry = specs[1]["devices"][0]
+    assert entry["name"] == "gpu-0" and entry["attributes"]["uuid"] == {"string": str(gpu().attr("uuid"))}
+    assert entry["consumesCounters"][0]["counters"]["memory-slice-0"] == {"value": "1"}
+    assert entry["consumesCounters"][0]["counters"]["compute-slices"] == {"value": "7"}
+    # never shared by consumable capacity: the whole is one claim's at a time
+    shared, why = share_device(whole, ConsumableCapacity(memory_step=1024**3))
+    assert shared == whole and why is not None and "dynamic MIG GPU" in why
+    # the geometry a whole-GPU claim's record keeps gives the same devices back
+    assert geometry_from_json(geometry_to_json(H100)) == H100
+    with pytest.raises(ValueError):
+        geometry_from_json([{"name": "1g.10gb"}])
+
+
+def test_the_whole_gpu_is_planned_with_its_mig_mode_off_and_refused_shared_or_monitored() -> None:
+    from gpudra_driver.plugin.allocation import read_claim
+    from gpudra_driver.plugin.checkpoint import Checkpoint, Entry
+    from gpudra_driver.plugin.devicenodes import DYNAMIC_WHOLE_GPU
+    from gpudra_driver.plugin.model import ClaimError, ClaimRef, MigModeOff, PreparedDevice
+    from gpudra_driver.plugin.plan import needs_prepare_started, plan_prepare
+
+    devices = node_devices(partition_gpu(gpu(), H100, whole=True))
+    assert devices["gpu-0"].kind == DYNAMIC_WHOLE_GPU and devices["gpu-0"].device_nodes == ("/dev/nvidia0",)
+    uid = "0c1d2e3f-0000-4000-8000-000000000002"
+    ref = ClaimRef("ns", "c", uid)
+
+    def allocated(admin: bool = False, config: list[object] | None = None) -> dict[str, object]:
+        result = {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-0"}
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": "c", "namespace": "ns", "uid": uid}, "spec": {},
+                "status": {"allocation": {"devices": {"results": [{**result, "adminAccess": True} if admin else result],
+                                                      "config": config or []}}}}
+
+    plan = plan_prepare(ref, read_claim(ref, allocated(), driver=DRIVER), devices, Checkpoint("boot"),
+                        node="node-a", driver=DRIVER)
+    (device,) = plan.claim.devices
+    assert device.mig_mode_off == MigModeOff() and device.mig is None
+    assert device.uuid == gpu().attr("uuid") and device.device_nodes == ("/dev/nvidia0",)
+    assert needs_prepare_started(Checkpoint("boot"), [plan.claim])  # recorded before MIG mode goes off
+    # the record round-trips, geometry included, and needs checkpoint version 4
+    recorded = PreparedDevice.from_json({**device.to_json(), "migModeOff": {"geometry": [{"x": 1}]}})
+    assert recorded.mig_mode_off == MigModeOff(({"x": 1},)) and PreparedDevice.from_json(device.to_json()) == device
+    assert Entry("PrepareStarted", plan.claim).version == 4
+    with pytest.raises(ClaimError, match="MIG GPU as a whole, whose MIG mode is off only while a claim holds it"):
+        plan_prepare(ref, read_claim(ref, allocated(admin=True), driver=DRIVER), devices, Checkpoint("boot"),
+                     node="node-a", driver=DRIVER)
+    sliced = [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": "gpudra.io/v1alpha1", "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}}}}]
+    with pytest.raises(ClaimError, match=r"dynamic MIG GPU as a whole: sharing it \(TimeSlicing\) is not supported"):
+        plan_prepare(ref, read_claim(ref, allocated(config=sliced), driver=DRIVER), devices, Checkpoint("boot"),
                      node="node-a", driver=DRIVER)

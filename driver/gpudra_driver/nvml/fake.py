@@ -547,6 +547,7 @@ class FakeNvml:
         self.profile = profile
         self._refcount = 0
         self._compute_modes: dict[int, int] = {}  # GPU index -> mode; absent: DEFAULT
+        self._mig_modes: dict[int, tuple[int, int]] = {}  # GPU index -> MIG mode set, without a state directory
         self._events = state_dir / EVENTS_FILE if state_dir is not None else None
         self._health_lock = threading.Lock()  # the health monitor's thread and discovery's share it
         self._health_offset = 0
@@ -693,17 +694,37 @@ class FakeNvml:
     # -- MIG ----------------------------------------------------------------------------------
 
     def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:
-        gpu = self._mig_capable(handle, "nvmlDeviceGetMigMode")
-        return list(gpu.mig_mode)
+        self._mig_capable(handle, "nvmlDeviceGetMigMode")
+        return list(self._mig_mode_of(handle.index))
+
+    def nvmlDeviceSetMigMode(self, handle: _Handle, mode: int) -> int:
+        """NVML's semantics: the pending mode is set, and activated at once on Hopper and later
+        (an idle GPU: nothing here runs on it); on older GPUs it stays pending until a reset, with
+        activation status RESET_REQUIRED. Disabling while the GPU has a GPU instance: IN_USE.
+        Returns the activation status, as pynvml does; shared with other processes like the
+        created instances (``<state>/state/<uuid>/mig_mode``)."""
+        gpu = self._mig_capable(handle, "nvmlDeviceSetMigMode")
+        if mode not in (pynvml.NVML_DEVICE_MIG_DISABLE, pynvml.NVML_DEVICE_MIG_ENABLE):
+            raise pynvml.NVMLError_InvalidArgument()
+        with self._mig_lock:
+            current = self._mig_mode_of(handle.index)[0]
+            if mode == pynvml.NVML_DEVICE_MIG_DISABLE and current == pynvml.NVML_DEVICE_MIG_ENABLE and (
+                    gpu.migs or self._created_of(handle.index).gis):
+                raise pynvml.NVMLError_InUse()
+            live = gpu.architecture >= pynvml.NVML_DEVICE_ARCH_HOPPER
+            status = pynvml.NVML_SUCCESS if live or mode == current else pynvml.NVML_ERROR_RESET_REQUIRED
+            self._set_mig_mode(handle.index, (mode if live else current, mode))
+        self._log(f"nvml SetMigMode {gpu.uuid} {mode}")
+        return status
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: _Handle) -> int:
         gpu = self._gpu(handle, "nvmlDeviceGetMaxMigDeviceCount").gpu
-        enabled = gpu.mig_capable and gpu.mig_mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+        enabled = gpu.mig_capable and self._mig_mode_of(handle.index)[0] == pynvml.NVML_DEVICE_MIG_ENABLE
         return gpu.max_mig_devices if enabled else 0
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: _Handle, index: int) -> _Handle:
         gpu = self._mig_capable(handle, "nvmlDeviceGetMigDeviceHandleByIndex")
-        if gpu.mig_mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+        if self._mig_mode_of(handle.index)[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
             raise pynvml.NVMLError_NotFound()
         if not 0 <= index < gpu.max_mig_devices:
             raise pynvml.NVMLError_InvalidArgument()
@@ -833,7 +854,7 @@ class FakeNvml:
 
     def nvmlDeviceGetGpuInstanceById(self, handle: _Handle, gpuInstanceId: int) -> Any:
         h = self._gpu(handle, "nvmlDeviceGetGpuInstanceById")
-        if not _mig_enabled(h.gpu):
+        if not self._mig_on(h):
             _not_supported()
         for slot, mig in sorted(h.gpu.migs.items()):
             if mig.gpu_instance_id == gpuInstanceId:
@@ -846,7 +867,7 @@ class FakeNvml:
         """pynvml's: ``gpuInstancesRef`` an array of ``c_nvmlGpuInstance_t`` (the profile's instanceCount
         long), ``countRef`` gets how many were written: the profile's instances, by ascending ID."""
         h = self._gpu(handle, "nvmlDeviceGetGpuInstances")
-        if not _mig_enabled(h.gpu):
+        if not self._mig_on(h):
             _not_supported()
         target, count = _out_array(gpuInstancesRef), _out_uint(countRef)
         if target is None:
@@ -1012,7 +1033,7 @@ class FakeNvml:
 
     def _creatable(self, handle: Any, call: str) -> tuple[_Handle, MigCatalog]:
         h = self._gpu(handle, call)
-        if not _mig_enabled(h.gpu) or h.gpu.mig_catalog is None:
+        if not self._mig_on(h) or h.gpu.mig_catalog is None:
             _not_supported()
         return h, h.gpu.mig_catalog
 
@@ -1105,6 +1126,34 @@ class FakeNvml:
                     "memorySizeMB": spec.memory_mib,
                 })
         return out
+
+    def _mig_mode_of(self, index: int) -> tuple[int, int]:
+        """GPU ``index``'s (current, pending) MIG mode: as last set (by any process, through the
+        state file, ``<current><pending>`` as a number: 11, 10, 1, 0), else the profile's."""
+        gpu = self.profile.gpus[index]
+        if self._state_dir is None:
+            return self._mig_modes.get(index, gpu.mig_mode)
+        try:
+            value = int((self._state_dir / "state" / gpu.uuid / MIG_MODE_FILE).read_text())
+        except (FileNotFoundError, ValueError):
+            return gpu.mig_mode
+        return value // 10, value % 10
+
+    def _set_mig_mode(self, index: int, mode: tuple[int, int]) -> None:
+        if self._state_dir is None:
+            self._mig_modes[index] = mode
+            return
+        directory = self._state_dir / "state" / self.profile.gpus[index].uuid
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            tmp = directory / f".{MIG_MODE_FILE}.{os.getpid()}.{threading.get_ident()}"
+            tmp.write_text(f"{mode[0] * 10 + mode[1]}\n")
+            os.replace(tmp, directory / MIG_MODE_FILE)
+        except OSError as exc:
+            raise _error_for(exc) from None
+
+    def _mig_on(self, h: _Handle) -> bool:
+        return h.gpu.mig_capable and self._mig_mode_of(h.index)[0] == pynvml.NVML_DEVICE_MIG_ENABLE
 
     def _state_file(self, index: int) -> Path | None:
         if self._state_dir is None:
@@ -1459,6 +1508,7 @@ def _out_array(ref: Any) -> Any:
 # -- created MIG instances: the state file, handles, resources -------------------------------------
 
 MIG_STATE_FILE = "mig_instances"  # <state>/state/<GPU uuid>/mig_instances, the mock library's too
+MIG_MODE_FILE = "mig_mode"  # <state>/state/<GPU uuid>/mig_mode: MIG mode set by nvmlDeviceSetMigMode, the mock's too
 _MAX_GIS, _MAX_CIS, _MAX_MIG_SLOTS = 15, 8, 16  # the kernel's capability layout; the mock's slots
 _PROFILE_INDEX = {slices: index for index, slices in _PROFILE_SLICES.items()}
 _HANDLE_BASE = 0x6D16_0000_0000  # fake instance handle addresses (never dereferenced)
@@ -1591,10 +1641,6 @@ def _error_for(exc: OSError) -> pynvml.NVMLError:
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return pynvml.NVMLError_NoPermission()
     return pynvml.NVMLError_Unknown()
-
-
-def _mig_enabled(gpu: GpuSpec) -> bool:
-    return gpu.mig_capable and gpu.mig_mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
 
 
 def tree_gpu_instance_id(memory_slices: int, start: int, size: int) -> int | None:

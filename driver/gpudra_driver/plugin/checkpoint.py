@@ -83,7 +83,7 @@ class Entry:
     @cached_property
     def version(self) -> int:
         """The lowest checkpoint version whose readers keep this entry whole."""
-        if any(device.mig is not None for device in self.claim.devices):
+        if any(device.mig is not None or device.mig_mode_off is not None for device in self.claim.devices):
             return 4
         if any(device.needs_version_3 for device in self.claim.devices):
             return 3
@@ -180,9 +180,11 @@ class Checkpoint:
 
     @cached_property
     def changes_gpus(self) -> bool:
-        """Some claim asks for GPU settings (TimeSlicing) or holds a dynamic MIG instance, or some GPU
-        still has settings: changing the checkpoint may mean calls into the driver."""
+        """Some claim asks for GPU settings (TimeSlicing), holds a dynamic MIG instance or a dynamic
+        MIG GPU whole, or some GPU still has settings: changing the checkpoint may mean calls into
+        the driver."""
         return bool(self.touched) or any(d.sharing.strategy != "Exclusive" or d.mig is not None
+                                         or d.mig_mode_off is not None
                                          for e in self.claims.values() for d in e.claim.devices)
 
     @cached_property

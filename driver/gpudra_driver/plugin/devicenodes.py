@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpudra_core.devicemodel import Device
-from gpudra_core.migpartitions import MEMORY_SLICE_PREFIX, placement_of
+from gpudra_core.migpartitions import MEMORY_SLICE_PREFIX, is_dynamic_whole_gpu, placement_of
 from gpudra_driver.plugin.model import MigPlacement
 
 CAPS_DIR = "/dev/nvidia-caps"
 PLACEMENT = "mig-placement"  # NodeDevice.kind of a dynamic MIG placement
+DYNAMIC_WHOLE_GPU = "gpu-dynamic-mig"  # NodeDevice.kind of a dynamic MIG GPU as a whole (MIG mode off at prepare)
 
 # (parent GPU minor, GPU instance ID, compute instance ID or None for the GI itself) -> cap minor
 CapMinor = Callable[[int, int, "int | None"], int]
@@ -94,7 +95,8 @@ def node_devices(devices: list[Device], cap_minor: CapMinor = mig_cap_minor_fall
     return {d.name: NodeDevice(d.name, "", (), PLACEMENT, d.capacity.get("memory", 0),
                                str(d.attr("cudaComputeCapability") or ""), _placement(d))
             if placement_of(d) is not None else
-            NodeDevice(d.name, str(d.attr("uuid")), device_nodes(d, cap_minor), d.type,
+            NodeDevice(d.name, str(d.attr("uuid")), device_nodes(d, cap_minor),
+                       DYNAMIC_WHOLE_GPU if is_dynamic_whole_gpu(d) else d.type,
                        d.capacity.get("memory", 0), str(d.attr("cudaComputeCapability") or ""))
             for d in devices}
 

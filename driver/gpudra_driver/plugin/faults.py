@@ -2,7 +2,8 @@
 so tests can prove that a crash anywhere loses nothing and leaves nothing behind.
 
 Points: ``after-checkpoint-started``, ``after-mig-instance`` (a dynamic MIG instance made, not
-recorded yet), ``after-cdi-write``, ``after-checkpoint-completed``,
+recorded yet), ``after-mig-mode-off`` (a dynamic GPU's MIG mode turned off for a claim of its whole
+GPU, not recorded as done yet), ``after-cdi-write``, ``after-checkpoint-completed``,
 ``unprepare-after-checkpoint``. Unset (always, outside tests): a no-op."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 import os
 import signal
 
-POINTS = ("after-checkpoint-started", "after-mig-instance", "after-cdi-write", "after-checkpoint-completed",
-          "unprepare-after-checkpoint")
+POINTS = ("after-checkpoint-started", "after-mig-instance", "after-mig-mode-off", "after-cdi-write",
+          "after-checkpoint-completed", "unprepare-after-checkpoint")
 
 
 class FaultHook:

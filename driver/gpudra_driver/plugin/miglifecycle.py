@@ -11,15 +11,20 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from gpudra_driver.plugin.checkpoint import Checkpoint
+from gpudra_core.migpartitions import geometry_to_json
 from gpudra_driver.plugin.miginstances import MigInstanceError, MigInstances
-from gpudra_driver.plugin.model import PreparedClaim, PrepareResult
+from gpudra_driver.plugin.migmodeswitch import MigModeSwitch
+from gpudra_driver.plugin.model import MigModeOff, PreparedClaim, PreparedDevice, PrepareResult
 
 log = logging.getLogger(__name__)
 
 
 class MigLifecycle:
-    def __init__(self, instances: MigInstances | None) -> None:
+    def __init__(self, instances: MigInstances | None, switch: MigModeSwitch | None = None) -> None:
+        """``switch``: turns a dynamic GPU's MIG mode off for a claim of its whole GPU, and on again
+        (None: such a claim fails); the same two phases as an instance's."""
         self.instances = instances
+        self.switch = switch
 
     def create(self, planned: Sequence[PreparedClaim], results: dict[str, PrepareResult],
                fault: Callable[[str], None]) -> tuple[list[PreparedClaim], list[PreparedClaim]]:
@@ -28,17 +33,21 @@ class MigLifecycle:
         done: list[PreparedClaim] = []
         refused: list[PreparedClaim] = []
         for claim in planned:
-            if not any(device.mig is not None for device in claim.devices):
+            if not any(device.mig is not None or device.mig_mode_off is not None for device in claim.devices):
                 done.append(claim)
                 continue
             devices = []
             try:
-                if self.instances is None:
-                    raise MigInstanceError("this agent has no NVML to create MIG instances with")
                 for device in claim.devices:
+                    if device.mig_mode_off is not None:
+                        devices.append(self._turn_off(device))
+                        fault("after-mig-mode-off")
+                        continue
                     if device.mig is None:
                         devices.append(device)
                         continue
+                    if self.instances is None:
+                        raise MigInstanceError("this agent has no NVML to create MIG instances with")
                     placement, uuid, nodes = self.instances.create(device.mig)
                     devices.append(dataclasses.replace(device, uuid=uuid, device_nodes=nodes, mig=placement))
                     fault("after-mig-instance")
@@ -50,11 +59,25 @@ class MigLifecycle:
             done.append(dataclasses.replace(claim, devices=tuple(devices)))
         return done, refused
 
+    def _turn_off(self, device: PreparedDevice) -> PreparedDevice:
+        """The whole GPU's MIG mode off; the device with the geometry read before, for its record."""
+        if self.switch is None:
+            raise MigInstanceError("this agent has no NVML to switch MIG mode with")
+        geometry = self.switch.turn_off(device.uuid)
+        return dataclasses.replace(device, mig_mode_off=MigModeOff(
+            None if geometry is None else tuple(geometry_to_json(geometry))))
+
     def destroy_quietly(self, claims: Iterable[PreparedClaim]) -> None:
-        """Best effort: the claims' instances destroyed; what fails is logged (its record, where
-        one was written, lets the next start or call try again)."""
+        """Best effort: the claims' instances destroyed, and the MIG mode their whole GPUs turned
+        off on again; what fails is logged (its record, where one was written, lets the next start
+        or call try again)."""
         for claim in claims:
             for device in claim.devices:
+                if device.mig_mode_off is not None and self.switch is not None:
+                    try:
+                        self.switch.turn_on(device.uuid)
+                    except MigInstanceError as error:
+                        log.error("%s: %s", claim.ref, error)
                 if device.mig is None or self.instances is None:
                     continue
                 try:
@@ -68,10 +91,15 @@ class MigLifecycle:
         failed: dict[str, str] = {}
         for uid in uids:
             entry = checkpoint.claims.get(uid)
-            if entry is None or self.instances is None:
+            if entry is None:
                 continue
             for device in entry.claim.devices:
-                if device.mig is None:
+                if device.mig_mode_off is not None and self.switch is not None:
+                    try:
+                        self.switch.turn_on(device.uuid)
+                    except MigInstanceError as error:
+                        failed[uid] = f"{entry.claim.ref}: {error}"
+                if device.mig is None or self.instances is None:
                     continue
                 try:
                     self.instances.destroy(device.mig, device.uuid)

@@ -126,6 +126,26 @@ class MigPlacement:
 
 
 @dataclass(frozen=True)
+class MigModeOff:
+    """The whole GPU of a dynamic MIG GPU, held by one claim: recorded (PrepareStarted) before its
+    MIG mode is turned off for the claim, so whoever finds the record of a prepare that did not
+    complete, or unprepares the claim, turns it on again. ``geometry``: the GPU's MIG profiles and
+    placements (:func:`gpudra_core.migpartitions.geometry_to_json`) read before the switch, which
+    discovery publishes the GPU from while MIG mode is off; None until then."""
+
+    geometry: tuple[Any, ...] | None = None  # JSON, as a tuple so that the record stays hashable
+
+    def to_json(self) -> dict[str, Any]:
+        return {} if self.geometry is None else {"geometry": list(self.geometry)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> MigModeOff:
+        if not isinstance(data, dict) or not isinstance(data.get("geometry", []), list):
+            raise ValueError(f"migModeOff: {data!r} is not a MIG mode record")
+        return cls(tuple(data["geometry"]) if "geometry" in data else None)
+
+
+@dataclass(frozen=True)
 class PreparedDevice:
     requests: tuple[str, ...]  # request names (subrequests stripped), as the kubelet wants them
     pool: str
@@ -141,6 +161,7 @@ class PreparedDevice:
     consumed: tuple[tuple[str, int], ...] = ()
     sharing: DeviceSharing = NOT_SHARED
     mig: MigPlacement | None = None  # a dynamic MIG device: its placement and, once created, its instance
+    mig_mode_off: MigModeOff | None = None  # the whole GPU of a dynamic MIG GPU: its MIG mode off for the claim
 
     @property
     def consumed_memory(self) -> int:
@@ -161,6 +182,8 @@ class PreparedDevice:
             data["sharing"] = self.sharing.to_json()
         if self.mig is not None:
             data["mig"] = self.mig.to_json()
+        if self.mig_mode_off is not None:
+            data["migModeOff"] = self.mig_mode_off.to_json()
         return data
 
     @property
@@ -179,7 +202,8 @@ class PreparedDevice:
                    tuple(data["deviceNodes"]), data["cdiDeviceID"], bool(data.get("adminAccess", False)),
                    None if share_id is None else str(share_id), tuple(sorted(consumed.items())),
                    DeviceSharing.from_json(data["sharing"]) if "sharing" in data else NOT_SHARED,
-                   MigPlacement.from_json(data["mig"]) if "mig" in data else None)
+                   MigPlacement.from_json(data["mig"]) if "mig" in data else None,
+                   MigModeOff.from_json(data["migModeOff"]) if "migModeOff" in data else None)
 
 
 @dataclass(frozen=True)

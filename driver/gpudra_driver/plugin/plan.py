@@ -15,11 +15,11 @@ from gpudra_driver.plugin.allocation import ClaimAllocation, read_claim
 from gpudra_driver.plugin.cdi import cdi_device_id
 from gpudra_core.quantity import format_quantity
 from gpudra_driver.plugin.checkpoint import COMPLETED, Checkpoint
-from gpudra_driver.plugin.devicenodes import PLACEMENT, NodeDevice
+from gpudra_driver.plugin.devicenodes import DYNAMIC_WHOLE_GPU, PLACEMENT, NodeDevice
 from gpudra_driver.gpuconfig import GpuConfig, GpuConfigError, Mps, Strategy
 from gpudra_driver.plugin.sharing import plan as gpusettings
 from gpudra_driver.plugin.model import (MPS, NOT_SHARED, TIME_SLICING, ClaimError, ClaimRef, DeviceSharing,
-                                        PreparedClaim, PreparedDevice)
+                                        MigModeOff, PreparedClaim, PreparedDevice)
 from gpudra_driver.plugin.sharing.mps.plan import share_limits
 
 MPS_MIN_COMPUTE_CAPABILITY = (7, 0)  # Volta: MPS limits (thread percentage, pinned memory) need it
@@ -65,6 +65,9 @@ def plan_prepare(ref: ClaimRef, claim: ClaimAllocation | Mapping[str, Any] | Cla
         if devices[name].kind == PLACEMENT and result.admin_access:
             raise ClaimError(f"{ref}: device {name!r} is a dynamic MIG placement, which has no instance to "
                              "monitor unless a claim holds it: adminAccess is refused on it")
+        if devices[name].kind == DYNAMIC_WHOLE_GPU and result.admin_access:
+            raise ClaimError(f"{ref}: device {name!r} is a dynamic MIG GPU as a whole, whose MIG mode is off only "
+                             "while a claim holds it: adminAccess is refused on it")
         request = result.request.split("/", 1)[0]  # "req/sub" -> "req"
         full_requests.setdefault(name, []).append(result.request)
         requests = by_device.setdefault(name, [])
@@ -90,12 +93,18 @@ def plan_prepare(ref: ClaimRef, claim: ClaimAllocation | Mapping[str, Any] | Cla
                        consumed=shares[name][1] if name in shares else (),
                        sharing=_sharing(ref, read.configs, full_requests[name], devices[name],
                                         by_request, dict(shares[name][1]) if name in shares else None),
-                       mig=devices[name].placement)
+                       mig=devices[name].placement,
+                       mig_mode_off=MigModeOff() if devices[name].kind == DYNAMIC_WHOLE_GPU else None)
         for name, requests in by_device.items())
     for device in prepared:
         if device.mig is not None and device.sharing != NOT_SHARED:
             raise ClaimError(f"{ref}: device {device.device} is a dynamic MIG placement: sharing it "
                              f"({device.sharing.strategy}) is not supported yet; share the claim instead")
+        if device.mig_mode_off is not None and device.sharing != NOT_SHARED:
+            # an MPS daemon or another claim's process would keep the GPU busy, and MIG mode can be
+            # turned on again only while the GPU is idle
+            raise ClaimError(f"{ref}: device {device.device} is a dynamic MIG GPU as a whole: sharing it "
+                             f"({device.sharing.strategy}) is not supported; share the claim instead")
     _check_one_mps_daemon(ref, prepared)
     for device in prepared:
         others = {uid: held for uid, held in checkpoint.device_holders(node, device.device)
@@ -108,12 +117,13 @@ def plan_prepare(ref: ClaimRef, claim: ClaimAllocation | Mapping[str, Any] | Cla
 def needs_prepare_started(before: Checkpoint, planned: Sequence[PreparedClaim]) -> bool:
     """Whether preparing ``planned`` on ``before`` needs the PrepareStarted write: when it does
     something outside the CDI directory that a restart must be able to undo (sharing: GPU
-    settings, an MPS daemon; a dynamic MIG instance), or replaces an entry (a claim allocated anew, an adopted one).
+    settings, an MPS daemon; a dynamic MIG instance, or a dynamic MIG GPU's MIG mode), or replaces an entry (a claim allocated anew, an adopted one).
     Otherwise the specs are written and the claims committed with one checkpoint write: a crash in
     between leaves only specs that no entry names, which start-up and the next unprepare under
     the node lock remove (:meth:`.state.DeviceState`)."""
     return any(claim.uid in before.claims or claim.uid in before.adopted
-               or any(device.sharing != NOT_SHARED or device.mig is not None for device in claim.devices)
+               or any(device.sharing != NOT_SHARED or device.mig is not None or device.mig_mode_off is not None
+                      for device in claim.devices)
                for claim in planned)
 
 
@@ -136,7 +146,7 @@ def _sharing(ref: ClaimRef, configs: Mapping[str, GpuConfig | ClaimError], reque
     if sharing.strategy is Strategy.EXCLUSIVE:
         return NOT_SHARED
     if sharing.strategy is Strategy.TIME_SLICING:
-        if device.kind != "gpu":
+        if device.kind not in ("gpu", DYNAMIC_WHOLE_GPU):
             raise ClaimError(f"{ref}: device {device.name} is a MIG device: time-slicing applies to full GPUs "
                              "(a MIG device's compute is already partitioned by the hardware)")
         assert sharing.time_slicing is not None

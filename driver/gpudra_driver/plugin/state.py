@@ -46,12 +46,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpudra_core.migpartitions import MigGeometry, geometry_from_json
 from gpudra_driver.plugin import checkpoint as ckpt
 from gpudra_driver.plugin.allocation import ClaimAllocation, ReadClaim, read_claim
 from gpudra_driver.plugin.batching import PrepareQueue
 from gpudra_driver.plugin.calllocks import CallLocks
 from gpudra_driver.plugin.cdi import CdiDir
-from gpudra_driver.plugin.devicenodes import PLACEMENT, NodeDevice
+from gpudra_driver.plugin.devicenodes import DYNAMIC_WHOLE_GPU, PLACEMENT, NodeDevice
 from gpudra_driver.plugin.faults import FaultHook
 from gpudra_driver.plugin.locking import LOCK_FILE, LOCK_TIMEOUT
 from gpudra_driver.plugin.model import ClaimError, ClaimRef, MigPlacement, PreparedClaim, PrepareResult
@@ -64,6 +65,7 @@ from gpudra_driver.plugin.sharing import plan as gpusettings
 from gpudra_driver.plugin.sharing.apply import GpuControl
 from gpudra_driver.plugin.miglifecycle import MigLifecycle
 from gpudra_driver.plugin.miginstances import MigInstances
+from gpudra_driver.plugin.migmodeswitch import MigModeSwitch
 from gpudra_driver.plugin.migrepair import MigRepair, Outcome, has_mig
 from gpudra_driver.plugin.sharing.controller import SharingController
 from gpudra_driver.plugin.sharing.mps import plan as mps
@@ -96,7 +98,7 @@ class DeviceState:
         self.queue = PrepareQueue(self.locks, self._prepare_batch)
         self.sharing = SharingController(gpu_control, MpsDaemons(plugin_dir / mps.ROOT))
         self.specs = ClaimSpecs(cdi, node, self.fault)
-        self.mig = MigLifecycle(mig)
+        self.mig = MigLifecycle(mig, None if mig is None else MigModeSwitch(mig.load_nvml))
         self.mig_repair = MigRepair(self.checkpoint, self.specs, mig, self.fault)
         self.mig_lost: list[Outcome] = []  # found by prepares since the last check_mig_instances
         self.rollback = Rollback(self.checkpoint, self.specs, self.sharing, self.mig)
@@ -144,6 +146,15 @@ class DeviceState:
         the node lock."""
         return [d.mig for e in self.checkpoint.load_unlocked().claims.values() for d in e.claim.devices
                 if d.mig is not None]
+
+    def mig_mode_off_gpus(self) -> dict[str, MigGeometry | None]:
+        """GPU UUID -> the MIG geometry recorded (None before it was) of every dynamic MIG GPU whose
+        MIG mode a claim of the whole GPU turns off: discovery publishes them as dynamic still, from
+        that geometry, so their slice does not change under the claim; for callers without the node
+        lock."""
+        return {d.uuid: None if d.mig_mode_off.geometry is None else geometry_from_json(list(d.mig_mode_off.geometry))
+                for e in self.checkpoint.load_unlocked().claims.values()
+                for d in e.claim.devices if d.mig_mode_off is not None}
 
     def held_claims(self) -> list[HeldClaim]:
         """What the leak sweep looks up: the prepared claims, and the adopted ones whose name is
@@ -238,8 +249,8 @@ class DeviceState:
             for claim in refused:
                 checkpoint = checkpoint.rolled_back(claim.uid)
             for claim in planned:
-                if any(device.mig is not None for device in claim.devices):
-                    checkpoint = checkpoint.started(claim)  # with the instances' IDs
+                if any(device.mig is not None or device.mig_mode_off is not None for device in claim.devices):
+                    checkpoint = checkpoint.started(claim)  # with the instances' IDs, or the GPU's MIG geometry
             settled, ready = self.sharing.apply(original, planned, results)
             written = self.specs.write(ready, results)
             failed = [claim for claim in planned if claim not in written]
@@ -302,7 +313,8 @@ class DeviceState:
             return True
         devices = self.devices or {}
         return any(isinstance(read, ClaimAllocation) and (read.shares_gpus or any(
-            (found := devices.get(d.device)) is not None and found.kind == PLACEMENT for d in read.devices))
+            (found := devices.get(d.device)) is not None and found.kind in (PLACEMENT, DYNAMIC_WHOLE_GPU)
+            for d in read.devices))
             for _, read in claims)
 
     def _load(self) -> ckpt.Checkpoint:
