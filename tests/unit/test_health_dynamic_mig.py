@@ -21,6 +21,7 @@ from gpudra_driver.plugin.miginstances import MigInstances
 from gpudra_driver.plugin.model import MigPlacement
 from gpudra_dev.localcluster import mockstate
 from gpudra_dev.localcluster.waiting import wait_for
+from test_mock_nvml import mock_lib  # noqa: F401 (the fixture: the built mock library, or how to build it)
 
 D = "gpu.example.com"
 SPEC = "fake:h100-dynamic-mig"  # two H100 80GB HBM3, MIG enabled, no MIG devices
@@ -92,3 +93,69 @@ async def test_an_xid_on_a_dynamic_instance_taints_the_placements_on_its_memory_
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+# Runs against whatever NVML ``n`` is: the plugin's own code makes a claim's 1g.10gb instance at
+# memory slice 0, then (that one destroyed) at slice 6; an XID 94 on each instance's MIG UUID is
+# read back from an event set on the parent GPU.
+SCENARIO = r'''
+def scenario(n, inject):
+    from gpudra_driver.plugin.miginstances import MigInstances
+    from gpudra_driver.plugin.model import MigPlacement
+
+    n.nvmlInit()
+    gpu = n.nvmlDeviceGetHandleByIndex(0)
+    parent = n.nvmlDeviceGetUUID(gpu)
+    events = n.nvmlEventSetCreate()
+    n.nvmlDeviceRegisterEvents(gpu, 0x8 | 0x2, events)
+    instances = MigInstances(lambda: n, lambda minor, gi, ci: 0)
+    out = []
+    for start in (0, 6):
+        made, uuid, _ = instances.create(MigPlacement(parent, "1g.10gb", start, 1, 0))
+        inject("xid", uuid, 94)
+        d = n.nvmlEventSetWait_v2(events, 5000)
+        out.append([start, made.gi, made.ci, n.nvmlDeviceGetUUID(d.device) == parent, d.eventType, d.eventData,
+                    d.gpuInstanceId, d.computeInstanceId])
+        instances.destroy(made, uuid)
+    n.nvmlEventSetFree(events)
+    n.nvmlShutdown()
+    return out
+'''
+
+CHILD = SCENARIO + r'''
+import json, sys
+from pathlib import Path
+from gpudra_driver.driverroot import DriverRoot
+from gpudra_driver.nvml import load_nvml
+from gpudra_dev.localcluster import mockstate
+
+root = Path(sys.argv[1])
+print(json.dumps(scenario(load_nvml("real", DriverRoot.at(str(root))),
+                          lambda kind, uuid, xid: mockstate.inject_xid(root, uuid, xid))))
+'''
+
+
+def test_real_pynvml_on_the_mock_and_the_simulator_attribute_an_xid_to_the_dynamic_instance(
+        mock_lib: Path, tmp_path: Path) -> None:
+    """What the monitor relies on, at the NVML boundary: an XID on an instance the plugin made
+    comes on the parent GPU with that instance's GPU and compute instance IDs, whichever IDs NVML
+    gave it; the real pynvml on the mock library and the simulator agree."""
+    import json
+    import subprocess
+    import sys
+
+    from gpudra_dev.localcluster.fakedriverroot import make_driver_root
+
+    real_root = make_driver_root(tmp_path / "real", "h100-dynamic-mig", library=mock_lib, device_nodes=False)
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(real_root)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    real = json.loads(proc.stdout)
+
+    sim_root = tmp_path / "sim"
+    namespace: dict[str, object] = {}
+    exec(SCENARIO, namespace)  # noqa: S102 - the same scenario text the child ran
+    sim = namespace["scenario"](load_nvml(SPEC, DriverRoot.at(str(sim_root))),  # type: ignore[operator]
+                                lambda kind, uuid, xid: mockstate.inject_xid(sim_root, uuid, xid))
+    assert real == json.loads(json.dumps(sim))
+    for start, gi, ci, on_parent, kind, xid, event_gi, event_ci in real:
+        assert (on_parent, kind, xid, event_gi, event_ci) == (True, 0x8, 94, gi, ci), start
