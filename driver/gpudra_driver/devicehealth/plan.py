@@ -45,6 +45,7 @@ from gpudra_core.devicemodel import Device, DeviceTaint, TaintEffect
 from gpudra_driver.devicehealth import xids as xid_catalogue
 from gpudra_driver.devicehealth.scope import NO_INSTANCE, InstanceSlices, Slices, attribute, reaches
 from gpudra_core.kubeapi import rfc3339  # whole seconds: a republished taint compares equal
+
 MAX_FAULTS_PER_GPU = 32
 DEFAULT_QUIET_PERIOD = 300.0  # seconds without a new fatal event before its taint goes
 
