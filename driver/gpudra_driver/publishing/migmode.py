@@ -82,15 +82,17 @@ class MigModeSource:
         first = self._support_checked is None
         if not first and (self.unsupported is None or now - self._support_checked < self.recheck):  # type: ignore[operator]
             return self.unsupported is not None
+        answer: tuple[bool, str]
         try:
             if first:
-                kept, why = await retrying(_say_retry)(self.counters_kept)
+                answer = await retrying(_say_retry)(self.counters_kept)
             else:
-                kept, why = await self.counters_kept()
+                answer = await self.counters_kept()
         except Exception as error:  # noqa: BLE001 - the last answer stands until the server gives another
             log.warning("checking partitionable devices again failed: %s", error_message(error))
             return self.unsupported is not None
         self._support_checked = now
+        kept, why = answer
         if kept:
             if self.unsupported is not None:
                 self.unsupported = None
