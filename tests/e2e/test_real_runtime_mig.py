@@ -79,7 +79,7 @@ async def test_a_pods_claim_gets_a_mig_instance_made_at_prepare_and_destroyed_at
 
     async def published() -> bool:
         found = [s async for s in kube.list(SLICE, field_selector=f"spec.driver={node.driver},spec.nodeName={node.name}")]
-        return sum(len(s["spec"].get("devices") or []) for s in found) == 2 * 25
+        return sum(len(s["spec"].get("devices") or []) for s in found) == 2 * 26  # 25 placements, the whole GPU
 
     await wait_for(published, timeout=60, what="every placement of both GPUs published")
     attr = f'device.attributes["{node.driver}"]'

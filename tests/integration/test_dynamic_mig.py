@@ -33,7 +33,7 @@ POD = resource_type("v1", "Pod")
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
 EVENT = resource_type("v1", "Event")
 PROFILE = "fake:h100-dynamic-mig"  # two H100 80GB HBM3, MIG enabled, no MIG devices
-PER_GPU = 7 + 7 + 4 + 3 + 2 + 1 + 1  # every placement of its seven profiles (no whole GPU: docs/mig.md)
+PER_GPU = 1 + 7 + 7 + 4 + 3 + 2 + 1 + 1  # the whole GPU and every placement of its seven profiles (docs/mig.md)
 
 
 async def slices_of(kube: Kube, driver: str, node: str) -> list[Obj]:
@@ -86,7 +86,7 @@ async def test_the_scheduler_fills_a_gpu_with_placements_exactly_as_the_hardware
     assert counters["sharedCounters"][0]["counters"]["ofa-engines"] == {"value": "1"}
     assert sorted(len(s.get("devices") or []) for s in specs) == [0, PER_GPU, PER_GPU]
     names = {d["name"] for s in specs for d in s.get("devices") or []}
-    assert "gpu-0" not in names and "gpu-0-mig-7g80gb-at0" in names  # no whole GPU: MIG mode is on
+    assert "gpu-0" in names and "gpu-0-mig-7g80gb-at0" in names  # the whole GPU too: test_dynamic_mig_whole.py
 
     device_class = f"mig{suffix}.gpudra.io"
     await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": device_class},
