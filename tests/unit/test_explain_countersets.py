@@ -93,3 +93,36 @@ def test_however_many_claims_hold_the_set_the_summary_is_bounded() -> None:
     assert use.counters["compute-slices"] == Left("7", f"-{MAX_TAKEN + 10 - 7}")
     text = use.describe(holders=3)
     assert text.endswith(f" and {MAX_TAKEN + 10 - 3} more") and len(text) < 3 * (MAX_NAME + 10) + 200
+
+
+def test_the_verdict_and_the_detail_name_a_bounded_number_of_counter_sets() -> None:
+    from gpudra_operator.explain.report import as_text
+    from gpudra_operator.explain.room import Room
+    from gpudra_operator.explain.verdict import (COUNTER_SETS_IN_LINE, MAX_COUNTER_SETS, ClaimReport, NodeCounts,
+                                                 RequestReport, Verdict, conclude)
+
+    sets = [use_of(gpu(), [claim(f"c{k}", {"device": f"p{k}"}) for k in range(7)], short=("compute-slices",))
+            for _ in range(MAX_COUNTER_SETS)]
+    for k, use in enumerate(sets):
+        use.name = f"gpu-{k}"
+    nearest = Room("node-a", "pool-a/p7", "counter", "gpu-3/compute-slices", False, total="7", held="7", left="0",
+                   asks="1", pool="pool-a")
+    request = RequestReport(name="mig", class_name="mig", class_exists=True, mode="ExactCount", count=1,
+                            admin_access=False, nodes=[NodeCounts("node-a", published=8, class_match=8,
+                                                                  request_match=8, no_room=8)],
+                            rooms=[nearest], counter_sets=sets, more_counter_sets=5)
+    verdict = Verdict(target="claim ns/c", satisfiable=False, nodes=[], error=None, conclusion="",
+                      claims=[ClaimReport("ns/c", None, None, requests=[request])])
+    line = conclude(verdict, DRIVER, candidates=1)
+    # the nearest miss's set first, then the next; at most 4 holders each; the rest counted
+    assert line.count("; counter set ") == COUNTER_SETS_IN_LINE
+    assert "0 of 7 left; counter set gpu-3 on node-a: compute-slices 0 of 7 left; memory slices 0-6 taken, 7 free; " \
+           "held by ns/c0 (p0), ns/c1 (p1), ns/c2 (p2), ns/c3 (p3) and 3 more; counter set gpu-0 on node-a:" in line
+    assert line.endswith(f"; {MAX_COUNTER_SETS - COUNTER_SETS_IN_LINE + 5} more counter sets short of it")
+    verdict.conclusion = line
+    detail = [entry for entry in as_text(verdict).splitlines()
+              if entry.startswith("  request mig:") and "counter sets" in entry or "short of counter set" in entry]
+    assert len(detail) == 4 and detail[0].startswith("  request mig: short of counter set gpu-0 on node-a: ")
+    assert detail[0].endswith("ns/c6 (p6)")  # every holder of a full GPU of one-slice placements
+    assert detail[3] == (f"  request mig: {MAX_COUNTER_SETS - 3 + 5} more counter sets short of room not shown "
+                         f"(-o yaml lists {MAX_COUNTER_SETS - 3})")
