@@ -1,8 +1,8 @@
 """Dynamic MIG against the real API server and kube-scheduler: an agent started with ``--mig
 dynamic`` on two simulated MIG-enabled H100s publishes every placement over counters, and the
 scheduler, adding up nothing but those counters, fills a GPU exactly as the hardware's placement
-rules allow, leaves the next claim Pending (`gpudra explain` says which counters are used up), and
-gives a freed placement to another profile.
+rules allow, leaves the next claim Pending (`gpudra explain` says which counters are used up, and by
+which claims' placements), and gives a freed placement to another profile.
 
 Partitionable devices (KEP-4815) are alpha and off in Kubernetes 1.35, beta and on in 1.36 and
 1.37: on 1.35 the agent finds out with a dry run, publishes static MIG and says why in a Node
@@ -101,6 +101,14 @@ async def test_the_scheduler_fills_a_gpu_with_placements_exactly_as_the_hardware
                 "spec": {"devices": {"requests": [{"name": "mig", "exactly": {
                     "deviceClassName": device_class, "selectors": [{"cel": {"expression": expression}}]}}]}}}
 
+    def explain(name: str) -> str:
+        """`gpudra explain claim`'s verdict: its last line."""
+        answer = subprocess.run([sys.executable, "-m", "gpudra.cli", "explain", "claim", f"{namespace}/{name}",
+                                 "--driver", driver, "--kubeconfig", str(cluster.kubeconfig)],
+                                capture_output=True, text=True, timeout=120)
+        assert answer.returncode == 0, answer.stderr
+        return answer.stdout.strip().splitlines()[-1]
+
     try:
         # 4g.40gb has one placement (slices 0-3); 2g.20gb then fits only at 4; 1g.10gb only at 6.
         got = await allocated(kube, namespace, node, [on_gpu("four", "4g.40gb"), on_gpu("two", "2g.20gb"),
@@ -111,15 +119,16 @@ async def test_the_scheduler_fills_a_gpu_with_placements_exactly_as_the_hardware
         # slice 7 is free, but no 1g.10gb placement starts there; nor does a 7g.80gb fit any more
         await run_pod(kube, namespace, node, on_gpu("one-more", "1g.10gb"))
         assert "cannot allocate all claims" in await unschedulable(kube, namespace, "one-more")
-        # gpudra explain (upstream's allocator) says why, in counters: the GPU's compute slices are all taken
-        answer = subprocess.run([sys.executable, "-m", "gpudra.cli", "explain", "claim", f"{namespace}/one-more",
-                                 "--driver", driver, "--kubeconfig", str(cluster.kubeconfig)],
-                                capture_output=True, text=True, timeout=120)
-        assert answer.returncode == 0, answer.stderr
-        verdict = answer.stdout.strip().splitlines()[-1]
+        # gpudra explain (upstream's allocator) says why, in counters: the GPU's compute slices are all taken,
+        # and by which claims' placements
+        verdict = explain("one-more")
         assert verdict.startswith("no node can satisfy request mig: it needs 1 on one node, at most 0 free"), verdict
         assert f"in use by {namespace}/one (1); 6 without room for it" in verdict, verdict
         assert "needs 1 of counter compute-slices of counter set gpu-0-counters, 0 of 7 left" in verdict, verdict
+        assert verdict.endswith(
+            f"; counter set gpu-0-counters on {node}: compute-slices 0 of 7, decoders 0 of 7, jpeg-engines 0 of 7 "
+            f"left; memory slices 0-6 taken, 7 free; held by {namespace}/four (gpu-0-mig-4g40gb-at0), "
+            f"{namespace}/two (gpu-0-mig-2g20gb-at4), {namespace}/one (gpu-0-mig-1g10gb-at6)"), verdict
         await run_pod(kube, namespace, node, on_gpu("whole", "7g.80gb"))
         await unschedulable(kube, namespace, "whole")
 
@@ -134,6 +143,15 @@ async def test_the_scheduler_fills_a_gpu_with_placements_exactly_as_the_hardware
         await wait_for(gone, timeout=30, what="the claims of one-more, whole and four deallocated and deleted")
         (three,) = (await allocated(kube, namespace, node, [on_gpu("three", "3g.40gb")])).values()
         assert three["device"] == "gpu-0-mig-3g40gb-at0"
+        # a compute slice is left now, but no memory slice a 1g.10gb can start at: explain follows
+        await run_pod(kube, namespace, node, on_gpu("again", "1g.10gb"))
+        await unschedulable(kube, namespace, "again")
+        verdict = explain("again")
+        assert verdict.endswith(
+            f"; counter set gpu-0-counters on {node}: memory slices 0-6 taken, 7 free; held by {namespace}/three "
+            f"(gpu-0-mig-3g40gb-at0), {namespace}/two (gpu-0-mig-2g20gb-at4), {namespace}/one (gpu-0-mig-1g10gb-at6)"
+        ), verdict
+        assert "needs 1 of counter memory-slice-" in verdict and "compute-slices" not in verdict, verdict
         # gpu-1 was never touched: its 7g.80gb (the whole GPU as one instance) is still free
         (other,) = (await allocated(kube, namespace, node, [on_gpu("gpu1", "7g.80gb", 1)])).values()
         assert other["device"] == "gpu-1-mig-7g80gb-at0"
