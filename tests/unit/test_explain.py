@@ -450,6 +450,13 @@ async def test_a_mig_claim_short_of_counters_names_the_placements_taken_and_thei
     free = await run(helpers[37], [mig_claim("c", "1g.10gb", 1)], [node("h100")], slices, others=holders,
                      classes=classes)
     assert free.satisfiable and free.claims[0].requests[0].counter_sets == []
+    # once a claim holds GPU 1 whole (every counter of its set), that claim is named
+    whole = claim([gpus(1)], name="whole", allocated=[("h100", "gpu-1")], node_name="h100")
+    taken = await run(helpers[37], [mig_claim("c", "1g.10gb", 1)], [node("h100")], slices, others=[*holders, whole],
+                      classes=classes)
+    assert taken.conclusion.endswith(
+        "; counter set gpu-1-counters on h100: compute-slices 0 of 7, copy-engines 0 of 8, decoders 0 of 7, "
+        "jpeg-engines 0 of 7 left; memory slices 0-7 taken; held by team/whole (gpu-1)"), taken.conclusion
 
 
 async def test_binding_conditions_make_the_allocation_wait(helpers: dict[int, AllocatorHelper]) -> None:
