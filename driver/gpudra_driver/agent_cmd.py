@@ -272,16 +272,17 @@ async def _watch_mig_instances(plugin: object, events: object, interval: float) 
     """At start and every rescan interval: prepared claims whose dynamic MIG instance a GPU reset or
     a driver reload destroyed get it made again, and each is said in Warning Events on the Node and
     the claim's pods (plugin.migrepair)."""
-    from gpudra_driver.plugin.migrepair import report
+    from gpudra_driver.plugin.migrepair import Reporter
 
     state = plugin.state  # type: ignore[attr-defined]
+    report = Reporter(events.post, plugin.get_claim, events.post_on_pod)  # type: ignore[attr-defined]
     while True:
         try:
             found = await state.check_mig_instances()
         except Exception as error:  # noqa: BLE001 - the lock held by a peer, a disk fault: next time
             log.warning("checking the prepared claims' MIG instances failed: %r", error)
             found = []
-        await report(found, events.post, plugin.get_claim, events.post_on_pod)  # type: ignore[attr-defined]
+        await report(found)
         await asyncio.sleep(interval)  # the rescan period itself, not a synchronisation
 
 

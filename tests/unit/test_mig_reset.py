@@ -20,7 +20,7 @@ from test_mig_prepare import A, B, REF_A, REF_B, claim, instances, make, nvml
 from gpudra_driver.nvml.fake import load_profile, mig_uuid
 from gpudra_driver.plugin import checkpoint as ckpt
 from gpudra_driver.plugin.devicenodes import mig_cap_minor_fallback
-from gpudra_driver.plugin.migrepair import Outcome, awaiting_instance, lost_devices, message, remade
+from gpudra_driver.plugin.migrepair import Outcome, Reporter, awaiting_instance, lost_devices, message, remade
 from gpudra_driver.plugin.model import ClaimRef, MigPlacement, PreparedClaim, PreparedDevice
 
 GPU0 = load_profile("h100-dynamic-mig").gpus[0].uuid
@@ -203,3 +203,25 @@ async def test_unprepare_of_a_claim_whose_instance_was_being_made_again_destroys
     restarted = make(tmp_path)
     assert await restarted.unprepare([REF_A]) == {A: None}
     assert instances(tmp_path) == [] and not restarted.cdi.exists(A)
+
+
+async def test_each_finding_is_said_once_on_the_node_and_the_claims_pods() -> None:
+    posted: list[tuple[str, ...]] = []
+
+    async def post(kind: str, reason: str, text: str) -> None:
+        posted.append(("node", kind, reason, text))
+
+    async def post_on_pod(ns: str, name: str, uid: str, kind: str, reason: str, text: str) -> None:
+        posted.append((f"pod {ns}/{name} {uid}", kind, reason, text))
+
+    async def get_claim(ns: str, name: str) -> dict[str, object]:
+        return {"metadata": {"uid": A}, "status": {"reservedFor": [{"resource": "pods", "name": "p", "uid": "u1"}]}}
+
+    report = Reporter(post, get_claim, post_on_pod)
+    claim = PreparedClaim(ClaimRef("ns", "c", A), (_device("p1"),))
+    refused = Outcome(claim, ("p1",), error="an instance someone else made holds its placement now")
+    await report([refused])
+    await report([refused])  # found again at the next check, or by a retried prepare: said once
+    assert [p[:3] for p in posted] == [("node", "Warning", "MigInstanceLost"), ("pod ns/p u1", "Warning", "MigInstanceLost")]
+    await report([Outcome(claim, ("p1",))])  # made again since: said
+    assert len(posted) == 4 and "made again at its placement as MIG-p1" in posted[-1][3]
