@@ -8,8 +8,9 @@ module explains them: it counts, per request and node, how many published device
 selectors, then the request's, how many of those carry taints the request does not tolerate, are
 held whole by other claims, or lack room (a shared device's capacity, a partitionable device's
 counters), and what is left against what the request needs. Those counts, the first selector that
-rejects a sample device (with the device's actual values), the room left on shared devices and one
-line of conclusion say why.
+rejects a sample device (with the device's actual values), the room left on shared devices, who
+holds the counter sets a request is short of (:mod:`.countersets`) and one line of conclusion say
+why.
 
 Two steps, so that the imperative shell asks the allocator once (gpudra_operator.explain):
 :func:`scene` reads what to ask from the objects, :func:`explain` turns the answers into a
