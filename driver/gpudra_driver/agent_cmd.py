@@ -271,8 +271,8 @@ def _mig_mode(args: argparse.Namespace, kube: object, events: object) -> MigMode
 async def _watch_mig_instances(plugin: object, events: object, interval: float) -> None:
     """At start and every rescan interval: prepared claims whose dynamic MIG instance a GPU reset or
     a driver reload destroyed get it made again, and each is said in Warning Events on the Node and
-    the claim's pods (plugin.migrepair)."""
-    from gpudra_driver.plugin.migrepair import Reporter
+    the claim's pods (plugin.migrepair, migevents)."""
+    from gpudra_driver.migevents import Reporter
 
     state = plugin.state  # type: ignore[attr-defined]
     report = Reporter(events.post, plugin.get_claim, events.post_on_pod)  # type: ignore[attr-defined]

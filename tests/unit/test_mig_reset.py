@@ -20,7 +20,8 @@ from test_mig_prepare import A, B, REF_A, REF_B, claim, instances, make, nvml
 from gpudra_driver.nvml.fake import load_profile, mig_uuid
 from gpudra_driver.plugin import checkpoint as ckpt
 from gpudra_driver.plugin.devicenodes import mig_cap_minor_fallback
-from gpudra_driver.plugin.migrepair import Outcome, Reporter, awaiting_instance, lost_devices, message, remade
+from gpudra_driver.migevents import Reporter
+from gpudra_driver.plugin.migrepair import Outcome, awaiting_instance, lost_devices, message, remade
 from gpudra_driver.plugin.model import ClaimRef, MigPlacement, PreparedClaim, PreparedDevice
 
 GPU0 = load_profile("h100-dynamic-mig").gpus[0].uuid

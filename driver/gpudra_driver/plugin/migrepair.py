@@ -10,7 +10,7 @@ nodes: containers resolve CDI device names when they are created, so a container
 from then on gets a working device. Done when the kubelet prepares the claim again (after a
 kubelet restart: :meth:`.state.DeviceState.prepare`) and at agent start and every rescan
 (:meth:`.state.DeviceState.check_mig_instances`), each time said in the log and, by the agent, in
-Warning Events on the Node and the claim's pods (:class:`Reporter`).
+Warning Events on the Node and the claim's pods (:class:`gpudra_driver.migevents.Reporter`).
 
 The checkpoint transitions, under the node lock, for one claim (its entry stays PrepareCompleted
 throughout: a PrepareStarted entry would be rolled back at start-up, its spec removed, while the
@@ -36,9 +36,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from gpudra_driver.plugin.checkpoint import COMPLETED, Checkpoint, CheckpointFile
 from gpudra_driver.plugin.faults import FaultHook
@@ -139,7 +138,7 @@ class MigRepair:
             if entry is None or entry.state != COMPLETED or not has_mig(entry.claim) or self.instances is None:
                 continue
             checkpoint, outcome = self._repair_one(checkpoint, entry.claim)
-            if outcome is not None:  # logged by whoever reports it (:class:`Reporter`)
+            if outcome is not None:  # logged by whoever reports it (gpudra_driver.migevents)
                 outcomes.append(outcome)
         return checkpoint, outcomes
 
@@ -183,49 +182,3 @@ class MigRepair:
         checkpoint = _recorded(checkpoint, fixed)
         self.store.save(checkpoint)
         return checkpoint, Outcome(fixed, tuple(gone))
-
-
-# -- telling the users ----------------------------------------------------------------------------
-
-PostOnNode = Callable[[str, str, str], Awaitable[None]]  # type, reason, message
-PostOnPod = Callable[[str, str, str, str, str, str], Awaitable[None]]  # ns, name, uid, type, reason, message
-GetClaim = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
-
-
-class Reporter:
-    """Each finding in the log and in a Warning Event on the Node and on each pod the claim is
-    reserved for (where ``kubectl describe pod`` shows it), once: a claim whose instance cannot be
-    made again is found at every check and every retried prepare, and is said again only when what
-    is said changes. Best effort: a claim that cannot be read is logged."""
-
-    def __init__(self, post: PostOnNode, get_claim: GetClaim, post_on_pod: PostOnPod) -> None:
-        self.post, self.get_claim, self.post_on_pod = post, get_claim, post_on_pod
-        self.said: dict[str, str] = {}  # claim UID -> the last message said about it
-
-    async def __call__(self, outcomes: Sequence[Outcome]) -> None:
-        for outcome in outcomes:
-            text = message(outcome)
-            if self.said.get(outcome.claim.uid) == text:
-                continue
-            self.said[outcome.claim.uid] = text
-            if len(self.said) > 4096:  # claims come and go: forget the oldest
-                del self.said[next(iter(self.said))]
-            log.warning("%s", text)
-            await report(outcome, text, self.post, self.get_claim, self.post_on_pod)
-
-
-async def report(outcome: Outcome, text: str, post: PostOnNode, get_claim: GetClaim, post_on_pod: PostOnPod) -> None:
-    """One finding's Warning Events: on the Node, and on each pod its claim is reserved for."""
-    from gpudra_driver.devicehealth.podevents import reserved_pods
-
-    await post("Warning", LOST_REASON, text)
-    ref = outcome.claim.ref
-    try:
-        live = await get_claim(ref.namespace, ref.name)
-    except Exception as error:  # noqa: BLE001 - best effort: the Node event says it
-        log.warning("cannot read %s to tell its pods that its MIG instance was lost: %r", ref, error)
-        return
-    if live is None or (live.get("metadata") or {}).get("uid") != ref.uid:
-        return
-    for name, uid in reserved_pods(live):
-        await post_on_pod(ref.namespace, name, uid, "Warning", LOST_REASON, text)
