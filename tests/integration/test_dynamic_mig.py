@@ -72,7 +72,7 @@ async def test_the_scheduler_fills_a_gpu_with_placements_exactly_as_the_hardware
 
         (event,) = await wait_for(reported, timeout=30, what="the agent's DynamicMigUnsupported Node event")
         assert event["type"] == "Warning"
-        assert event["message"].startswith("--mig dynamic is ignored: the API server drops sharedCounters and "
+        assert event["message"].startswith("dynamic MIG is not used: the API server drops sharedCounters and "
                                            "consumesCounters from ResourceSlices: its DRAPartitionableDevices "
                                            "feature gate is off"), event["message"]
         (empty,) = await published(kube, driver, node, 0)
