@@ -130,7 +130,7 @@ async def test_the_real_agent_turns_mig_mode_off_for_the_whole_gpu_and_on_again(
     whole = await allocated_claim(kube, namespace, "whole", driver, node, ["gpu-0"])
     uid = whole["metadata"]["uid"]
     async with DraClient((await first.registered()).endpoint) as kubelet:
-        out = (await first.prepare(kubelet, [ref(whole)])).claims[uid]
+        out = await prepared(first, kubelet, whole)
         assert out.error == "" and [d.device_name for d in out.devices] == ["gpu-0"], out
     assert mig_mode(state) == (OFF, OFF) and mig_mode(state, 1) == (ON, ON)
     assert (state / "state" / "GPU-3f1c2a5e-8d4b-5c6e-9a7f-1b2c3d4e5f60" / "mig_mode").read_text() == "0\n"
@@ -155,17 +155,31 @@ async def test_the_real_agent_turns_mig_mode_off_for_the_whole_gpu_and_on_again(
     monkeypatch.delenv("GPUDRA_FAULT")
     async with DraClient((await doomed.registered()).endpoint) as kubelet:
         with pytest.raises(Exception):  # the connection dies with the agent: no answer
-            await kubelet.prepare([ref(whole)], timeout=20)
+            await prepared(doomed, kubelet, whole)
     assert doomed.agent.process.wait(timeout=10) == -signal.SIGKILL
     assert mig_mode(state) == (OFF, OFF) and doomed.checkpoint() == {uid: "PrepareStarted"}
     restarted = plugin_agents(node, driver, nvml=PROFILE, workdir=first.workdir, extra_args=("--mig", "dynamic"))
     registered = await restarted.registered()
     assert mig_mode(state) == (ON, ON) and restarted.checkpoint() == {}  # rolled back at start
     async with DraClient(registered.endpoint) as kubelet:
-        assert (await restarted.prepare(kubelet, [ref(whole)])).claims[uid].error == ""
+        assert (await prepared(restarted, kubelet, whole)).error == ""
         assert mig_mode(state) == (OFF, OFF)
         assert (await kubelet.unprepare([ref(whole)])).claims[uid].error == ""
     assert mig_mode(state) == (ON, ON)
+
+
+async def prepared(agent: Any, kubelet: Any, claim: Obj) -> Any:
+    """The claim's NodePrepareResources answer, asked again as the kubelet does while the agent's
+    first discovery (which runs beside its registration) has not finished."""
+    from test_kubelet_plugin import ref
+
+    from gpudra_dev.localcluster.waiting import wait_for
+
+    async def answered() -> Any:
+        out = (await agent.prepare(kubelet, [ref(claim)])).claims[claim["metadata"]["uid"]]
+        return None if "not discovered yet" in out.error else out
+
+    return await wait_for(answered, timeout=30, what="an answer with the node's devices discovered")
 
 
 def _devices(slices: list[Obj]) -> dict[str, Obj]:
