@@ -135,14 +135,15 @@ CONSUMABLE = Variant("consumable", DRIVER, {
     "gpu": exactly("gpu.gpudra.io"),
 }, sharing=ConsumableCapacity.parse("1Gi", 8))
 SHAPE = Variant("shape", DRIVER, {"gpu": exactly("gpu.gpudra.io")})
-# Dynamic MIG (issue 34), on the same cluster: the whole GPU as one instance (7g.80gb; a dynamic
-# GPU is not published whole), or one 1g.10gb placement per claim
+# Dynamic MIG (issue 34), on the same cluster: the whole GPU as one instance (7g.80gb), or one
+# 1g.10gb placement per claim (the mig class selects type "mig": the whole GPU devices, published
+# too on these H100s, are candidates of neither)
 DYNAMIC_WHOLE = Variant("dynamic-7g", DRIVER, {"mig-7g": exactly("mig.gpudra.io", f'{ATTRIBUTES}.profile == "7g.80gb"')},
                         mig="dynamic")
 DYNAMIC_MIG = Variant("dynamic-mig", DRIVER, {"mig-1g": exactly("mig.gpudra.io", f'{ATTRIBUTES}.profile == "1g.10gb"')},
                       mig="dynamic")
 VARIANTS = {v.name: v for v in (MINIMAL, GPUDRA, CONSUMABLE, SHAPE, DYNAMIC_WHOLE, DYNAMIC_MIG)}
-# 9 slices per Node (counters, then 25 devices per GPU): kube-scheduler 1.36 is far slower per pod on
+# 9 slices per Node (counters, then 26 devices per GPU): kube-scheduler 1.36 is far slower per pod on
 # partitionable devices, so this plane is smaller (bench/README.md, "Dynamic MIG")
 MIG_NODES = int(os.environ.get("BENCH_SCHED_MIG_NODES", "20"))
 MIG_PODS = int(os.environ.get("BENCH_SCHED_MIG_PODS", "100"))
@@ -190,7 +191,7 @@ def slices_of(variant: Variant, nodes: dict[str, str], generation: int) -> list[
                           "devices": [{"name": f"gpu-{i}", "attributes": {"index": {"int": i}}}
                                       for i in range(GPUS)]}} for node in nodes]
     devices = gpudra_devices(variant.sharing, variant.mig)
-    assert len(devices) == (GPUS if variant.mig == "static" else GPUS * 25)
+    assert len(devices) == (GPUS if variant.mig == "static" else GPUS * 26)  # 25 placements and the whole GPU
     return [s for node, uid in nodes.items() for s in build_slices(DRIVER, node, uid, generation, devices)]
 
 
