@@ -6,7 +6,8 @@ mostly gpudra's own cost of a MIG claim: its two checkpoint writes (the placemen
 the NVML session, the profile lookup, the GPU and compute instance made and found again as a MIG
 device; and at unprepare, the instance destroyed.
 
-Rounds alternate the two kinds (``ctx.repeat`` x 40 each, after a warm-up), 3 ms apart as calls
+A third kind, the whole GPU of a dynamic GPU, turns its MIG mode off at prepare (the GPU's MIG
+profiles read first, for the record) and on at unprepare. Rounds alternate the kinds (``ctx.repeat`` x 40 each, after a warm-up), 3 ms apart as calls
 come from a kubelet; p50 of prepare and of unprepare for each, and the ratios (no target)."""
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from gpudra_dev.localcluster.fakedriverroot import make_driver_root
 DRIVER, NODE = "gpu.gpudra.io", "bench-node"
 UID = "0c1d2e3f-0000-4000-8000-00000000b001"
 KINDS = {"whole GPU": ("dgx-h100", "static", "gpu-0"),
-         "dynamic MIG 1g.10gb": ("h100-dynamic-mig", "dynamic", "gpu-0-mig-1g10gb-at3")}
+         "dynamic MIG 1g.10gb": ("h100-dynamic-mig", "dynamic", "gpu-0-mig-1g10gb-at3"),
+         # its MIG mode turned off at prepare, on again at unprepare
+         "dynamic MIG whole GPU": ("h100-dynamic-mig", "dynamic", "gpu-0")}
 
 
 def allocated(device: str) -> dict[str, Any]:
@@ -90,4 +93,8 @@ async def run(ctx: Context) -> list[Result]:
                        note="in-process, simulated NVML (its fsync'd state writes are most of it; no target)"))
     rows.append(Result("dynamic MIG claim vs whole-GPU claim, unprepare p50", median(mig_u) / median(whole_u), "x",
                        note="the instance destroyed; no target"))
+    off_p, off_u = times["dynamic MIG whole GPU"]
+    rows.append(Result("dynamic MIG whole GPU vs whole-GPU claim, prepare p50", median(off_p) / median(whole_p), "x",
+                       note=f"MIG mode off, the GPU's MIG profiles read first; unprepare (on again) "
+                            f"{median(off_u) / median(whole_u):.2f}x; no target"))
     return rows
