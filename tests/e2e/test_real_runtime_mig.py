@@ -6,7 +6,8 @@ The real scheduler gives a pod's claim a 2g.20gb placement; the kubelet has the 
 which creates the GPU and compute instance through NVML (the real pynvml on the mock library); the
 container sees its GPU's node, its instance's two capability nodes and no other GPU, with the MIG
 device's UUID in ``NVIDIA_VISIBLE_DEVICES``. Deleting the pod unprepares the claim: the instance is
-destroyed. On Kubernetes 1.35 (partitionable devices off) the agent publishes static MIG and says
+destroyed. A claim of the whole GPU 0 turns its MIG mode off at prepare (the container sees the
+GPU's node and UUID, no MIG capability) and on again at unprepare. On Kubernetes 1.35 (partitionable devices off) the agent publishes static MIG and says
 so; CI runs this file on 1.36.3 and 1.37.2 as well."""
 
 from __future__ import annotations
@@ -66,55 +67,91 @@ print(json.dumps(mig_devices(pynvml)))
     return [(gi, ci) for gi, ci in json.loads(out.stdout)]
 
 
-async def test_a_pods_claim_gets_a_mig_instance_made_at_prepare_and_destroyed_at_unprepare(
-        kube: Kube, namespace: str, mig_node: Node) -> None:
-    node = mig_node
-    if await minor_version(kube) < 36:  # 1.35: counters would be dropped; static MIG instead, said once
-        async def reported() -> bool:
-            return any([e.get("reason") == "DynamicMigUnsupported" async for e in kube.list(
-                EVENT, "default", field_selector=f"involvedObject.name={node.name}")])
+def mig_mode(node: Node, index: int = 0) -> tuple[int, int]:
+    """GPU ``index``'s (current, pending) MIG mode, as the real pynvml on the node's mock library
+    answers it (a child process, as for :func:`mig_instances`)."""
+    script = r'''
+import ctypes, json, sys, pynvml
+pynvml.nvmlLib = ctypes.CDLL(sys.argv[1])
+pynvml.nvmlInit()
+print(json.dumps(pynvml.nvmlDeviceGetMigMode(pynvml.nvmlDeviceGetHandleByIndex(int(sys.argv[2])))))
+'''
+    library = (node.driver_root / LIB_DIR / "libnvidia-ml.so.1").absolute()
+    out = subprocess.run([sys.executable, "-c", script, str(library), str(index)], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, STATE_ENV: str(state_dir(node.driver_root))})
+    assert out.returncode == 0, out.stderr
+    current, pending = json.loads(out.stdout)
+    return current, pending
 
-        await wait_for(reported, timeout=30, what="the agent's DynamicMigUnsupported Node event")
-        return
 
-    async def published() -> bool:
+async def dynamic(kube: Kube, node: Node) -> bool:
+    """Whether the node runs dynamic MIG: on 1.35 counters would be dropped, so the agent publishes
+    static MIG instead, and says so once (checked here)."""
+    if await minor_version(kube) >= 36:
+        return True
+
+    async def reported() -> bool:
+        return any([e.get("reason") == "DynamicMigUnsupported" async for e in kube.list(
+            EVENT, "default", field_selector=f"involvedObject.name={node.name}")])
+
+    await wait_for(reported, timeout=30, what="the agent's DynamicMigUnsupported Node event")
+    return False
+
+
+async def published(kube: Kube, node: Node) -> None:
+    async def probe() -> bool:
         found = [s async for s in kube.list(SLICE, field_selector=f"spec.driver={node.driver},spec.nodeName={node.name}")]
         return sum(len(s["spec"].get("devices") or []) for s in found) == 2 * 26  # 25 placements, the whole GPU
 
-    await wait_for(published, timeout=60, what="every placement of both GPUs published")
+    await wait_for(probe, timeout=60, what="every placement and the whole of both GPUs published")
+
+
+async def ran(kube: Kube, node: Node, namespace: str, name: str) -> str:
+    """Pod ``name`` on the node, using claim ``name``, run until it printed :data:`SCRIPT`'s output."""
+    pod: Obj = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": {
+        "nodeSelector": {"kubernetes.io/hostname": node.name}, "hostNetwork": True,
+        "automountServiceAccountToken": False, "enableServiceLinks": False, "terminationGracePeriodSeconds": 1,
+        "restartPolicy": "Never",
+        "tolerations": [{"key": k, "operator": "Exists", "effect": "NoSchedule"}
+                        for k in (TAINT, "node.kubernetes.io/not-ready")],
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+        "containers": [{"name": "train", "image": TEST_IMAGE, "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", SCRIPT], "resources": {"claims": [{"name": "gpu"}]}}]}}
+    await kube.create(pod)
+
+    async def printed() -> str | None:
+        node.runtime.kubelet.assert_running()
+        got = await kube.get(POD, name, namespace)
+        if not got or got["status"].get("phase") != "Running":
+            assert not got or got["status"].get("phase") not in ("Failed", "Succeeded"), got["status"]
+            return None
+        output = container_log(node, got, "train")
+        return output if DONE in output else None
+
+    try:
+        output = await wait_for(printed, timeout=120, what=f"pod {name} to run and print")
+    except AssertionError as error:
+        events = [(e.get("reason"), e.get("message")) async for e in kube.list(EVENT, namespace)]
+        raise AssertionError(f"{error}\npod: {(await kube.get(POD, name, namespace) or {}).get('status')}\n"
+                             f"events: {events}\n{node.failure()}") from None
+    print(f"[real-runtime-mig] the container's output:\n{output}")
+    return output
+
+
+async def test_a_pods_claim_gets_a_mig_instance_made_at_prepare_and_destroyed_at_unprepare(
+        kube: Kube, namespace: str, mig_node: Node) -> None:
+    node = mig_node
+    if not await dynamic(kube, node):
+        return
+
+    await published(kube, node)
     attr = f'device.attributes["{node.driver}"]'
     await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                        "metadata": {"name": "mig", "namespace": namespace},
                        "spec": {"devices": {"requests": [{"name": "mig", "exactly": {
                            "deviceClassName": node.driver, "selectors": [{"cel": {"expression":
                                f'{attr}.type == "mig" && {attr}.profile == "2g.20gb" && {attr}.parentIndex == 0'}}]}}]}}})
-    pod: Obj = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "mig", "namespace": namespace}, "spec": {
-        "nodeSelector": {"kubernetes.io/hostname": node.name}, "hostNetwork": True,
-        "automountServiceAccountToken": False, "enableServiceLinks": False, "terminationGracePeriodSeconds": 1,
-        "restartPolicy": "Never",
-        "tolerations": [{"key": k, "operator": "Exists", "effect": "NoSchedule"}
-                        for k in (TAINT, "node.kubernetes.io/not-ready")],
-        "resourceClaims": [{"name": "mig", "resourceClaimName": "mig"}],
-        "containers": [{"name": "train", "image": TEST_IMAGE, "imagePullPolicy": "Never",
-                        "command": ["sh", "-c", SCRIPT], "resources": {"claims": [{"name": "mig"}]}}]}}
-    await kube.create(pod)
-
-    async def printed() -> tuple[Obj, str] | None:
-        node.runtime.kubelet.assert_running()
-        got = await kube.get(POD, "mig", namespace)
-        if not got or got["status"].get("phase") != "Running":
-            assert not got or got["status"].get("phase") not in ("Failed", "Succeeded"), got["status"]
-            return None
-        output = container_log(node, got, "train")
-        return (got, output) if DONE in output else None
-
-    try:
-        _, output = await wait_for(printed, timeout=120, what="the MIG pod to run and print")
-    except AssertionError as error:
-        events = [(e.get("reason"), e.get("message")) async for e in kube.list(EVENT, namespace)]
-        raise AssertionError(f"{error}\npod: {(await kube.get(POD, 'mig', namespace) or {}).get('status')}\n"
-                             f"events: {events}\n{node.failure()}") from None
-    print(f"[real-runtime-mig] the container's output:\n{output}")
+    output = await ran(kube, node, namespace, "mig")
     claim = await kube.get(CLAIM, "mig", namespace)
     assert claim is not None
     (allocated,) = claim["status"]["allocation"]["devices"]["results"]
@@ -138,5 +175,43 @@ async def test_a_pods_claim_gets_a_mig_instance_made_at_prepare_and_destroyed_at
 
     try:
         await wait_for(destroyed, timeout=90, what="the kubelet to unprepare the claim and the agent to destroy its instance")
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{node.failure()}") from None
+
+
+async def test_a_pods_claim_of_the_whole_gpu_turns_its_mig_mode_off_and_on_again(
+        kube: Kube, namespace: str, mig_node: Node) -> None:
+    """The whole GPU of a dynamic H100: prepare turns its MIG mode off, the container sees the GPU
+    itself (its node, its UUID, no MIG capability), and the pod's end turns MIG mode on again."""
+    node = mig_node
+    if not await dynamic(kube, node):
+        return
+    await published(kube, node)
+    attr = f'device.attributes["{node.driver}"]'
+    await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                       "metadata": {"name": "whole", "namespace": namespace},
+                       "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                           "deviceClassName": node.driver, "selectors": [{"cel": {"expression":
+                               f'{attr}.type == "gpu" && {attr}.index == 0'}}]}}]}}})
+    output = await ran(kube, node, namespace, "whole")
+    claim = await kube.get(CLAIM, "whole", namespace)
+    assert claim is not None
+    (allocated,) = claim["status"]["allocation"]["devices"]["results"]
+    assert allocated["device"] == "gpu-0"
+    assert mig_mode(node) == (0, 0) and mig_mode(node, 1) == (1, 1) and mig_instances(node) == []
+    listed = {line.rsplit(" ", 1)[-1] for line in output.splitlines() if line.startswith("c")}
+    assert {p for p in listed if re.fullmatch(r"/dev/nvidia[0-9]+", p)} == {"/dev/nvidia0"}, output
+    assert not any(p.startswith("nvidia-cap") for p in listed), output  # no MIG capability: the GPU itself
+    visible = next(line for line in output.splitlines() if line.startswith("NVIDIA_VISIBLE_DEVICES="))
+    assert visible == "NVIDIA_VISIBLE_DEVICES=GPU-3f1c2a5e-8d4b-5c6e-9a7f-1b2c3d4e5f60", visible
+
+    await kube.delete(POD, "whole", namespace)
+
+    async def back_on() -> bool:
+        node.runtime.kubelet.assert_running()
+        return mig_mode(node) == (1, 1) and not node.spec_path(claim["metadata"]["uid"]).exists()
+
+    try:
+        await wait_for(back_on, timeout=90, what="the kubelet to unprepare the claim and the agent to turn MIG mode on")
     except AssertionError as error:
         raise AssertionError(f"{error}\n{node.failure()}") from None
