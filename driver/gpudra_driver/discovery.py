@@ -10,8 +10,10 @@ node's healthy ones off the market.
 
 MIG: see :mod:`gpudra_core.devicemodel`; a GPU whose current MIG mode is enabled is published only
 through its MIG devices (``mig="static"``, the default). With ``mig="dynamic"`` a MIG-enabled GPU
-that has no MIG devices is published as every placement it could have, plus itself, over counters
-(:mod:`gpudra_core.migpartitions`), from the profiles and placements NVML reports for it.
+that has no MIG devices is published as every placement it could have, plus itself where MIG mode
+switches without a reset (Hopper and later), over counters (:mod:`gpudra_core.migpartitions`),
+from the profiles and placements NVML reports for it; and the same while a claim of the whole GPU
+holds its MIG mode off (``mig_mode_off``).
 """
 
 from __future__ import annotations
