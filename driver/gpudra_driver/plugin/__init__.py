@@ -20,7 +20,8 @@ One concern per module, the shape of dra-example-driver's kubelet plugin:
 * :mod:`.sweep`: releases claims whose ResourceClaim is gone or no longer allocated here.
 * dynamic MIG: :mod:`.miginstances` (GPU and compute instances through NVML), :mod:`.miglifecycle`
   (made and destroyed around the checkpoint's two phases), :mod:`.migrepair` (made again where a
-  GPU reset or a driver reload destroyed a prepared claim's).
+  GPU reset or a driver reload destroyed a prepared claim's), :mod:`.migmodeswitch` (a dynamic
+  GPU's MIG mode off for a claim of its whole GPU, and on again).
 * :mod:`.locking`: the per-node file lock that serialises overlapping agent instances.
 * :mod:`.fsutil`: atomic file replacement (temp file, rename; no fsync, see its docstring).
 * :mod:`.faults`: a test-only fault hook (SIGKILL at a named point).
