@@ -196,7 +196,6 @@ def _health_monitor(args: argparse.Namespace, root: object, publish: object, eve
         log.info("device health is off (--no-device-health): GPUs are published without taints")
         return None
     from gpudra_driver.devicehealth.plan import Policy
-    from gpudra_driver.devicehealth.feed import HealthFeed
     from gpudra_driver.devicehealth.apply import HealthMonitor
 
     policy = Policy(driver=args.driver, informational_xids=args.informational_xids,

@@ -11,7 +11,7 @@ from typing import Any
 from gpudra_core.kubeapi import Kube, Obj
 from gpudra_dev.localcluster.waiting import wait_for
 from test_operator import (  # noqa: F401 - fixtures: this module gets an operator of its own
-    CONFIG, DAEMONSET, NODE, agent_namespace, condition, configs, has_condition, make_config, operator, suffix)
+    DAEMONSET, NODE, agent_namespace, condition, configs, has_condition, make_config, operator, suffix)
 
 SLICE_LIST = "spec.driver={driver},spec.nodeName={node}"
 
