@@ -34,7 +34,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpudra_driver.plugin import fsutil
-from gpudra_driver.plugin.model import PreparedClaim
+from gpudra_driver.plugin.model import PreparedClaim, PreparedDevice
 
 log = logging.getLogger(__name__)
 
