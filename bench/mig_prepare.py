@@ -13,6 +13,7 @@ come from a kubelet; p50 of prepare and of unprepare for each, and the ratios (n
 from __future__ import annotations
 
 import asyncio
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -21,14 +22,16 @@ from typing import Any
 from bench import Context, Result, median
 from gpudra_driver.discovery import scan
 from gpudra_driver.driverroot import DriverRoot
-from gpudra_driver.nvml.fake import FakeNvml, load_profile
+from gpudra_driver.nvml.fake import FakeNvml, load_profile, mig_catalog_names
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.devicenodes import mig_cap_minor_fallback, node_devices
 from gpudra_driver.plugin.driverfiles import DriverFilesCache
 from gpudra_driver.plugin.miginstances import MigInstances
 from gpudra_driver.plugin.model import ClaimRef
 from gpudra_driver.plugin.state import DeviceState
+from gpudra_driver.publishing.slices import build_slices
 from gpudra_dev.localcluster.fakedriverroot import make_driver_root
+from gpudra_dev.migcatalogs import catalog_nvml
 
 DRIVER, NODE = "gpu.gpudra.io", "bench-node"
 UID = "0c1d2e3f-0000-4000-8000-00000000b001"
@@ -97,4 +100,22 @@ async def run(ctx: Context) -> list[Result]:
     rows.append(Result("dynamic MIG whole GPU vs whole-GPU claim, prepare p50", median(off_p) / median(whole_p), "x",
                        note=f"MIG mode off, the GPU's MIG profiles read first; unprepare (on again) "
                             f"{median(off_u) / median(whole_u):.2f}x; no target"))
+    return rows + slice_sizes()
+
+
+NODE_GPUS = 8
+
+
+def slice_sizes() -> list[Result]:
+    """What a node of eight dynamic GPUs of each model publishes: its slices and their bytes, as
+    the API server stores them (JSON), from discovery on the simulated NVML of each catalog."""
+    rows = []
+    for model in mig_catalog_names():
+        devices = scan(catalog_nvml(model, NODE_GPUS), mig="dynamic").devices
+        slices = build_slices(DRIVER, NODE, None, 1, devices)
+        sizes = [len(json.dumps(s, separators=(",", ":"))) for s in slices]
+        counter_slices = sum(1 for s in slices if s["spec"].get("sharedCounters"))
+        rows.append(Result(f"{model} x{NODE_GPUS}: slices", len(slices), "slices",
+                           note=f"{counter_slices} of counters, {len(devices)} devices; {sum(sizes) / 1024:.0f} KiB "
+                                f"in all, the largest {max(sizes) / 1024:.1f} KiB (JSON); no target"))
     return rows

@@ -6,7 +6,6 @@ built into slices as the agent does. Regenerate with
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import yaml
@@ -14,37 +13,22 @@ import yaml
 from gpudra_core.devicemodel import Device
 from gpudra_core.migpartitions import MigGeometry
 from gpudra_driver.discovery import read_mig_geometry, scan
-from gpudra_driver.nvml.fake import FakeNvml, load_profile, mig_catalog_names
+from gpudra_driver.nvml.fake import mig_catalog_names
+from gpudra_dev.migcatalogs import PRODUCTS, catalog_nvml
 from gpudra_driver.publishing.slices import build_slices
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "mig.md"
 BEGIN, END = "<!-- mig tables: begin (tests/unit/test_mig_docs.py) -->", "<!-- mig tables: end -->"
-PRODUCTS = {"a100-sxm4-40gb": "NVIDIA A100-SXM4-40GB", "a100-sxm4-80gb": "NVIDIA A100-SXM4-80GB",
-            "h100-sxm5-80gb": "NVIDIA H100 80GB HBM3", "h200-sxm-141gb": "NVIDIA H200",
-            "b200-180gb": "NVIDIA B200"}
-# NVML's architecture of each: whether its whole GPU is offered (MIG mode switched without a reset)
-ARCHITECTURES = {"a100-sxm4-40gb": "AMPERE", "a100-sxm4-80gb": "AMPERE", "b200-180gb": "BLACKWELL"}
-
-
 def discovered(model: str) -> tuple[MigGeometry, list[Device]]:
     """The model's profiles as discovery reads them from NVML (the simulator, on its catalog), and
     the devices dynamic MIG publishes for one such GPU."""
-    profile = {"description": model, "driverVersion": "570.133.20", "cudaDriverVersion": 12080,
-               "gpus": [{"name": PRODUCTS[model], "uuid": "GPU-00000000-0000-4000-8000-000000000000",
-                         "brand": "NVIDIA", "architecture": ARCHITECTURES.get(model, "HOPPER"),
-                         "cudaComputeCapability": "9.0",
-                         "memoryMiB": 81920, "pciDeviceId": 0x233010DE, "busId": "00000000:18:00.0", "numaNode": 0,
-                         "migCapable": True, "migMode": "enabled", "maxMigDevices": 7, "migCatalog": model}]}
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / f"{model}.yaml"
-        path.write_text(yaml.safe_dump(profile))
-        nvml = FakeNvml(load_profile(str(path)))
-        nvml.nvmlInit()
-        try:
-            found = read_mig_geometry(nvml, nvml.nvmlDeviceGetHandleByIndex(0))
-        finally:
-            nvml.nvmlShutdown()
-        result = scan(FakeNvml(load_profile(str(path))), mig="dynamic")
+    nvml = catalog_nvml(model)
+    nvml.nvmlInit()
+    try:
+        found = read_mig_geometry(nvml, nvml.nvmlDeviceGetHandleByIndex(0))
+    finally:
+        nvml.nvmlShutdown()
+    result = scan(catalog_nvml(model), mig="dynamic")
     assert result.warnings == [], result.warnings
     return found, result.devices
 
