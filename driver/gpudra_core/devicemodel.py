@@ -39,7 +39,9 @@ DeviceType: TypeAlias = Literal["gpu", "mig"]
 
 ATTR_TYPES: tuple[AttrType, ...] = ("string", "int", "bool", "version")
 DEVICE_TYPES: tuple[DeviceType, ...] = ("gpu", "mig")
-# Kubernetes' domain for standard attributes (k8s.io/dynamic-resource-allocation/deviceattribute).
+# Kubernetes' domain for standard attributes: StandardDeviceAttributePrefix in
+# k8s.io/dynamic-resource-allocation/deviceattribute (attributes.go), which names pciBusID, pcieRoot
+# (a string "pci<domain>:<bus>") and numaNode (an int, KEP-6072).
 STANDARD_DOMAIN = "resource.kubernetes.io"
 
 _BOTH: frozenset[DeviceType] = frozenset(DEVICE_TYPES)
@@ -98,6 +100,23 @@ ATTRIBUTES: Mapping[str, AttributeSpec] = _by_name(
         optional=True,
     ),
     AttributeSpec("numaNode", "int", "NUMA node of the GPU's PCI device; absent when unknown.", _BOTH, optional=True),
+    # KEP-6072 (GA in 1.37): Kubernetes' standard NUMA attribute, the same value as numaNode, which
+    # stays for the claims and classes that already select on it. The standard one is what a claim
+    # aligns across drivers (matchAttribute with a NIC driver's devices).
+    AttributeSpec(
+        f"{STANDARD_DOMAIN}/numaNode",
+        "int",
+        "NUMA node of the GPU's PCI device, the standard attribute (same value as numaNode); absent when unknown.",
+        _BOTH,
+        optional=True,
+    ),
+    AttributeSpec(
+        f"{STANDARD_DOMAIN}/pcieRoot",
+        "string",
+        "PCIe root complex of the GPU, 'pci<domain>:<bus>', e.g. 'pci0000:00', from sysfs (the parent's for MIG).",
+        _BOTH,
+        optional=True,
+    ),
     AttributeSpec("profile", "string", "MIG profile, e.g. '1g.10gb', '3g.40gb'.", _MIG),
     AttributeSpec("parentUUID", "string", "UUID of the GPU the MIG device lives on.", _MIG),
     AttributeSpec("parentIndex", "int", "NVML index of the parent GPU.", _MIG),

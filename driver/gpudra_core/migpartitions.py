@@ -48,7 +48,8 @@ ENGINE_COUNTERS: Mapping[str, str] = {
 }
 # What a placement inherits from its GPU: what selectors written for the GPU's product also match.
 INHERITED_ATTRIBUTES = ("productName", "brand", "architecture", "cudaComputeCapability", "driverVersion",
-                        "cudaDriverVersion", "resource.kubernetes.io/pciBusID", "numaNode")
+                        "cudaDriverVersion", "resource.kubernetes.io/pciBusID", "numaNode",
+                        "resource.kubernetes.io/numaNode", "resource.kubernetes.io/pcieRoot")
 
 
 MEMORY_SLICE_PREFIX = "memory-slice-"

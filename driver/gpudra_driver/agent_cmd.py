@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: object, kube: object,
                        events: object, root: object) -> None:
-    from gpudra_driver.discovery import numa_node_from_sysfs
+    from gpudra_driver.discovery import numa_node_from_sysfs, pcie_root_from_sysfs
     from gpudra_driver.devicepluginguard import DevicePluginGuard
     from gpudra_driver.publishing.rescan import Rescanner
 
@@ -171,6 +171,7 @@ async def _rescan_loop(args: argparse.Namespace, publisher: object, plugin: obje
     sysfs = Path(args.sysfs)
     rescanner = Rescanner(args.nvml, publish, interval=args.rescan_interval,
                           numa_node_of=functools.partial(numa_node_from_sysfs, sysfs=sysfs), sysfs=sysfs,
+                          pcie_root_of=functools.partial(pcie_root_from_sysfs, sysfs=sysfs),
                           driver_root=root,  # type: ignore[arg-type]
                           report=events.post, gate=guard.check,  # type: ignore[attr-defined]
                           sharing=await _sharing(args, kube, events), mig_source=_mig_mode(args, kube, events).current,

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from gpudra_core import limits
     from gpudra_core.consumable import from_args, share_devices
     from gpudra_core.quantity import format_quantity
-    from gpudra_driver.discovery import numa_node_from_sysfs, nvidia_gpus_on_pci, scan
+    from gpudra_driver.discovery import numa_node_from_sysfs, nvidia_gpus_on_pci, pcie_root_from_sysfs, scan
     from gpudra_driver.driverroot import DriverRoot, DriverRootError
     from gpudra_driver.nvml import NvmlUnavailable, load_nvml, resolve_spec
     from gpudra_driver.publishing.slices import build_slices
@@ -65,8 +65,10 @@ def run(args: argparse.Namespace) -> int:
     spec = resolve_spec(args.nvml)
     try:
         nvml = load_nvml(spec, DriverRoot.at(args.driver_root))
-        # sysfs knows NUMA nodes NVML may not; only consult it for the real hardware.
-        result = scan(nvml, numa_node_of=numa_node_from_sysfs if spec == "real" else None, mig=args.mig)
+        # sysfs knows NUMA nodes NVML may not, and PCIe roots; only consult it for the real hardware.
+        real = spec == "real"
+        result = scan(nvml, numa_node_of=numa_node_from_sysfs if real else None, mig=args.mig,
+                      pcie_root_of=pcie_root_from_sysfs if real else None)
         sharing = from_args(args)
         devices, unshared = share_devices(result.devices, sharing)
         if args.health:

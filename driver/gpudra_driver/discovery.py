@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import re
 from types import ModuleType
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -42,7 +44,7 @@ from gpudra_driver.nvml import NvmlUnavailable
 from gpudra_driver.deviceapi import fit_devices
 
 __all__ = ["MIG_MODES", "Discovery", "MigMode", "NvmlUnavailable", "discover", "mig_profile_name",
-           "numa_node_from_sysfs", "nvidia_gpus_on_pci", "read_mig_geometry", "scan"]
+           "numa_node_from_sysfs", "nvidia_gpus_on_pci", "pcie_root_from_sysfs", "read_mig_geometry", "scan"]
 
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,8 @@ log = logging.getLogger(__name__)
 _MIB = 1024 * 1024
 _GIB = 1024 * _MIB
 PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
+STANDARD_NUMA_NODE = f"{STANDARD_DOMAIN}/numaNode"
+PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
 
 # NVML enums -> the strings NVIDIA's own tooling publishes (go-nvlib GetBrandAsString /
 # GetArchitectureAsString), so CEL written for gpu.nvidia.com reads the same here.
@@ -111,9 +115,9 @@ def add_mig_argument(parser: Any) -> None:
 
 
 def discover(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = None,
-             mig: MigMode = "static") -> list[Device]:
+             mig: MigMode = "static", pcie_root_of: Callable[[str], str | None] | None = None) -> list[Device]:
     """The devices to publish; warnings are logged. See :func:`scan`."""
-    result = scan(nvml, numa_node_of=numa_node_of, mig=mig)
+    result = scan(nvml, numa_node_of=numa_node_of, mig=mig, pcie_root_of=pcie_root_of)
     for warning in result.warnings:
         log.warning("%s", warning)
     return result.devices
@@ -121,9 +125,12 @@ def discover(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = No
 
 def scan(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = None,
          mig: MigMode = "static", owned: Collection[tuple[str, int]] = (),
-         mig_mode_off: Mapping[str, MigGeometry | None] | None = None) -> Discovery:
+         mig_mode_off: Mapping[str, MigGeometry | None] | None = None,
+         pcie_root_of: Callable[[str], str | None] | None = None) -> Discovery:
     """Enumerate GPUs and MIG devices. ``numa_node_of(pci_bus_id)`` is the fallback when NVML has no
     NUMA answer (e.g. :func:`numa_node_from_sysfs`); without it such devices carry no numaNode.
+    ``pcie_root_of(pci_bus_id)`` gives the PCIe root complex (:func:`pcie_root_from_sysfs`; NVML
+    has no such query); without it, or where it has no answer, devices carry no pcieRoot.
     ``mig``: how a MIG-enabled GPU is published (see the module's docstring); ``owned``: the
     (parent GPU UUID, GPU instance ID) of the dynamic MIG instances the agent created for claims,
     which leave their GPU dynamic (others make it static); ``mig_mode_off``: GPU UUID -> the MIG
@@ -156,7 +163,7 @@ def scan(nvml: Any, *, numa_node_of: Callable[[str], int | None] | None = None,
         for index in range(count):
             try:
                 devices += _scan_gpu(nvml, index, system, numa_node_of, warnings, mig, owned, not_ready,
-                                     mig_mode_off or {})
+                                     mig_mode_off or {}, pcie_root_of)
             except (_CallFailed, ValueError) as exc:
                 warnings.append(f"GPU {index} skipped: {exc}")
         # A value past an API limit (a 96-character product name) changes that device only; the
@@ -180,6 +187,7 @@ def _scan_gpu(
     owned: Collection[tuple[str, int]] = (),
     not_ready: list[str] | None = None,
     mig_mode_off: Mapping[str, MigGeometry | None] | None = None,
+    pcie_root_of: Callable[[str], str | None] | None = None,
 ) -> list[Device]:
     def unready(message: str) -> None:  # a GPU that does not match its MIG mode
         warnings.append(message)
@@ -203,8 +211,12 @@ def _scan_gpu(
     }
     if bus_id is not None:
         common[PCI_BUS_ID] = AttrValue.of_string(bus_id)
-    if numa is not None:
+    if numa is not None:  # the driver's own name, for existing claims, and the standard one (KEP-6072)
         common["numaNode"] = AttrValue.of_int(numa)
+        common[STANDARD_NUMA_NODE] = AttrValue.of_int(numa)
+    pcie_root = pcie_root_of(bus_id) if pcie_root_of is not None and bus_id is not None else None
+    if pcie_root is not None:
+        common[PCIE_ROOT] = AttrValue.of_string(pcie_root)
     uuid = _text(call("nvmlDeviceGetUUID", handle))
     minor = call("nvmlDeviceGetMinorNumber", handle)
     memory = call("nvmlDeviceGetMemoryInfo", handle).total
@@ -418,6 +430,36 @@ def numa_node_from_sysfs(bus_id: str, sysfs: Path = Path("/sys")) -> int | None:
     except (OSError, ValueError):
         return None
     return value if value >= 0 else None
+
+
+# The name of a PCI root complex's directory under /sys/devices: "pci<domain>:<bus>" in hex, the
+# value of resource.kubernetes.io/pcieRoot (StandardDeviceAttributePCIeRoot in
+# k8s.io/dynamic-resource-allocation/deviceattribute).
+_PCIE_ROOT = re.compile(r"pci[0-9a-f]{4,}:[0-9a-f]{2}")
+
+
+def pcie_root_from_sysfs(bus_id: str, sysfs: Path = Path("/sys")) -> str | None:
+    """The PCIe root complex of a PCI device, ``pci0000:00``, or None when sysfs does not say.
+
+    ``/sys/bus/pci/devices/<bus id>`` is a link into ``/sys/devices``, whose tree follows the
+    hardware: ``../../../devices/pci0000:00/0000:00:01.0/0000:01:00.0``. The root complex is the
+    first directory under ``devices``; the link must end at the device itself. The way
+    deviceattribute's GetPCIeRootAttributeByPCIBusID derives it, read here without following links
+    past the first (the target is joined and cleaned, not resolved)."""
+    link = sysfs / "bus/pci/devices" / bus_id
+    try:
+        target = os.readlink(link)
+    except OSError:  # missing, or a directory rather than a link (no tree to read)
+        return None
+    path = Path(os.path.normpath(link.parent / target))
+    devices = Path(os.path.normpath(sysfs / "devices"))
+    try:
+        parts = path.relative_to(devices).parts
+    except ValueError:
+        return None
+    if len(parts) < 2 or parts[-1] != bus_id or not _PCIE_ROOT.fullmatch(parts[0]):
+        return None
+    return parts[0]
 
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -60,6 +60,10 @@ async def test_agent_publishes_the_nodes_gpus(kube: Kube, fake_nodes, agents, dr
     assert gpu0["attributes"]["cudaComputeCapability"] == {"version": "9.0.0"}
     assert gpu0["attributes"]["index"] == {"int": 0}
     assert "resource.kubernetes.io/pciBusID" in gpu0["attributes"]
+    # KEP-6072's standard numaNode, stored beside the driver's own; no pcieRoot on simulated NVML
+    gpu4 = next(d for d in slice_["spec"]["devices"] if d["name"] == "gpu-4")
+    assert gpu4["attributes"]["resource.kubernetes.io/numaNode"] == gpu4["attributes"]["numaNode"] == {"int": 1}
+    assert "resource.kubernetes.io/pcieRoot" not in gpu4["attributes"]
     # What the API server returns is exactly what the agent would write: no write loop on read-back.
     devices = scan(load_nvml("fake:dgx-h100")).devices
     plan = plan_publish(driver, name, node["metadata"]["uid"], devices, {slice_["metadata"]["name"]: slice_}, 1)

@@ -11,12 +11,14 @@ import pytest
 from gpudra_core.devicemodel import AttrValue, Device
 from gpudra_core.migpartitions import MigGeometry, MigProfile, partition_gpu
 from gpudra_driver.discovery import (NvmlUnavailable, discover, mig_profile_name, numa_node_from_sysfs,
-                                    read_mig_geometry, scan)
+                                    pcie_root_from_sysfs, read_mig_geometry, scan)
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 
 MIB = 2**20
 S, I, V = AttrValue.of_string, AttrValue.of_int, AttrValue.of_version
 PCI = "resource.kubernetes.io/pciBusID"
+NUMA = "resource.kubernetes.io/numaNode"  # KEP-6072's standard attribute, beside the driver's numaNode
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 
 
 def gpu(index: int, uuid: str, product: str, arch: str, cc: str, driver: str, cuda: str,
@@ -27,7 +29,7 @@ def gpu(index: int, uuid: str, product: str, arch: str, cc: str, driver: str, cu
         "cudaDriverVersion": V(cuda), PCI: S(bus), "index": I(index), "minor": I(index),
     }
     if numa is not None:
-        attrs["numaNode"] = I(numa)
+        attrs["numaNode"] = attrs[NUMA] = I(numa)
     return Device(f"gpu-{index}", attrs, {"memory": memory_mib * MIB})
 
 
@@ -77,7 +79,7 @@ def mig(slot: int, uuid: str, profile: str, gi: int, sms: int, ces: int, decs: i
             "type": S("mig"), "uuid": S(uuid), "productName": S("NVIDIA A100-SXM4-80GB"),
             "brand": S("Nvidia"), "architecture": S("Ampere"), "cudaComputeCapability": V("8.0.0"),
             "driverVersion": V("570.133.20"), "cudaDriverVersion": V("12.8.0"), PCI: S("0000:07:00.0"),
-            "numaNode": I(0), "index": I(slot), "profile": S(profile),
+            "numaNode": I(0), NUMA: I(0), "index": I(slot), "profile": S(profile),
             "parentUUID": S("GPU-51521ace-0579-559b-b008-e94ddc1e940f"), "parentIndex": I(0),
             "parentMinor": I(0), "gpuInstanceId": I(gi), "computeInstanceId": I(0),
         },
@@ -254,6 +256,7 @@ def test_numa_falls_back_to_the_given_reader(fake: Callable[[str], FakeNvml]) ->
     devices = scan(fake("l4x2"), numa_node_of=reader).devices
     assert asked == ["0000:00:03.0", "0000:00:04.0"]
     assert [d.attributes.get("numaNode") for d in devices] == [I(1), None]
+    assert [d.attributes.get(NUMA) for d in devices] == [I(1), None]  # the standard one with it
     # NVML's answer wins when it has one
     assert scan(fake("dgx-h100"), numa_node_of=lambda _: 9).devices == DGX_H100
 
@@ -266,6 +269,56 @@ def test_numa_node_from_sysfs(tmp_path: Path) -> None:
     assert numa_node_from_sysfs("0000:00:06.0", tmp_path) is None
     assert numa_node_from_sysfs("0000:00:07.0", tmp_path) is None
     assert numa_node_from_sysfs("0000:00:08.0", tmp_path) is None
+
+
+def _pci_device(sysfs: Path, path: str, *, absolute: bool = False) -> None:
+    """A device at ``devices/<path>`` and its ``bus/pci/devices`` link, relative as the kernel makes it."""
+    device = sysfs / "devices" / path
+    device.mkdir(parents=True)
+    (sysfs / "bus/pci/devices").mkdir(parents=True, exist_ok=True)
+    link = sysfs / "bus/pci/devices" / device.name
+    link.symlink_to(device if absolute else Path("../../..") / "devices" / path)
+
+
+def test_pcie_root_from_sysfs(tmp_path: Path) -> None:
+    _pci_device(tmp_path, "pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0")  # behind a switch
+    _pci_device(tmp_path, "pci0000:b0/0000:b0:00.0")  # on the root bus itself
+    _pci_device(tmp_path, "pci0001:40/0001:40:02.0/0001:41:00.0", absolute=True)
+    _pci_device(tmp_path, "platform/soc/0000:05:00.0")  # not under a PCI root complex
+    (tmp_path / "devices/pci0000:00/0000:03:00.0").mkdir()
+    (tmp_path / "bus/pci/devices/0000:04:00.0").symlink_to("../../../devices/pci0000:00/0000:03:00.0")  # elsewhere
+    (tmp_path / "bus/pci/devices/0000:06:00.0").mkdir()  # a directory, not a link: no tree to read
+    assert pcie_root_from_sysfs("0000:02:00.0", tmp_path) == "pci0000:00"
+    assert pcie_root_from_sysfs("0000:b0:00.0", tmp_path) == "pci0000:b0"
+    assert pcie_root_from_sysfs("0001:41:00.0", tmp_path) == "pci0001:40"
+    assert pcie_root_from_sysfs("0000:05:00.0", tmp_path) is None
+    assert pcie_root_from_sysfs("0000:04:00.0", tmp_path) is None
+    assert pcie_root_from_sysfs("0000:06:00.0", tmp_path) is None
+    assert pcie_root_from_sysfs("0000:07:00.0", tmp_path) is None  # no such device
+
+
+@pytest.mark.parametrize(("profile", "mig"), [("dgx-h100", "static"), ("a100-80gb-mig", "static"),
+                                              ("h100-dynamic-mig", "dynamic")])
+def test_standard_topology_attributes_on_gpus_and_mig_devices(fake: Callable[[str], FakeNvml], profile: str,
+                                                               mig: str, tmp_path: Path) -> None:
+    """Whole GPUs, static MIG devices and dynamic placements carry their GPU's standard numaNode
+    (the driver's numaNode's value) and pcieRoot, and stay within the per-device limit."""
+    from gpudra_core import limits
+    from gpudra_driver.publishing.slices import build_slices
+
+    buses = {d.attr(PCI) for d in EXPECTED[profile]}
+    for n, bus in enumerate(sorted(buses)):
+        _pci_device(tmp_path, f"pci0000:{n:02x}/0000:{n:02x}:01.0/{bus}")
+    devices = scan(fake(profile), mig=mig, pcie_root_of=lambda bus: pcie_root_from_sysfs(bus, tmp_path)).devices  # type: ignore[arg-type]
+    assert devices and len(buses) > 0
+    roots = {bus: f"pci0000:{n:02x}" for n, bus in enumerate(sorted(buses))}
+    for device in devices:
+        assert device.attributes[NUMA] == device.attributes["numaNode"]
+        assert device.attributes[PCIE_ROOT] == S(roots[str(device.attr(PCI))])
+        assert len(device.attributes) + len(device.capacity) <= limits.MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE
+    assert build_slices("gpu.gpudra.io", "node-a", "uid", 1, devices)  # which checks every limit
+    # without a reader (the simulated NVML's case) there is no pcieRoot, and nothing else changes
+    assert scan(fake(profile), mig=mig).devices == EXPECTED[profile]  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

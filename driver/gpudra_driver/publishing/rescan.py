@@ -49,11 +49,13 @@ NO_GPU_ON_PCI = ("no NVIDIA GPU on this node: no PCI device of vendor 10de under
 class Rescanner:
     """One scan per :meth:`scan_once`; remembers what it logged so repeats stay quiet.
 
-    ``numa_node_of`` (e.g. :func:`gpudra_driver.discovery.numa_node_from_sysfs`) is used with real
-    NVML only, as ``gpudra discover`` does."""
+    ``numa_node_of`` (e.g. :func:`gpudra_driver.discovery.numa_node_from_sysfs`) and
+    ``pcie_root_of`` (:func:`gpudra_driver.discovery.pcie_root_from_sysfs`) are used with real NVML
+    only, as ``gpudra discover`` does."""
 
     def __init__(self, spec: str | None, publish: Publish, *, interval: float = 60.0,
                  numa_node_of: Callable[[str], int | None] | None = None,
+                 pcie_root_of: Callable[[str], str | None] | None = None,
                  driver_root: DriverRoot | None = None, report: Report | None = None,
                  sysfs: Path = Path("/sys"), gate: Callable[[], Awaitable[str | None]] | None = None,
                  sharing: ConsumableCapacity | None = None, mig: MigMode = "static",
@@ -82,6 +84,7 @@ class Rescanner:
         self.interval = interval
         # The sysfs fallback describes this machine's PCI devices, which a simulated GPU is not.
         self.numa_node_of = numa_node_of if self.spec == "real" else None
+        self.pcie_root_of = pcie_root_of if self.spec == "real" else None
         self.failure: str | None = None  # the current failure's message; None while scans work
         self.failures = 0  # consecutive failed scans
         self.warnings: set[str] = set()
@@ -156,7 +159,7 @@ class Rescanner:
         try:
             # owned whatever the mode: a GPU keeps the placements its prepared claims were given
             found = scan(load_nvml(self.spec, self.driver_root), numa_node_of=self.numa_node_of, mig=self.mig,
-                         owned=self.owned_mig(), mig_mode_off=self.mig_mode_off())
+                         owned=self.owned_mig(), mig_mode_off=self.mig_mode_off(), pcie_root_of=self.pcie_root_of)
         except NvmlUnavailable as error:
             if self.spec != "real" or nvidia_gpus_on_pci(self.sysfs) != []:  # GPUs, or unreadable
                 raise
