@@ -114,6 +114,55 @@ async def test_scheduler_places_the_seed_claim_on_64gi_gpus_only(kube: Kube, nam
         await kube.delete(DEVICE_CLASS, class_name)
 
 
+async def test_scheduler_aligns_gpus_on_the_standard_numa_node(kube: Kube, namespace: str, fake_nodes, agents,
+                                                                driver: str) -> None:
+    """The real scheduler reads resource.kubernetes.io/numaNode (KEP-6072) in a selector and in a
+    matchAttribute constraint, as a claim aligning a GPU with another driver's NIC would: dgx-h100
+    has GPUs 0-3 on NUMA node 0 and 4-7 on node 1."""
+    node = await fake_nodes("h100")
+    name = node["metadata"]["name"]
+    agent = agents(name, "fake:dgx-h100", driver)
+    await wait_for(published(kube, driver, name, 8, agent), timeout=30, what="8 published H100s")
+    class_name = driver
+    await kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": class_name},
+                       "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}})
+    try:
+        numa = 'device.attributes["resource.kubernetes.io"].numaNode == 1'
+        await kube.create({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "numa-1", "namespace": namespace},
+            "spec": {"devices": {
+                "requests": [
+                    {"name": "pinned", "exactly": {"deviceClassName": class_name,
+                                                   "selectors": [{"cel": {"expression": numa}}]}},
+                    {"name": "aligned", "exactly": {"deviceClassName": class_name, "count": 2}},
+                ],
+                "constraints": [{"requests": ["pinned", "aligned"],
+                                 "matchAttribute": "resource.kubernetes.io/numaNode"}],
+            }},
+        })
+        await kube.create({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "numa-1", "namespace": namespace},
+            "spec": {"resourceClaims": [{"name": "gpus", "resourceClaimName": "numa-1"}],
+                     "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                     "resources": {"claims": [{"name": "gpus"}]}}]},
+        })
+
+        async def allocated() -> Obj | None:
+            claim = await kube.get(CLAIM, "numa-1", namespace)
+            return claim if claim and (claim.get("status") or {}).get("allocation") else None
+
+        claim = await wait_for(allocated, timeout=30, what="the NUMA-aligned claim to be allocated")
+        results = claim["status"]["allocation"]["devices"]["results"]
+        assert sorted(r["request"] for r in results) == ["aligned", "aligned", "pinned"]
+        assert {r["pool"] for r in results} == {name}
+        # all three on NUMA node 1 (gpu-4..7), the two unpinned ones aligned by the constraint alone
+        assert len({r["device"] for r in results}) == 3
+        assert {r["device"] for r in results} <= {"gpu-4", "gpu-5", "gpu-6", "gpu-7"}
+    finally:
+        await kube.delete(DEVICE_CLASS, class_name)
+
+
 async def test_deleted_slice_is_restored_within_two_seconds(kube: Kube, fake_nodes, agents, driver: str) -> None:
     node = await fake_nodes("l4")
     name = node["metadata"]["name"]
