@@ -81,3 +81,22 @@ def test_an_unreadable_pci_bus_is_no_evidence_of_a_cpu_only_node(tmp_path: Path)
                         sysfs=tmp_path / "no-such-sysfs")
     assert not asyncio.run(scanner.scan_once())
     assert recorder.published == [] and recorder.events[0][1] == "GpuDiscoveryFailed"
+
+
+def test_sysfs_readers_describe_real_gpus_only(tmp_path: Path) -> None:
+    """The sysfs fallbacks (NUMA node, PCIe root) describe this machine's PCI devices, which a
+    simulated GPU is not: a fake: spec publishes neither from them."""
+    recorder = Recorder()
+
+    def numa(bus_id: str) -> int:
+        return 0
+
+    def root(bus_id: str) -> str:
+        return "pci0000:00"
+
+    fake = Rescanner("fake:l4x2", recorder.publish, numa_node_of=numa, pcie_root_of=root)
+    assert (fake.numa_node_of, fake.pcie_root_of) == (None, None)
+    asyncio.run(fake.scan_once())
+    assert recorder.published == [["gpu-0", "gpu-1"]]
+    real = Rescanner("real", recorder.publish, numa_node_of=numa, pcie_root_of=root)
+    assert (real.numa_node_of, real.pcie_root_of) == (numa, root)
