@@ -13,6 +13,8 @@ from typing import Any
 
 from gpudra_operator.leaderelection import LEASE_NAME, Timing
 
+log = logging.getLogger("gpudra.operator")
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("operator", help="run the GpuDraConfig operator")
@@ -98,7 +100,17 @@ async def _run(args: argparse.Namespace, timing: Timing) -> int:
         tasks = await kopf.spawn_tasks(standalone=True, identity=identity, stop_flag=stop,  # type: ignore[arg-type]
                                        ready_flag=kopf_ready, memo=kopf.Memo(stopping=stop), **scope)
         on_signals()
-        await kopf.run_tasks(tasks, ignored=ignored)
+        try:
+            await kopf.run_tasks(tasks, ignored=ignored)
+        except Exception:
+            if not stop.is_set():
+                raise
+            # kopf stops its root tasks (its API session among them) before the handlers still in
+            # flight, and re-raises what those then fail with: a status patch on the closed session
+            # (aiohttp's "assert self._connector is not None"). The work is not lost: the next leader
+            # reconciles every config again. A stop asked for is a clean stop.
+            log.warning("a handler in flight failed while the operator stopped; the next leader reconciles again",
+                        exc_info=True)
 
     def health() -> tuple[bool, dict[str, Any]]:
         return role["role"] == "standby" or kopf_ready.is_set(), role
