@@ -1,4 +1,5 @@
-"""Fixtures for the driver's pure-function tests: simulated NVML from shipped or edited profiles."""
+"""Fixtures for the driver's unit tests: simulated NVML from shipped or edited profiles, and the
+mock libnvidia-ml.so.1 the real pynvml loads."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpudra_dev.localcluster.fakedriverroot import mock_nvml_library
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 
 
@@ -36,3 +38,12 @@ def profile_file(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return make
+
+
+@pytest.fixture(scope="session")
+def mock_lib() -> Path:
+    """The built mock libnvidia-ml.so.1; a failure says how to build it."""
+    try:
+        return mock_nvml_library()
+    except RuntimeError as exc:
+        pytest.fail(f"{exc}", pytrace=False)

@@ -21,7 +21,6 @@ from gpudra_driver.plugin.miginstances import MigInstances
 from gpudra_driver.plugin.model import MigPlacement
 from gpudra_dev.localcluster import mockstate
 from gpudra_dev.localcluster.waiting import wait_for
-from test_mock_nvml import mock_lib  # noqa: F401 (the fixture: the built mock library, or how to build it)
 
 D = "gpu.example.com"
 SPEC = "fake:h100-dynamic-mig"  # two H100 80GB HBM3, MIG enabled, no MIG devices

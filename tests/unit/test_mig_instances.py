@@ -31,7 +31,7 @@ from gpudra_driver.nvml.fake import (
     tree_gpu_instance_id,
 )
 from gpudra_dev.localcluster import fakedriverroot, mockstate
-from gpudra_dev.localcluster.fakedriverroot import LIB_DIR, make_driver_root, mock_nvml_library
+from gpudra_dev.localcluster.fakedriverroot import LIB_DIR, make_driver_root
 
 BACKENDS = ("mock", "fake")
 
@@ -300,14 +300,6 @@ def _profile_yaml(tmp_path: Path) -> Path:
     path = tmp_path / "h100x4.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
-
-
-@pytest.fixture(scope="module")
-def mock_lib() -> Path:
-    try:
-        return mock_nvml_library()
-    except RuntimeError as exc:
-        pytest.fail(f"{exc}", pytrace=False)
 
 
 class Machine:

@@ -15,18 +15,9 @@ import yaml
 from test_mig_instances import Machine, _profile_yaml
 
 from gpudra_dev.localcluster import mockstate
-from gpudra_dev.localcluster.fakedriverroot import mock_nvml_library
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 
 ON, OFF = pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_DISABLE
-
-
-@pytest.fixture(scope="module")
-def mock_lib() -> Path:
-    try:
-        return mock_nvml_library()
-    except RuntimeError as exc:
-        pytest.fail(f"{exc}", pytrace=False)
 
 
 @pytest.fixture

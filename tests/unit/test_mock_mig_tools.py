@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_mig_instances import BACKENDS, Machine, mock_lib  # noqa: F401 - a fixture
+from test_mig_instances import BACKENDS, Machine
 from test_mock_sharing_tools import mps_env, start
 
 from gpudra_driver.nvml.fake import load_profile, mig_uuid

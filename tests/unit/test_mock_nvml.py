@@ -169,14 +169,6 @@ _probe_ns: dict[str, Any] = {}
 exec(PROBE, _probe_ns)  # noqa: S102 - the simulator side of the same probe
 
 
-@pytest.fixture(scope="module")
-def mock_lib() -> Path:
-    try:
-        return mock_nvml_library()
-    except RuntimeError as exc:
-        pytest.fail(f"{exc}", pytrace=False)
-
-
 def _nvml_lib(root: Path) -> Path:
     return (root / LIB_DIR / "libnvidia-ml.so.1").absolute()
 

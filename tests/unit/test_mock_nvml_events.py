@@ -19,7 +19,6 @@ from gpudra_driver.devicehealth.plan import Probe
 from gpudra_driver.devicehealth.apply import probe
 from gpudra_driver.nvml import load_nvml
 from gpudra_dev.localcluster.fakedriverroot import make_driver_root
-from test_mock_nvml import mock_lib  # noqa: F401 (the fixture: the built mock library, or how to build it)
 
 SECOND_GPU = """
   - name: NVIDIA A100-SXM4-80GB

@@ -97,24 +97,30 @@ class MigInstances:
                 return "foreign"
             return "present" if _listed_uuid(nvml, handle, placement) is not None else "missing"
 
-    @contextmanager
-    def _nvml(self, doing: str) -> Iterator[Any]:
+    def _nvml(self, doing: str) -> Any:
+        return nvml_session(self.load_nvml, doing)
+
+
+@contextmanager
+def nvml_session(load_nvml: Callable[[], Any], doing: str) -> Iterator[Any]:
+    """One NVML session for a MIG change (``doing``, for the error): every failure, starting NVML
+    included, is a :class:`MigInstanceError` naming what was being done; NVML is shut down after."""
+    try:
+        nvml = load_nvml()
+        nvml.nvmlInit()
+    except Exception as error:  # NvmlUnavailable, NVMLError
+        raise MigInstanceError(f"{doing}: NVML failed to start: {error}") from None
+    try:
+        yield nvml
+    except MigInstanceError:
+        raise
+    except nvml.NVMLError as error:
+        raise MigInstanceError(f"{doing}: {_named(error)}") from None
+    finally:
         try:
-            nvml = self.load_nvml()
-            nvml.nvmlInit()
-        except Exception as error:  # NvmlUnavailable, NVMLError
-            raise MigInstanceError(f"{doing}: NVML failed to start: {error}") from None
-        try:
-            yield nvml
-        except MigInstanceError:
-            raise
-        except nvml.NVMLError as error:
-            raise MigInstanceError(f"{doing}: {_named(error)}") from None
-        finally:
-            try:
-                nvml.nvmlShutdown()
-            except nvml.NVMLError:
-                pass
+            nvml.nvmlShutdown()
+        except nvml.NVMLError:
+            pass
 
 
 def _where(placement: MigPlacement) -> str:

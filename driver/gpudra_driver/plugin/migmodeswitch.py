@@ -17,12 +17,11 @@ unprepare or rollback repeated after a crash ends in the same state. Failures ar
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from gpudra_core.migpartitions import MigGeometry
-from gpudra_driver.plugin.miginstances import MigInstanceError
+from gpudra_driver.plugin.miginstances import MigInstanceError, nvml_session
 
 
 class MigModeSwitch:
@@ -76,24 +75,8 @@ class MigModeSwitch:
                 raise MigInstanceError(f"GPU {uuid}: MIG mode is not on again yet (activation status "
                                        f"{_status(nvml, status)}: a process may still use the GPU)")
 
-    @contextmanager
-    def _nvml(self, doing: str) -> Iterator[Any]:
-        try:
-            nvml = self.load_nvml()
-            nvml.nvmlInit()
-        except Exception as error:  # NvmlUnavailable, NVMLError
-            raise MigInstanceError(f"{doing}: NVML failed to start: {error}") from None
-        try:
-            yield nvml
-        except MigInstanceError:
-            raise
-        except nvml.NVMLError as error:
-            raise MigInstanceError(f"{doing}: {type(error).__name__.removeprefix('NVMLError_')}: {error}") from None
-        finally:
-            try:
-                nvml.nvmlShutdown()
-            except nvml.NVMLError:
-                pass
+    def _nvml(self, doing: str) -> Any:
+        return nvml_session(self.load_nvml, doing)
 
 
 def _gpu_instances(nvml: Any, handle: Any, geometry: MigGeometry) -> int:
