@@ -313,7 +313,7 @@ async def _report_ready(path: Path, plugin: object, published: asyncio.Event) ->
 async def _main(args: argparse.Namespace) -> int:
     from gpudra_core.kubeapi import Kube, connect
     from gpudra_driver.nodeevents import NodeEvents
-    from gpudra_driver.plugin.sharing.mps.apply import report_restarts
+    from gpudra_driver.plugin.sharing.mps.apply import watch_daemons
     from gpudra_driver.plugin.sweep import LeakSweeper
     from gpudra_driver.plugin.plugin import KubeletPlugin, claim_getter
     from gpudra_driver.publishing.apply import SlicePublisher
@@ -368,8 +368,8 @@ async def _main(args: argparse.Namespace) -> int:
                                  name="checkpoint-sweep"),
              asyncio.create_task(plugin.watch(), name="kubelet-plugin"),
              asyncio.create_task(_watch_mig_instances(plugin, events, args.rescan_interval), name="mig-instances"),
-             asyncio.create_task(report_restarts(plugin.state.sharing.mps, plugin.state.prepared_claims, events.post),
-                                 name="mps-restarts")]
+             asyncio.create_task(watch_daemons(plugin.state.sharing.mps, plugin.state.prepared_claims, events.post),
+                                 name="mps-daemons")]
     if args.ready_file:
         tasks.append(asyncio.create_task(
             _report_ready(Path(args.ready_file), plugin, publisher.published),

@@ -12,6 +12,10 @@ What the kubelet plugin calls (driver/gpudra_driver/plugin/):
 What device health calls (driver/gpudra_driver/devicehealth/): ``device_health(counts)`` with the number
 of devices per health state (healthy, unhealthy, unmonitored) whenever it recomputes them.
 
+What the MPS side calls (driver/gpudra_driver/plugin/sharing/mps/apply.py, every few seconds from
+the MPS supervisor's status files): ``mps_daemons(counts)`` with the claims' control daemons per
+state (Ready, Starting, Failed) and ``mps_daemons_restarted(n)`` with the restarts it saw since.
+
 What the publisher calls: ``published(devices, slices)`` after every successful sync (a no-op sync
 counts: the published state was confirmed current) and ``publish_failed()`` when a sync raised.
 
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from prometheus_client import Counter, Gauge, Histogram, Info
@@ -88,6 +92,12 @@ PUBLISH_ERRORS = Counter("gpudra_agent_publish_errors_total", "ResourceSlice syn
 DEVICES_BY_HEALTH = Gauge("gpudra_agent_devices", "Devices this agent discovered, by health state "
                           "(healthy, unhealthy: a NoSchedule/NoExecute taint, unmonitored: no NVML events).",
                           ["health"])
+# The daemons run in the MPS supervisor (a DaemonSet of their own, serving no metrics); the agent
+# counts them from the status files the supervisor writes beside each claim's daemon spec.
+MPS_DAEMONS = Gauge("gpudra_agent_mps_daemons", "MPS control daemons of this node's prepared claims, by state "
+                    "(Ready, Starting, Failed) as the MPS supervisor last reported them.", ["state"])
+MPS_DAEMON_RESTARTS = Counter("gpudra_agent_mps_daemon_restarts_total",
+                              "MPS control daemons the MPS supervisor started again after they exited.")
 BUILD_INFO = Info("gpudra_agent_build", "The gpudra version of this agent.")
 
 
@@ -110,6 +120,16 @@ def set_prepared_claims(count: int) -> None:
 def device_health(counts: dict[str, int]) -> None:
     for state, count in counts.items():
         DEVICES_BY_HEALTH.labels(health=state).set(count)
+
+
+def mps_daemons(counts: Mapping[str, int]) -> None:
+    for state, count in counts.items():
+        MPS_DAEMONS.labels(state=state).set(count)
+
+
+def mps_daemons_restarted(count: int) -> None:
+    if count:
+        MPS_DAEMON_RESTARTS.inc(count)
 
 
 def published(devices: int, slices: int) -> None:

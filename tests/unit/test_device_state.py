@@ -1112,7 +1112,7 @@ async def test_the_mps_restart_reports_go_on_through_a_corrupt_checkpoint(tmp_pa
     import asyncio
 
     from gpudra_driver.plugin.sharing.mps.plan import STATUS_FILE, DaemonSpec
-    from gpudra_driver.plugin.sharing.mps.apply import report_restarts
+    from gpudra_driver.plugin.sharing.mps.apply import watch_daemons
     from gpudra_dev.localcluster.waiting import wait_for
 
     state = make(tmp_path)
@@ -1141,7 +1141,7 @@ async def test_the_mps_restart_reports_go_on_through_a_corrupt_checkpoint(tmp_pa
             failures.append(error)
             raise
 
-    task = asyncio.create_task(report_restarts(state.sharing.mps, claims, report, interval=0.01))
+    task = asyncio.create_task(watch_daemons(state.sharing.mps, claims, report, interval=0.01))
     try:
         state.checkpoint_path.write_bytes(b"{not json")  # prepared_claims() now raises
 

@@ -95,6 +95,51 @@ def test_publishing() -> None:
     assert value("gpudra_agent_publish_errors_total") - failures == 1
 
 
+async def test_mps_daemons_by_state_and_their_restarts(tmp_path: Path) -> None:
+    """The agent's look at the MPS supervisor's status files (real files, as the supervisor writes
+    them) sets the daemons' gauge per state and counts each restart once."""
+    import json
+
+    from gpudra_driver.plugin.sharing.mps.apply import MpsDaemons, watch_daemons
+    from gpudra_driver.plugin.sharing.mps.plan import SPEC_FILE, STATUS_FILE, DaemonSpec
+    from gpudra_dev.localcluster.waiting import wait_for
+
+    uids = [f"0c1d2e3f-0000-4000-8000-00000000000{i}" for i in range(3)]
+
+    def daemon(uid: str, status: dict | None) -> None:
+        (tmp_path / uid).mkdir(exist_ok=True)
+        (tmp_path / uid / SPEC_FILE).write_bytes(DaemonSpec(uid, ("GPU-1",)).encode())
+        if status is not None:
+            (tmp_path / uid / STATUS_FILE).write_text(json.dumps(status))
+
+    async def gauge_is(ready: int, starting: int, failed: int) -> bool:
+        states = {s: value("gpudra_agent_mps_daemons", state=s) for s in ("Ready", "Starting", "Failed")}
+        return states == {"Ready": ready, "Starting": starting, "Failed": failed}
+
+    async def restart_posted() -> bool:
+        return events == ["MPSDaemonRestarted"]
+
+    async def posted(kind: str, reason: str, message: str) -> None:
+        events.append(reason)
+
+    events: list[str] = []
+    daemon(uids[0], {"state": "Ready", "restarts": 0})
+    daemon(uids[1], {"state": "Failed", "restarts": 0, "message": "no such GPU"})
+    daemon(uids[2], None)  # the supervisor has not converged it yet
+    restarts = value("gpudra_agent_mps_daemon_restarts_total")
+    task = asyncio.create_task(watch_daemons(MpsDaemons(tmp_path), lambda: [], posted, interval=0.01))
+    try:
+        await wait_for(lambda: gauge_is(1, 1, 1), timeout=10, what="a daemon in each state")
+        daemon(uids[0], {"state": "Ready", "restarts": 2})  # restarted twice since the last look
+        daemon(uids[2], {"state": "Ready", "restarts": 0})
+        (tmp_path / uids[1] / SPEC_FILE).unlink()  # unprepared: the supervisor stops it
+        await wait_for(lambda: gauge_is(2, 0, 0), timeout=10, what="two daemons ready, the failed one gone")
+        await wait_for(restart_posted, timeout=10, what="the restart's Event")
+        assert value("gpudra_agent_mps_daemon_restarts_total") - restarts == 2
+    finally:
+        task.cancel()
+
+
 def test_the_endpoint_serves_every_documented_name() -> None:
     port = free_port()
     operator_metrics.serve(port, addr="127.0.0.1")

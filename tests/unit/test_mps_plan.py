@@ -126,3 +126,15 @@ def test_cdi_edits_point_the_clients_at_the_claims_pipe_and_shm() -> None:
 def test_a_malformed_daemon_spec_is_refused(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         mps.DaemonSpec.from_json(bad)
+
+
+def test_daemons_are_counted_by_the_state_the_supervisor_last_reported() -> None:
+    statuses = {"a": {"state": "Ready"}, "b": {"state": "Failed", "message": "no GPU"}, "c": None,
+                "d": {"state": "Ready"}, "e": {"state": "Exploded"}}
+    assert mps.daemons_by_state(statuses) == {"Ready": 2, "Starting": 2, "Failed": 1}
+    assert mps.daemons_by_state({}) == {"Ready": 0, "Starting": 0, "Failed": 0}  # every state, so a gauge drops to 0
+
+
+def test_restarts_since_counts_only_the_claims_whose_daemon_restarted() -> None:
+    assert mps.restarts_since({"a": 3, "b": 1, "c": 2}, {"a": 1, "b": 1}) == {"a": 2, "c": 2}
+    assert mps.restarts_since({"a": 1}, {"a": 4}) == {}  # a new daemon for the claim: its count started again

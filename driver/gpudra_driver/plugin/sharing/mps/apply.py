@@ -17,9 +17,11 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpudra_driver import metrics
 from gpudra_driver.plugin.fsutil import remove, write_atomic
 from gpudra_driver.plugin.model import PreparedClaim, is_uid
-from gpudra_driver.plugin.sharing.mps.plan import KILL_WAIT, SPEC_FILE, STATUS_FILE, SUPERVISOR_SOCKET, DaemonSpec
+from gpudra_driver.plugin.sharing.mps.plan import (KILL_WAIT, READY, SPEC_FILE, STATUS_FILE, SUPERVISOR_SOCKET,
+                                                   DaemonSpec, daemons_by_state, restarts_since)
 from gpudra_driver.plugin.sockets import SocketAddress
 
 log = logging.getLogger(__name__)
@@ -82,7 +84,7 @@ class MpsDaemons:
         problems = {}
         for uid in added:
             status = statuses.get(uid) or {}
-            if status.get("state") != "Ready":
+            if status.get("state") != READY:
                 problems[uid] = f"its MPS control daemon is not running: {status.get('message') or 'no status'}"
         return problems
 
@@ -118,16 +120,31 @@ class MpsDaemons:
         except (ValueError, KeyError, TypeError):
             raise MpsUnavailable(f"the MPS supervisor answered {data[:200]!r}") from None
 
-    def restarts(self) -> dict[str, int]:
-        """Claim UID -> how often its daemon was restarted, from the supervisor's status files (no call)."""
-        counts = {}
+    def statuses(self) -> dict[str, Mapping[str, Any] | None]:
+        """Claim UID -> the supervisor's last status of its daemon (its status file; None: none
+        yet, or unreadable), for every spec on disk. No call: the files are read."""
+        statuses: dict[str, Mapping[str, Any] | None] = {}
         for uid in self.present():
             try:
                 status = json.loads((self.root / uid / STATUS_FILE).read_bytes())
-                counts[uid] = int(status.get("restarts") or 0)
-            except (OSError, ValueError, TypeError, AttributeError):
-                continue
-        return counts
+            except (OSError, ValueError):
+                status = None
+            statuses[uid] = status if isinstance(status, dict) else None
+        return statuses
+
+    def restarts(self) -> dict[str, int]:
+        """Claim UID -> how often its daemon was restarted, from the supervisor's status files (no call)."""
+        return restarts_of(self.statuses())
+
+
+def restarts_of(statuses: Mapping[str, Mapping[str, Any] | None]) -> dict[str, int]:
+    counts = {}
+    for uid, status in statuses.items():
+        try:
+            counts[uid] = int((status or {}).get("restarts") or 0)
+        except (ValueError, TypeError):
+            continue
+    return counts
 
 
 def _left(deadline: float) -> float:
@@ -138,37 +155,46 @@ def _left(deadline: float) -> float:
     return left
 
 
-RESTART_CHECK_INTERVAL = 5.0  # seconds between looks at the daemons' restart counts
+CHECK_INTERVAL = 5.0  # seconds between looks at the daemons' status files
 
 
-async def report_restarts(daemons: MpsDaemons, claims: Callable[[], Sequence[PreparedClaim]],
-                          report: Callable[[str, str, str], Awaitable[None]],
-                          interval: float = RESTART_CHECK_INTERVAL) -> None:
-    """A Warning Event (on the Node: the agent writes events nowhere else) whenever the supervisor
-    restarted a claim's daemon: the claim's processes lost their MPS server and must start again."""
-    seen: dict[str, int] | None = None
+async def watch_daemons(daemons: MpsDaemons, claims: Callable[[], Sequence[PreparedClaim]],
+                        report: Callable[[str, str, str], Awaitable[None]],
+                        interval: float = CHECK_INTERVAL) -> None:
+    """Every ``interval`` seconds, the daemons as the supervisor's status files say: their count
+    by state (``gpudra_agent_mps_daemons``) and, whenever the supervisor restarted a claim's
+    daemon, ``gpudra_agent_mps_daemon_restarts_total`` and a Warning Event (on the Node: the agent
+    writes events nowhere else): the claim's processes lost their MPS server and must start again."""
+    seen: dict[str, int] | None = None  # restart counts the Events have covered
+    counted: dict[str, int] | None = None  # ... and the counter: an Event that failed is posted again, not counted
     while True:
         try:
-            counts = await asyncio.to_thread(daemons.restarts)
+            statuses = await asyncio.to_thread(daemons.statuses)
+            metrics.mps_daemons(daemons_by_state(statuses))
+            counts = restarts_of(statuses)
+            if counted is not None:
+                metrics.mps_daemons_restarted(sum(restarts_since(counts, counted).values()))
+            counted = counts
             if seen is not None:
                 await _report_new(counts, seen, claims, report)
             seen = counts
         except Exception:  # noqa: BLE001 (a corrupt checkpoint, an API error: the agent goes on, recovering in place)
-            log.exception("looking at the MPS daemons' restarts failed; trying again in %gs", interval)
+            log.exception("looking at the MPS daemons failed; trying again in %gs", interval)
         await asyncio.sleep(interval)
 
 
 async def _report_new(counts: Mapping[str, int], seen: Mapping[str, int],
                       claims: Callable[[], Sequence[PreparedClaim]],
                       report: Callable[[str, str, str], Awaitable[None]]) -> None:
-    if not any(count > seen.get(uid, 0) for uid, count in counts.items()):
+    new = restarts_since(counts, seen)
+    if not new:
         return
     names = {c.uid: c.ref for c in claims()}
-    for uid, count in counts.items():
-        if count > seen.get(uid, 0):
-            claim = names.get(uid)
-            what = f"ResourceClaim {claim.namespace}/{claim.name} (UID {uid})" if claim else f"claim {uid}"
-            await report("Warning", "MPSDaemonRestarted",
-                         f"the MPS control daemon of {what} exited and was started again (restart {count}, "
-                         "limits set again); processes that were using it lost their MPS server and must "
-                         "be restarted")
+    for uid in new:
+        count = counts[uid]
+        claim = names.get(uid)
+        what = f"ResourceClaim {claim.namespace}/{claim.name} (UID {uid})" if claim else f"claim {uid}"
+        await report("Warning", "MPSDaemonRestarted",
+                     f"the MPS control daemon of {what} exited and was started again (restart {count}, "
+                     "limits set again); processes that were using it lost their MPS server and must "
+                     "be restarted")

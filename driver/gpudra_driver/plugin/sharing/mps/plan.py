@@ -47,6 +47,9 @@ ROOT = "mps"  # under the plugin directory
 CONTAINER_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # the MPS clients' default CUDA_MPS_PIPE_DIRECTORY
 SPEC_FILE = "daemon.json"  # in a claim's directory: written by the agent
 STATUS_FILE = "status.json"  # in a claim's directory: written by the supervisor
+# A daemon's state in the supervisor's status file (its ``state``).
+READY, STARTING, FAILED = "Ready", "Starting", "Failed"
+DAEMON_STATES = (READY, STARTING, FAILED)
 # Seconds the supervisor waits for a daemon it killed (SIGKILL, with its process group) to go: a stop's
 # bound, which the agent waits for under its node lock (one stuck in the driver may never go).
 KILL_WAIT = 5.0
@@ -152,3 +155,20 @@ def cdi_edits(root: Path, claim_uid: str) -> dict[str, Any]:
                         "options": ["rbind", "rw", "nosuid", "nodev"]},
                        {"hostPath": str(base / "shm"), "containerPath": "/dev/shm",
                         "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]}]}  # as runtimes mount /dev/shm
+
+
+def daemons_by_state(statuses: Mapping[str, Mapping[str, Any] | None]) -> dict[str, int]:
+    """State -> how many of the daemons (claim UID -> its status, None: none yet) are in it, every
+    state present. A daemon the supervisor has not reported on (or in a state it never writes) is
+    Starting: its spec is there, so it is on its way."""
+    counts = dict.fromkeys(DAEMON_STATES, 0)
+    for status in statuses.values():
+        state = status.get("state") if status is not None else None
+        counts[state if state in counts else STARTING] += 1
+    return counts
+
+
+def restarts_since(counts: Mapping[str, int], seen: Mapping[str, int]) -> dict[str, int]:
+    """Claim UID -> restarts of its daemon since ``seen`` (both claim UID -> restart count), for
+    the claims whose count went up; a claim not in ``seen`` had none before."""
+    return {uid: count - seen.get(uid, 0) for uid, count in counts.items() if count > seen.get(uid, 0)}

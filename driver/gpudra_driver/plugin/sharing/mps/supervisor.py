@@ -101,8 +101,8 @@ from gpudra_driver.plugin.sharing.mps.mounts import (PIPE_INODES, PIPE_SIZE, VIE
                                      mount_tmpfs, remove_tree, shm_inodes, unmount)
 from gpudra_driver.plugin.fsutil import remove, write_atomic
 from gpudra_driver.plugin.model import is_uid
-from gpudra_driver.plugin.sharing.mps.plan import (DEFAULT_MAX_SHM_SIZE, DEFAULT_SHM_SIZE, KILL_WAIT, SPEC_FILE, STATUS_FILE,
-                                      SUPERVISOR_SOCKET, DaemonSpec)
+from gpudra_driver.plugin.sharing.mps.plan import (DEFAULT_MAX_SHM_SIZE, DEFAULT_SHM_SIZE, FAILED, KILL_WAIT, READY,
+                                      SPEC_FILE, STARTING, STATUS_FILE, SUPERVISOR_SOCKET, DaemonSpec)
 from gpudra_driver.plugin.sockets import SocketAddress
 from gpudra_driver.plugin.sharing.mps.processes import ProcessRecord, exited, kill_group, observe, open_recorded, wait_exited
 from gpudra_core.quantity import format_quantity, parse_quantity
@@ -123,7 +123,6 @@ MAX_SYNC_CLAIMS = 4096  # claim UIDs in one sync request
 EMPTY_OPS = 8 * PIPE_INODES  # scans and removals to empty a claim's pipe tmpfs: a full one takes fewer
 EMPTY_TIMEOUT = 5.0  # seconds to empty a claim's pipe directory, whatever it is
 CLIENT_OUTPUT_LIMIT = 64 * 2**10  # bytes a control client call may print: more fails the call
-READY, STARTING, FAILED = "Ready", "Starting", "Failed"
 
 
 def shm_size_of(spec: DaemonSpec, default: int, bound: int) -> int:
