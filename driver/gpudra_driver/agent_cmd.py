@@ -61,6 +61,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="seconds between sweeps that release prepared claims whose unprepare never came "
                              "(deleted, re-created or deallocated claims); one also runs at start "
                              "(default: %(default)s)")
+    parser.add_argument("--claim-status", action=argparse.BooleanOptionalAction, default=True,
+                        help="write each prepared claim's status.devices (KEP-4817: Ready, and the GPU it got) "
+                             "with the agent's field manager, and remove it at unprepare (default: on)")
     parser.add_argument("--allow-device-plugin", action="store_true",
                         help="publish GPUs even where NVIDIA's device plugin advertises nvidia.com/gpu on the "
                              "node (by default nothing is published there: a GPU must not be handed out twice)")
@@ -316,6 +319,8 @@ async def _main(args: argparse.Namespace) -> int:
     from gpudra_driver.plugin.sharing.mps.apply import watch_daemons
     from gpudra_driver.plugin.sweep import LeakSweeper
     from gpudra_driver.plugin.plugin import KubeletPlugin, claim_getter
+    from gpudra_driver.plugin.claimreporter import ClaimReporter
+    from prometheus_client import REGISTRY
     from gpudra_driver.publishing.apply import SlicePublisher
 
     from gpudra_driver.driverroot import DriverRoot, DriverRootError
@@ -344,6 +349,10 @@ async def _main(args: argparse.Namespace) -> int:
                            cdi_dir=Path(args.cdi_dir), driver_root=root, cdi_hook=args.nvidia_cdi_hook,
                            host_dev=Path(args.host_dev), instance=args.pod_uid, nvml=args.nvml,
                            get_claim=claim_getter(kube), health=_health_feed(args))
+    plugin.reporter = reporter = ClaimReporter(kube, driver=args.driver, node=args.node_name,
+                                               prepared_claims=plugin.state.prepared_claims,
+                                               write_status=args.claim_status)
+    REGISTRY.register(reporter)
     try:
         await plugin.start()
     except RuntimeError as error:  # the node's checkpoint cannot be used as it is (plugin.recovery)
@@ -364,8 +373,10 @@ async def _main(args: argparse.Namespace) -> int:
              asyncio.create_task(_rescan_loop(args, publisher, plugin, kube, events, root), name="rescan"),
              asyncio.create_task(LeakSweeper(prepared=plugin.state.held_claims, get_claim=plugin.get_claim,
                                              unprepare=plugin.unprepare, driver=args.driver, node=args.node_name,
-                                             report=events.post, interval=args.checkpoint_sweep_interval).run(),
+                                             report=events.post, interval=args.checkpoint_sweep_interval,
+                                             seen=reporter.seen).run(),
                                  name="checkpoint-sweep"),
+             asyncio.create_task(reporter.run(), name="claim-status"),
              asyncio.create_task(plugin.watch(), name="kubelet-plugin"),
              asyncio.create_task(_watch_mig_instances(plugin, events, args.rescan_interval), name="mig-instances"),
              asyncio.create_task(watch_daemons(plugin.state.sharing.mps, plugin.state.prepared_claims, events.post),

@@ -37,6 +37,7 @@ from gpudra_driver.nvml import load_nvml
 from gpudra_driver.plugin import service
 from gpudra_driver.plugin.sharing.mps import plan as mps
 from gpudra_driver.plugin.cdi import CdiDir
+from gpudra_driver.plugin.claimreporter import ClaimReporter
 from gpudra_driver.plugin.checkpoint import read_boot_id
 from gpudra_driver.plugin.driverfiles import DriverFilesCache
 from gpudra_driver.plugin.devicenodes import CapMinor, node_devices, read_mig_cap_minor
@@ -100,10 +101,12 @@ class KubeletPlugin:
                  instance: str | None = None, boot_id: str | None = None,
                  proc_root: Path = Path("/proc"), api_versions: Sequence[str] = ("v1", "v1beta1"),
                  fault: FaultHook | None = None, claim_get_timeout: float = CLAIM_GET_TIMEOUT,
-                 nvml: str | None = None, health: service.Feed | None = None) -> None:
+                 nvml: str | None = None, health: service.Feed | None = None,
+                 reporter: ClaimReporter | None = None) -> None:
         """``nvml``: the NVML the agent discovers with (see :func:`gpudra_driver.nvml.load_nvml`),
         also used to change a GPU's compute mode for sharing. ``health``: the device health to
-        stream to the kubelet (DRAResourceHealth, served and advertised only then)."""
+        stream to the kubelet (DRAResourceHealth, served and advertised only then). ``reporter``:
+        told of every claim prepared and unprepared, after the answer (claim status, per-pod series)."""
         self.driver, self.node = driver, node
         self.instance = instance or str(uuid.uuid4())
         self.plugin_dir = kubelet_dir / "plugins" / driver
@@ -124,6 +127,7 @@ class KubeletPlugin:
                                  mig=MigInstances(control.load_nvml, self.cap_minor))
         self.api_versions = tuple(api_versions)
         self.health = health
+        self.reporter = reporter
         self.registration = RegistrationServicer(
             driver, os.fspath(self.dra_socket),
             (*(v for v in SUPPORTED_VERSIONS if v.split(".")[0] in self.api_versions),
@@ -138,6 +142,8 @@ class KubeletPlugin:
     def set_devices(self, devices: Sequence[Device]) -> None:
         """This node's devices from the latest discovery (called from the rescan loop)."""
         self.state.set_devices(node_devices(list(devices), self.cap_minor))
+        if self.reporter is not None:
+            self.reporter.set_devices(devices)
         self.devices_known.set()
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -233,6 +239,10 @@ class KubeletPlugin:
             self._fetching -= 1
         results = await self.state.prepare(list(zip(refs, fetched)), deadline)
         self._record(metrics.PREPARE, started, [r.error for r in results.values()])
+        if self.reporter is not None:
+            for ref, live in zip(refs, fetched):
+                if (result := results.get(ref.uid)) is not None and result.claim is not None:
+                    self.reporter.prepared(result.claim, live if isinstance(live, Mapping) else None)
         return results
 
     async def unprepare(self, refs: Sequence[ClaimRef]) -> Mapping[str, str | None]:
@@ -241,6 +251,10 @@ class KubeletPlugin:
         started, deadline = time.perf_counter(), time.monotonic() + CALL_BUDGET
         results = await self.state.unprepare(refs, deadline)
         self._record(metrics.UNPREPARE, started, list(results.values()))
+        if self.reporter is not None:
+            for ref in refs:
+                if ref.uid in results and results[ref.uid] is None:
+                    self.reporter.unprepared(ref)
         return results
 
     def _record(self, operation: metrics.ClaimOperation, started: float, errors: list[str | None]) -> None:

@@ -36,6 +36,7 @@ log = logging.getLogger("gpudra.agent")
 GetClaim = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
 Unprepare = Callable[[Sequence[ClaimRef]], Awaitable[Mapping[str, str | None]]]
 Report = Callable[[str, str, str], Awaitable[None]]
+Seen = Callable[[ClaimRef, Mapping[str, Any] | None], None]
 DEFAULT_INTERVAL = 300.0
 
 
@@ -73,9 +74,10 @@ def leak_reason(prepared: HeldClaim, live: Mapping[str, Any] | None, *, driver: 
 class LeakSweeper:
     def __init__(self, *, prepared: Callable[[], Sequence[HeldClaim]], get_claim: GetClaim,
                  unprepare: Unprepare, driver: str, node: str, report: Report | None = None,
-                 interval: float = DEFAULT_INTERVAL, rate: float = 10.0) -> None:
+                 interval: float = DEFAULT_INTERVAL, rate: float = 10.0, seen: Seen | None = None) -> None:
+        """``seen``: told each claim as the API server returned it (the claim reporter's view)."""
         self.prepared, self.get_claim, self.unprepare = prepared, get_claim, unprepare
-        self.driver, self.node, self.report = driver, node, report
+        self.driver, self.node, self.report, self.seen = driver, node, report, seen
         self.interval, self.rate = interval, rate
         self._suspects: set[str] = set()  # UIDs the previous sweep found leaked
 
@@ -100,6 +102,8 @@ class LeakSweeper:
             except Exception as error:  # noqa: BLE001 - no evidence: keep it
                 log.debug("checkpoint sweep: %s: %r", claim.ref, error)
                 continue
+            if self.seen is not None:
+                self.seen(claim.ref, live)
             reason = leak_reason(claim, live, driver=self.driver, node=self.node)
             if reason is not None:
                 leaked.append((claim, reason))

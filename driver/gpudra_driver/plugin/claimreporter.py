@@ -1,0 +1,159 @@
+"""The I/O shell of :mod:`.claimreport`: claim status written, the per-pod series served.
+
+The kubelet's call is answered first; the status write follows on its own task, so an API server
+that is slow or down never delays a pod's start (the kubelet does not read the status). Writes
+are queued per claim, the latest wanted state replacing an older one not yet written, and sent one
+at a time with each request's deadline. A failure the API server may get over (a timeout, 429, 5xx)
+is retried with backoff; an answer that will not change (the claim gone, re-created, no longer
+allocated these devices, or this agent not allowed) drops the write, logged.
+
+An agent that restarts, or a peer instance during a rolling update, learns what is prepared from
+the checkpoint (:meth:`refresh`) and what the API server holds from the leak sweep's periodic GET
+of every prepared claim (:meth:`seen`), and writes only what is missing. The sweep's GET also
+refreshes which pods hold each claim (a pod that joins a shared claim is seen at once: the kubelet
+prepares the claim again for it).
+
+The info series are kept as an immutable snapshot that the metrics thread reads."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gpudra_core.devicemodel import Device
+from gpudra_core.kubeapi import Kube, Obj, error_message
+from gpudra_driver.plugin.claimreport import (INFO_LABELS, consumer_pods, device_status_entries, generation_of,
+                                              info_series, live_entries, same_entries, status_apply)
+from gpudra_driver.plugin.model import ClaimRef, PreparedClaim
+
+log = logging.getLogger(__name__)
+
+INFO_METRIC = "gpudra_agent_claim_device_info"
+MAX_BACKOFF = 60.0
+# Answers that will not change by asking again: not found, UID precondition failed (re-created),
+# invalid (no longer allocated these devices), forbidden (RBAC or the admission policy).
+_FINAL = (403, 404, 409, 422)
+
+
+class ClaimReporter(Collector):
+    def __init__(self, kube: Kube | None, *, driver: str, node: str,
+                 prepared_claims: Callable[[], Sequence[PreparedClaim]], write_status: bool = True) -> None:
+        """``kube``: writes the status (None, or ``write_status`` False: only the series are kept)."""
+        self.kube = kube if write_status else None
+        self.driver, self.node = driver, node
+        self.prepared_claims = prepared_claims
+        self.published: Mapping[str, Device] = {}
+        self._claims: dict[str, PreparedClaim] = {}
+        self._pods: dict[str, tuple[str, ...]] = {}
+        self._pending: dict[str, tuple[ClaimRef, Obj]] = {}  # claim UID -> the apply still to send
+        self._wake = asyncio.Event()
+        self._series: tuple[tuple[str, ...], ...] = ()
+
+    # -- what the plugin and the sweep tell it (on the event loop) ------------------------------------
+    def set_devices(self, devices: Sequence[Device]) -> None:
+        self.published = {d.name: d for d in devices}
+        self._snapshot()
+
+    def refresh(self) -> None:
+        """The checkpoint's prepared claims become the ones reported (a peer instance's included)."""
+        claims = {c.uid: c for c in self.prepared_claims()}
+        self._claims = claims
+        self._pods = {uid: pods for uid, pods in self._pods.items() if uid in claims}
+        self._snapshot()
+
+    def prepared(self, claim: PreparedClaim, live: Mapping[str, Any] | None) -> None:
+        """``claim`` was prepared (or answered again) with ``live`` read just before."""
+        self._claims[claim.uid] = claim
+        self._pods[claim.uid] = consumer_pods(live)
+        self._snapshot()
+        self._want(claim, live)
+
+    def seen(self, ref: ClaimRef, live: Mapping[str, Any] | None) -> None:
+        """The leak sweep read a prepared claim: its pods, and its status if ours is missing."""
+        claim = self._claims.get(ref.uid)
+        if claim is None or live is None or (live.get("metadata") or {}).get("uid") != ref.uid:
+            return
+        self._pods[ref.uid] = consumer_pods(live)
+        self._snapshot()
+        self._want(claim, live)
+
+    def unprepared(self, ref: ClaimRef) -> None:
+        self._claims.pop(ref.uid, None)
+        self._pods.pop(ref.uid, None)
+        self._snapshot()
+        if self.kube is not None:
+            self._pending[ref.uid] = (ref, status_apply(ref, []))
+            self._wake.set()
+
+    def _want(self, claim: PreparedClaim, live: Mapping[str, Any] | None) -> None:
+        if self.kube is None:
+            return
+        entries = device_status_entries(claim, driver=self.driver, node=self.node, generation=generation_of(live),
+                                        published=self.published, now=time.time())
+        if live is not None and same_entries(live_entries(live, self.driver), entries):
+            self._pending.pop(claim.uid, None)  # written already (by this or an earlier instance)
+            return
+        self._pending[claim.uid] = (claim.ref, status_apply(claim.ref, entries))
+        self._wake.set()
+
+    # -- the writer ------------------------------------------------------------------------------
+    async def run(self, refresh_interval: float = 60.0) -> None:
+        """Write the queued statuses, and refresh the reported claims from the checkpoint."""
+        if self.kube is None:
+            while True:
+                self.refresh()
+                await asyncio.sleep(refresh_interval)  # the refresh period, not a synchronisation
+        backoff, refreshed = 0.0, time.monotonic()
+        self.refresh()
+        while True:
+            if not self._pending:
+                self._wake.clear()
+                try:
+                    async with asyncio.timeout(refresh_interval):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+            if time.monotonic() - refreshed >= refresh_interval:
+                self.refresh()
+                refreshed = time.monotonic()
+            if not self._pending:
+                continue
+            uid = next(iter(self._pending))
+            ref, body = self._pending.pop(uid)
+            try:
+                await self.kube.apply(body, subresource="status")
+                backoff = 0.0
+            except ApiException as error:
+                if error.status in _FINAL:
+                    log.warning("status of %s not written (%s): %s", ref, error.status, error_message(error))
+                    continue
+                backoff = self._retry_later(uid, ref, body, backoff, error)
+            except (OSError, TimeoutError) as error:  # no answer: the API server may be restarting
+                backoff = self._retry_later(uid, ref, body, backoff, error)
+            if backoff:
+                await asyncio.sleep(backoff)  # backoff before the next write, not a synchronisation
+
+    def _retry_later(self, uid: str, ref: ClaimRef, body: Obj, backoff: float, error: BaseException) -> float:
+        self._pending.setdefault(uid, (ref, body))  # a newer wanted state queued meanwhile wins
+        log.info("writing the status of %s failed (%s); retrying", ref, error_message(error) or repr(error))
+        return min(MAX_BACKOFF, max(0.5, backoff * 2))
+
+    # -- the info series (read by the metrics thread) -----------------------------------------------
+    def _snapshot(self) -> None:
+        self._series = tuple(s for uid, claim in sorted(self._claims.items())
+                             for s in info_series(claim, self._pods.get(uid, ()), self.published))
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(INFO_METRIC, "A device prepared on this node for a claim, per pod holding the "
+                                   "claim (UUID, GPU_I_ID as dcgm-exporter labels GPUs and MIG instances).",
+                                   labels=INFO_LABELS)
+        for labels in self._series:
+            family.add_metric(labels, 1)
+        yield family

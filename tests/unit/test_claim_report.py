@@ -1,0 +1,124 @@
+"""What the agent reports of a prepared claim: status.devices entries and the per-pod info series."""
+
+from __future__ import annotations
+
+from gpudra_core.devicemodel import AttrValue, Device
+from gpudra_driver.plugin.claimreport import (INFO_LABELS, MAX_CONSUMERS, consumer_pods, device_status_entries,
+                                              info_series, live_entries, locate, same_entries, status_apply)
+from gpudra_driver.plugin.claimreporter import ClaimReporter
+from gpudra_driver.plugin.model import ClaimRef, DeviceSharing, MigPlacement, PreparedClaim, PreparedDevice
+
+REF = ClaimRef("ml", "train", "3f1c4a52-6f5e-4f52-9d0a-1d2b3c4d5e6f")
+GPU = Device("gpu-1", {"type": AttrValue.of_string("gpu"), "uuid": AttrValue.of_string("GPU-1111"),
+                       "productName": AttrValue.of_string("NVIDIA H100 80GB HBM3"),
+                       "index": AttrValue("int", 1), "minor": AttrValue("int", 1),
+                       "resource.kubernetes.io/pciBusID": AttrValue.of_string("0000:1b:00.0")})
+STATIC_MIG = Device("gpu-0-mig-1g10gb-9-0", {
+    "type": AttrValue.of_string("mig"), "uuid": AttrValue.of_string("MIG-aaaa"),
+    "parentUUID": AttrValue.of_string("GPU-0000"), "profile": AttrValue.of_string("1g.10gb"),
+    "gpuInstanceId": AttrValue("int", 9), "computeInstanceId": AttrValue("int", 0)})
+PUBLISHED = {d.name: d for d in (GPU, STATIC_MIG)}
+
+
+def prepared(*devices: PreparedDevice) -> PreparedClaim:
+    return PreparedClaim(REF, devices)
+
+
+def gpu(name: str = "gpu-1", uuid: str = "GPU-1111", **kwargs) -> PreparedDevice:
+    return PreparedDevice(("train",), "node-a", name, uuid, ("/dev/nvidia1",), f"k8s.gpu.gpudra.io/claim={REF.uid}-{name}",
+                          **kwargs)
+
+
+def test_a_whole_gpu_entry_names_it_as_a_person_finds_it_on_the_node() -> None:
+    (entry,) = device_status_entries(prepared(gpu()), driver="gpu.gpudra.io", node="node-a", generation=3,
+                                     published=PUBLISHED, now=0)
+    assert (entry["driver"], entry["pool"], entry["device"]) == ("gpu.gpudra.io", "node-a", "gpu-1")
+    assert "shareID" not in entry
+    (ready,) = entry["conditions"]
+    assert ready == {"type": "Ready", "status": "True", "reason": "Prepared", "observedGeneration": 3,
+                     "lastTransitionTime": "1970-01-01T00:00:00Z",
+                     "message": "prepared on node node-a for the claim's containers"}
+    assert entry["data"] == {"node": "node-a", "uuid": "GPU-1111", "productName": "NVIDIA H100 80GB HBM3",
+                             "index": 1, "minor": 1, "pciBusID": "0000:1b:00.0", "deviceNodes": ["/dev/nvidia1"],
+                             "cdiDevice": f"k8s.gpu.gpudra.io/claim={REF.uid}-gpu-1"}
+
+
+def test_a_share_and_its_sharing_are_in_the_entry_keyed_by_share_id() -> None:
+    device = gpu(share_id="5e0b8f1e-1c1d-4d4e-8f8f-0a0b0c0d0e0f", consumed=(("memory", 10 << 30),),
+                 sharing=DeviceSharing("MPS", active_thread_percentage=50))
+    (entry,) = device_status_entries(prepared(device), driver="d.io", node="node-a", generation=None,
+                                     published=PUBLISHED, now=0)
+    assert entry["shareID"] == device.share_id
+    assert "observedGeneration" not in entry["conditions"][0]
+    assert entry["data"]["sharing"] == "MPS" and entry["data"]["consumedCapacity"] == {"memory": 10 << 30}
+
+
+def test_mig_devices_are_placed_on_their_physical_gpu_as_dcgm_labels_them() -> None:
+    static = PreparedDevice(("train",), "node-a", STATIC_MIG.name, "MIG-aaaa", (), "x")
+    assert locate(static, STATIC_MIG) == locate(static, PUBLISHED[STATIC_MIG.name])
+    assert (locate(static, STATIC_MIG).gpu_uuid, locate(static, STATIC_MIG).mig_uuid,
+            locate(static, STATIC_MIG).gpu_instance) == ("GPU-0000", "MIG-aaaa", "9")
+    placement = MigPlacement("GPU-7777", "3g.40gb", 4, 4, 7)
+    before = PreparedDevice(("train",), "node-a", "gpu-7-mig-3g40gb-at4", "", (), "x", mig=placement)
+    assert (locate(before, None).gpu_uuid, locate(before, None).mig_uuid) == ("GPU-7777", "")
+    made = PreparedDevice(("train",), "node-a", "gpu-7-mig-3g40gb-at4", "MIG-bbbb", (), "x",
+                          mig=MigPlacement("GPU-7777", "3g.40gb", 4, 4, 7, gi=2, ci=0))
+    (entry,) = device_status_entries(prepared(made), driver="d.io", node="node-a", generation=1, published={}, now=0)
+    assert entry["data"]["uuid"] == "MIG-bbbb" and entry["data"]["gpuUUID"] == "GPU-7777"
+    assert entry["data"]["gpuInstanceID"] == 2 and entry["data"]["migProfile"] == "3g.40gb"
+
+
+def test_apply_names_the_uid_and_an_empty_apply_withdraws_every_entry() -> None:
+    body = status_apply(REF, [{"driver": "d"}])
+    assert body["metadata"] == {"name": "train", "namespace": "ml", "uid": REF.uid}
+    assert body["status"] == {"devices": [{"driver": "d"}]}
+    assert status_apply(REF, [])["status"] == {}
+
+
+def test_live_entries_that_differ_only_in_time_are_not_written_again() -> None:
+    wanted = device_status_entries(prepared(gpu()), driver="d.io", node="node-a", generation=1,
+                                   published=PUBLISHED, now=0)
+    later = device_status_entries(prepared(gpu()), driver="d.io", node="node-a", generation=1,
+                                  published=PUBLISHED, now=3600)
+    live = {"status": {"devices": [*later, {"driver": "other.io", "pool": "p", "device": "x", "conditions": []}]}}
+    assert same_entries(live_entries(live, "d.io"), wanted)
+    assert not same_entries(live_entries(live, "d.io"), device_status_entries(
+        prepared(gpu()), driver="d.io", node="node-a", generation=2, published=PUBLISHED, now=0))
+    assert not same_entries([], wanted)
+    assert live_entries({"status": {"devices": "junk"}}, "d.io") == []
+
+
+def test_consumer_pods_are_bounded_and_only_pods() -> None:
+    reserved = [{"resource": "pods", "name": f"p-{i}", "uid": str(i)} for i in range(MAX_CONSUMERS + 50)]
+    reserved += [{"resource": "jobs", "apiGroup": "batch", "name": "job", "uid": "j"},
+                 {"resource": "pods", "name": "Not A Name", "uid": "x"}, "junk"]
+    pods = consumer_pods({"status": {"reservedFor": reserved}})
+    assert len(pods) == MAX_CONSUMERS and "job" not in pods and "Not A Name" not in pods
+    assert consumer_pods(None) == () and consumer_pods({"status": {"reservedFor": {"a": 1}}}) == ()
+
+
+def test_info_series_one_per_pod_request_and_device() -> None:
+    two_requests = PreparedDevice(("train", "eval"), "node-a", "gpu-1", "GPU-1111", ("/dev/nvidia1",), "x")
+    series = info_series(prepared(two_requests), ("p-0", "p-1"), PUBLISHED)
+    assert len(series) == 4 and all(len(s) == len(INFO_LABELS) for s in series)
+    assert ("ml", "p-1", "train", "eval", "gpu-1", "GPU-1111", "", "") in series
+    assert info_series(prepared(two_requests), (), PUBLISHED)[0][1] == ""  # pod not known yet
+
+
+def test_the_reporter_serves_the_series_of_what_the_checkpoint_holds() -> None:
+    claims: list[PreparedClaim] = [prepared(gpu())]
+    reporter = ClaimReporter(None, driver="d.io", node="node-a", prepared_claims=lambda: claims)
+    reporter.set_devices([GPU])
+    reporter.prepared(claims[0], {"status": {"reservedFor": [{"resource": "pods", "name": "p-0", "uid": "u"}]}})
+
+    def samples() -> list[dict[str, str]]:
+        (family,) = reporter.collect()
+        return [s.labels for s in family.samples]
+
+    assert samples() == [dict(zip(INFO_LABELS, ("ml", "p-0", "train", "train", "gpu-1", "GPU-1111", "", "")))]
+    claims.clear()  # unprepared by a peer instance: the checkpoint no longer holds it
+    reporter.refresh()
+    assert samples() == []
+    reporter.prepared(prepared(gpu()), None)
+    reporter.unprepared(REF)
+    assert samples() == []
