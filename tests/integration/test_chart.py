@@ -206,7 +206,8 @@ def test_admission_policies_can_be_disabled(helm: str) -> None:
                 if o["kind"].startswith("ValidatingAdmissionPolicy")}
 
     agent = {(kind, name) for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
-             for name in ("gpudra-agent-resourceslices", "gpudra-agent-resourceslice-drivers")}
+             for name in ("gpudra-agent-resourceslices", "gpudra-agent-resourceslice-drivers",
+                          "gpudra-agent-resourceclaim-status")}
     claims = {("ValidatingAdmissionPolicy", "gpudra-claim-config"),
               ("ValidatingAdmissionPolicyBinding", "gpudra-claim-config")}
     assert policies() == agent | claims

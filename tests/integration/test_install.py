@@ -53,6 +53,7 @@ NODE = resource_type("v1", "Node")
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
 CLUSTER_ROLE_BINDING = resource_type("rbac.authorization.k8s.io/v1", "ClusterRoleBinding")
 NODE_POLICY, DRIVER_POLICY = "gpudra-agent-resourceslices", "gpudra-agent-resourceslice-drivers"
+CLAIM_STATUS_POLICY = "gpudra-agent-resourceclaim-status"
 SECRET_PATH = "/api/v1/namespaces/default/secrets"
 CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
                   "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
@@ -563,9 +564,10 @@ async def test_the_admission_policies_type_check_clean(kube: Kube, installed: li
     so the checker really looks at them (it skips policies that match apiVersions "*")."""
     policies = {o["metadata"]["name"]: o for o in installed if o["kind"] == "ValidatingAdmissionPolicy"}
     # gpudra-claim-config's type check: tests/integration/test_claim_config_admission.py
-    assert sorted(policies) == sorted((NODE_POLICY, DRIVER_POLICY, "gpudra-claim-config"))
-    status = await wait_for(lambda: type_checked(kube, NODE_POLICY), timeout=30, what=f"{NODE_POLICY} type-checked")
-    assert not (status.get("typeChecking") or {}).get("expressionWarnings"), status
+    assert sorted(policies) == sorted((NODE_POLICY, DRIVER_POLICY, CLAIM_STATUS_POLICY, "gpudra-claim-config"))
+    for name in (NODE_POLICY, CLAIM_STATUS_POLICY):
+        status = await wait_for(lambda: type_checked(kube, name), timeout=30, what=f"{name} type-checked")
+        assert not (status.get("typeChecking") or {}).get("expressionWarnings"), status
     # The driver policy as installed may have been checked before the CRD was known: check a copy.
     spec = policies[DRIVER_POLICY]["spec"]
     assert await type_check_warnings(kube, f"check-{suffix}", spec) == []

@@ -159,6 +159,11 @@ def test_agent_role_is_what_the_agent_uses() -> None:
          "verbs": ["list", "watch", "create", "patch", "delete"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        # claim device status (KEP-4817): server-side apply of the status subresource, and from 1.36
+        # the per-driver check, only for a token of the claim's own node and only the shipped driver
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["patch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"], "resourceNames": ["gpu.gpudra.io"],
+         "verbs": ["associated-node:patch", "associated-node:update"]},
         # Events on its Node and on the pods holding a device whose health changes: create only
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
 
