@@ -320,7 +320,6 @@ async def _main(args: argparse.Namespace) -> int:
     from gpudra_driver.plugin.sweep import LeakSweeper
     from gpudra_driver.plugin.plugin import KubeletPlugin, claim_getter
     from gpudra_driver.plugin.claimreporter import ClaimReporter
-    from prometheus_client import REGISTRY
     from gpudra_driver.publishing.apply import SlicePublisher
 
     from gpudra_driver.driverroot import DriverRoot, DriverRootError
@@ -352,7 +351,6 @@ async def _main(args: argparse.Namespace) -> int:
     plugin.reporter = reporter = ClaimReporter(kube, driver=args.driver, node=args.node_name,
                                                prepared_claims=plugin.state.prepared_claims,
                                                write_status=args.claim_status)
-    REGISTRY.register(reporter)
     try:
         await plugin.start()
     except RuntimeError as error:  # the node's checkpoint cannot be used as it is (plugin.recovery)

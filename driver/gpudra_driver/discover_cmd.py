@@ -94,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         print(_table(devices, args.driver if args.health else None))
         print(f"\n{len(devices)} device(s) in {len(slices)} ResourceSlice(s) for node {node}, "
               f"driver {args.driver}")
+        print(summary(devices, args.driver if args.health else None))
         if sharing is not None:
             shared = [d.name for d in devices if d.allow_multiple_allocations]
             print(f"consumable capacity: {len(shared)} GPU(s) published for sharing ({', '.join(shared) or 'none'}), "
@@ -116,6 +117,20 @@ def run(args: argparse.Namespace) -> int:
 
         print(yaml.safe_dump(doc, sort_keys=False), end="")
     return 0
+
+
+def summary(devices: list[Any], driver: str | None) -> str:
+    """The counts the agent's metrics and ``kubectl get gdc -o wide`` give for these devices, in
+    their words: gpudra_agent_devices{health} (Unhealthy, Unmonitored) and
+    gpudra_agent_shareable_devices (Shareable)."""
+    from gpudra_core.devicehealthstate import HEALTH_NAMES, health_state
+
+    parts = []
+    if driver is not None:
+        states = [health_state(((t.key, t.effect) for t in d.taints), driver) for d in devices]
+        parts.append("health: " + ", ".join(f"{states.count(name)} {name}" for name in HEALTH_NAMES))
+    parts.append(f"shareable: {sum(d.allow_multiple_allocations for d in devices)} (several claims at once)")
+    return "; ".join(parts)
 
 
 def _with_health(nvml: Any, devices: list[Any], driver: str) -> list[Any]:

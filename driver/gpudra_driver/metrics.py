@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
-from prometheus_client import Counter, Gauge, Histogram, Info
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, Info
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from gpudra_core import metrics_http
 
@@ -82,6 +84,8 @@ PREPARE = ClaimOperation("prepare")
 UNPREPARE = ClaimOperation("unprepare")
 PREPARED_CLAIMS = Gauge("gpudra_agent_prepared_claims", "Claims prepared on this node (in the checkpoint).")
 PUBLISHED_DEVICES = Gauge("gpudra_agent_published_devices", "Devices this agent publishes in its ResourceSlices.")
+SHAREABLE_DEVICES = Gauge("gpudra_agent_shareable_devices", "Of the published devices, those several claims may "
+                          "hold at once (allowMultipleAllocations: consumable capacity).")
 PUBLISHED_SLICES = Gauge("gpudra_agent_published_resourceslices", "ResourceSlices this agent publishes.")
 LAST_PUBLISH = Gauge("gpudra_agent_last_successful_publish_timestamp_seconds",
                      "Unix time the agent last confirmed its ResourceSlices current (0: never).")
@@ -99,6 +103,29 @@ MPS_DAEMONS = Gauge("gpudra_agent_mps_daemons", "MPS control daemons of this nod
 MPS_DAEMON_RESTARTS = Counter("gpudra_agent_mps_daemon_restarts_total",
                               "MPS control daemons the MPS supervisor started again after they exited.")
 BUILD_INFO = Info("gpudra_agent_build", "The gpudra version of this agent.")
+
+
+class ClaimDevices(Collector):
+    """``gpudra_agent_claim_device_info``: the series the claim reporter keeps
+    (:mod:`gpudra_driver.plugin.claimreporter`), read at each scrape from its snapshot."""
+
+    NAME = "gpudra_agent_claim_device_info"
+
+    def __init__(self) -> None:
+        self.labels: Sequence[str] = ()
+        self.series: Callable[[], Iterable[Sequence[str]]] = lambda: ()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(self.NAME, "A device prepared on this node for a claim, per pod holding the claim "
+                                   "(UUID and GPU_I_ID as dcgm-exporter labels GPUs and MIG instances).",
+                                   labels=self.labels)
+        for values in self.series():
+            family.add_metric(values, 1)
+        yield family
+
+
+CLAIM_DEVICES = ClaimDevices()
+REGISTRY.register(CLAIM_DEVICES)
 
 
 def _version() -> str:
@@ -132,9 +159,10 @@ def mps_daemons_restarted(count: int) -> None:
         MPS_DAEMON_RESTARTS.inc(count)
 
 
-def published(devices: int, slices: int) -> None:
+def published(devices: int, slices: int, shareable: int = 0) -> None:
     PUBLISHED_DEVICES.set(devices)
     PUBLISHED_SLICES.set(slices)
+    SHAREABLE_DEVICES.set(shareable)
     LAST_PUBLISH.set(time.time())
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpudra_core.devicehealthstate import published_health
 from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.allocatorhelper import AllocatorHelper, Compiled, Outcome
 from gpudra_operator.deviceclasses.celrefs import device_projection, selector_references
@@ -167,20 +168,20 @@ class SliceMatches:
     node: str
     devices: Mapping[str, frozenset[str]]
     tainted: frozenset[str] = frozenset()  # devices unhealthy (:func:`is_unhealthy`)
+    unmonitored: int = 0  # devices published as unmonitored (no NVML events)
+    shareable: int = 0  # devices several claims may hold at once (allowMultipleAllocations)
 
     @property
     def unhealthy(self) -> int:
         return len(self.tainted)
 
 
-UNHEALTHY_EFFECTS = ("NoSchedule", "NoExecute")
 
 
 def is_unhealthy(driver: str, device: Mapping[str, Any]) -> bool:
     """The agent published the device with a taint of the driver's own that keeps pods off it
     (docs/health.md); informational taints (effect None) do not count."""
-    return any(str(t.get("key", "")).startswith(f"{driver}/") and t.get("effect") in UNHEALTHY_EFFECTS
-               for t in device.get("taints") or [])
+    return published_health(device, driver) == "unhealthy"
 
 
 def _devices(slice_: Obj) -> list[Mapping[str, Any]]:
@@ -192,7 +193,9 @@ def _kept(driver: str, slice_: Obj, devices: list[Mapping[str, Any]], matches: I
     return SliceMatches(
         pool=((spec.get("pool") or {}).get("name")) or "", node=spec.get("nodeName") or "",
         devices={d["name"]: m for d, m in zip(devices, matches)},
-        tainted=frozenset(d["name"] for d in devices if is_unhealthy(driver, d)))
+        tainted=frozenset(d["name"] for d in devices if is_unhealthy(driver, d)),
+        unmonitored=sum(published_health(d, driver) == "unmonitored" for d in devices),
+        shareable=sum(d.get("allowMultipleAllocations") is True for d in devices))
 
 
 def unmatched_slice(driver: str, slice_: Obj) -> SliceMatches:

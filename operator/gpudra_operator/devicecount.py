@@ -78,6 +78,14 @@ class DriverSlices:
     def unhealthy(self) -> int | None:
         return sum(s.unhealthy for s in self.slices.values()) if self.synced else None
 
+    @property
+    def unmonitored(self) -> int | None:
+        return sum(s.unmonitored for s in self.slices.values()) if self.synced else None
+
+    @property
+    def shareable(self) -> int | None:
+        return sum(s.shareable for s in self.slices.values()) if self.synced else None
+
     def class_counts(self, allocated: Set[tuple[str, str, str]]) -> list[ClassCount] | None:
         """Computed again only when something it depends on changed; None while a slice is
         unmatched. ``allocated`` is compared (ClaimWatch hands out the same object while the
@@ -270,6 +278,14 @@ class DeviceCounts:
         """Devices the driver publishes with a taint that keeps pods off them; None until listed."""
         return self._slices(driver).unhealthy
 
+    def unmonitored(self, driver: str) -> int | None:
+        """Devices the driver publishes as unmonitored (no NVML events); None until listed."""
+        return self._slices(driver).unmonitored
+
+    def shareable(self, driver: str) -> int | None:
+        """Devices the driver publishes for several claims at once; None until listed."""
+        return self._slices(driver).shareable
+
     def listed_once(self, driver: str) -> bool:
         """The driver's slices have been listed (whatever classes they were matched against)."""
         return driver in self._drivers and self._drivers[driver][0].synced
@@ -348,3 +364,13 @@ class StatusCounts:
         """Devices published with a taint that keeps pods off them (device health), as :meth:`devices`."""
         known = self.device_counts.unhealthy(driver) if self.device_counts is not None else None
         return int(old_status.get("unhealthyDevices") or 0) if known is None else known
+
+    def unmonitored(self, driver: str, old_status: Mapping[str, Any]) -> int:
+        """Devices published as unmonitored (no NVML events; docs/health.md), as :meth:`devices`."""
+        known = self.device_counts.unmonitored(driver) if self.device_counts is not None else None
+        return int(old_status.get("unmonitoredDevices") or 0) if known is None else known
+
+    def shareable(self, driver: str, old_status: Mapping[str, Any]) -> int:
+        """Devices published for several claims at once (consumable capacity), as :meth:`devices`."""
+        known = self.device_counts.shareable(driver) if self.device_counts is not None else None
+        return int(old_status.get("shareableDevices") or 0) if known is None else known

@@ -325,6 +325,8 @@ class Reconciler:
             "deviceClassCount": len(applied_classes),
             "devices": devices,
             "unhealthyDevices": 0 if outcome.conflicts else self.counts.unhealthy(driver, old_status),
+            "unmonitoredDevices": 0 if outcome.conflicts else self.counts.unmonitored(driver, old_status),
+            "shareableDevices": 0 if outcome.conflicts else self.counts.shareable(driver, old_status),
         }
         metrics.observe_agents(config.name, agents)
         if contains(old_status, status):

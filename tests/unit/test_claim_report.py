@@ -5,6 +5,7 @@ from __future__ import annotations
 from gpudra_core.devicemodel import AttrValue, Device
 from gpudra_driver.plugin.claimreport import (INFO_LABELS, MAX_CONSUMERS, consumer_pods, device_status_entries,
                                               info_series, live_entries, locate, same_entries, status_apply)
+from gpudra_driver import metrics
 from gpudra_driver.plugin.claimreporter import ClaimReporter
 from gpudra_driver.plugin.model import ClaimRef, DeviceSharing, MigPlacement, PreparedClaim, PreparedDevice
 
@@ -112,7 +113,7 @@ def test_the_reporter_serves_the_series_of_what_the_checkpoint_holds() -> None:
     reporter.prepared(claims[0], {"status": {"reservedFor": [{"resource": "pods", "name": "p-0", "uid": "u"}]}})
 
     def samples() -> list[dict[str, str]]:
-        (family,) = reporter.collect()
+        (family,) = metrics.CLAIM_DEVICES.collect()
         return [s.labels for s in family.samples]
 
     assert samples() == [dict(zip(INFO_LABELS, ("ml", "p-0", "train", "train", "gpu-1", "GPU-1111", "", "")))]

@@ -57,7 +57,8 @@ def test_table_output(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Mo
     assert lines[1].split() == ["gpu-0", "gpu", "NVIDIA", "L4", "22.5", "8.9", "GPU-62d683dd-a608-5810-9a31-ff06c70237fb",
                                 "healthy"]
     assert lines[2].split()[0] == "gpu-1"
-    assert lines[-1] == "2 device(s) in 1 ResourceSlice(s) for node from-env, driver gpu.gpudra.io"
+    assert lines[-2] == "2 device(s) in 1 ResourceSlice(s) for node from-env, driver gpu.gpudra.io"
+    assert lines[-1] == "health: 2 healthy, 0 unhealthy, 0 unmonitored; shareable: 0 (several claims at once)"
 
 
 def test_health_shows_what_one_probe_finds(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -200,3 +201,23 @@ def test_consumable_capacity_flags_show_what_the_agent_would_publish(capsys: pyt
     assert err.count("published unshared, one claim at a time") == 2
     assert gpudra("--nvml", "fake:l4x2", "--consumable-shares", "2") == 2
     assert "--consumable-shares needs --consumable-memory-step" in capsys.readouterr().err
+
+
+def test_the_summary_counts_as_the_config_status_counts_the_slices(capsys: pytest.CaptureFixture[str],
+                                                                  tmp_path: Path) -> None:
+    """`gpudra discover`, the agent's metrics and `kubectl get gdc -o wide` read health and sharing
+    the same way: the summary line equals what the operator counts in the slices discover prints."""
+    from gpudra_dev.localcluster import mockstate
+    from gpudra_operator.classcounts import unmatched_slice
+
+    root = tmp_path / "root"
+    mockstate.set_recovery_action(root, "GPU-6992fa00-c02c-5e2f-a617-96ce040c16ef", 2)
+    args = ("--nvml", "fake:l4x2", "--driver-root", str(root), "--node-name", "n", "--consumable-memory-step", "1Gi")
+    assert gpudra(*args) == 0
+    line = capsys.readouterr().out.splitlines()[-2]
+    assert line == "health: 1 healthy, 1 unhealthy, 0 unmonitored; shareable: 2 (several claims at once)"
+    assert gpudra(*args, "-o", "json") == 0
+    kept = [unmatched_slice("gpu.gpudra.io", s) for s in json.loads(capsys.readouterr().out)["resourceSlices"]]
+    devices = sum(len(k.devices) for k in kept)
+    unhealthy, unmonitored = sum(k.unhealthy for k in kept), sum(k.unmonitored for k in kept)
+    assert (devices - unhealthy - unmonitored, unhealthy, unmonitored, sum(k.shareable for k in kept)) == (1, 1, 0, 2)

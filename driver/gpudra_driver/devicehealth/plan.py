@@ -41,6 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
+from gpudra_core.devicehealthstate import HEALTH_NAMES, HealthName, health_state
 from gpudra_core.devicemodel import Device, DeviceTaint, TaintEffect
 from gpudra_driver.devicehealth import xids as xid_catalogue
 from gpudra_driver.devicehealth.scope import NO_INSTANCE, InstanceSlices, Slices, attribute, reaches
@@ -54,8 +55,7 @@ RECOVERY_ACTIONS = {
     0: "none", 1: "gpu-reset", 2: "node-reboot", 3: "drain-p2p", 4: "drain-and-reset",
     5: "recover-imex-domain", 6: "bus-reset", 7: "system-reboot",
 }
-HealthName: TypeAlias = Literal["healthy", "unhealthy", "unmonitored"]
-HEALTH_STATES: tuple[HealthName, ...] = ("healthy", "unhealthy", "unmonitored")
+HEALTH_STATES: tuple[HealthName, ...] = HEALTH_NAMES
 
 
 @dataclass(frozen=True)
@@ -256,11 +256,8 @@ def taints(state: State, device: Device, policy: Policy) -> tuple[DeviceTaint, .
 
 
 def health_of(device_taints: Sequence[DeviceTaint], driver: str) -> HealthName:
-    if any(t.effect != "None" for t in device_taints):
-        return "unhealthy"
-    if any(t.key == f"{driver}/unmonitored" for t in device_taints):
-        return "unmonitored"
-    return "healthy"
+    """The device's health word (:func:`gpudra_core.devicehealthstate.health_state`)."""
+    return health_state(((t.key, t.effect) for t in device_taints), driver)
 
 
 Mode: TypeAlias = Literal["taint", "omit"]

@@ -13,36 +13,36 @@ of every prepared claim (:meth:`seen`), and writes only what is missing. The swe
 refreshes which pods hold each claim (a pod that joins a shared claim is seen at once: the kubelet
 prepares the claim again for it).
 
-The info series are kept as an immutable snapshot that the metrics thread reads."""
+The info series (:class:`gpudra_driver.metrics.ClaimDevices`) are kept as an immutable snapshot
+that the metrics thread reads."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from gpudra_core.devicemodel import Device
 from gpudra_core.kubeapi import Kube, Obj, error_message
+from gpudra_driver import metrics
 from gpudra_driver.plugin.claimreport import (INFO_LABELS, consumer_pods, device_status_entries, generation_of,
                                               info_series, live_entries, same_entries, status_apply)
 from gpudra_driver.plugin.model import ClaimRef, PreparedClaim
 
 log = logging.getLogger(__name__)
 
-INFO_METRIC = "gpudra_agent_claim_device_info"
+INFO_METRIC = metrics.ClaimDevices.NAME
 MAX_BACKOFF = 60.0
 # Answers that will not change by asking again: not found, UID precondition failed (re-created),
 # invalid (no longer allocated these devices), forbidden (RBAC or the admission policy).
 _FINAL = (403, 404, 409, 422)
 
 
-class ClaimReporter(Collector):
+class ClaimReporter:
     def __init__(self, kube: Kube | None, *, driver: str, node: str,
                  prepared_claims: Callable[[], Sequence[PreparedClaim]], write_status: bool = True) -> None:
         """``kube``: writes the status (None, or ``write_status`` False: only the series are kept)."""
@@ -55,6 +55,7 @@ class ClaimReporter(Collector):
         self._pending: dict[str, tuple[ClaimRef, Obj]] = {}  # claim UID -> the apply still to send
         self._wake = asyncio.Event()
         self._series: tuple[tuple[str, ...], ...] = ()
+        metrics.CLAIM_DEVICES.labels, metrics.CLAIM_DEVICES.series = INFO_LABELS, lambda: self._series
 
     # -- what the plugin and the sweep tell it (on the event loop) ------------------------------------
     def set_devices(self, devices: Sequence[Device]) -> None:
@@ -145,15 +146,7 @@ class ClaimReporter(Collector):
         log.info("writing the status of %s failed (%s); retrying", ref, error_message(error) or repr(error))
         return min(MAX_BACKOFF, max(0.5, backoff * 2))
 
-    # -- the info series (read by the metrics thread) -----------------------------------------------
+    # -- the info series (read by the metrics thread: an immutable snapshot, swapped whole) ----------
     def _snapshot(self) -> None:
         self._series = tuple(s for uid, claim in sorted(self._claims.items())
                              for s in info_series(claim, self._pods.get(uid, ()), self.published))
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily(INFO_METRIC, "A device prepared on this node for a claim, per pod holding the "
-                                   "claim (UUID, GPU_I_ID as dcgm-exporter labels GPUs and MIG instances).",
-                                   labels=INFO_LABELS)
-        for labels in self._series:
-            family.add_metric(labels, 1)
-        yield family

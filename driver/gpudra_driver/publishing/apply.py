@@ -114,7 +114,8 @@ class SlicePublisher:
             if self.devices is None or not self.synced.is_set():
                 continue
             await retrying(_sync_failed)(self.sync_once)  # each attempt plans afresh
-            metrics.published(len(self.devices), len(self.observed))
+            metrics.published(len(self.devices), len(self.observed),
+                              sum(d.allow_multiple_allocations for d in self.devices))
 
     async def sync_once(self) -> None:
         assert self.devices is not None
