@@ -10,7 +10,7 @@ BENCH_ARGS ?=
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv allocator kube-bin helm-bin cdi-schema cdi-tools nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry dra-example-driver test unit typecheck demo demo-down bench fuzz explain-diff protos wheels images image-operator image-agent base-image clean
+.PHONY: help venv allocator kube-bin helm-bin cdi-schema cdi-tools nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry dra-example-driver promtool test unit typecheck demo demo-down bench fuzz explain-diff protos wheels images image-operator image-agent base-image clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
@@ -25,6 +25,7 @@ help:
 	@echo "make mock-nvidia-smi mock-mps-control  the fake driver roots' nvidia-smi and nvidia-cuda-mps-control (tests/mocknvml)"
 	@echo "make registry   build CNCF Distribution's registry (pinned, from the Go module proxy) the getting-started test pushes to"
 	@echo "make dra-example-driver  build Kubernetes' reference DRA driver (pinned, from the Go module proxy) that make bench times the agent against"
+	@echo "make promtool   build Prometheus' promtool (pinned, from the Go module proxy) the tests check the alerts and the dashboard's PromQL with"
 	@echo "make bench      benchmarks (not part of make test; BENCH_ARGS=\"gc prepare_latency\" runs some)"
 	@echo "make fuzz       the tenant-input fuzz suite (tests/fuzz) with many more examples than make test runs (FUZZ_EXAMPLES=...)"
 	@echo "make explain-diff  gpudra explain vs the real scheduler on 300 random cases (EXPLAIN_SEED=..., EXPLAIN_CASES=...)"
@@ -114,19 +115,25 @@ registry:
 dra-example-driver:
 	@hack/dra-example-driver.sh
 
-test: venv allocator cdi-schema mock-nvml mock-nvidia-smi mock-mps-control
+# Prometheus' promtool for tests/monitoring (the alerts' unit tests, the PromQL of the rules and the
+# Grafana dashboard), built from the Go module proxy, cached under ~/.cache/gpudra/promtool/<version>.
+promtool:
+	@hack/promtool-bin.sh >/dev/null
+
+test: venv allocator cdi-schema mock-nvml mock-nvidia-smi mock-mps-control promtool
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
 	  helm="$$(hack/helm-bin.sh | tail -n 1)" && test -n "$$helm" && \
 	  nvctk="$$(hack/nvidia-ctk-bin.sh | tail -n 1)" && test -n "$$nvctk" && \
 	  cdi_tools="$$(hack/cdi-tools-bin.sh | tail -n 1)" && test -n "$$cdi_tools" && \
 	  containerd_dir="$$(hack/containerd-bin.sh | tail -n 1)" && test -n "$$containerd_dir" && \
 	  registry_dir="$$(hack/registry-bin.sh | tail -n 1)" && test -n "$$registry_dir" && \
+	  promtool_dir="$$(hack/promtool-bin.sh | tail -n 1)" && test -n "$$promtool_dir" && \
 	  images="$$(PLATFORM= IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) hack/images.sh operator agent | tail -n 1)" && test -n "$$images" && \
 	  GPUDRA_KUBE_BIN="$$bin_dir" GPUDRA_HELM="$$helm" GPUDRA_NVIDIA_CTK_DIR="$$nvctk" \
 	  GPUDRA_CDI_TOOLS_DIR="$$cdi_tools" GPUDRA_CONTAINERD_DIR="$$containerd_dir" GPUDRA_REGISTRY_DIR="$$registry_dir" \
-	  GPUDRA_TEST_OPERATOR_IMAGE="$${images%% *}" GPUDRA_TEST_AGENT_IMAGE="$${images##* }" $(BIN)/pytest $(PYTEST_ARGS)
+	  GPUDRA_PROMTOOL_DIR="$$promtool_dir" GPUDRA_TEST_OPERATOR_IMAGE="$${images%% *}" GPUDRA_TEST_AGENT_IMAGE="$${images##* }" $(BIN)/pytest $(PYTEST_ARGS)
 
-unit: venv allocator cdi-schema cdi-tools mock-nvml mock-nvidia-smi mock-mps-control
+unit: venv allocator cdi-schema cdi-tools mock-nvml mock-nvidia-smi mock-mps-control promtool
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 # mypy, and the layering contracts in pyproject.toml ([tool.importlinter]).

@@ -22,6 +22,7 @@ from gpudra_operator.render_cmd import render_documents
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "manifests" / "helm" / "gpudra"
 BASE = REPO / "manifests" / "base"
+MONITORING = REPO / "manifests" / "monitoring"
 KUBE_VERSION = "v1.35.4"  # helm's default capabilities depend on how it was built: be explicit
 Obj = dict[str, Any]
 
@@ -198,6 +199,38 @@ def test_monitoring_objects(helm: str) -> None:
     assert monitors["PodMonitor"]["metadata"]["namespace"] == "gpudra-system"
     assert monitors["PodMonitor"]["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     assert monitors["PodMonitor"]["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "gpudra-agent"}
+    assert monitors["PodMonitor"]["spec"]["podMetricsEndpoints"][0]["honorLabels"] is True  # the claim series' pod
+    assert "PrometheusRule" not in monitors
+    assert not [o for o in objects if o["kind"] == "ConfigMap"]
+    objects = template(helm, "--set", "metrics.prometheusRule.enabled=true", "--set", "metrics.prometheusRule.labels.release=prom",
+                       "--set", "metrics.grafanaDashboard.enabled=true", "--set", "metrics.grafanaDashboard.namespace=grafana",
+                       "--set", "namespaces.operator=ops")
+    (rule,) = [o for o in objects if o["kind"] == "PrometheusRule"]
+    assert rule["metadata"]["namespace"] == "ops" and rule["metadata"]["labels"]["release"] == "prom"
+    (dashboard,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert dashboard["metadata"]["namespace"] == "grafana"
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+def test_the_monitoring_objects_render_as_the_kustomize_folder_has_them(helm: str) -> None:
+    """With everything on, the chart renders manifests/monitoring/'s objects (kubectl kustomize):
+    the monitors, the PrometheusRule (from the chart's copy of the file) and the dashboard's
+    ConfigMap, equal but for Helm's labels; the alerts' Prometheus templates pass through as text."""
+    out = subprocess.run([str(find_binaries() / "kubectl"), "kustomize", str(MONITORING)],
+                         check=True, capture_output=True, text=True).stdout
+    base = by_key([d for d in yaml.safe_load_all(out) if d])
+    assert sorted(k[0] for k in base) == ["ConfigMap", "PodMonitor", "PrometheusRule", "ServiceMonitor"]
+    chart = by_key(template(helm, *(arg for name in ("serviceMonitor", "podMonitor", "prometheusRule", "grafanaDashboard")
+                                    for arg in ("--set", f"metrics.{name}.enabled=true"))))
+    assert {k for k, o in chart.items() if o["apiVersion"].startswith("monitoring.coreos.com")} == \
+        {k for k, o in base.items() if o["apiVersion"].startswith("monitoring.coreos.com")}
+    for k, obj in base.items():
+        assert without_metadata_decoration(chart[k]) == without_metadata_decoration(obj), k
+        assert chart[k]["metadata"].get("labels", {}).items() >= obj["metadata"].get("labels", {}).items(), k
+    rule = chart[("PrometheusRule", "gpudra", "gpudra-operator")]
+    assert "{{ $labels.node }}" in rule["spec"]["groups"][0]["rules"][0]["annotations"]["summary"]
+    dashboard = chart[("ConfigMap", "gpudra-grafana-dashboard", "gpudra-operator")]
+    assert dashboard["data"]["gpudra.json"] == (MONITORING / "grafana-dashboard.json").read_text()
 
 
 def test_admission_policies_can_be_disabled(helm: str) -> None:
