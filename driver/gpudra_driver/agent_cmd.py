@@ -85,6 +85,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ready-file", default=os.environ.get("GPUDRA_READY_FILE") or None,
                         help="create this file once the kubelet registered the plugin and the slices are "
                              "published (the DaemonSet's readiness probe tests for it)")
+    parser.add_argument("--device-metadata", action=argparse.BooleanOptionalAction, default=True,
+                        help="mount each claim's device attributes into its containers at the standard "
+                             "path (KEP-5304, docs/kubelet-plugin.md#device-metadata) (default: on)")
     health = parser.add_argument_group("device health (docs/health.md)")
     health.add_argument("--device-health", action=argparse.BooleanOptionalAction, default=True,
                         help="watch NVML events and probe the GPUs; taint unhealthy devices (default: on)")
@@ -347,7 +350,8 @@ async def _main(args: argparse.Namespace) -> int:
     plugin = KubeletPlugin(driver=args.driver, node=args.node_name, kubelet_dir=Path(args.kubelet_dir),
                            cdi_dir=Path(args.cdi_dir), driver_root=root, cdi_hook=args.nvidia_cdi_hook,
                            host_dev=Path(args.host_dev), instance=args.pod_uid, nvml=args.nvml,
-                           get_claim=claim_getter(kube), health=_health_feed(args))
+                           get_claim=claim_getter(kube), health=_health_feed(args),
+                           device_metadata=args.device_metadata)
     plugin.reporter = reporter = ClaimReporter(kube, driver=args.driver, node=args.node_name,
                                                prepared_claims=plugin.state.prepared_claims,
                                                write_status=args.claim_status)

@@ -84,7 +84,7 @@ def test_the_device_owner_index_follows_every_transition() -> None:
 
 @pytest.mark.parametrize(("mutate", "message"), [
     (lambda d: d["claims"].clear(), "checksum mismatch"),
-    (lambda d: d.update(version=5), "version 5"),
+    (lambda d: d.update(version=6), "version 6"),
     (lambda d: d.update(version=True), r"no valid version \(True\)"),
     (lambda d: d.update(checksum="sha256:00"), "checksum mismatch"),
 ])
@@ -94,7 +94,7 @@ def test_tampered_or_newer_files_are_rejected(mutate, message: str) -> None:
     with pytest.raises(CheckpointError, match=message) as raised:
         ckpt.decode(json.dumps(doc).encode())
     # only a well-formed higher version is a newer agent's (the start stops); the rest is corrupt
-    assert isinstance(raised.value, ckpt.NewerCheckpoint) == (doc["version"] == 5)
+    assert isinstance(raised.value, ckpt.NewerCheckpoint) == (doc["version"] == 6)
 
 
 @pytest.mark.parametrize("data", [b"", b"{", b"[]", b"\xff"])

@@ -19,6 +19,7 @@ from plugin_fixtures import DRIVER, NODE, claim, devices, driver_files, result
 from gpudra_driver.plugin import checkpoint as ckpt
 from gpudra_driver.plugin import fsutil
 from gpudra_driver.plugin.cdi import CdiDir
+from gpudra_driver.plugin.devicemetadata import SUBDIR as METADATA
 from gpudra_driver.plugin.faults import POINTS, FaultHook
 from gpudra_driver.plugin.locking import LOCK_TIMEOUT
 from gpudra_driver.plugin.model import ClaimError, ClaimRef
@@ -52,7 +53,8 @@ class CrashAt(FaultHook):
 def make(tmp_path: Path, fault: FaultHook | None = None, boot: str = "boot-1",
          cls: type[DeviceState] = DeviceState, gpu_control: Any = None,
          lock_timeout: float = LOCK_TIMEOUT) -> DeviceState:
-    state = cls(tmp_path / "plugin", CdiDir(tmp_path / "cdi", DRIVER, driver_files()), driver=DRIVER, node=NODE,
+    cdi = CdiDir(tmp_path / "cdi", DRIVER, driver_files(), metadata_root=tmp_path / "plugin" / METADATA)
+    state = cls(tmp_path / "plugin", cdi, driver=DRIVER, node=NODE,
                 boot_id=boot, fault=fault if fault is not None else CrashAt(), gpu_control=gpu_control,
                 lock_timeout=lock_timeout)
     state.recover()
@@ -120,7 +122,8 @@ async def test_an_unwritable_cdi_directory_is_a_per_claim_error_and_nothing_is_r
     assert "writing its CDI spec" in (out[A].error or "")
     assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims == {}
     assert sorted(os.listdir(tmp_path)) == ["cdi", "plugin"]
-    assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", "serialize.lock"]
+    assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", METADATA, "serialize.lock"]
+    assert not os.listdir(tmp_path / "plugin" / METADATA)  # its device metadata files gone with it
 
 
 async def test_a_deleted_spec_of_a_prepared_claim_is_written_again(tmp_path: Path) -> None:
@@ -383,10 +386,15 @@ async def test_a_crash_anywhere_in_prepare_loses_nothing_and_leaves_nothing(tmp_
         await state.prepare(items((REF_B, claim_b())))
     if kind == "plain" and point == "after-cdi-write":  # the spec is there, nothing names it yet
         assert state.cdi.claim_uids() == {A, B} and set(ckpt.load(state.checkpoint_path, "boot-1")[0].claims) == {A}
+    if point == "after-metadata-write":  # B's files are there, its spec is not
+        assert (tmp_path / "plugin" / METADATA / B / "gpu" / "metadata.json").is_file() and not state.cdi.exists(B)
     restarted = make(tmp_path, gpu_control=control)  # a new agent instance: start-up reconciliation
     # the writers' temp and scratch files are gone too: a crash may have left them half-written
-    assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", "serialize.lock"]
+    assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", METADATA, "serialize.lock"]
     claims = ckpt.load(restarted.checkpoint_path, "boot-1")[0].claims
+    # device metadata: the files of the claims kept, none of the others, no temp file
+    assert sorted(os.listdir(tmp_path / "plugin" / METADATA)) == sorted(claims)
+    assert all(p.name == "metadata.json" for p in (tmp_path / "plugin" / METADATA).glob("*/*/*"))
     prepared_b = point == "after-checkpoint-completed"  # B completed before the crash: kept
     assert set(claims) == ({A, B} if prepared_b else {A})
     assert all(e.state == ckpt.COMPLETED for e in claims.values())
@@ -398,6 +406,7 @@ async def test_a_crash_anywhere_in_prepare_loses_nothing_and_leaves_nothing(tmp_
     assert out[B].error is None and restarted.cdi.claim_uids() == {A, B}
     for uid in (A, B):
         load_and_validate(restarted.cdi.spec_path(uid))
+        assert (tmp_path / "plugin" / METADATA / uid / "gpu" / "metadata.json").is_file()
 
 
 async def test_a_crash_in_unprepare_leaves_no_orphan_after_restart(tmp_path: Path) -> None:
@@ -427,7 +436,7 @@ async def test_a_claim_allocated_anew_replaces_its_devices_spec_and_entry(tmp_pa
     assert out[A].error is None and [d.device for d in out[A].claim.devices] == ["gpu-1"]
     (name,) = spec_files(tmp_path)
     spec = load_and_validate(tmp_path / "cdi" / name)
-    assert [d["name"] for d in spec["devices"]] == [f"{A}-gpu-1"]
+    assert [d["name"] for d in spec["devices"]] == [f"{A}-gpu-1", f"{A}_gpu"]  # and its metadata
     saved = ckpt.load(state.checkpoint_path, "boot-1")[0]
     assert [d.device for d in saved.claims[A].claim.devices] == ["gpu-1"] and saved.claims[A].state == ckpt.COMPLETED
     out = await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-0")]))))
@@ -685,9 +694,9 @@ async def test_a_kept_spec_prepared_again_gets_an_entry(tmp_path: Path) -> None:
 def test_a_checkpoint_from_a_newer_agent_stops_the_plugin(tmp_path: Path) -> None:
     state = make(tmp_path)
     doc = json.loads(ckpt.encode(ckpt.Checkpoint("boot-1")))
-    doc["version"] = 5
+    doc["version"] = 6
     state.checkpoint_path.write_text(json.dumps(doc))
-    with pytest.raises(RuntimeError, match="version 5"):
+    with pytest.raises(RuntimeError, match="version 6"):
         make(tmp_path)
 
 

@@ -21,6 +21,7 @@ from gpudra_driver.discovery import scan
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 from gpudra_driver.plugin import checkpoint as ckpt
 from gpudra_driver.plugin.cdi import CdiDir
+from gpudra_driver.plugin.devicemetadata import SUBDIR as METADATA
 from gpudra_driver.plugin.devicenodes import mig_cap_minor_fallback, node_devices
 from gpudra_driver.plugin.faults import POINTS
 from gpudra_driver.plugin.miginstances import MigInstances
@@ -42,7 +43,8 @@ def instances(tmp_path: Path) -> list[tuple[int, int]]:
 
 
 def make(tmp_path: Path, fault: CrashAt | None = None, profile: str = PROFILE) -> DeviceState:
-    state = DeviceState(tmp_path / "plugin", CdiDir(tmp_path / "cdi", DRIVER, driver_files(PROFILE)), driver=DRIVER,
+    cdi = CdiDir(tmp_path / "cdi", DRIVER, driver_files(PROFILE), metadata_root=tmp_path / "plugin" / METADATA)
+    state = DeviceState(tmp_path / "plugin", cdi, driver=DRIVER,
                         node=NODE, boot_id="boot-1", fault=fault if fault is not None else CrashAt(),
                         mig=MigInstances(lambda: nvml(tmp_path, profile), mig_cap_minor_fallback))
     state.recover()
@@ -83,7 +85,8 @@ async def test_prepare_creates_the_instance_at_the_placement_and_unprepare_destr
     assert f"NVIDIA_VISIBLE_DEVICES={device.uuid}" in spec["containerEdits"]["env"]
     saved, _ = ckpt.load(state.checkpoint_path, "boot-1")
     assert saved.claims[A].state == ckpt.COMPLETED and saved.claims[A].claim.devices[0].mig == device.mig
-    assert '"version":4' in state.checkpoint_path.read_text()  # an older agent refuses it, never drops the instance
+    assert '"version":5' in state.checkpoint_path.read_text()  # an older agent refuses it, never drops the instance
+    # (4 for the instance, 5 for its device metadata)
 
     again = await state.prepare(items((REF_A, claim(A, "a", "gpu-0-mig-3g40gb-at4"))))
     assert again[A] == out[A] and instances(tmp_path) == [(2, 0)]  # idempotent: nothing made twice
@@ -144,7 +147,8 @@ async def test_a_crash_anywhere_in_prepare_leaves_no_unrecorded_instance(tmp_pat
     assert set(claims) == ({A, B} if committed else {A})
     assert instances(tmp_path) == ([(1, 0), (5, 0)] if committed else [(1, 0)])  # A's kept, B's iff recorded done
     assert restarted.cdi.claim_uids() == set(claims)
-    assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", "serialize.lock"]
+    assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", METADATA, "serialize.lock"]
+    assert sorted(os.listdir(tmp_path / "plugin" / METADATA)) == sorted(claims)  # B's files iff committed
     out = await restarted.prepare(items((REF_B, claim(B, "b", "gpu-0-mig-2g20gb-at4"))))
     assert out[B].error is None and instances(tmp_path) == [(1, 0), (5, 0)]
     assert await restarted.unprepare([REF_A, REF_B]) == {A: None, B: None} and instances(tmp_path) == []

@@ -16,7 +16,7 @@ import yaml
 from cdispec import load_and_validate
 from plugin_fixtures import driver_files
 from test_device_state import Crash, CrashAt, items
-from test_mig_prepare import PROFILE, A, B, REF_A, REF_B, claim, instances, make, nvml, rescan
+from test_mig_prepare import METADATA, PROFILE, A, B, REF_A, REF_B, claim, instances, make, nvml, rescan
 
 from gpudra_core.migpartitions import partition_gpu
 from gpudra_driver.discovery import read_mig_geometry, scan
@@ -102,7 +102,7 @@ async def test_prepare_turns_mig_mode_off_and_unprepare_on_again(tmp_path: Path)
     saved = ckpt.load(state.checkpoint_path, "boot-1")[0].claims[A]
     assert saved.state == ckpt.COMPLETED and saved.claim.devices[0].mig_mode_off is not None
     assert saved.claim.devices[0].mig_mode_off.geometry  # the geometry, read while MIG mode was on
-    assert '"version":4' in state.checkpoint_path.read_text()
+    assert '"version":5' in state.checkpoint_path.read_text()  # 4 for MIG mode off, 5 for device metadata
     # the rescan, MIG mode off: the same devices and counters, so the slice does not change under it
     rescan_devices = scan(nvml(tmp_path), mig="dynamic", owned=state.owned_mig_instances(),
                           mig_mode_off=state.mig_mode_off_gpus())
@@ -183,7 +183,8 @@ async def test_a_crash_anywhere_in_prepare_leaves_mig_mode_on_unless_recorded_of
     assert set(claims) == ({A, B} if committed else {B})
     assert mig_mode(tmp_path) == ((OFF, OFF) if committed else (ON, ON))
     assert restarted.cdi.claim_uids() == set(claims) and mig_mode(tmp_path, 1) == (ON, ON)
-    assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", "serialize.lock"]
+    assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", METADATA, "serialize.lock"]
+    assert sorted(os.listdir(tmp_path / "plugin" / METADATA)) == sorted(claims)
     out = await restarted.prepare(items((REF_A, claim(A, "a", "gpu-0"))))
     assert out[A].error is None and mig_mode(tmp_path) == (OFF, OFF)
     assert await restarted.unprepare([REF_A, REF_B]) == {A: None, B: None}

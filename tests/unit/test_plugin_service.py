@@ -71,9 +71,10 @@ async def test_registration_then_prepare_and_unprepare_over_v1_and_v1beta1(root:
                 assert out.error == ""
                 (dev,) = out.devices
                 assert (list(dev.request_names), dev.pool_name, dev.device_name, list(dev.cdi_device_ids)) == (
-                    [request], NODE, device, [f"k8s.{DRIVER}/claim={uid}-{device}"])
+                    [request], NODE, device, [f"k8s.{DRIVER}/claim={uid}-{device}",
+                                              f"k8s.{DRIVER}/claim={uid}_{request}"])  # and its metadata
                 spec = load_and_validate(root / "cdi" / f"k8s.{DRIVER}-claim_{uid}.json")
-                assert spec["devices"][0]["name"] == f"{uid}-{device}"
+                assert [d["name"] for d in spec["devices"]] == [f"{uid}-{device}", f"{uid}_{request}"]
                 if version == "v1":
                     assert not dev.HasField("share_id")
                 unprepared = await client.unprepare([("ns", name, uid), ("ns", "never", "ffff")])

@@ -22,6 +22,7 @@ from typing import Any
 from gpudra_core import limits
 from gpudra_driver import gpuconfig
 from gpudra_driver.gpuconfig import GpuConfig, GpuConfigError, Strategy
+from gpudra_driver.plugin.devicemetadata import pod_claim_name
 from gpudra_driver.plugin.model import ClaimError, ClaimRef, is_uid
 from gpudra_core.quantity import int64_value
 
@@ -53,6 +54,8 @@ class ClaimAllocation:
     # each request of ``devices`` -> its GpuConfig, or why it has none (reported once the claim
     # needs it: an already prepared claim is answered whatever its configs say)
     configs: Mapping[str, GpuConfig | ClaimError] = field(default_factory=lambda: MappingProxyType({}))
+    # the claim's pod-local name (a template's claim), a DNS label or None (:mod:`.devicemetadata`)
+    pod_claim_name: str | None = None
 
     @property
     def shares_gpus(self) -> bool:
@@ -85,7 +88,8 @@ def read_claim(ref: ClaimRef, fetched: Mapping[str, Any] | ClaimError | None, *,
 def _read(ref: ClaimRef, claim: Mapping[str, Any], driver: str) -> ClaimAllocation:
     if not isinstance(claim, Mapping):
         raise ClaimError(f"{ref}: not a ResourceClaim: {_show(claim)}")
-    uid = _mapping(ref, claim.get("metadata"), "metadata").get("uid")
+    metadata = _mapping(ref, claim.get("metadata"), "metadata")
+    uid = metadata.get("uid")
     if uid != ref.uid:
         raise ClaimError(f"{ref}: the API server has UID {_show(uid)}; the claim was replaced")
     allocation = _mapping(ref, claim.get("status"), "status").get("allocation")
@@ -100,7 +104,8 @@ def _read(ref: ClaimRef, claim: Mapping[str, Any], driver: str) -> ClaimAllocati
     for index, raw in enumerate(configs):
         _check_config(ref, raw, f"{CONFIG}[{index}]", driver)
     return ClaimAllocation(ref, ours, _node_names(ref, allocation.get("nodeSelector")),
-                           _configs_by_request(ref, configs, driver, {d.request for d in ours}))
+                           _configs_by_request(ref, configs, driver, {d.request for d in ours}),
+                           pod_claim_name(metadata.get("annotations")))
 
 
 def _result(ref: ClaimRef, raw: Mapping[str, Any], where: str) -> AllocatedDevice:

@@ -7,7 +7,9 @@ definitions of a duplicate), file ``k8s.<driver>-claim_<claimUID>.json`` (CDI's
 space (libraries, binaries, firmware, IPC sockets, control nodes, hooks; see
 :mod:`gpudra_driver.plugin.driverfiles`) as spec-wide edits. One file per claim, rather than a
 node-wide common spec plus per-claim ones, keeps a prepare one atomic write with one CDI device ID
-per device, and pins each claim to the driver files it was prepared with. ``cdiVersion`` is the lowest version that accepts the content
+per device, and pins each claim to the driver files it was prepared with. A claim prepared with
+device metadata has one more device per request, ``<claimUID>_<request>``, which mounts its
+metadata file (:mod:`.devicemetadata`). ``cdiVersion`` is the lowest version that accepts the content
 (:func:`minimum_version`, the rules of the CDI library's ``MinimumRequiredVersion``), because a
 runtime vendoring an older CDI library rejects versions it does not know.
 
@@ -21,6 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gpudra_driver.plugin import devicemetadata
 from gpudra_driver.plugin.driverfiles import DriverFiles, DriverFilesCache, device_node
 from gpudra_driver.plugin.fsutil import TEMP_MARK, remove, write_atomic
 from gpudra_driver.plugin.sharing.mps import plan as mps
@@ -59,7 +62,7 @@ def claim_uid_of(driver: str, file_name: str) -> str | None:
 
 
 def cdi_spec(claim: PreparedClaim, driver: str, files: DriverFiles,
-             mps_edits: dict[str, Any] | None = None) -> dict[str, Any]:
+             mps_edits: dict[str, Any] | None = None, metadata_root: Path | None = None) -> dict[str, Any]:
     """The CDI spec for a prepared claim with at least one device, on a node with ``files``.
 
     Device edits: the device's own nodes. Spec-wide edits (applied once whenever any device of the
@@ -68,7 +71,8 @@ def cdi_spec(claim: PreparedClaim, driver: str, files: DriverFiles,
     requests. Otherwise a container may be given only some of the claim's devices (it references
     one request of the claim), so each device carries the UUIDs of the devices serving exactly its
     requests instead: the variable never names a GPU the container was not given. ``mps_edits``:
-    the claim's MPS daemon's pipe and shm directories (:func:`.mps.cdi_edits`), spec-wide too."""
+    the claim's MPS daemon's pipe and shm directories (:func:`.mps.cdi_edits`), spec-wide too.
+    ``metadata_root``: where the claim's device metadata files are, if it has them."""
     if not claim.devices:
         raise ValueError(f"claim {claim.uid} has no devices: no CDI spec to write")
     keys = [tuple(sorted(d.requests)) for d in claim.devices]
@@ -82,6 +86,10 @@ def cdi_spec(claim: PreparedClaim, driver: str, files: DriverFiles,
         if per_device:
             edits["env"] = [_visible(groups[key])]
         devices.append({"name": cdi_device_name(claim.uid, d.device), "containerEdits": edits})
+    if claim.metadata is not None:
+        if metadata_root is None:
+            raise ValueError(f"claim {claim.uid} has device metadata and no directory for its files is known")
+        devices += devicemetadata.cdi_devices(claim, driver, metadata_root)
     common = dict(files.edits)
     if not per_device:
         common["env"] = [_visible([d.uuid for d in claim.devices]), *common["env"]]
@@ -94,13 +102,14 @@ def cdi_spec(claim: PreparedClaim, driver: str, files: DriverFiles,
 
 
 def encode_spec(claim: PreparedClaim, driver: str, files: DriverFiles,
-                mps_edits: dict[str, Any] | None = None) -> bytes:
+                mps_edits: dict[str, Any] | None = None, metadata_root: Path | None = None) -> bytes:
     """``json.dumps(cdi_spec(...))``, compact, with a newline: the file's bytes. The spec-wide
     edits, most of a spec and the same for every claim, are encoded once per driver-files view
     (a claim with MPS adds its own to them, and is encoded whole)."""
     if mps_edits:
-        return (json.dumps(cdi_spec(claim, driver, files, mps_edits), separators=(",", ":")) + "\n").encode()
-    spec = cdi_spec(claim, driver, files)
+        return (json.dumps(cdi_spec(claim, driver, files, mps_edits, metadata_root),
+                           separators=(",", ":")) + "\n").encode()
+    spec = cdi_spec(claim, driver, files, metadata_root=metadata_root)
     common = spec.pop("containerEdits")  # the last member, "env" its first (common_edits' order)
     head = json.dumps(spec, separators=(",", ":"))[:-1]
     env = json.dumps(common["env"], separators=(",", ":"))
@@ -135,11 +144,14 @@ def minimum_version(spec: dict[str, Any]) -> str:
 class CdiDir:
     """This driver's spec files in one CDI directory (other files there are never touched)."""
 
-    def __init__(self, path: Path, driver: str, files: DriverFilesCache, mps_root: Path | None = None) -> None:
+    def __init__(self, path: Path, driver: str, files: DriverFilesCache, mps_root: Path | None = None,
+                 metadata_root: Path | None = None) -> None:
         self.path = path
         self.driver = driver
         self.files = files
         self.mps_root = mps_root  # <plugin-dir>/mps: where MPS claims' daemons keep their directories
+        # <plugin-dir>/dra-device-metadata: the metadata files (None: no claim gets them)
+        self.metadata_root = metadata_root
 
     def spec_path(self, claim_uid: str) -> Path:
         return self.path / spec_file_name(self.driver, claim_uid)
@@ -150,7 +162,7 @@ class CdiDir:
         mps_edits = None
         if self.mps_root is not None and any(d.sharing.strategy == MPS for d in claim.devices):
             mps_edits = mps.cdi_edits(self.mps_root, claim.uid)
-        return encode_spec(claim, self.driver, self.files.current(), mps_edits)
+        return encode_spec(claim, self.driver, self.files.current(), mps_edits, self.metadata_root)
 
     def write(self, claim: PreparedClaim) -> Path:
         """Write the claim's spec atomically (an existing one is replaced whole), after checking

@@ -42,10 +42,12 @@ log = logging.getLogger(__name__)
 # 2 when it holds adoptions or admin-access devices, which an agent reading only version 1 would
 # drop on its next write (it would then hand a monitored GPU, or a kept spec's GPU, to a second
 # claim); 3 when it holds shared devices (consumable capacity: share IDs and consumed capacity);
-# 4 when it holds dynamic MIG devices, whose instances an older agent would never destroy.
+# 4 when it holds dynamic MIG devices, whose instances an older agent would never destroy;
+# 5 when it holds claims prepared with device metadata (KEP-5304), whose specs an older agent would
+# rewrite without the metadata mounts the kubelet was answered (a restarting container would fail).
 # Such an agent refuses the file instead: a downgrade with them needs them unprepared.
-VERSION = 4
-READS = (1, 2, 3, 4)
+VERSION = 5
+READS = (1, 2, 3, 4, 5)
 STARTED = "PrepareStarted"
 COMPLETED = "PrepareCompleted"
 STATES = (STARTED, COMPLETED)
@@ -83,6 +85,8 @@ class Entry:
     @cached_property
     def version(self) -> int:
         """The lowest checkpoint version whose readers keep this entry whole."""
+        if self.claim.metadata is not None:
+            return 5
         if any(device.mig is not None or device.mig_mode_off is not None for device in self.claim.devices):
             return 4
         if any(device.needs_version_3 for device in self.claim.devices):

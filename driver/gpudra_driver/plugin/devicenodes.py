@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpudra_core.devicemodel import Device
+from gpudra_core.devicemodel import AttrValue, Device
 from gpudra_core.migpartitions import MEMORY_SLICE_PREFIX, is_dynamic_whole_gpu, placement_of
 from gpudra_driver.plugin.model import MigPlacement
 
@@ -48,6 +48,8 @@ class NodeDevice:
     memory: int = 0  # bytes of framebuffer; 0 when unknown
     compute_capability: str = ""  # "9.0.0" (the cudaComputeCapability attribute); "" when unknown
     placement: MigPlacement | None = None  # kind PLACEMENT: where prepare creates its instance
+    # its published attributes and capacities (as ints): its device metadata (:mod:`.devicemetadata`)
+    attributes: tuple[tuple[str, AttrValue], ...] = ()
 
 
 def mig_cap_minor_fallback(gpu_minor: int, gi: int, ci: int | None) -> int:
@@ -93,12 +95,19 @@ def node_devices(devices: list[Device], cap_minor: CapMinor = mig_cap_minor_fall
     (:func:`gpudra_core.migpartitions.placement_of`) has no instance, so no UUID or nodes, until
     prepare creates it: it is kind ``PLACEMENT``."""
     return {d.name: NodeDevice(d.name, "", (), PLACEMENT, d.capacity.get("memory", 0),
-                               str(d.attr("cudaComputeCapability") or ""), _placement(d))
+                               str(d.attr("cudaComputeCapability") or ""), _placement(d), _attributes(d))
             if placement_of(d) is not None else
             NodeDevice(d.name, str(d.attr("uuid")), device_nodes(d, cap_minor),
                        DYNAMIC_WHOLE_GPU if is_dynamic_whole_gpu(d) else d.type,
-                       d.capacity.get("memory", 0), str(d.attr("cudaComputeCapability") or ""))
+                       d.capacity.get("memory", 0), str(d.attr("cudaComputeCapability") or ""),
+                       attributes=_attributes(d))
             for d in devices}
+
+
+def _attributes(device: Device) -> tuple[tuple[str, AttrValue], ...]:
+    """Sorted by name, as the checkpoint stores them (canonical JSON): a record read back is equal."""
+    return tuple(sorted((*device.attributes.items(), *((n, AttrValue.of_int(v)) for n, v in device.capacity.items())),
+                        key=lambda item: item[0]))
 
 
 def _placement(device: Device) -> MigPlacement:

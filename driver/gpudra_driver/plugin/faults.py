@@ -3,7 +3,8 @@ so tests can prove that a crash anywhere loses nothing and leaves nothing behind
 
 Points: ``after-checkpoint-started``, ``after-mig-instance`` (a dynamic MIG instance made, not
 recorded yet), ``after-mig-mode-off`` (a dynamic GPU's MIG mode turned off for a claim of its whole
-GPU, not recorded as done yet), ``after-cdi-write``, ``after-checkpoint-completed``,
+GPU, not recorded as done yet), ``after-metadata-write`` (a claim's device metadata files written,
+its CDI spec not yet), ``after-cdi-write``, ``after-checkpoint-completed``,
 ``unprepare-after-checkpoint``. Unset (always, outside tests): a no-op."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 
-POINTS = ("after-checkpoint-started", "after-mig-instance", "after-mig-mode-off", "after-cdi-write",
+POINTS = ("after-checkpoint-started", "after-mig-instance", "after-mig-mode-off", "after-metadata-write", "after-cdi-write",
           "after-checkpoint-completed", "unprepare-after-checkpoint")
 
 

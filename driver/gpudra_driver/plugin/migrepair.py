@@ -176,7 +176,7 @@ class MigRepair:
             return before, Outcome(claim, tuple(gone), error=str(error))
         fixed = remade(claim, made)
         try:
-            self.specs.cdi.write(fixed)
+            self.specs.write_files(fixed)  # its metadata files name the new instance
         except OSError as error:  # recorded anyway: the instance exists; start-up rewrites a stale spec
             log.error("%s: rewriting its CDI spec for the new MIG instance failed: %s", claim.ref, error)
         checkpoint = _recorded(checkpoint, fixed)

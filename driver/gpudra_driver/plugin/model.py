@@ -12,6 +12,7 @@ from functools import cached_property
 from typing import Any, Literal, TypeAlias
 
 from gpudra_core import limits
+from gpudra_core.devicemodel import ATTR_TYPES, AttrValue
 
 # Kubernetes UIDs are RFC 4122 UUIDs; accept any short alphanumeric/dash string, which is all a UID
 # can be without breaking CDI device names and file names.
@@ -162,6 +163,9 @@ class PreparedDevice:
     sharing: DeviceSharing = NOT_SHARED
     mig: MigPlacement | None = None  # a dynamic MIG device: its placement and, once created, its instance
     mig_mode_off: MigModeOff | None = None  # the whole GPU of a dynamic MIG GPU: its MIG mode off for the claim
+    # Device metadata (KEP-5304, :mod:`.devicemetadata`): the device's attributes and capacities as
+    # discovery published them when it was prepared, sorted by name; empty when the claim has no metadata.
+    attributes: tuple[tuple[str, AttrValue], ...] = ()
 
     @property
     def consumed_memory(self) -> int:
@@ -184,6 +188,8 @@ class PreparedDevice:
             data["mig"] = self.mig.to_json()
         if self.mig_mode_off is not None:
             data["migModeOff"] = self.mig_mode_off.to_json()
+        if self.attributes:
+            data["attributes"] = {name: value.to_api() for name, value in self.attributes}
         return data
 
     @property
@@ -203,21 +209,68 @@ class PreparedDevice:
                    None if share_id is None else str(share_id), tuple(sorted(consumed.items())),
                    DeviceSharing.from_json(data["sharing"]) if "sharing" in data else NOT_SHARED,
                    MigPlacement.from_json(data["mig"]) if "mig" in data else None,
-                   MigModeOff.from_json(data["migModeOff"]) if "migModeOff" in data else None)
+                   MigModeOff.from_json(data["migModeOff"]) if "migModeOff" in data else None,
+                   _attributes_from_json(data.get("attributes") or {}))
+
+
+def _attributes_from_json(data: Any) -> tuple[tuple[str, AttrValue], ...]:
+    if not isinstance(data, dict):
+        raise ValueError(f"attributes: {data!r} is not a map of attribute name to value")
+    attributes = []
+    for name, value in data.items():
+        if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in ATTR_TYPES:
+            raise ValueError(f"attributes: {name}: {value!r} is not an attribute value")
+        (kind, raw), = value.items()
+        try:
+            attributes.append((name, AttrValue(kind, raw)))
+        except TypeError as error:
+            raise ValueError(f"attributes: {name}: {error}") from None
+    return tuple(attributes)
+
+
+@dataclass(frozen=True)
+class ClaimMetadata:
+    """The claim was prepared with device metadata (KEP-5304, :mod:`.devicemetadata`): its CDI spec
+    mounts one metadata file per request into the containers. Recorded so that the spec and the
+    files stay what the kubelet was answered, whatever the agent's flag says after a restart."""
+
+    requests: tuple[str, ...]  # the claim's requests of ours as allocated: "<request>" or "<request>/<sub>"
+    # the claim's pod-local name (annotation resource.kubernetes.io/pod-claim-name, a DNS label) for a
+    # claim made from a template; None for a claim the pod names directly
+    pod_claim_name: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"requests": list(self.requests)}
+        if self.pod_claim_name is not None:
+            data["podClaimName"] = self.pod_claim_name
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any) -> ClaimMetadata:
+        requests = data.get("requests") if isinstance(data, dict) else None
+        pod_claim_name = data.get("podClaimName") if isinstance(data, dict) else None
+        if not isinstance(requests, list) or not all(isinstance(r, str) for r in requests) \
+                or not (pod_claim_name is None or limits.is_dns_label(pod_claim_name)):
+            raise ValueError(f"metadata: {data!r} is not a device metadata record")
+        return cls(tuple(requests), pod_claim_name)
 
 
 @dataclass(frozen=True)
 class PreparedClaim:
     ref: ClaimRef
     devices: tuple[PreparedDevice, ...]
+    metadata: ClaimMetadata | None = None  # None: prepared without device metadata
 
     @property
     def uid(self) -> str:
         return self.ref.uid
 
     def to_json(self) -> dict[str, Any]:
-        return {"namespace": self.ref.namespace, "name": self.ref.name,
-                "devices": [d.to_json() for d in self.devices]}
+        data: dict[str, Any] = {"namespace": self.ref.namespace, "name": self.ref.name,
+                                "devices": [d.to_json() for d in self.devices]}
+        if self.metadata is not None:
+            data["metadata"] = self.metadata.to_json()
+        return data
 
     @cached_property
     def canonical_json(self) -> str:
@@ -227,7 +280,8 @@ class PreparedClaim:
     @classmethod
     def from_json(cls, uid: str, data: dict[str, Any]) -> PreparedClaim:
         return cls(ClaimRef(data["namespace"], data["name"], uid),
-                   tuple(PreparedDevice.from_json(d) for d in data["devices"]))
+                   tuple(PreparedDevice.from_json(d) for d in data["devices"]),
+                   ClaimMetadata.from_json(data["metadata"]) if "metadata" in data else None)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from gpudra_driver.plugin.allocation import ClaimAllocation, read_claim
 from gpudra_driver.plugin.cdi import cdi_device_id
 from gpudra_core.quantity import format_quantity
 from gpudra_driver.plugin.checkpoint import COMPLETED, Checkpoint
+from gpudra_driver.plugin.devicemetadata import claim_metadata
 from gpudra_driver.plugin.devicenodes import DYNAMIC_WHOLE_GPU, PLACEMENT, NodeDevice
 from gpudra_driver.gpuconfig import GpuConfig, GpuConfigError, Mps, Strategy
 from gpudra_driver.plugin.sharing import plan as gpusettings
@@ -32,11 +33,13 @@ class Plan:
 
 
 def plan_prepare(ref: ClaimRef, claim: ClaimAllocation | Mapping[str, Any] | ClaimError | None,
-                 devices: Mapping[str, NodeDevice] | None, checkpoint: Checkpoint, *, node: str, driver: str) -> Plan:
+                 devices: Mapping[str, NodeDevice] | None, checkpoint: Checkpoint, *, node: str, driver: str,
+                 device_metadata: bool = False) -> Plan:
     """What to prepare for ``ref``. ``claim`` is the claim as read (:func:`read_claim`; the GET
     result is read here: None is not found); ``devices`` are this node's discovered devices by
     name (None: discovery has not finished yet). A claim that could not be read or was refused
-    arrives as its :class:`ClaimError`; it matters only if the claim is not prepared yet."""
+    arrives as its :class:`ClaimError`; it matters only if the claim is not prepared yet.
+    ``device_metadata``: record the claim's device metadata (:mod:`.devicemetadata`) to write."""
     ref.check()
     read = claim if isinstance(claim, ClaimAllocation) else read_claim(ref, claim, driver=driver)
     entry = checkpoint.claims.get(ref.uid)
@@ -94,7 +97,8 @@ def plan_prepare(ref: ClaimRef, claim: ClaimAllocation | Mapping[str, Any] | Cla
                        sharing=_sharing(ref, read.configs, full_requests[name], devices[name],
                                         by_request, dict(shares[name][1]) if name in shares else None),
                        mig=devices[name].placement,
-                       mig_mode_off=MigModeOff() if devices[name].kind == DYNAMIC_WHOLE_GPU else None)
+                       mig_mode_off=MigModeOff() if devices[name].kind == DYNAMIC_WHOLE_GPU else None,
+                       attributes=devices[name].attributes if device_metadata else ())
         for name, requests in by_device.items())
     for device in prepared:
         if device.mig is not None and device.sharing != NOT_SHARED:
@@ -111,7 +115,8 @@ def plan_prepare(ref: ClaimRef, claim: ClaimAllocation | Mapping[str, Any] | Cla
                   if uid != ref.uid and held is not None}
         if (problem := gpusettings.conflict(device, others)) is not None:
             raise ClaimError(f"{ref}: {problem}")
-    return Plan(PreparedClaim(ref, prepared), done=False)
+    metadata = claim_metadata((d.request for d in results), read.pod_claim_name) if device_metadata else None
+    return Plan(PreparedClaim(ref, prepared, metadata), done=False)
 
 
 def needs_prepare_started(before: Checkpoint, planned: Sequence[PreparedClaim]) -> bool:

@@ -34,7 +34,7 @@ from gpudra_driver import metrics
 from gpudra_core.devicemodel import Device
 from gpudra_driver.driverroot import DriverRoot, locate_nvml
 from gpudra_driver.nvml import load_nvml
-from gpudra_driver.plugin import service
+from gpudra_driver.plugin import devicemetadata, service
 from gpudra_driver.plugin.sharing.mps import plan as mps
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.claimreporter import ClaimReporter
@@ -102,11 +102,12 @@ class KubeletPlugin:
                  proc_root: Path = Path("/proc"), api_versions: Sequence[str] = ("v1", "v1beta1"),
                  fault: FaultHook | None = None, claim_get_timeout: float = CLAIM_GET_TIMEOUT,
                  nvml: str | None = None, health: service.Feed | None = None,
-                 reporter: ClaimReporter | None = None) -> None:
+                 reporter: ClaimReporter | None = None, device_metadata: bool = True) -> None:
         """``nvml``: the NVML the agent discovers with (see :func:`gpudra_driver.nvml.load_nvml`),
         also used to change a GPU's compute mode for sharing. ``health``: the device health to
         stream to the kubelet (DRAResourceHealth, served and advertised only then). ``reporter``:
-        told of every claim prepared and unprepared, after the answer (claim status, per-pod series)."""
+        told of every claim prepared and unprepared, after the answer (claim status, per-pod series).
+        ``device_metadata``: claims' containers get their devices' metadata files (KEP-5304)."""
         self.driver, self.node = driver, node
         self.instance = instance or str(uuid.uuid4())
         self.plugin_dir = kubelet_dir / "plugins" / driver
@@ -121,10 +122,13 @@ class KubeletPlugin:
         control = GpuControl(lambda: load_nvml(nvml, root), root.local / "usr/bin/nvidia-smi",
                              lambda: locate_nvml(root).path)
         self._fetching = 0  # prepare calls whose claim GETs are in flight
-        self.state = DeviceState(self.plugin_dir, CdiDir(cdi_dir, driver, self.driver_files, self.plugin_dir / mps.ROOT), driver=driver, node=node,
+        # the metadata directory is known whatever the flag: claims prepared with it keep their files
+        cdi = CdiDir(cdi_dir, driver, self.driver_files, self.plugin_dir / mps.ROOT,
+                     self.plugin_dir / devicemetadata.SUBDIR)
+        self.state = DeviceState(self.plugin_dir, cdi, driver=driver, node=node,
                                  boot_id=boot_id or read_boot_id(), fault=fault or FaultHook(), gpu_control=control,
                                  others_coming=lambda: self._fetching,
-                                 mig=MigInstances(control.load_nvml, self.cap_minor))
+                                 mig=MigInstances(control.load_nvml, self.cap_minor), device_metadata=device_metadata)
         self.api_versions = tuple(api_versions)
         self.health = health
         self.reporter = reporter

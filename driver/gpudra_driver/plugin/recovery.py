@@ -9,7 +9,9 @@ crash at any point can leave, and what happens to it, is decided by the pure
 * half-done prepares (PrepareStarted) are rolled back: their specs go, the kubelet prepares again;
 * completed claims whose spec is missing, or differs from what the checkpoint says, are rewritten;
 * specs of ours with no completed entry (a crash in unprepare, between its checkpoint write and the
-  spec removal) are orphans and removed;
+  spec removal) are orphans and removed; so are device metadata directories (:mod:`.devicemetadata`)
+  whose claim has neither an entry nor a kept spec; a completed claim's missing or differing
+  metadata files are rewritten with its spec;
 * temp files of interrupted writes are removed;
 * MPS daemons (:mod:`.mps`) of claims no longer in the checkpoint are stopped, those of prepared
   claims started if they are not running;
@@ -71,12 +73,13 @@ class Recovery:
         if loaded.boot_id == self.boot_id:  # a reboot took every MIG instance with it
             self.mig.rolled_back(loaded, result.rolled_back)
         for uid in result.remove_specs:
-            cdi.remove(uid)
-        stale = [e.claim for u, e in result.checkpoint.claims.items()
-                 if e.claim.devices and u in on_disk and not cdi.matches(e.claim)]
+            self.specs.remove_files(uid)
+        stale = [e.claim for u, e in result.checkpoint.claims.items() if e.claim.devices and u in on_disk
+                 and not (cdi.matches(e.claim) and self.specs.metadata_matches(e.claim))]
         result = dataclasses.replace(result, rewrite_specs=result.rewrite_specs + tuple(stale))
         for claim in result.rewrite_specs:
             try:
+                self.specs.rewrite_metadata(claim)  # first: the spec mounts them
                 cdi.write(claim)
             except DriverFilesError as error:  # the driver is being (re)loaded: never crash-loop on
                 # it (running pods need their unprepare); a missing spec is written again when the
@@ -85,6 +88,8 @@ class Recovery:
                 log.warning("%s: its CDI spec %s; it cannot be brought up to date now: %s", claim.ref, kept, error)
         if on_disk or cdi.path.is_dir():
             cdi.remove_temp_files()
+        if listed:  # device metadata no entry or kept spec names (a crash before its spec or in unprepare)
+            self.specs.remove_orphans(set(result.checkpoint.claims) | set(result.checkpoint.adopted), temp_files=True)
         # MPS daemons: those of claims gone or rolled back stop, those of prepared claims run, those of
         # adopted claims stay as they are
         for uid, problem in self.sharing.converge_mps(result.checkpoint).items():

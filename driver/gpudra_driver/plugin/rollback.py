@@ -41,7 +41,7 @@ class Rollback:
                 kept[uid] = self.specs.held_devices(uid, checkpoint.possible_devices(uid))
                 continue
             try:
-                self.specs.cdi.remove(uid)
+                self.specs.remove_files(uid)
                 gone.append(uid)
             except OSError as error:  # the entry stays: the next call or start tries again
                 log.warning("removing the CDI spec of half-done claim %s failed: %s", uid, error)
@@ -53,8 +53,8 @@ class Rollback:
         return rolled.untouched(self.sharing.settle(checkpoint, rolled))
 
     def orphan_specs(self, checkpoint: Checkpoint, keep: Collection[str] = ()) -> None:
-        """Best effort: remove the specs of ours that no entry of ``checkpoint`` names (other than
-        ``keep``'s). Under the node lock no live instance is between a spec and its commit, so such
+        """Best effort: remove the specs, and device metadata files, of ours that no entry of
+        ``checkpoint`` names (other than ``keep``'s). Under the node lock no live instance is between a spec and its commit, so such
         a spec is what an instance killed there left of a one-write prepare (:func:`.plan.
         needs_prepare_started`); the kubelet got no answer for it, and no container names it."""
         try:
@@ -66,6 +66,8 @@ class Rollback:
             log.info("removing the CDI specs of claim(s) %s, left by an agent instance that crashed before "
                      "their commit", sorted(orphans))
             self.specs.remove_quietly(orphans)
+        # their metadata files, and those a crash between the files and the spec left
+        self.specs.remove_orphans(set(checkpoint.claims) | set(checkpoint.adopted) | set(keep))
 
     def readopted(self, original: Checkpoint, failed: Iterable[PreparedClaim]) -> dict[str, list[tuple[str, str]]]:
         """The adoptions of the ``failed`` prepares' adopted claims: the devices their spec names

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from gpudra_driver.plugin.devicemetadata import answer_cdi_ids
 from gpudra_driver.plugin.model import DeviceHealth
 from gpudra_driver.plugin.gen import (
     dra_health_v1_pb2, dra_health_v1_pb2_grpc, dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc, dra_v1_pb2,
@@ -61,9 +62,9 @@ def _servicer(pb: ModuleType, base: type) -> type:
                     out.error = result.error
                     continue
                 assert result.claim is not None
-                for device in result.claim.devices:
+                for device, cdi_ids in zip(result.claim.devices, answer_cdi_ids(result.claim)):
                     added = out.devices.add(request_names=device.requests, pool_name=device.pool,
-                                            device_name=device.device, cdi_device_ids=[device.cdi_device_id])
+                                            device_name=device.device, cdi_device_ids=cdi_ids)
                     if device.share_id is not None and has_share_id:  # v1 only (KEP-5075, 1.35+)
                         added.share_id = device.share_id
             return response

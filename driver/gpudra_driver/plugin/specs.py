@@ -1,7 +1,12 @@
 """The CDI spec side of prepare and unprepare: each claim's spec written, answered again or
 removed, a failure that claim's own error (or, where it follows another failure, a warning: a spec
 left behind is an orphan start-up removes), so one claim's spec never fails its neighbours. What a
-spec contains, and how a file is replaced, is :mod:`.cdi`'s."""
+spec contains, and how a file is replaced, is :mod:`.cdi`'s.
+
+A claim's device metadata files (:mod:`.devicemetadata`) go with its spec: written before it (the
+spec names them), removed after it. So a spec on disk always finds its files, and files without a
+spec are what a crash left: no entry names their claim, and orphan cleanup removes them with the
+orphan specs (:meth:`remove_orphans`)."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import logging
 from collections.abc import Iterable, Sequence
 
 from gpudra_driver.plugin.cdi import CdiDir
+from gpudra_driver.plugin.devicemetadata import MetadataFiles
 from gpudra_driver.plugin.driverfiles import DriverFilesError
 from gpudra_driver.plugin.faults import FaultHook
 from gpudra_driver.plugin.model import PreparedClaim, PrepareResult
@@ -22,6 +28,20 @@ class ClaimSpecs:
         self.cdi = cdi
         self.node = node
         self.fault = fault
+        self.metadata = None if cdi.metadata_root is None else MetadataFiles(cdi.metadata_root, cdi.driver)
+
+    def write_files(self, claim: PreparedClaim) -> None:
+        """The claim's metadata files, then its spec (which mounts them)."""
+        if claim.metadata is not None and self.metadata is not None:
+            self.metadata.write(claim)
+            self.fault("after-metadata-write")
+        self.cdi.write(claim)
+
+    def remove_files(self, uid: str) -> None:
+        """The claim's spec, then its metadata files (a spec never names missing files)."""
+        self.cdi.remove(uid)
+        if self.metadata is not None:
+            self.metadata.remove(uid)
 
     def write(self, planned: Sequence[PreparedClaim], results: dict[str, PrepareResult]) -> list[PreparedClaim]:
         """Each planned claim's CDI spec; the claims whose spec is there (or who need none). A
@@ -32,21 +52,33 @@ class ClaimSpecs:
                 written.append(claim)
                 continue
             try:
-                self.cdi.write(claim)
+                self.write_files(claim)
                 written.append(claim)
                 self.fault("after-cdi-write")
             except DriverFilesError as error:  # the node's driver is not ready for it: retryable
                 results[claim.uid] = PrepareResult(error=f"{claim.ref}: {error}")
+                self._drop_unused_metadata(claim.uid)
             except OSError as error:
                 results[claim.uid] = PrepareResult(error=f"{claim.ref}: writing its CDI spec into "
                                                          f"{self.cdi.path} failed: {error}")
+                self._drop_unused_metadata(claim.uid)
         return written
 
-    def answer_again(self, claim: PreparedClaim) -> PrepareResult:
-        """The answer for a claim prepared already; its spec written again if someone deleted it."""
-        if claim.devices and not self.cdi.exists(claim.uid):  # someone deleted it: put it back
+    def _drop_unused_metadata(self, uid: str) -> None:
+        """After a failed write: the claim's metadata files, unless a spec (an adopted claim's, one
+        being replaced) mounts them; what stays is an orphan for the next cleanup."""
+        if self.metadata is not None and not self.cdi.exists(uid):
             try:
-                self.cdi.write(claim)
+                self.metadata.remove(uid)
+            except OSError as error:
+                log.warning("removing the device metadata of claim %s failed: %s", uid, error)
+
+    def answer_again(self, claim: PreparedClaim) -> PrepareResult:
+        """The answer for a claim prepared already; its spec and metadata files written again if
+        someone deleted them."""
+        if claim.devices and (not self.cdi.exists(claim.uid) or not self.metadata_matches(claim)):
+            try:  # someone deleted it: put it back
+                self.write_files(claim)
             except OSError as error:
                 return PrepareResult(error=f"{claim.ref}: rewriting its missing CDI spec failed: {error}")
         return PrepareResult(claim)
@@ -56,18 +88,42 @@ class ClaimSpecs:
         results: dict[str, str | None] = dict.fromkeys(uids)
         for uid in uids:
             try:
-                self.cdi.remove(uid)
+                self.remove_files(uid)
             except OSError as error:
-                results[uid] = f"claim {uid}: removing its CDI spec failed: {error}"
+                results[uid] = f"claim {uid}: removing its CDI spec or device metadata failed: {error}"
         return results
 
     def remove_quietly(self, uids: Iterable[str]) -> None:
         """Best effort, after a failure: a spec left behind is an orphan that start-up removes."""
         for uid in uids:
             try:
-                self.cdi.remove(uid)
+                self.remove_files(uid)
             except OSError as error:
-                log.warning("removing the CDI spec of claim %s failed: %s", uid, error)
+                log.warning("removing the CDI spec or device metadata of claim %s failed: %s", uid, error)
+
+    def metadata_matches(self, claim: PreparedClaim) -> bool:
+        """True when the claim needs no metadata files or has them as recorded."""
+        return claim.metadata is None or self.metadata is None or self.metadata.matches(claim)
+
+    def rewrite_metadata(self, claim: PreparedClaim) -> None:
+        """Start-up: a prepared claim's metadata files as recorded (a spec names them)."""
+        if claim.metadata is not None and self.metadata is not None and not self.metadata.matches(claim):
+            self.metadata.write(claim)
+
+    def remove_orphans(self, keep: set[str], *, temp_files: bool = False) -> None:
+        """Best effort: the metadata directories of claims not in ``keep`` (no entry, no adoption:
+        what a crash between them and the commit, or in unprepare, left); with ``temp_files`` (at
+        start-up: only a crash leaves them), the temp files of interrupted writes in those kept."""
+        if self.metadata is None:
+            return
+        try:
+            on_disk = self.metadata.claim_uids()
+            for uid in on_disk - keep:
+                self.metadata.remove(uid)
+            if temp_files:
+                self.metadata.remove_temp_files(on_disk & keep)
+        except OSError as error:
+            log.warning("removing orphan device metadata under %s failed: %s", self.metadata.root, error)
 
     def held_devices(self, claim_uid: str, known: Iterable[tuple[str, str]] = ()) -> list[tuple[str, str]]:
         """The (pool, device) pairs the claim's spec on disk names: what an adopted claim holds.

@@ -18,7 +18,8 @@ or more kubelet calls):
 3. writes the checkpoint with the new claims as PrepareStarted (and the GPUs whose sharing settings
    they change as touched), only if the batch does something outside the CDI directory or replaces
    an entry (:func:`.plan.needs_prepare_started`);
-4. applies the claims' GPU sharing settings and MPS daemons, then writes one CDI spec per claim;
+4. applies the claims' GPU sharing settings and MPS daemons, then writes each claim's device
+   metadata files (:mod:`.devicemetadata`) and one CDI spec per claim, which mounts them;
 5. writes the checkpoint with them as PrepareCompleted, claims whose spec failed dropped. This is
    the commit; then it answers.
 
@@ -82,15 +83,18 @@ class DeviceState:
     def __init__(self, plugin_dir: Path, cdi: CdiDir, *, driver: str, node: str, boot_id: str,
                  fault: FaultHook | None = None, lock_timeout: float = LOCK_TIMEOUT,
                  gpu_control: GpuControl | None = None, others_coming: Callable[[], int] = lambda: 0,
-                 mig: MigInstances | None = None) -> None:
+                 mig: MigInstances | None = None, device_metadata: bool = True) -> None:
         """``others_coming``: how many prepare calls are reading their claims now (they queue up
         behind this one: a batch then goes off the event loop, which meanwhile reads them).
-        ``mig``: creates and destroys dynamic MIG instances (None: a claim on a placement fails)."""
+        ``mig``: creates and destroys dynamic MIG instances (None: a claim on a placement fails).
+        ``device_metadata``: new claims get device metadata files (:mod:`.devicemetadata`), where
+        ``cdi`` knows their directory; claims prepared with them keep them either way."""
         self.plugin_dir = plugin_dir
         self.cdi = cdi
         self.driver = driver
         self.node = node
         self.fault = fault or FaultHook()
+        self.device_metadata = device_metadata and cdi.metadata_root is not None
         self._others_coming = others_coming
         self.checkpoint = ckpt.CheckpointFile(plugin_dir / CHECKPOINT_FILE, boot_id)
         self.devices: Mapping[str, NodeDevice] | None = None  # swapped whole by set_devices
@@ -201,7 +205,8 @@ class DeviceState:
             if ref.uid in results or any(c.uid == ref.uid for c in planned):
                 continue  # the same claim twice in one call: one answer
             try:
-                plan = plan_prepare(ref, read, self.devices, checkpoint, node=self.node, driver=self.driver)
+                plan = plan_prepare(ref, read, self.devices, checkpoint, node=self.node, driver=self.driver,
+                                    device_metadata=self.device_metadata)
             except ClaimError as error:
                 results[ref.uid] = PrepareResult(error=str(error))
                 continue

@@ -1,0 +1,216 @@
+"""Device metadata (KEP-5304): each prepared claim's containers read, at a standard path, the
+attributes of the devices they got.
+
+The contract is upstream's, k8s.io/dynamic-resource-allocation ``api/metadata`` (doc.go, helpers.go,
+the v1alpha1 and v1beta1 types) and ``devicemetadata/decode.go`` (the reader containers use):
+
+* one file per request of the claim, bind-mounted read-only at
+  ``/var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claimName>/<request>/<driver>-metadata.json``
+  for a claim the pod names, or at ``.../resourceclaimtemplates/<podClaimName>/<request>/...`` for a
+  claim made from a template (``podClaimName``: the claim's annotation
+  ``resource.kubernetes.io/pod-claim-name``, the pod's own name for it); ``<request>`` without the
+  subrequest;
+* the file is a JSON stream: the same ``DeviceMetadata`` object once per API version, newest first
+  (``metadata.resource.k8s.io/v1beta1``, read by 1.37's decoder, then ``v1alpha1``, read by
+  1.36's, which skips the version it does not know);
+* each device: driver, pool, name and its attributes, in the ResourceSlice attribute format.
+
+The mount is a CDI device of its own per request, ``<claimUID>_<request>`` in the claim's one spec
+file (:mod:`.cdi`): device names are DNS labels, so no real device (``<claimUID>-<device>``) can
+have that name. Its ID is answered with the first device of the request only (as upstream's
+kubeletplugin does), so a container given the whole claim gets each file once.
+
+The host file is ``<plugin-dir>/dra-device-metadata/<claimUID>/<request>/metadata.json``. Upstream's
+helper keys the directory by ``<namespace>_<name>``; the host path is the driver's own (containers
+see only the mount), and the UID keeps a claim deleted and made again under the same name from
+sharing, or removing, the other's files, and lets start-up find orphans by UID, as for the specs.
+
+Attributes: what discovery published for the device when it was prepared (recorded in the
+checkpoint, so a rewritten file says the same), its capacities as ints (``memory`` in bytes...),
+the UUID and instance IDs of a dynamic MIG device once prepare created it, and a share's
+``shareID`` and ``consumed<Capacity>`` (consumable capacity); at most 32, as the API allows.
+
+Everything but :class:`MetadataFiles` is pure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from gpudra_core import limits
+from gpudra_core.devicemodel import CAPACITIES, AttrValue
+from gpudra_driver.plugin.fsutil import TEMP_MARK, write_atomic
+from gpudra_driver.plugin.model import ClaimMetadata, PreparedClaim, PreparedDevice, is_uid
+
+SUBDIR = "dra-device-metadata"  # under the plugin directory, as upstream's metadataSubDir
+FILE_NAME = "metadata.json"
+CONTAINER_DIR = "/var/run/kubernetes.io/dra-device-attributes"  # metadata.ContainerDir
+CLAIMS_SUBDIR, TEMPLATES_SUBDIR = "resourceclaims", "resourceclaimtemplates"
+POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"  # resourceapi.PodResourceClaimAnnotation
+GROUP = "metadata.resource.k8s.io"
+VERSIONS = ("v1beta1", "v1alpha1")  # newest first: each reader takes the first it knows
+MAX_ATTRIBUTES = 32  # Device.attributes' maxProperties
+
+
+def pod_claim_name(annotations: Any) -> str | None:
+    """The claim's pod-local name, when its annotation is a DNS label (what the resourceclaim
+    controller writes, and the schema's format for podClaimName); otherwise None, and the file
+    goes under ``resourceclaims/<claimName>``: the annotation is tenant input, and anything else
+    in a path could leave the metadata directory."""
+    value = annotations.get(POD_CLAIM_NAME_ANNOTATION) if isinstance(annotations, Mapping) else None
+    return value if isinstance(value, str) and limits.is_dns_label(value) else None
+
+
+def base_request(request: str) -> str:
+    return request.split("/", 1)[0]
+
+
+def container_path(driver: str, claim: PreparedClaim, request: str) -> str:
+    """Where the containers read ``request``'s file (metadata.ResourceClaimFilePath and
+    ResourceClaimTemplateFilePath)."""
+    assert claim.metadata is not None
+    pod_name = claim.metadata.pod_claim_name
+    where = f"{TEMPLATES_SUBDIR}/{pod_name}" if pod_name else f"{CLAIMS_SUBDIR}/{claim.ref.name}"
+    return f"{CONTAINER_DIR}/{where}/{base_request(request)}/{driver}-metadata.json"
+
+
+def host_path(root: Path, claim_uid: str, request: str) -> Path:
+    return root / claim_uid / base_request(request) / FILE_NAME
+
+
+def cdi_device_name(claim_uid: str, request: str) -> str:
+    return f"{claim_uid}_{base_request(request)}"
+
+
+def cdi_devices(claim: PreparedClaim, driver: str, root: Path) -> list[dict[str, Any]]:
+    """The claim spec's metadata devices, one per request: each mounts its file read-only."""
+    if claim.metadata is None:
+        return []
+    return [{"name": cdi_device_name(claim.uid, request), "containerEdits": {"mounts": [
+        {"hostPath": os.fspath(host_path(root, claim.uid, request)),
+         "containerPath": container_path(driver, claim, request), "options": ["ro", "bind"]}]}}
+        for request in claim.metadata.requests]
+
+
+def answer_cdi_ids(claim: PreparedClaim) -> list[tuple[str, ...]]:
+    """Each device's CDI IDs for the kubelet: its own, and the metadata device of each request it
+    is the first device of (upstream's kubeletplugin does the same: one mount per request)."""
+    served: set[str] = set()
+    answers = []
+    for device in claim.devices:
+        ids = [device.cdi_device_id]
+        if claim.metadata is not None:
+            kind = device.cdi_device_id.partition("=")[0]
+            for request in device.requests:
+                if request not in served:
+                    served.add(request)
+                    ids.append(f"{kind}={cdi_device_name(claim.uid, request)}")
+        answers.append(tuple(ids))
+    return answers
+
+
+def device_attributes(device: PreparedDevice) -> dict[str, dict[str, str | int | bool]]:
+    """The device's attributes in the ResourceSlice format (see the module docstring). Past the
+    API's 32, what goes first: capacities, then published attributes; the identity (UUID,
+    instance IDs, share) stays."""
+    identity: dict[str, AttrValue] = {}
+    if device.uuid:  # a dynamic MIG device's is known only once its instance is made
+        identity["uuid"] = AttrValue.of_string(device.uuid)
+    if device.mig is not None and device.mig.created:
+        assert device.mig.gi is not None and device.mig.ci is not None
+        identity["gpuInstanceId"] = AttrValue.of_int(device.mig.gi)
+        identity["computeInstanceId"] = AttrValue.of_int(device.mig.ci)
+    if device.share_id is not None:
+        identity["shareID"] = AttrValue.of_string(device.share_id)
+        for name, amount in device.consumed:
+            if name in CAPACITIES:  # the claim names them: only this driver's capacities
+                identity[f"consumed{name[:1].upper()}{name[1:]}"] = AttrValue.of_int(amount)
+    published = [(n, v) for n, v in device.attributes if n not in identity and n not in CAPACITIES]
+    capacities = [(n, v) for n, v in device.attributes if n in CAPACITIES]
+    kept = [*identity.items(), *published, *capacities][:MAX_ATTRIBUTES]
+    return {name: value.to_api() for name, value in sorted(kept, key=lambda item: item[0])}
+
+
+def metadata_object(claim: PreparedClaim, driver: str, request: str, version: str) -> dict[str, Any]:
+    """``request``'s DeviceMetadata in API ``version``: the devices of the claim serving it."""
+    assert claim.metadata is not None
+    base = base_request(request)
+    obj: dict[str, Any] = {
+        "kind": "DeviceMetadata", "apiVersion": f"{GROUP}/{version}",
+        "metadata": {"name": claim.ref.name, "namespace": claim.ref.namespace, "uid": claim.uid, "generation": 1}}
+    if claim.metadata.pod_claim_name:
+        obj["podClaimName"] = claim.metadata.pod_claim_name
+    obj["requests"] = [{"name": request, "devices": [
+        {"driver": driver, "pool": d.pool, "name": d.device, "attributes": device_attributes(d)}
+        for d in claim.devices if base in d.requests]}]
+    return obj
+
+
+def encode(claim: PreparedClaim, driver: str, request: str) -> bytes:
+    """``request``'s file: the object once per version, newest first, one per line."""
+    return "".join(json.dumps(metadata_object(claim, driver, request, v), separators=(",", ":")) + "\n"
+                   for v in VERSIONS).encode()
+
+
+def claim_metadata(requests: Iterable[str], pod_claim: str | None) -> ClaimMetadata:
+    """The record of a claim prepared with metadata: its requests as allocated, one per request."""
+    seen: dict[str, str] = {}
+    for request in requests:
+        seen.setdefault(base_request(request), request)
+    return ClaimMetadata(tuple(seen.values()), pod_claim)
+
+
+class MetadataFiles:
+    """The metadata files under ``root`` (``<plugin-dir>/dra-device-metadata``): one directory
+    per claim UID; a file replaced atomically, a directory removed whole."""
+
+    def __init__(self, root: Path, driver: str) -> None:
+        self.root = root
+        self.driver = driver
+
+    def files(self, claim: PreparedClaim) -> list[tuple[Path, bytes]]:
+        if claim.metadata is None:
+            return []
+        return [(host_path(self.root, claim.uid, r), encode(claim, self.driver, r)) for r in claim.metadata.requests]
+
+    def write(self, claim: PreparedClaim) -> None:
+        for path, content in self.files(claim):
+            try:
+                write_atomic(path, content)
+            except FileNotFoundError:  # the claim's first write: its directories
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(path, content)
+
+    def matches(self, claim: PreparedClaim) -> bool:
+        """True when every file of the claim holds what its record says."""
+        try:
+            return all(path.read_bytes() == content for path, content in self.files(claim))
+        except OSError:
+            return False
+
+    def remove(self, claim_uid: str) -> None:
+        """The claim's directory, whole (a crash halfway leaves what start-up removes as an orphan)."""
+        try:
+            shutil.rmtree(self.root / claim_uid)
+        except FileNotFoundError:
+            pass
+
+    def claim_uids(self) -> set[str]:
+        try:
+            return {name for name in os.listdir(self.root) if is_uid(name)}
+        except FileNotFoundError:
+            return set()
+
+    def remove_temp_files(self, claim_uids: Iterable[str]) -> int:
+        """Temp files of writes a crash interrupted in these claims' directories."""
+        count = 0
+        for uid in claim_uids:
+            for temp in (self.root / uid).glob(f"*/.{FILE_NAME}{TEMP_MARK}*"):
+                temp.unlink(missing_ok=True)
+                count += 1
+        return count
