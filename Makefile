@@ -10,7 +10,7 @@ BENCH_ARGS ?=
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv allocator kube-bin helm-bin cdi-schema cdi-tools nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry dra-example-driver promtool test unit typecheck demo demo-down bench fuzz explain-diff protos wheels images image-operator image-agent base-image clean
+.PHONY: help venv allocator kube-bin helm-bin cdi-schema cdi-tools metadata-check nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry dra-example-driver promtool test unit typecheck demo demo-down bench fuzz explain-diff protos wheels images image-operator image-agent base-image clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
@@ -20,6 +20,7 @@ help:
 	@echo "make kube-bin   fetch or build etcd $(ETCD_VERSION) + Kubernetes $(KUBE_VERSION) binaries"
 	@echo "make cdi-schema fetch the pinned official CDI JSON schema the tests validate CDI specs against"
 	@echo "make cdi-tools  build cdi-validate (hack/cdi-tools): the official CDI Go library the tests check every CDI spec with"
+	@echo "make metadata-check  build the official device metadata decoders of 1.36 and 1.37 (hack/metadata-check) the tests read the agent's files with"
 	@echo "make nvidia-ctk build NVIDIA's nvidia-ctk and nvidia-cdi-hook (pinned, from the Go module proxy) the tests compare specs with"
 	@echo "make mock-nvml  build the mock libnvidia-ml.so.1 (tests/mocknvml) the tests run pynvml and nvidia-ctk against"
 	@echo "make mock-nvidia-smi mock-mps-control  the fake driver roots' nvidia-smi and nvidia-cuda-mps-control (tests/mocknvml)"
@@ -65,6 +66,11 @@ cdi-schema: venv
 # Built from the pinned hack/cdi-tools module, cached under ~/.cache/gpudra/cdi-tools/<hash of its sources>.
 cdi-tools:
 	@hack/cdi-tools-bin.sh
+
+# One per release, built from the pinned hack/metadata-check/v1.<minor> modules, cached under
+# ~/.cache/gpudra/metadata-check-v1.<minor>/<hash of its sources>.
+metadata-check:
+	@hack/metadata-check-bin.sh >/dev/null
 
 # Built with cgo from the Go module proxy, cached under ~/.cache/gpudra/nvidia-ctk/<version>.
 nvidia-ctk:
@@ -120,7 +126,7 @@ dra-example-driver:
 promtool:
 	@hack/promtool-bin.sh >/dev/null
 
-test: venv allocator cdi-schema mock-nvml mock-nvidia-smi mock-mps-control promtool
+test: venv allocator cdi-schema metadata-check mock-nvml mock-nvidia-smi mock-mps-control promtool
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
 	  helm="$$(hack/helm-bin.sh | tail -n 1)" && test -n "$$helm" && \
 	  nvctk="$$(hack/nvidia-ctk-bin.sh | tail -n 1)" && test -n "$$nvctk" && \
@@ -133,7 +139,7 @@ test: venv allocator cdi-schema mock-nvml mock-nvidia-smi mock-mps-control promt
 	  GPUDRA_CDI_TOOLS_DIR="$$cdi_tools" GPUDRA_CONTAINERD_DIR="$$containerd_dir" GPUDRA_REGISTRY_DIR="$$registry_dir" \
 	  GPUDRA_PROMTOOL_DIR="$$promtool_dir" GPUDRA_TEST_OPERATOR_IMAGE="$${images%% *}" GPUDRA_TEST_AGENT_IMAGE="$${images##* }" $(BIN)/pytest $(PYTEST_ARGS)
 
-unit: venv allocator cdi-schema cdi-tools mock-nvml mock-nvidia-smi mock-mps-control promtool
+unit: venv allocator cdi-schema cdi-tools metadata-check mock-nvml mock-nvidia-smi mock-mps-control promtool
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 # mypy, and the layering contracts in pyproject.toml ([tool.importlinter]).
