@@ -9,7 +9,6 @@ the CA (:meth:`LocalRegistry.containerd_hosts`). Nothing in it is reachable from
 from __future__ import annotations
 
 import os
-import re
 import ssl
 import subprocess
 import time
@@ -18,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import yaml
+from cachedtool import tool_dir
 
 from gpudra_dev.localcluster.controlplane import free_port
 from gpudra_dev.localcluster.pki import LocalPKI
@@ -30,18 +30,9 @@ FIX = ("make registry (builds CNCF Distribution's registry from the Go module pr
 
 def registry_binary() -> Path:
     """$GPUDRA_REGISTRY_DIR/registry (as make test sets it), else hack/registry-bin.sh's cache."""
-    value = os.environ.get("GPUDRA_REGISTRY_DIR")
-    if value:
-        directory = Path(value)
-    else:
-        script = (REPO / "hack" / "registry-bin.sh").read_text()
-        pinned = re.search(r'REGISTRY_VERSION="\$\{REGISTRY_VERSION:-([^}]+)\}"', script)
-        version = os.environ.get("REGISTRY_VERSION") or (pinned.group(1) if pinned else "")
-        cache = os.environ.get("GPUDRA_CACHE") or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpudra")
-        directory = Path(cache) / "registry" / version
+    directory, where = tool_dir("GPUDRA_REGISTRY_DIR", "registry-bin.sh", "REGISTRY_VERSION", "registry")
     binary = directory / "registry"
     if not os.access(binary, os.X_OK):
-        where = f"$GPUDRA_REGISTRY_DIR={value}" if value else f"$GPUDRA_REGISTRY_DIR is unset and the cache {directory}"
         raise AssertionError(f"{where} has no registry binary: {FIX}")
     return binary
 

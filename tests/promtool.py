@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cachedtool import REPO, tool_dir
 
-REPO = Path(__file__).resolve().parent.parent
 MONITORING = REPO / "manifests" / "monitoring"
 FIX = ("make promtool (builds Prometheus' promtool from the Go module proxy into ~/.cache/gpudra/promtool/<version>; "
        "then set GPUDRA_PROMTOOL_DIR to the directory it prints, as make test does)")
@@ -26,18 +26,9 @@ _LABEL_VALUES = re.compile(r"^label_values\((.*),\s*\w+\)$")
 
 def promtool_binary() -> Path:
     """$GPUDRA_PROMTOOL_DIR/promtool (as make test sets it), else hack/promtool-bin.sh's cache."""
-    value = os.environ.get("GPUDRA_PROMTOOL_DIR")
-    if value:
-        directory = Path(value)
-    else:
-        script = (REPO / "hack" / "promtool-bin.sh").read_text()
-        pinned = re.search(r'PROMETHEUS_VERSION="\$\{PROMETHEUS_VERSION:-([^}]+)\}"', script)
-        version = os.environ.get("PROMETHEUS_VERSION") or (pinned.group(1) if pinned else "")
-        cache = os.environ.get("GPUDRA_CACHE") or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpudra")
-        directory = Path(cache) / "promtool" / version
+    directory, where = tool_dir("GPUDRA_PROMTOOL_DIR", "promtool-bin.sh", "PROMETHEUS_VERSION", "promtool")
     binary = directory / "promtool"
     if not os.access(binary, os.X_OK):
-        where = f"$GPUDRA_PROMTOOL_DIR={value}" if value else f"$GPUDRA_PROMTOOL_DIR is unset and the cache {directory}"
         raise AssertionError(f"{where} has no promtool binary: {FIX}")
     return binary
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -47,6 +46,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import ociimage
+from cachedtool import tool_dir
 from realkubelet import RealKubelet, isolation_problem
 
 from gpudra_dev.localcluster.processes import dying_with_parent, stop_process
@@ -85,21 +85,10 @@ def read_cri_log(path: Path) -> str:
     return "\n".join(out)
 
 
-def cached_containerd_dir() -> Path:
-    """Where hack/containerd-bin.sh caches its pinned version (the same cache root and version)."""
-    script = (REPO / "hack" / "containerd-bin.sh").read_text()
-    pinned = re.search(r'CONTAINERD_VERSION="\$\{CONTAINERD_VERSION:-([^}]+)\}"', script)
-    version = os.environ.get("CONTAINERD_VERSION") or (pinned.group(1) if pinned else "")
-    cache = os.environ.get("GPUDRA_CACHE") or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpudra")
-    return Path(cache) / "containerd" / version
-
-
 def containerd_dir() -> Path:
     """$GPUDRA_CONTAINERD_DIR (as make test sets it), else hack/containerd-bin.sh's cache, with
     containerd, its shim, ctr and crictl; fails with the fix."""
-    value = os.environ.get("GPUDRA_CONTAINERD_DIR")
-    directory = Path(value) if value else cached_containerd_dir()
-    where = f"$GPUDRA_CONTAINERD_DIR={value}" if value else f"$GPUDRA_CONTAINERD_DIR is unset and the cache {directory}"
+    directory, where = tool_dir("GPUDRA_CONTAINERD_DIR", "containerd-bin.sh", "CONTAINERD_VERSION", "containerd")
     missing = [b for b in CONTAINERD_BINARIES if not os.access(directory / b, os.X_OK)]
     if missing:
         raise AssertionError(f"{where} lacks {', '.join(missing)}: {CONTAINERD_FIX}")
