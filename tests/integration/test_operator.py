@@ -466,4 +466,22 @@ async def test_class_counts_follow_slices_and_claims_and_a_class_that_matches_no
                             timeout=30, what="the fixed class's counts")
     await wait_for(has_condition(kube, name, "ClassMatchesNoDevice", "False", "EveryClassMatches"), timeout=30,
                    what="the warning to clear")
+
+    # The 80Gi GPU published unmonitored and shareable: `kubectl get gdc -o wide` counts both, as the
+    # agent's gpudra_agent_devices{health="unmonitored"} and gpudra_agent_shareable_devices do (both
+    # fields are dropped where their features are off: 1.35).
+    live = await kube.get(SLICE, f"{node}-{suffix}")
+    live["spec"]["devices"][0] |= {"taints": [{"key": f"{driver}/unmonitored", "effect": "None"}],
+                                   "allowMultipleAllocations": True}
+    stored = (await kube.request("PUT", SLICE.path(name=f"{node}-{suffix}"), body=live))["spec"]["devices"][0]
+    expected = (int(bool(stored.get("taints"))), int(stored.get("allowMultipleAllocations") is True))
+
+    async def wide() -> Obj | None:
+        status = (await kube.get(CONFIG, name)).get("status") or {}
+        return status if (status.get("unmonitoredDevices"), status.get("shareableDevices")) == expected else None
+
+    await wait_for(wide, timeout=30, what=f"status unmonitoredDevices, shareableDevices == {expected}")
+    header, row = cluster.kubectl("get", "gdc", name, "-o", "wide").stdout.splitlines()[:2]
+    columns = dict(zip(header.split(), row.split()))
+    assert (columns["UNMONITORED"], columns["SHAREABLE"]) == tuple(str(n) for n in expected), columns
     await kube.delete(SLICE, f"{node}-{suffix}")
