@@ -18,7 +18,7 @@ from scrape import scrape
 from seedobjects import published_devices
 from test_install import (AGENT_NS, TokenClient, agent_pod, denied, fake_node, installed, nodes,  # noqa: F401
                           request_token, suffix, token_kubeconfig)  # (fixtures too)
-from test_kubelet_plugin import CLAIM, POD, allocated_claim, driver, plugin_agents, ref  # noqa: F401 (fixtures)
+from test_kubelet_plugin import CLAIM, POD, driver, plugin_agents, ref  # noqa: F401 (fixtures)
 
 from gpudra_core.kubeapi import Kube, Obj, error_message
 from gpudra_driver.plugin.claimreport import device_status_entries, status_apply
@@ -43,15 +43,25 @@ async def test_a_prepared_claim_shows_its_gpu_in_status_and_metrics_until_unprep
     port = free_port()
     plugin = plugin_agents(node, driver, extra_args=("--metrics-port", str(port)))
     published = await published_devices(kube, driver, node, 8)
-    claim = await allocated_claim(kube, namespace, "trainer", driver, node, ["gpu-1", "gpu-2"])
+    # two GPUs of ours and another driver's device, whose driver writes its own entry (never touched)
+    claim_obj, allocation = node_claim("trainer", namespace, node,
+                                       [(driver, "gpu-1"), (driver, "gpu-2"), ("nic.example.com", "nic-0")])
+    await kube.create(claim_obj)
     # the pod the claim is reserved for, as the scheduler records it
     pod = await kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "trainer-0", "namespace": namespace},
                              "spec": {"nodeName": node, "resourceClaims": [{"name": "gpus", "resourceClaimName": "trainer"}],
                                       "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
                                                       "resources": {"claims": [{"name": "gpus"}]}}]}})
-    await kube.patch(CLAIM, "trainer", {"status": {"reservedFor": [
+    claim = await kube.patch(CLAIM, "trainer", {"status": {**allocation, "reservedFor": [
         {"resource": "pods", "name": "trainer-0", "uid": pod["metadata"]["uid"]}]}}, namespace=namespace,
         subresource="status")
+    foreign = {"driver": "nic.example.com", "pool": node, "device": "nic-0",
+               "conditions": [{"type": "Ready", "status": "True", "reason": "Up", "message": "",
+                               "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+    other_writer = Kube(kube.api, "nic-driver")
+    await other_writer.apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                              "metadata": {"name": "trainer", "namespace": namespace},
+                              "status": {"devices": [foreign]}}, subresource="status")
 
     async with DraClient((await plugin.registered()).endpoint) as kubelet:
         response = await plugin.prepare(kubelet, [ref(claim)])
@@ -91,8 +101,10 @@ async def test_a_prepared_claim_shows_its_gpu_in_status_and_metrics_until_unprep
 
         await wait_for(withdrawn, timeout=30, what="the agent's status.devices entries to go")
         assert info_lines(port, "trainer") == []
-        # the allocation is the scheduler's and stays
-        assert (await kube.get(CLAIM, "trainer", namespace))["status"]["allocation"]["devices"]["results"]
+        # the allocation is the scheduler's and stays, and the other driver's entry is its own
+        live = await kube.get(CLAIM, "trainer", namespace)
+        assert len(live["status"]["allocation"]["devices"]["results"]) == 3
+        assert our_entries(live, "nic.example.com") == [foreign]
 
 
 # --- the shipped RBAC and admission policy --------------------------------------------------------
@@ -134,21 +146,25 @@ async def test_the_shipped_role_writes_status_only_of_its_nodes_claims_and_drive
     config = token_kubeconfig(cluster, await request_token(kube, AGENT_NS, "gpudra-agent", pod), tmp_path / "a")
     async with TokenClient(config, "gpudra-agent") as agent:
         mine = entries_for(claims["here"], ours, own, "gpu-0")
+        theirs = entries_for(claims["there"], ours, other, "gpu-0")
 
-        async def written() -> Obj | None:  # the policy is in force within a second of its creation
+        async def refused() -> ApiException | None:  # the policy is in force within a second of its creation
             try:
-                return await agent.apply(mine, subresource="status")
-            except ApiException:
-                return None
-
-        live = await wait_for(written, timeout=30, what="the agent's status write on its own node")
-        assert [e["device"] for e in our_entries(live, ours)] == ["gpu-0"]
+                await agent.apply(theirs, subresource="status", dry_run=True)
+            except ApiException as error:
+                return error
+            return None
 
         # another node's claim: refused (the policy; from 1.36 the associated-node verb first)
-        error = await denied(agent.apply(entries_for(claims["there"], ours, other, "gpu-0"), subresource="status"))
+        error = await wait_for(refused, timeout=30, what="the agent's write to another node's claim refused")
         assert error.status in (403, 422), error_message(error)
         assert "may only write the status of claims allocated on its own node" in error_message(error) \
             or "resourceclaims/driver" in error_message(error), error_message(error)
+        error = await denied(agent.apply(theirs, subresource="status"))
+        assert error.status in (403, 422), error_message(error)
+
+        live = await agent.apply(mine, subresource="status")
+        assert [e["device"] for e in our_entries(live, ours)] == ["gpu-0"]
 
         # the allocation is never the agent's to change
         moved = {**mine, "status": {**mine["status"], "allocation": {
