@@ -145,12 +145,12 @@ async def test_a_template_claims_and_a_named_two_gpu_claims_containers_read_thei
     # the pods gone, the claims are unprepared: their metadata files go with their specs
     uids = [c["metadata"]["uid"] for c in [await kube.get(CLAIM, status["resourceClaimName"], namespace), claim] if c]
     root = node.kubelet_dir / "plugins" / driver / devicemetadata.SUBDIR
-    assert all((root / uid).is_dir() for uid in uids), sorted(p.name for p in root.iterdir())
+    assert {devicemetadata.claim_uid_of(p.name) for p in root.iterdir()} == set(uids)
     for name in ("train", "train-2"):
         await kube.delete(POD, name, namespace, grace_period_seconds=0)
 
     async def unprepared() -> bool:
-        return not any(node.spec_path(uid).exists() or (root / uid).exists() for uid in uids)
+        return not any(node.spec_path(uid).exists() for uid in uids) and not list(root.iterdir())
 
     await wait_for(unprepared, timeout=60, what="the claims' specs and metadata files removed at unprepare")
 

@@ -387,14 +387,13 @@ async def test_a_crash_anywhere_in_prepare_loses_nothing_and_leaves_nothing(tmp_
     if kind == "plain" and point == "after-cdi-write":  # the spec is there, nothing names it yet
         assert state.cdi.claim_uids() == {A, B} and set(ckpt.load(state.checkpoint_path, "boot-1")[0].claims) == {A}
     if point == "after-metadata-write":  # B's files are there, its spec is not
-        assert (tmp_path / "plugin" / METADATA / B / "gpu" / "metadata.json").is_file() and not state.cdi.exists(B)
+        assert (tmp_path / "plugin" / METADATA / f"{B}_gpu.json").is_file() and not state.cdi.exists(B)
     restarted = make(tmp_path, gpu_control=control)  # a new agent instance: start-up reconciliation
     # the writers' temp and scratch files are gone too: a crash may have left them half-written
     assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", METADATA, "serialize.lock"]
     claims = ckpt.load(restarted.checkpoint_path, "boot-1")[0].claims
     # device metadata: the files of the claims kept, none of the others, no temp file
-    assert sorted(os.listdir(tmp_path / "plugin" / METADATA)) == sorted(claims)
-    assert all(p.name == "metadata.json" for p in (tmp_path / "plugin" / METADATA).glob("*/*/*"))
+    assert sorted(os.listdir(tmp_path / "plugin" / METADATA)) == sorted(f"{uid}_gpu.json" for uid in claims)
     prepared_b = point == "after-checkpoint-completed"  # B completed before the crash: kept
     assert set(claims) == ({A, B} if prepared_b else {A})
     assert all(e.state == ckpt.COMPLETED for e in claims.values())
@@ -406,7 +405,7 @@ async def test_a_crash_anywhere_in_prepare_loses_nothing_and_leaves_nothing(tmp_
     assert out[B].error is None and restarted.cdi.claim_uids() == {A, B}
     for uid in (A, B):
         load_and_validate(restarted.cdi.spec_path(uid))
-        assert (tmp_path / "plugin" / METADATA / uid / "gpu" / "metadata.json").is_file()
+        assert (tmp_path / "plugin" / METADATA / f"{uid}_gpu.json").is_file()
 
 
 async def test_a_crash_in_unprepare_leaves_no_orphan_after_restart(tmp_path: Path) -> None:

@@ -127,7 +127,8 @@ def test_subrequests_are_named_whole_inside_and_stripped_in_paths_and_cdi_names(
     (obj, _) = stream(dm.encode(two, DRIVER, "gpus/large"))
     assert obj["requests"][0]["name"] == "gpus/large"
     assert [d["name"] for d in obj["requests"][0]["devices"]] == ["gpu-3", "gpu-5"]
-    assert dm.host_path(ROOT, UID, "gpus/large") == ROOT / UID / "gpus" / "metadata.json"
+    assert dm.host_path(ROOT, UID, "gpus/large") == ROOT / f"{UID}_gpus.json"
+    assert dm.claim_uid_of(f"{UID}_gpus.json") == UID and dm.claim_uid_of(f".{UID}_gpus.json.tmp-1") is None
     assert dm.cdi_device_name(UID, "gpus/large") == f"{UID}_gpus"
 
 
@@ -156,7 +157,7 @@ def test_the_spec_mounts_each_requests_file_and_passes_the_cdi_validators(tmp_pa
     spec = validate_cdi_spec(cdi_spec(claim_, DRIVER, cdi.files.current(), metadata_root=ROOT))
     meta = {d["name"]: d["containerEdits"] for d in spec["devices"] if "_" in d["name"]}
     assert meta == {f"{UID}_{r}": {"mounts": [{
-        "hostPath": f"{ROOT}/{UID}/{r}/metadata.json", "options": ["ro", "bind"],
+        "hostPath": f"{ROOT}/{UID}_{r}.json", "options": ["ro", "bind"],
         "containerPath": f"/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/gpus/{r}/"
                          f"{DRIVER}-metadata.json"}]} for r in ("a", "b")}
     cdi.write(claim_)  # the official CDI library too (cdispec layer 4)
@@ -203,7 +204,7 @@ def make(tmp_path: Path, *, device_metadata: bool = True) -> DeviceState:
 
 
 def metadata_file(tmp_path: Path, uid: str = UID, request: str = "gpu") -> Path:
-    return tmp_path / "plugin" / dm.SUBDIR / uid / request / "metadata.json"
+    return tmp_path / "plugin" / dm.SUBDIR / f"{uid}_{request}.json"
 
 
 async def test_prepare_writes_the_files_and_unprepare_removes_them(tmp_path: Path) -> None:
@@ -213,7 +214,7 @@ async def test_prepare_writes_the_files_and_unprepare_removes_them(tmp_path: Pat
     assert metadata_file(tmp_path).read_bytes() == dm.encode(out[UID].claim, DRIVER, "gpu")
     assert metadata_file(tmp_path).stat().st_mode & 0o777 == 0o644  # readable by any container user
     assert await state.unprepare([ClaimRef("ns", "c1", UID)]) == {UID: None}
-    assert not (tmp_path / "plugin" / dm.SUBDIR / UID).exists()
+    assert not metadata_file(tmp_path).exists()
 
 
 async def test_off_new_claims_get_none_and_claims_prepared_with_them_keep_them(tmp_path: Path) -> None:
@@ -245,17 +246,15 @@ async def test_orphans_go_at_start_up_and_with_the_next_unprepare_kept_claims_fi
     state = make(tmp_path)
     await state.prepare([(ClaimRef("ns", "c1", UID), claim(UID, results=[result("gpu-3")]))])
     orphan = metadata_file(tmp_path, OTHER)  # what a crash before its spec left
-    orphan.parent.mkdir(parents=True)
     orphan.write_text("{}")
-    temp = metadata_file(tmp_path).with_name(".metadata.json.tmp-4242")  # an interrupted write's
+    temp = metadata_file(tmp_path).with_name(f".{UID}_gpu.json.tmp-4242")  # an interrupted write's
     temp.write_text("{")
     make(tmp_path)
-    assert not orphan.parent.parent.exists() and not temp.exists() and metadata_file(tmp_path).is_file()
-    orphan.parent.mkdir(parents=True)
+    assert not orphan.exists() and not temp.exists() and metadata_file(tmp_path).is_file()
     orphan.write_text("{}")
     third = "0c1d2e3f-0000-4000-8000-000000000003"
     assert await state.unprepare([ClaimRef("ns", "c3", third)]) == {third: None}  # any unprepare, under the lock
-    assert not orphan.parent.parent.exists() and metadata_file(tmp_path).is_file()
+    assert not orphan.exists() and metadata_file(tmp_path).is_file()
 
 
 async def test_a_corrupt_checkpoints_kept_specs_keep_their_files(tmp_path: Path) -> None:

@@ -184,7 +184,7 @@ async def test_a_crash_anywhere_in_prepare_leaves_mig_mode_on_unless_recorded_of
     assert mig_mode(tmp_path) == ((OFF, OFF) if committed else (ON, ON))
     assert restarted.cdi.claim_uids() == set(claims) and mig_mode(tmp_path, 1) == (ON, ON)
     assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", METADATA, "serialize.lock"]
-    assert sorted(os.listdir(tmp_path / "plugin" / METADATA)) == sorted(claims)
+    assert {name.partition("_")[0] for name in os.listdir(tmp_path / "plugin" / METADATA)} == set(claims)
     out = await restarted.prepare(items((REF_A, claim(A, "a", "gpu-0"))))
     assert out[A].error is None and mig_mode(tmp_path) == (OFF, OFF)
     assert await restarted.unprepare([REF_A, REF_B]) == {A: None, B: None}

@@ -20,10 +20,12 @@ file (:mod:`.cdi`): device names are DNS labels, so no real device (``<claimUID>
 have that name. Its ID is answered with the first device of the request only (as upstream's
 kubeletplugin does), so a container given the whole claim gets each file once.
 
-The host file is ``<plugin-dir>/dra-device-metadata/<claimUID>/<request>/metadata.json``. Upstream's
-helper keys the directory by ``<namespace>_<name>``; the host path is the driver's own (containers
+The host file is ``<plugin-dir>/dra-device-metadata/<claimUID>_<request>.json``. Upstream's helper
+writes ``<namespace>_<name>/<request>/metadata.json``; the host path is the driver's own (containers
 see only the mount), and the UID keeps a claim deleted and made again under the same name from
 sharing, or removing, the other's files, and lets start-up find orphans by UID, as for the specs.
+One flat directory: a prepare writes its files with no directory to make, an unprepare removes
+none (``_`` is in no UID and no request name, so the name splits back into both).
 
 Attributes: what discovery published for the device when it was prepared (recorded in the
 checkpoint, so a rewritten file says the same), its capacities as ints (``memory`` in bytes...),
@@ -37,7 +39,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ from gpudra_driver.plugin.fsutil import TEMP_MARK, write_atomic
 from gpudra_driver.plugin.model import ClaimMetadata, PreparedClaim, PreparedDevice, is_uid
 
 SUBDIR = "dra-device-metadata"  # under the plugin directory, as upstream's metadataSubDir
-FILE_NAME = "metadata.json"
+SUFFIX = ".json"
 CONTAINER_DIR = "/var/run/kubernetes.io/dra-device-attributes"  # metadata.ContainerDir
 CLAIMS_SUBDIR, TEMPLATES_SUBDIR = "resourceclaims", "resourceclaimtemplates"
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"  # resourceapi.PodResourceClaimAnnotation
@@ -80,7 +81,13 @@ def container_path(driver: str, claim: PreparedClaim, request: str) -> str:
 
 
 def host_path(root: Path, claim_uid: str, request: str) -> Path:
-    return root / claim_uid / base_request(request) / FILE_NAME
+    return root / f"{claim_uid}_{base_request(request)}{SUFFIX}"
+
+
+def claim_uid_of(file_name: str) -> str | None:
+    """The claim UID if ``file_name`` is a metadata file's (``<claimUID>_<request>.json``), else None."""
+    uid, sep, rest = file_name.partition("_")
+    return uid if sep and rest.endswith(SUFFIX) and is_uid(uid) else None
 
 
 def cdi_device_name(claim_uid: str, request: str) -> str:
@@ -152,9 +159,13 @@ def metadata_object(claim: PreparedClaim, driver: str, request: str, version: st
 
 
 def encode(claim: PreparedClaim, driver: str, request: str) -> bytes:
-    """``request``'s file: the object once per version, newest first, one per line."""
-    return "".join(json.dumps(metadata_object(claim, driver, request, v), separators=(",", ":")) + "\n"
-                   for v in VERSIONS).encode()
+    """``request``'s file: the object once per version, newest first, one per line. Encoded once:
+    the versions differ in ``apiVersion`` only, its second member."""
+    obj = metadata_object(claim, driver, request, VERSIONS[0])
+    head = f'{{"kind":"DeviceMetadata","apiVersion":"{GROUP}/'
+    del obj["kind"], obj["apiVersion"]
+    rest = json.dumps(obj, separators=(",", ":"))[1:]
+    return "".join(f'{head}{version}",{rest}\n' for version in VERSIONS).encode()
 
 
 def claim_metadata(requests: Iterable[str], pod_claim: str | None) -> ClaimMetadata:
@@ -166,8 +177,8 @@ def claim_metadata(requests: Iterable[str], pod_claim: str | None) -> ClaimMetad
 
 
 class MetadataFiles:
-    """The metadata files under ``root`` (``<plugin-dir>/dra-device-metadata``): one directory
-    per claim UID; a file replaced atomically, a directory removed whole."""
+    """The metadata files in ``root`` (``<plugin-dir>/dra-device-metadata``), each replaced
+    atomically."""
 
     def __init__(self, root: Path, driver: str) -> None:
         self.root = root
@@ -182,8 +193,8 @@ class MetadataFiles:
         for path, content in self.files(claim):
             try:
                 write_atomic(path, content)
-            except FileNotFoundError:  # the claim's first write: its directories
-                path.parent.mkdir(parents=True, exist_ok=True)
+            except FileNotFoundError:  # the node's first claim: the directory
+                self.root.mkdir(parents=True, exist_ok=True)
                 write_atomic(path, content)
 
     def matches(self, claim: PreparedClaim) -> bool:
@@ -194,23 +205,23 @@ class MetadataFiles:
             return False
 
     def remove(self, claim_uid: str) -> None:
-        """The claim's directory, whole (a crash halfway leaves what start-up removes as an orphan)."""
-        try:
-            shutil.rmtree(self.root / claim_uid)
-        except FileNotFoundError:
-            pass
+        """The claim's files (whichever requests they are of)."""
+        for name in self._names():
+            if claim_uid_of(name) == claim_uid:
+                (self.root / name).unlink(missing_ok=True)
 
     def claim_uids(self) -> set[str]:
-        try:
-            return {name for name in os.listdir(self.root) if is_uid(name)}
-        except FileNotFoundError:
-            return set()
+        return {uid for uid in map(claim_uid_of, self._names()) if uid}
 
-    def remove_temp_files(self, claim_uids: Iterable[str]) -> int:
-        """Temp files of writes a crash interrupted in these claims' directories."""
-        count = 0
-        for uid in claim_uids:
-            for temp in (self.root / uid).glob(f"*/.{FILE_NAME}{TEMP_MARK}*"):
-                temp.unlink(missing_ok=True)
-                count += 1
-        return count
+    def remove_temp_files(self) -> int:
+        """Temp files of writes a crash interrupted (``.<file>.tmp-<pid>``)."""
+        temps = [n for n in self._names() if n.startswith(".") and TEMP_MARK in n]
+        for name in temps:
+            (self.root / name).unlink(missing_ok=True)
+        return len(temps)
+
+    def _names(self) -> list[str]:
+        try:
+            return os.listdir(self.root)
+        except FileNotFoundError:
+            return []

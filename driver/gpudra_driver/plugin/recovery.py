@@ -9,7 +9,7 @@ crash at any point can leave, and what happens to it, is decided by the pure
 * half-done prepares (PrepareStarted) are rolled back: their specs go, the kubelet prepares again;
 * completed claims whose spec is missing, or differs from what the checkpoint says, are rewritten;
 * specs of ours with no completed entry (a crash in unprepare, between its checkpoint write and the
-  spec removal) are orphans and removed; so are device metadata directories (:mod:`.devicemetadata`)
+  spec removal) are orphans and removed; so are device metadata files (:mod:`.devicemetadata`)
   whose claim has neither an entry nor a kept spec; a completed claim's missing or differing
   metadata files are rewritten with its spec;
 * temp files of interrupted writes are removed;

@@ -111,17 +111,16 @@ class ClaimSpecs:
             self.metadata.write(claim)
 
     def remove_orphans(self, keep: set[str], *, temp_files: bool = False) -> None:
-        """Best effort: the metadata directories of claims not in ``keep`` (no entry, no adoption:
-        what a crash between them and the commit, or in unprepare, left); with ``temp_files`` (at
-        start-up: only a crash leaves them), the temp files of interrupted writes in those kept."""
+        """Best effort: the metadata files of claims not in ``keep`` (no entry, no adoption: what a
+        crash between them and the commit, or in unprepare, left); with ``temp_files`` (at start-up:
+        only a crash leaves them), the temp files of interrupted writes."""
         if self.metadata is None:
             return
         try:
-            on_disk = self.metadata.claim_uids()
-            for uid in on_disk - keep:
+            for uid in self.metadata.claim_uids() - keep:
                 self.metadata.remove(uid)
             if temp_files:
-                self.metadata.remove_temp_files(on_disk & keep)
+                self.metadata.remove_temp_files()
         except OSError as error:
             log.warning("removing orphan device metadata under %s failed: %s", self.metadata.root, error)
 
