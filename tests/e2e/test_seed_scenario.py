@@ -64,10 +64,13 @@ async def test_seed_job_lands_on_a_64gi_gpu_is_prepared_and_unprepared(gpu_clust
     # The spec names that GPU's own device node and UUID, and nothing of another GPU.
     minor = (await published_device(gpu_cluster, node, result.device))["attributes"]["minor"]["int"]
     assert spec["kind"] == "k8s.gpu.gpudra.io/claim"
-    assert result.cdi_device_ids == [f"k8s.gpu.gpudra.io/claim={uid}-{result.device}"]
+    # the GPU's own, and its request's device metadata mount (docs/kubelet-plugin.md#device-metadata)
+    assert result.cdi_device_ids == [f"k8s.gpu.gpudra.io/claim={uid}-{result.device}",
+                                     f"k8s.gpu.gpudra.io/claim={uid}_gpu"]
     root = gpu_cluster.agent_workdir(node) / "driver-root"  # the agent's fake driver root (mock NVML)
-    assert spec["devices"] == [{"name": f"{uid}-{result.device}", "containerEdits": {"deviceNodes": [
-        {"path": f"/dev/nvidia{minor}", "hostPath": f"{root}/dev/nvidia{minor}"}]}}]
+    assert spec["devices"][0] == {"name": f"{uid}-{result.device}", "containerEdits": {"deviceNodes": [
+        {"path": f"/dev/nvidia{minor}", "hostPath": f"{root}/dev/nvidia{minor}"}]}}
+    assert [d["name"] for d in spec["devices"][1:]] == [f"{uid}_gpu"]
     assert result.uuid.startswith("GPU-")
     assert spec["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={result.uuid}",
                                              "NVIDIA_CTK_LIBCUDA_DIR=/usr/lib/x86_64-linux-gnu"]

@@ -26,6 +26,7 @@ from nodestate import checkpoint_states
 from seedobjects import published_devices, seed_objects
 
 from gpudra_core.kubeapi import Kube, Obj, resource_type
+from gpudra_driver.plugin import devicemetadata
 from gpudra_driver.plugin.checkpoint import is_leftover
 from gpudra_driver.plugin.state import CHECKPOINT_FILE
 from gpudra_dev.kubelet_client import DraClient, Registered, probe_health, register
@@ -166,9 +167,10 @@ async def test_seed_pod_is_scheduled_prepared_and_unprepared(kube: Kube, namespa
             assert (list(device.request_names), device.pool_name, device.device_name) == (["gpu"], node,
                                                                                             allocated["device"])
             cdi_id = f"k8s.{driver}/claim={uid}-{allocated['device']}"
-            assert list(device.cdi_device_ids) == [cdi_id]
+            # its own, and its request's device metadata mount (docs/kubelet-plugin.md#device-metadata)
+            assert list(device.cdi_device_ids) == [cdi_id, f"k8s.{driver}/claim={uid}_gpu"]
             spec = load_and_validate(plugin.spec_path(uid))  # where the tests expect it, too
-            assert f"{spec['kind']}={spec['devices'][0]['name']}" == cdi_id
+            assert [f"{spec['kind']}={d['name']}" for d in spec["devices"]] == list(device.cdi_device_ids)
             root = plugin.workdir / "driver-root"  # the agent's fake driver root, with real device nodes
             assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
                 {"path": f"/dev/nvidia{minor}", "hostPath": f"{root}/dev/nvidia{minor}"}]
@@ -236,9 +238,11 @@ async def test_bad_claims_get_their_own_errors_over_v1beta1(kube: Kube, namespac
         }
         for uid, fragment in expected.items():
             assert fragment in errors[uid], (uid, errors[uid])
-        # Only the good claim's spec was written, nothing anywhere else, and the server still serves.
+        # Only the good claim's spec and its device metadata file were written, nothing anywhere else,
+        # and the server still serves.
         assert sorted(os.listdir(plugin.cdi_dir)) == [plugin.spec_path(good["metadata"]["uid"]).name]
-        assert files_outside_cdi() == before
+        metadata = f"kubelet/plugins/{driver}/{devicemetadata.SUBDIR}"
+        assert files_outside_cdi() == sorted([*before, metadata, f"{metadata}/{good['metadata']['uid']}_gpu.json"])
         assert (await kubelet.unprepare([ref(good)])).claims[good["metadata"]["uid"]].error == ""
         assert os.listdir(plugin.cdi_dir) == []
 
@@ -258,8 +262,9 @@ async def test_unwritable_cdi_directory_is_a_per_claim_error(kube: Kube, namespa
     assert plugin.checkpoint() == {} and blocker.read_text().startswith("a file")
 
 
+@pytest.mark.parametrize("point", ["after-metadata-write", "after-cdi-write"])
 async def test_sigkill_mid_prepare_loses_nothing_and_leaves_nothing(kube: Kube, namespace: str, fake_nodes,
-                                                                   plugin_agents, driver: str,
+                                                                   plugin_agents, driver: str, point: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     node = (await fake_nodes("h100"))["metadata"]["name"]
     first = plugin_agents(node, driver)
@@ -271,7 +276,7 @@ async def test_sigkill_mid_prepare_loses_nothing_and_leaves_nothing(kube: Kube, 
         assert (await first.prepare(kubelet, [ref(kept)])).claims[kept["metadata"]["uid"]].error == ""
     first.agent.stop()
 
-    monkeypatch.setenv("GPUDRA_FAULT", "after-cdi-write")
+    monkeypatch.setenv("GPUDRA_FAULT", point)
     doomed = plugin_agents(node, driver, workdir=first.workdir)
     monkeypatch.delenv("GPUDRA_FAULT")
     registered = await doomed.registered()
@@ -281,21 +286,24 @@ async def test_sigkill_mid_prepare_loses_nothing_and_leaves_nothing(kube: Kube, 
     assert "UNAVAILABLE" in str(failure.value) or "reset" in str(failure.value).lower()
     assert doomed.agent.process.wait(timeout=10) == -signal.SIGKILL
     uid = crashing["metadata"]["uid"]
-    # a plain claim is committed with one write: killed between its spec and that write, it left a
-    # spec that no entry names
-    assert doomed.spec_path(uid).exists() and uid not in doomed.checkpoint()
+    # a plain claim is committed with one write: killed between its device metadata file, then its
+    # spec, and that write, it left them with no entry naming them
+    metadata = first.workdir / "kubelet" / "plugins" / driver / devicemetadata.SUBDIR / f"{uid}_gpu.json"
+    assert metadata.is_file() and doomed.spec_path(uid).exists() == (point == "after-cdi-write")
+    assert uid not in doomed.checkpoint()
     assert doomed.registration_socket.exists()  # SIGKILL left its sockets behind
 
     restarted = plugin_agents(node, driver, workdir=first.workdir)
     registered = await restarted.registered()
     assert not doomed.registration_socket.exists() and not doomed.dra_socket.exists()  # stale: removed
-    assert not restarted.spec_path(uid).exists()  # the orphan spec was removed at start
+    assert not restarted.spec_path(uid).exists() and not metadata.exists()  # orphans: removed at start
     assert restarted.checkpoint() == {kept["metadata"]["uid"]: "PrepareCompleted"}  # nothing lost
     async with DraClient(registered.endpoint, "v1beta1") as kubelet:
         response = await restarted.prepare(kubelet, [ref(crashing), ref(kept)])
     assert {u: r.error for u, r in response.claims.items()} == {uid: "", kept["metadata"]["uid"]: ""}
     assert sorted(os.listdir(restarted.cdi_dir)) == sorted(
         [restarted.spec_path(uid).name, restarted.spec_path(kept["metadata"]["uid"]).name])
+    assert metadata.is_file()
 
 
 async def test_overlapping_instances_share_state_and_serialise(kube: Kube, namespace: str, fake_nodes,
