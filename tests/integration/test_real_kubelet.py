@@ -239,8 +239,12 @@ async def test_a_real_kubelet_prepares_the_seed_pods_claim_and_the_runtime_gets_
     # GPU's UUID and device node in a spec valid against the CDI schema.
     (container,) = kubelet_node.runtime.runtime.containers_of("train")
     cdi_ids = [device.name for device in container.config.CDI_devices]
-    assert cdi_ids == [f"k8s.{kubelet_node.driver}/claim={uid}-{allocated['device']}"]
+    assert cdi_ids == [f"k8s.{kubelet_node.driver}/claim={uid}-{allocated['device']}",
+                       f"k8s.{kubelet_node.driver}/claim={uid}_gpu"]  # and its device metadata's mount
     validate_claim_spec(kubelet_node.cdi_dir, uid, cdi_ids)
+    metadata = (f"/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/gpu/gpu/"
+                f"{kubelet_node.driver}-metadata.json")
+    assert Path(container.cdi.mounts[metadata]).is_file(), container.cdi.mounts
     assert container.cdi.env["NVIDIA_VISIBLE_DEVICES"] == gpu["attributes"]["uuid"]["string"]
     assert f"/dev/nvidia{gpu['attributes']['minor']['int']}" in container.cdi.device_nodes
     assert "/dev/nvidiactl" in container.cdi.device_nodes
@@ -394,7 +398,8 @@ async def test_each_container_gets_only_the_gpu_of_the_claim_it_references(
         (allocated,) = claim["status"]["allocation"]["devices"]["results"]
         got = containers[f"uses-{name}"]
         cdi_id = f"k8s.{kubelet_node.driver}/claim={uid}-{allocated['device']}"
-        assert [device.name for device in got.config.CDI_devices] == [cdi_id]
+        metadata_id = f"k8s.{kubelet_node.driver}/claim={uid}_gpu"
+        assert [device.name for device in got.config.CDI_devices] == [cdi_id, metadata_id]
         visible = got.cdi.env["NVIDIA_VISIBLE_DEVICES"]
         assert visible == devices[allocated["device"]]["attributes"]["uuid"]["string"]
         uuids.add(visible)
@@ -431,8 +436,9 @@ async def test_a_claim_shared_by_two_pods_and_two_containers_is_prepared_once_an
     cdi_id = f"k8s.{kubelet_node.driver}/claim={uid}-{allocated['device']}"
     containers = [c for pod in ("shares-a", "shares-b") for c in kubelet_node.runtime.runtime.containers_of(pod)]
     assert len(containers) == 3
-    for got in containers:
-        assert [device.name for device in got.config.CDI_devices] == [cdi_id]
+    for got in containers:  # the GPU, and the mount of the claim's device metadata
+        metadata_id = f"k8s.{kubelet_node.driver}/claim={uid}_gpu"
+        assert [device.name for device in got.config.CDI_devices] == [cdi_id, metadata_id]
         assert got.cdi.env["NVIDIA_VISIBLE_DEVICES"] == gpu_uuid
     assert agent.prepared_claims() == 1  # prepared once for all three containers
 
