@@ -6,6 +6,7 @@ none that one does."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -87,12 +88,20 @@ async def test_prepare_creates_the_instance_at_the_placement_and_unprepare_destr
     assert saved.claims[A].state == ckpt.COMPLETED and saved.claims[A].claim.devices[0].mig == device.mig
     assert '"version":5' in state.checkpoint_path.read_text()  # an older agent refuses it, never drops the instance
     # (4 for the instance, 5 for its device metadata)
+    # its device metadata: the placement's attributes, and the instance prepare made
+    (metadata, _) = (tmp_path / "plugin" / METADATA / f"{A}_mig.json").read_text().splitlines()
+    (attributes,) = [d["attributes"] for d in json.loads(metadata)["requests"][0]["devices"]]
+    assert (attributes["uuid"], attributes["gpuInstanceId"], attributes["computeInstanceId"]) == (
+        {"string": device.uuid}, {"int": 2}, {"int": 0})
+    assert attributes["profile"] == {"string": "3g.40gb"}
+    assert attributes["parentUUID"] == {"string": device.mig.parent_uuid}
 
     again = await state.prepare(items((REF_A, claim(A, "a", "gpu-0-mig-3g40gb-at4"))))
     assert again[A] == out[A] and instances(tmp_path) == [(2, 0)]  # idempotent: nothing made twice
 
     assert await state.unprepare([REF_A]) == {A: None}
     assert instances(tmp_path) == [] and not state.cdi.exists(A)
+    assert not os.listdir(tmp_path / "plugin" / METADATA)
     assert await state.unprepare([REF_A]) == {A: None}
 
 

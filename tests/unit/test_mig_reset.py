@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,13 @@ def foreign(tmp_path: Path, profile_id: int, start: int, size: int, ci_index: in
     uuid = mig_uuid(GPU0, info.id, n.nvmlComputeInstanceGetInfo(ci).id, 1)
     n.nvmlShutdown()
     return uuid
+
+
+def metadata_uuid(state: object, uid: str) -> str:
+    """The UUID the claim's device metadata file (request "mig") gives its one device."""
+    path = state.cdi.metadata_root / f"{uid}_mig.json"  # type: ignore[attr-defined]
+    (device,) = json.loads(path.read_text().splitlines()[0])["requests"][0]["devices"]
+    return str(device["attributes"]["uuid"]["string"])
 
 
 def spec_uuid(state: object, uid: str) -> str:
@@ -103,6 +111,7 @@ async def test_the_kubelets_repeated_prepare_makes_the_instance_again_with_a_new
     assert device.device_nodes == ("/dev/nvidia0", f"/dev/nvidia-caps/nvidia-cap{mig_cap_minor_fallback(0, 2, None)}",
                                    f"/dev/nvidia-caps/nvidia-cap{mig_cap_minor_fallback(0, 2, 0)}")
     assert spec_uuid(state, A) == device.uuid and recorded(state, A) == again.claim
+    assert metadata_uuid(state, A) == device.uuid  # its device metadata names the new instance too
     # idempotent: the instance is there now
     assert (await state.prepare(items((REF_A, claim(A, "a", "gpu-0-mig-3g40gb-at4")))))[A] == again
     assert instances(tmp_path) == [(2, 0)]
