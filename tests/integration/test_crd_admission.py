@@ -164,7 +164,7 @@ async def test_server_defaults_equal_the_python_defaulter(crd_installed: Obj, ku
 async def test_printer_columns_are_served(crd_installed: Obj) -> None:
     (version,) = crd_installed["spec"]["versions"]
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Driver", "Ready", "Agents", "Classes", "Devices", "Unhealthy", "Reason", "Age"]
+        "Driver", "Ready", "Agents", "Classes", "Devices", "Unhealthy", "Unmonitored", "Shareable", "Reason", "Age"]
 
 
 @pytest.mark.parametrize("patch, needle", [
