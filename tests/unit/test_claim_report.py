@@ -6,7 +6,7 @@ from gpudra_core.devicemodel import AttrValue, Device
 from gpudra_driver.plugin.claimreport import (INFO_LABELS, MAX_CONSUMERS, consumer_pods, device_status_entries,
                                               info_series, live_entries, locate, same_entries, status_apply)
 from gpudra_driver import metrics
-from gpudra_driver.plugin.claimreporter import ClaimReporter
+from gpudra_driver.plugin.claimreporter import MAX_DEFER, QUIET, ClaimReporter, write_delay
 from gpudra_driver.plugin.model import ClaimRef, DeviceSharing, MigPlacement, PreparedClaim, PreparedDevice
 
 REF = ClaimRef("ml", "train", "3f1c4a52-6f5e-4f52-9d0a-1d2b3c4d5e6f")
@@ -123,3 +123,11 @@ def test_the_reporter_serves_the_series_of_what_the_checkpoint_holds() -> None:
     reporter.prepared(prepared(gpu()), None)
     reporter.unprepared(REF)
     assert samples() == []
+
+
+def test_status_writes_wait_for_a_quiet_kubelet_but_not_forever() -> None:
+    assert write_delay(100.0, float("-inf"), 100.0) == 0  # no call yet: at once
+    assert abs(write_delay(100.0, 99.9, 99.9) - (QUIET - 0.1)) < 1e-9  # a call 0.1 s ago
+    assert write_delay(100.0, 100.0 - QUIET, 90.0) == 0  # quiet long enough
+    assert write_delay(100.0, 100.0, 100.0 - MAX_DEFER) == 0  # calls keep coming: the oldest write goes anyway
+    assert abs(write_delay(100.0, 100.0, 100.0 - MAX_DEFER + 0.1) - 0.1) < 1e-9  # never past MAX_DEFER

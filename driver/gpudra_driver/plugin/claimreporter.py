@@ -1,7 +1,9 @@
 """The I/O shell of :mod:`.claimreport`: claim status written, the per-pod series served.
 
 The kubelet's call is answered first; the status write follows on its own task, so an API server
-that is slow or down never delays a pod's start (the kubelet does not read the status). Writes
+that is slow or down never delays a pod's start (the kubelet does not read the status). Nor do the
+writes compete with the calls for the CPU: they wait until the kubelet has made no call for
+:data:`QUIET` seconds (a burst of pod starts first), or at most :data:`MAX_DEFER`. Writes
 are queued per claim, the latest wanted state replacing an older one not yet written, and sent one
 at a time with each request's deadline. A failure the API server may get over (a timeout, 429, 5xx)
 is retried with backoff; an answer that will not change (the claim gone, re-created, no longer
@@ -37,9 +39,19 @@ log = logging.getLogger(__name__)
 
 INFO_METRIC = metrics.ClaimDevices.NAME
 MAX_BACKOFF = 60.0
+QUIET = 0.5  # seconds without a kubelet call before a status write goes
+MAX_DEFER = 30.0  # ... or since the oldest write waiting, under a steady stream of calls
 # Answers that will not change by asking again: not found, UID precondition failed (re-created),
 # invalid (no longer allocated these devices), forbidden (RBAC or the admission policy).
 _FINAL = (403, 404, 409, 422)
+
+
+def write_delay(now: float, last_call: float, pending_since: float) -> float:
+    """Seconds before the next status write may go (0: now): until the kubelet has been quiet for
+    :data:`QUIET`, unless the oldest write has waited :data:`MAX_DEFER` already (pure)."""
+    if now - pending_since >= MAX_DEFER:
+        return 0.0
+    return max(0.0, min(QUIET - (now - last_call), MAX_DEFER - (now - pending_since)))
 
 
 class ClaimReporter:
@@ -53,6 +65,8 @@ class ClaimReporter:
         self._claims: dict[str, PreparedClaim] = {}
         self._pods: dict[str, tuple[str, ...]] = {}
         self._pending: dict[str, tuple[ClaimRef, Obj]] = {}  # claim UID -> the apply still to send
+        self._pending_since = 0.0  # monotonic: when the oldest write waiting was queued
+        self._last_call = float("-inf")  # monotonic: the kubelet's last prepare or unprepare
         self._wake = asyncio.Event()
         self._series: tuple[tuple[str, ...], ...] = ()
         metrics.CLAIM_DEVICES.labels, metrics.CLAIM_DEVICES.series = INFO_LABELS, lambda: self._series
@@ -71,6 +85,7 @@ class ClaimReporter:
 
     def prepared(self, claim: PreparedClaim, live: Mapping[str, Any] | None) -> None:
         """``claim`` was prepared (or answered again) with ``live`` read just before."""
+        self._last_call = time.monotonic()
         self._claims[claim.uid] = claim
         self._pods[claim.uid] = consumer_pods(live)
         self._snapshot()
@@ -86,12 +101,12 @@ class ClaimReporter:
         self._want(claim, live)
 
     def unprepared(self, ref: ClaimRef) -> None:
+        self._last_call = time.monotonic()
         self._claims.pop(ref.uid, None)
         self._pods.pop(ref.uid, None)
         self._snapshot()
         if self.kube is not None:
-            self._pending[ref.uid] = (ref, status_apply(ref, []))
-            self._wake.set()
+            self._queue(ref, status_apply(ref, []))
 
     def _want(self, claim: PreparedClaim, live: Mapping[str, Any] | None) -> None:
         if self.kube is None:
@@ -101,7 +116,12 @@ class ClaimReporter:
         if live is not None and same_entries(live_entries(live, self.driver), entries):
             self._pending.pop(claim.uid, None)  # written already (by this or an earlier instance)
             return
-        self._pending[claim.uid] = (claim.ref, status_apply(claim.ref, entries))
+        self._queue(claim.ref, status_apply(claim.ref, entries))
+
+    def _queue(self, ref: ClaimRef, body: Obj) -> None:
+        if not self._pending:
+            self._pending_since = time.monotonic()
+        self._pending[ref.uid] = (ref, body)
         self._wake.set()
 
     # -- the writer ------------------------------------------------------------------------------
@@ -126,6 +146,9 @@ class ClaimReporter:
                 refreshed = time.monotonic()
             if not self._pending:
                 continue
+            if (wait := write_delay(time.monotonic(), self._last_call, self._pending_since)) > 0:
+                await asyncio.sleep(wait)  # the kubelet's calls first, not a synchronisation
+                continue
             uid = next(iter(self._pending))
             ref, body = self._pending.pop(uid)
             try:
@@ -142,7 +165,8 @@ class ClaimReporter:
                 await asyncio.sleep(backoff)  # backoff before the next write, not a synchronisation
 
     def _retry_later(self, uid: str, ref: ClaimRef, body: Obj, backoff: float, error: BaseException) -> float:
-        self._pending.setdefault(uid, (ref, body))  # a newer wanted state queued meanwhile wins
+        if uid not in self._pending:  # a newer wanted state queued meanwhile wins
+            self._queue(ref, body)
         log.info("writing the status of %s failed (%s); retrying", ref, error_message(error) or repr(error))
         return min(MAX_BACKOFF, max(0.5, backoff * 2))
 
