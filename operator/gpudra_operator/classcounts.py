@@ -167,7 +167,9 @@ class SliceMatches:
     pool: str
     node: str
     devices: Mapping[str, frozenset[str]]
-    tainted: frozenset[str] = frozenset()  # devices unhealthy (:func:`is_unhealthy`)
+    # devices unhealthy: published with a taint of the driver's own that keeps pods off them
+    # (:func:`gpudra_core.devicehealthstate.published_health`; docs/health.md)
+    tainted: frozenset[str] = frozenset()
     unmonitored: int = 0  # devices published as unmonitored (no NVML events)
     shareable: int = 0  # devices several claims may hold at once (allowMultipleAllocations)
 
@@ -178,23 +180,18 @@ class SliceMatches:
 
 
 
-def is_unhealthy(driver: str, device: Mapping[str, Any]) -> bool:
-    """The agent published the device with a taint of the driver's own that keeps pods off it
-    (docs/health.md); informational taints (effect None) do not count."""
-    return published_health(device, driver) == "unhealthy"
-
-
 def _devices(slice_: Obj) -> list[Mapping[str, Any]]:
     return [d for d in (slice_.get("spec") or {}).get("devices") or [] if d.get("name")]
 
 
 def _kept(driver: str, slice_: Obj, devices: list[Mapping[str, Any]], matches: Iterable[frozenset[str]]) -> SliceMatches:
     spec = slice_.get("spec") or {}
+    health = [published_health(d, driver) for d in devices]
     return SliceMatches(
         pool=((spec.get("pool") or {}).get("name")) or "", node=spec.get("nodeName") or "",
         devices={d["name"]: m for d, m in zip(devices, matches)},
-        tainted=frozenset(d["name"] for d in devices if is_unhealthy(driver, d)),
-        unmonitored=sum(published_health(d, driver) == "unmonitored" for d in devices),
+        tainted=frozenset(d["name"] for d, h in zip(devices, health) if h == "unhealthy"),
+        unmonitored=health.count("unmonitored"),
         shareable=sum(d.get("allowMultipleAllocations") is True for d in devices))
 
 

@@ -66,6 +66,7 @@ except ImportError:
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 POD = resource_type("v1", "Pod")
+EVENT = resource_type("v1", "Event")
 TAINT = "gpudra.io/real-runtime"
 DONE = "gpudra-e2e-done"
 # Everything after DONE keeps the pod running (its claim prepared) until the test deletes it.
@@ -215,6 +216,27 @@ def container_log(node: Node, pod: Obj, container: str) -> str:
                         / container / "0.log")
 
 
+async def printed_output(kube: Kube, node: Node, name: str, namespace: str, what: str) -> tuple[Obj, str]:
+    """Once pod ``name`` runs and its container ``train`` has printed DONE: (the pod, the output).
+    A timeout says the pod's status, the namespace's events and what the node logged."""
+    async def printed() -> tuple[Obj, str] | None:
+        node.runtime.kubelet.assert_running()
+        got = await kube.get(POD, name, namespace)
+        if not got or got["status"].get("phase") != "Running":
+            assert not got or got["status"].get("phase") not in ("Failed", "Succeeded"), got["status"]
+            return None
+        output = container_log(node, got, "train")
+        return (got, output) if DONE in output else None
+
+    try:
+        found: tuple[Obj, str] = await wait_for(printed, timeout=120, what=f"pod {name} to {what}")
+        return found
+    except AssertionError as error:
+        events = [(e.get("reason"), e.get("message")) async for e in kube.list(EVENT, namespace)]
+        raise AssertionError(f"{error}\npod: {(await kube.get(POD, name, namespace) or {}).get('status')}\n"
+                             f"events: {events}\n{node.failure()}") from None
+
+
 async def run_gpu_pod(kube: Kube, node: Node, namespace: str, pod_name: str,
                       shared_claim: str | None = None) -> tuple[Obj, Obj, str]:
     """Create the pod (its own claim from the seed's template, or the ResourceClaim
@@ -227,21 +249,7 @@ async def run_gpu_pod(kube: Kube, node: Node, namespace: str, pod_name: str,
         pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": shared_claim}]
     await kube.create(pod)
     started = time.monotonic()
-
-    async def printed() -> tuple[Obj, str] | None:
-        node.runtime.kubelet.assert_running()
-        got = await kube.get(POD, pod_name, namespace)
-        if not got or got["status"].get("phase") != "Running":
-            assert not got or got["status"].get("phase") not in ("Failed", "Succeeded"), got["status"]
-            return None
-        output = container_log(node, got, "train")
-        return (got, output) if DONE in output else None
-
-    try:
-        got, output = await wait_for(printed, timeout=120, what=f"pod {pod_name} to run and print on the real runtime")
-    except AssertionError as error:
-        current = await kube.get(POD, pod_name, namespace)
-        raise AssertionError(f"{error}\npod status: {current and current.get('status')}\n{node.failure()}") from None
+    got, output = await printed_output(kube, node, pod_name, namespace, "run and print on the real runtime")
     print(f"[real-runtime] {pod_name}: created -> output in {time.monotonic() - started:.1f}s")
     if shared_claim is None:  # a template's claim: its generated name is in the pod's status
         (status,) = got["status"]["resourceClaimStatuses"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from metadatacheck import decode_valid
-from test_real_runtime import DONE, POD, Node, container_log, gpu_pod, runtime_node_of, seedobjects, start_host_agent
+from test_real_runtime import DONE, POD, Node, gpu_pod, printed_output, runtime_node_of, seedobjects, start_host_agent
 
 from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_dev.localcluster.controlplane import ControlPlane
@@ -52,21 +52,7 @@ async def run_pod(kube: Kube, node: Node, pod: Obj) -> str:
     await kube.create(pod)
     name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
     started = time.monotonic()
-
-    async def printed() -> str | None:
-        node.runtime.kubelet.assert_running()
-        got = await kube.get(POD, name, namespace)
-        if not got or got["status"].get("phase") != "Running":
-            assert not got or got["status"].get("phase") not in ("Failed", "Succeeded"), got["status"]
-            return None
-        output = container_log(node, got, "train")
-        return output if DONE in output else None
-
-    try:
-        output: str = await wait_for(printed, timeout=120, what=f"pod {name} to print its metadata file")
-    except AssertionError as error:
-        current = await kube.get(POD, name, namespace)
-        raise AssertionError(f"{error}\npod status: {current and current.get('status')}\n{node.failure()}") from None
+    _, output = await printed_output(kube, node, name, namespace, "print its metadata file")
     print(f"[real-runtime] {name}: created -> output in {time.monotonic() - started:.1f}s")
     return output
 

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from test_real_runtime import DONE, POD, TAINT, TEST_IMAGE, Node, container_log, runtime_node_of, start_host_agent
+from test_real_runtime import DONE, POD, TAINT, TEST_IMAGE, Node, printed_output, runtime_node_of, start_host_agent
 
 from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_dev.localcluster.controlplane import ControlPlane
@@ -118,22 +118,7 @@ async def ran(kube: Kube, node: Node, namespace: str, name: str) -> str:
         "containers": [{"name": "train", "image": TEST_IMAGE, "imagePullPolicy": "Never",
                         "command": ["sh", "-c", SCRIPT], "resources": {"claims": [{"name": "gpu"}]}}]}}
     await kube.create(pod)
-
-    async def printed() -> str | None:
-        node.runtime.kubelet.assert_running()
-        got = await kube.get(POD, name, namespace)
-        if not got or got["status"].get("phase") != "Running":
-            assert not got or got["status"].get("phase") not in ("Failed", "Succeeded"), got["status"]
-            return None
-        output = container_log(node, got, "train")
-        return output if DONE in output else None
-
-    try:
-        output = await wait_for(printed, timeout=120, what=f"pod {name} to run and print")
-    except AssertionError as error:
-        events = [(e.get("reason"), e.get("message")) async for e in kube.list(EVENT, namespace)]
-        raise AssertionError(f"{error}\npod: {(await kube.get(POD, name, namespace) or {}).get('status')}\n"
-                             f"events: {events}\n{node.failure()}") from None
+    _, output = await printed_output(kube, node, name, namespace, "run and print")
     print(f"[real-runtime-mig] the container's output:\n{output}")
     return output
 

@@ -116,12 +116,18 @@ def test_the_reporter_serves_the_series_of_what_the_checkpoint_holds() -> None:
         (family,) = metrics.CLAIM_DEVICES.collect()
         return [s.labels for s in family.samples]
 
+    assert samples() == []  # noted on the kubelet call's path, taken in by the writer's task
+    reporter.take_calls()
     assert samples() == [dict(zip(INFO_LABELS, ("ml", "p-0", "train", "train", "gpu-1", "GPU-1111", "", "")))]
     claims.clear()  # unprepared by a peer instance: the checkpoint no longer holds it
     reporter.refresh()
     assert samples() == []
     reporter.prepared(prepared(gpu()), None)
+    reporter.take_calls()
+    assert [s["pod"] for s in samples()] == [""]  # no pod known yet
+    reporter.prepared(prepared(gpu()), None)
     reporter.unprepared(REF)
+    reporter.take_calls()  # in their order: the unprepare last
     assert samples() == []
 
 

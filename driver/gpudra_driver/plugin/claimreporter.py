@@ -67,6 +67,9 @@ class ClaimReporter:
         self._pending: dict[str, tuple[ClaimRef, Obj]] = {}  # claim UID -> the apply still to send
         self._pending_since = 0.0  # monotonic: when the oldest write waiting was queued
         self._last_call = float("-inf")  # monotonic: the kubelet's last prepare or unprepare
+        # what the kubelet's calls told, taken in by the writer's task: nothing but an append on the
+        # call's own path (claim, its live object) for a prepare, (ref, None) for an unprepare
+        self._calls: list[tuple[PreparedClaim, Mapping[str, Any] | None] | tuple[ClaimRef, None]] = []
         self._wake = asyncio.Event()
         self._series: tuple[tuple[str, ...], ...] = ()
         metrics.CLAIM_DEVICES.labels, metrics.CLAIM_DEVICES.series = INFO_LABELS, lambda: self._series
@@ -84,12 +87,33 @@ class ClaimReporter:
         self._snapshot()
 
     def prepared(self, claim: PreparedClaim, live: Mapping[str, Any] | None) -> None:
-        """``claim`` was prepared (or answered again) with ``live`` read just before."""
+        """``claim`` was prepared (or answered again) with ``live`` read just before. Called before
+        the kubelet's answer goes: only noted here, taken in by :meth:`take_calls`."""
         self._last_call = time.monotonic()
-        self._claims[claim.uid] = claim
-        self._pods[claim.uid] = consumer_pods(live)
-        self._snapshot()
-        self._want(claim, live)
+        self._calls.append((claim, live))
+        self._wake.set()
+
+    def unprepared(self, ref: ClaimRef) -> None:
+        """``ref`` was unprepared (noted as :meth:`prepared`)."""
+        self._last_call = time.monotonic()
+        self._calls.append((ref, None))
+        self._wake.set()
+
+    def take_calls(self) -> None:
+        """The prepares and unprepares noted since the last time: the series, and the writes."""
+        calls, self._calls = self._calls, []
+        for subject, live in calls:
+            if isinstance(subject, PreparedClaim):
+                self._claims[subject.uid] = subject
+                self._pods[subject.uid] = consumer_pods(live)
+                self._want(subject, live)
+            else:
+                self._claims.pop(subject.uid, None)
+                self._pods.pop(subject.uid, None)
+                if self.kube is not None:
+                    self._queue(subject, status_apply(subject, []))
+        if calls:
+            self._snapshot()
 
     def seen(self, ref: ClaimRef, live: Mapping[str, Any] | None) -> None:
         """The leak sweep read a prepared claim: its pods, and its status if ours is missing."""
@@ -99,14 +123,6 @@ class ClaimReporter:
         self._pods[ref.uid] = consumer_pods(live)
         self._snapshot()
         self._want(claim, live)
-
-    def unprepared(self, ref: ClaimRef) -> None:
-        self._last_call = time.monotonic()
-        self._claims.pop(ref.uid, None)
-        self._pods.pop(ref.uid, None)
-        self._snapshot()
-        if self.kube is not None:
-            self._queue(ref, status_apply(ref, []))
 
     def _want(self, claim: PreparedClaim, live: Mapping[str, Any] | None) -> None:
         if self.kube is None:
@@ -126,21 +142,19 @@ class ClaimReporter:
 
     # -- the writer ------------------------------------------------------------------------------
     async def run(self, refresh_interval: float = 60.0) -> None:
-        """Write the queued statuses, and refresh the reported claims from the checkpoint."""
-        if self.kube is None:
-            while True:
-                self.refresh()
-                await asyncio.sleep(refresh_interval)  # the refresh period, not a synchronisation
+        """Take in the calls, write the queued statuses (none without ``kube``), and refresh the
+        reported claims from the checkpoint."""
         backoff, refreshed = 0.0, time.monotonic()
         self.refresh()
         while True:
-            if not self._pending:
+            if not self._pending and not self._calls:
                 self._wake.clear()
                 try:
                     async with asyncio.timeout(refresh_interval):
                         await self._wake.wait()
                 except TimeoutError:
                     pass
+            self.take_calls()
             if time.monotonic() - refreshed >= refresh_interval:
                 self.refresh()
                 refreshed = time.monotonic()
@@ -151,6 +165,7 @@ class ClaimReporter:
                 continue
             uid = next(iter(self._pending))
             ref, body = self._pending.pop(uid)
+            assert self.kube is not None  # nothing is queued without it
             try:
                 await self.kube.apply(body, subresource="status")
                 backoff = 0.0
