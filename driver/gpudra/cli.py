@@ -18,6 +18,8 @@ SUBCOMMANDS: dict[str, str] = {
     "operator": "gpudra_operator.operator_cmd",
     "render": "gpudra_operator.render_cmd",
     "explain": "gpudra_operator.explain_cmd",
+    "status": "gpudra_operator.status_cmd",
+    "uninstall": "gpudra_operator.uninstall_cmd",
 }
 
 
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # The subcommands `kubectl gpudra ...` offers: the ones that read a cluster on a user's behalf.
-KUBECTL_SUBCOMMANDS = ("explain",)
+KUBECTL_SUBCOMMANDS = ("explain", "status", "uninstall")
 
 
 def kubectl_plugin(argv: list[str] | None = None) -> int:

@@ -38,39 +38,32 @@ What stands in for a real cluster's parts:
   busybox whose ``nvidia-smi`` runs the driver's, which CDI mounts from the driver root, then holds
   the GPU until the test has looked at the claim, as a real job holds it while it runs.
 
-docs/deploy.md's Helm chart is held to the same objects as manifests/base by
-tests/integration/test_chart.py (``helm template``); no test runs ``helm install`` on a cluster."""
+The node, the registry and the webhook are tests/installnode.py's. The Helm chart is installed,
+upgraded, rolled back and uninstalled on the same kind of node by tests/e2e/test_helm_lifecycle.py."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import secrets
 import shlex
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 import yaml
-from hostnetwork import HostNetworkWebhook
-from localregistry import LocalRegistry
+import installnode
+from installnode import DRIVER_ROOT, PODMAN_CONF, InstallNode, forget_images, install_node, touch_in_container
 from ociimage import Entry, busybox_entries, write_image
-from realkubelet import kubelet_binary
-from realruntime import RealRuntimeNode, read_cri_log, runtime_problem
+from realruntime import RealRuntimeNode
 
 from gpudra_core.kubeapi import Kube, Obj, ResourceType, resource_type
 from gpudra_dev.localcluster.controlplane import ControlPlane
-from gpudra_dev.localcluster.fakedriverroot import make_driver_root
-from gpudra_dev.localcluster.objects import delete_node
-from gpudra_dev.localcluster.pki import LocalPKI
 from gpudra_dev.localcluster.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,15 +71,12 @@ README = REPO / "README.md"
 SECTION = "## Getting started on a cluster"
 SAMPLE = REPO / "manifests" / "samples" / "gpudraconfig.yaml"
 SEED = REPO / "manifests" / "samples" / "seed-workload.yaml"
-PODMAN_CONF = REPO / "hack" / "podman" / "containers.conf"
 PROGRAMS = ("kubectl", "podman", "docker", "ctr", "make", "gpudra", "helm", "kind", "crictl", "nerdctl")
 EXAMPLE_REGISTRY = "registry.example.com"
-DRIVER_ROOT = "/run/nvidia/driver"  # the GPU Operator's driver container's, as the README names it
 NAMESPACES = ["gpudra-operator", "gpudra-system", "default"]
 RELEASE = "/tmp/gpudra-release"  # in the workload's container: the test has looked, the job may end
 
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
-NODE = resource_type("v1", "Node")
 POD = resource_type("v1", "Pod")
 NAMESPACE = resource_type("v1", "Namespace")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
@@ -95,7 +85,6 @@ TEMPLATE = resource_type("resource.k8s.io/v1", "ResourceClaimTemplate")
 JOB = resource_type("batch/v1", "Job")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 DAEMONSET = resource_type("apps/v1", "DaemonSet")
-WEBHOOKS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 
 pytestmark = pytest.mark.timeout(1500)  # make images may have to build both images first
 
@@ -175,30 +164,11 @@ class Runner:
 
 # -- the node, the registry, the pod network ------------------------------------------------------------
 
-@dataclass
-class Setup:
-    workdir: Path
-    node: RealRuntimeNode
-    driver_root: Path
-    registry: LocalRegistry
-    webhook: HostNetworkWebhook
-
-    def failure(self) -> str:
-        return (f"{self.node.describe()}\nkubelet log:\n{self.node.kubelet.log_tail(40)}\n"
-                f"webhook admitted {self.webhook.admitted}, errors {self.webhook.errors}\n"
-                f"registry log:\n{self.registry.log_tail(10)}")
-
-
 def pod_log(node: RealRuntimeNode, pod: Obj, container: str) -> str:
-    """A container's output (its latest run), from the log the runtime writes under the kubelet's pod
-    log directory (CRI format ``<time> <stream> <P|F> <text>``; P lines are partial)."""
-    meta = pod["metadata"]
-    logs = sorted((node.kubelet.pod_logs_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / container).glob("*.log"),
-                  key=lambda p: int(p.stem) if p.stem.isdigit() else -1)
-    return read_cri_log(logs[-1]) if logs else ""  # <restart count>.log: the latest run's
+    return installnode.pod_log(node, pod, container)
 
 
-async def pods_report(kube: Kube, setup: Setup) -> str:
+async def pods_report(kube: Kube, setup: InstallNode) -> str:
     """Every pod of the README's namespaces: phase, container states and the last log lines."""
     lines = []
     for namespace in NAMESPACES:
@@ -213,123 +183,22 @@ async def pods_report(kube: Kube, setup: Setup) -> str:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def setup(cluster: ControlPlane, kube: Kube) -> AsyncIterator[Setup]:
+async def setup(cluster: ControlPlane, kube: Kube) -> AsyncIterator[InstallNode]:
     """The node (Ready, untainted), the registry, the webhook; then, on the way out, everything the
-    README's commands made, except the CRD (the session's other tests share it)."""
-    if problem := runtime_problem():
-        pytest.fail(problem, pytrace=False)
-    # Short: the kubelet dials the agent's registration socket, <this>/kubelet/plugins_registry/
-    # gpu.gpudra.io-<pod UID>-reg.sock, by a path that must fit in 107 bytes.
-    workdir = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
-    name = f"gs-{secrets.token_hex(3)}"
-    parts: dict[str, object] = {}
-    try:
-        pki = LocalPKI(workdir / "pki")
-        parts["registry"] = registry = LocalRegistry(workdir / "registry", pki)
-        parts["webhook"] = webhook = HostNetworkWebhook(
-            f"gpudra-test-host-network-{secrets.token_hex(3)}",
-            pki.issue("webhook", "127.0.0.1", ips=("127.0.0.1",), server=True), pki.ca.cert.read_bytes(),
-            cluster.apiserver_port, NAMESPACES)
-        driver_root = make_driver_root(workdir / "driver-root", "dgx-h100")
-        parts["node"] = node = RealRuntimeNode(
-            workdir, kubelet_binary=kubelet_binary(cluster.bin_dir), kubeconfig=cluster.kubeconfig, node_name=name,
-            cdi_dir=workdir / "cdi", taint="gpudra.io/getting-started=:PreferNoSchedule",
-            binds={"/var/lib/kubelet": workdir / "kubelet", "/var/run/cdi": workdir / "cdi", DRIVER_ROOT: driver_root})
-        setup = Setup(workdir, node, driver_root, registry, webhook)
-        registry.start()
-        write_registry_hosts(workdir / "registry-hosts", registry)
-        webhook.start()
-        await kube.request("POST", WEBHOOKS, body=webhook.configuration())
-        parts["webhook configuration"] = webhook.name
-        await wait_for_webhook(kube)
-        started = time.monotonic()
-        node.start()
-        await node.kubelet.wait_ready(kube)
-        # The node lifecycle controller would lift this once the node is Ready.
-        live = await kube.get(NODE, name)
-        assert live is not None
-        taints = [t for t in live["spec"].get("taints") or [] if t["key"] != "node.kubernetes.io/not-ready"]
-        await kube.patch(NODE, name, {"spec": {"taints": taints}})
-        print(f"\n[getting-started] node {name} ready in {time.monotonic() - started:.1f}s")
-        parts["ready"] = setup
-        yield setup
-    finally:
-        problems = await tear_down(cluster, kube, name, parts)
-        if problems:
-            pytest.fail(f"the getting-started test left things behind (kept {workdir}): {problems}", pytrace=False)
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-async def tear_down(cluster: ControlPlane, kube: Kube, node_name: str, parts: dict[str, object]) -> list[str]:
-    """Every step tried, whatever failed before; returns what went wrong or was left."""
-    problems: list[str] = []
-
-    async def step(what: str, action: object) -> None:
+    README's commands made, except the CRD (the session's other tests share it), and the names
+    make images gave the images for the local registry."""
+    async def remove(setup: InstallNode) -> None:
         try:
-            result = action()  # type: ignore[operator]
-            if hasattr(result, "__await__"):
-                await result
-        except Exception as error:  # noqa: BLE001 - teardown goes on
-            problems.append(f"{what}: {type(error).__name__}: {error}")
+            await remove_installed(cluster, kube, setup)
+        finally:
+            forget_images(f"{setup.registry.host}/gpudra/{image}:{version()}" for image in ("gpudra-operator", "gpudra"))
 
-    node, registry, webhook = parts.get("node"), parts.get("registry"), parts.get("webhook")
-    if isinstance(parts.get("ready"), Setup):
-        await step("removing what the README installed", lambda: remove_installed(cluster, kube, parts["ready"]))
-    if "webhook configuration" in parts:
-        await step("deleting the webhook", lambda: kube.request("DELETE", f"{WEBHOOKS}/{parts['webhook configuration']}"))
-    if isinstance(webhook, HostNetworkWebhook):
-        await step("stopping the webhook", webhook.stop)
-    if isinstance(node, RealRuntimeNode):
-        await step("stopping the node", lambda: problems.extend(node.stop()))
-        await step("deleting the Node", lambda: delete_node(kube, node_name))
-    if isinstance(registry, LocalRegistry):
-        await step("stopping the registry", registry.stop)
-        await step("removing the registry's image names", lambda: forget_images(
-            f"{registry.host}/gpudra/{image}:{version()}" for image in ("gpudra-operator", "gpudra")))
-    if isinstance(node, RealRuntimeNode):
-        problems += node.leftovers()
-    return problems
+    async with install_node(cluster, kube, prefix="gs", namespaces=NAMESPACES,
+                            taint="gpudra.io/getting-started=:PreferNoSchedule", remove_installed=remove) as ready:
+        yield ready
 
 
-def forget_images(references: Iterable[str]) -> None:
-    """Remove the names make images gave the images for the local registry; an image left without
-    a name (its default names moved on to a newer build meanwhile) goes too."""
-    env = {**os.environ, "CONTAINERS_CONF": str(PODMAN_CONF)}
-
-    def podman(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["podman", *args], capture_output=True, text=True, env=env, timeout=120)
-
-    for reference in references:
-        found = podman("image", "inspect", "--format", "{{.Id}}", reference)
-        if found.returncode != 0:
-            continue
-        podman("untag", reference, reference)  # this name only: a bare `untag IMAGE` drops every name
-        image = found.stdout.strip()
-        if podman("image", "inspect", "--format", "{{len .RepoTags}}", image).stdout.strip() == "0":
-            podman("rmi", image)
-
-
-def write_registry_hosts(hosts_dir: Path, registry: LocalRegistry) -> None:
-    """containerd's registry config: the local registry with its CA; every other registry at a
-    closed local port, so nothing is ever pulled from outside this machine."""
-    for directory, content in {**registry.containerd_hosts(), "_default": 'server = "https://127.0.0.1:1"\n'}.items():
-        (hosts_dir / directory).mkdir(parents=True, exist_ok=True)
-        (hosts_dir / directory / "hosts.toml").write_text(content)
-
-
-async def wait_for_webhook(kube: Kube) -> None:
-    """Until the API server calls the webhook (it picks new configurations up asynchronously)."""
-    probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "host-network-probe", "namespace": "default"},
-             "spec": {"containers": [{"name": "c", "image": "x", "ports": [{"containerPort": 80}]}]}}
-
-    async def admitted() -> bool:
-        pod = await kube.create(probe, dry_run=True)
-        return pod["spec"].get("hostNetwork") is True
-
-    await wait_for(admitted, timeout=30, what="the API server to call the host-network webhook")
-
-
-async def remove_installed(cluster: ControlPlane, kube: Kube, setup: Setup) -> None:
+async def remove_installed(cluster: ControlPlane, kube: Kube, setup: InstallNode) -> None:
     """Delete what the README's commands created, while the kubelet still runs to confirm its pods
     gone; the GpuDraConfig first, whose finalizer the operator removes. The CRD stays."""
     await kube.delete(JOB, "train", "default", propagation="Background")
@@ -378,7 +247,7 @@ def version() -> str:
     return found.group(1)
 
 
-def command_env(setup: Setup, cluster: ControlPlane) -> dict[str, str]:
+def command_env(setup: InstallNode, cluster: ControlPlane) -> dict[str, str]:
     """PATH with this repository's gpudra, the cluster's kubectl and the node's ctr; KUBECONFIG (the
     session cluster's); podman as hack/podman/containers.conf runs it on these machines."""
     path = os.pathsep.join([str(Path(sys.executable).parent), str(cluster.bin_dir), str(setup.node.bin_dir),
@@ -425,7 +294,7 @@ def workload_image(out: Path) -> tuple[Path, str]:
     return write_image(out, container["image"], entries), container["image"]
 
 
-async def test_getting_started_on_a_cluster_works_as_written(cluster: ControlPlane, kube: Kube, setup: Setup) -> None:
+async def test_getting_started_on_a_cluster_works_as_written(cluster: ControlPlane, kube: Kube, setup: InstallNode) -> None:
     readme = guide()
     node = setup.node
     registry = setup.registry.host
@@ -567,10 +436,8 @@ async def test_getting_started_on_a_cluster_works_as_written(cluster: ControlPla
 
 
 def release(node: RealRuntimeNode, pod: Obj) -> None:
-    """Let the workload's container end: create RELEASE in its root filesystem (through /proc)."""
-    (cid,) = node.crictl("ps", "-q", "--no-trunc", "--label", f"io.kubernetes.pod.uid={pod['metadata']['uid']}").stdout.split()
-    pid = json.loads(node.crictl("inspect", cid).stdout)["info"]["pid"]
-    Path(f"/proc/{pid}/root{RELEASE}").touch()
+    """Let the workload's container end: create RELEASE in its root filesystem."""
+    touch_in_container(node, pod, RELEASE)
 
 
 def test_the_guide_is_read_whole() -> None:
