@@ -70,6 +70,9 @@ DAEMONSET = resource_type("apps/v1", "DaemonSet")
 DEPLOYMENT = resource_type("apps/v1", "Deployment")
 LEASE = resource_type("coordination.k8s.io/v1", "Lease")
 NODE = resource_type("v1", "Node")
+DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
+POLICIES = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+BINDINGS = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
 
 pytestmark = pytest.mark.timeout(2400)  # the previous release's images may have to be built first
 
@@ -83,6 +86,7 @@ class Release:
     agent_image: str
     chart: Path               # the packaged chart
     chart_version: str
+    tree: Path                # its sources: manifests/base for `kubectl apply -k`
 
     def tag(self) -> str:
         return self.agent_image.rsplit(":", 1)[1]
@@ -99,7 +103,8 @@ def previous_release() -> Release:
     assert proc.returncode == 0, (f"hack/previous-release.sh (make previous-release) exited {proc.returncode}:\n"
                                   f"{proc.stderr[-5000:]}")
     out = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
-    return Release("previous", out["operator_image"], out["agent_image"], Path(out["chart"]), out["chart_version"])
+    return Release("previous", out["operator_image"], out["agent_image"], Path(out["chart"]), out["chart_version"],
+                   Path(out["tree"]))
 
 
 def this_tree(helm: str, out: Path) -> Release:
@@ -114,7 +119,7 @@ def this_tree(helm: str, out: Path) -> Release:
     packaged = subprocess.run([helm, "package", str(CHART), "--destination", str(out)], capture_output=True, text=True,
                               timeout=120)
     assert packaged.returncode == 0, packaged.stderr
-    return Release("this tree", operator, agent, out / f"gpudra-{version}.tgz", version)
+    return Release("this tree", operator, agent, out / f"gpudra-{version}.tgz", version, REPO)
 
 
 # -- the cluster -------------------------------------------------------------------------------------
@@ -628,3 +633,126 @@ async def test_install_upgrade_under_load_skew_and_rollback(lab: Lab) -> None:
     steady_now = await kube.get(POD, "steady", WORK_NS)
     assert steady_now is not None and steady_now["status"]["containerStatuses"][0]["restartCount"] == 0
     assert prepared(setup, steady_claim["metadata"]["uid"]) == before[steady_claim["metadata"]["uid"]]
+
+    # -- uninstall: the workloads end first (docs/deploy.md#uninstall) -------------------------------
+    await end_workloads(lab)
+    lab.helm_run("uninstall", RELEASE_NAME, "--wait", "--timeout", "5m")
+    await wait_for(lambda: _agents_gone(lab), timeout=120, what="the agents to go with the uninstall")
+    await assert_nothing_left(lab)
+    # The CRD stays (crds.keep); deleting it is the user's explicit last step.
+    lab.plane.kubectl("delete", "crd", "gpudraconfigs.gpudra.io", "--wait=true", timeout=120)
+
+
+async def end_workloads(lab: Lab) -> None:
+    for name in await workload_pods(lab.kube):
+        await lab.kube.delete(POD, name, WORK_NS)
+    async for template in lab.kube.list(TEMPLATE, WORK_NS):
+        await lab.kube.delete(TEMPLATE, template["metadata"]["name"], WORK_NS)
+    await wait_for(lambda: _no_workloads(lab.kube), timeout=120, what="the workload pods to go")
+
+    async def unprepared() -> bool:
+        return not checkpoint(lab.node) if (lab.node.workdir / "kubelet" / "plugins" / DRIVER).exists() else True
+
+    await wait_for(unprepared, timeout=120, what="every claim to be unprepared")
+
+
+async def _agents_gone(lab: Lab) -> bool:
+    return not [p async for p in lab.kube.list(POD, AGENT_NS)] and not [p async for p in lab.kube.list(POD, OPERATOR_NS)]
+
+
+# -- the same with kubectl apply --server-side -k ------------------------------------------------------
+
+def overlay(lab: Lab, release: Release, directory: Path) -> Path:
+    """An overlay of ``release``'s manifests/base: its images from the registry, and both namespaces
+    Pod Security privileged (the host-network stand-in for the pod network needs it)."""
+    registry = lab.node.registry.host
+    directory.mkdir(parents=True, exist_ok=True)
+    kustomization = {
+        "resources": [os.path.relpath(release.tree / "manifests" / "base", directory)],
+        "images": [{"name": f"ghcr.io/gpudra/{name}", "newName": f"{registry}/gpudra/{name}", "newTag": release.tag()}
+                   for name in ("gpudra-operator", "gpudra")],
+        "patches": [{"patch": yaml.safe_dump({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+            "name": namespace, "labels": {f"pod-security.kubernetes.io/{mode}": "privileged"
+                                          for mode in ("enforce", "audit", "warn")}}})}
+                    for namespace in (OPERATOR_NS, AGENT_NS)]}
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return directory
+
+
+def kubectl_k(lab: Lab, verb: str, directory: Path) -> None:
+    args = ["apply", "--server-side", "-k", str(directory)] if verb == "apply" else ["delete", "-k", str(directory), "--wait=true"]
+    started = time.monotonic()
+    proc = lab.plane.kubectl(*args, check=False, timeout=300)
+    print(f"[kustomize] kubectl {' '.join(args)} ({time.monotonic() - started:.1f}s, exit {proc.returncode})\n"
+          f"{proc.stdout[-1500:]}{proc.stderr[-1500:]}")
+    assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr[-3000:]}"
+
+
+async def test_apply_k_upgrade_and_rollback_under_load_then_delete_k(lab: Lab, tmp_path: Path) -> None:
+    kube, setup = lab.kube, lab.node
+    previous, current = lab.previous, lab.current
+    old, new = overlay(lab, previous, tmp_path / "previous"), overlay(lab, current, tmp_path / "current")
+    kubectl_k(lab, "apply", old)
+    await Kube(kube.api, field_manager="platform-team").apply(user_config())
+    await wait_agents_on(lab, previous)
+    await wait_config_ready(lab)
+    devices = await published(lab)
+    await start_gpu_pod(lab, "steady")
+    steady, output = await running_with_gpu(lab, "steady")
+    claim = await claim_of(lab, "steady")
+    assert_sees_its_gpu(output, claim, devices)
+    uid = claim["metadata"]["uid"]
+    was = prepared(setup, uid)
+    container = steady["status"]["containerStatuses"][0]["containerID"]
+
+    watch = SliceWatch(kube, setup.name)
+    await watch.start()
+    for overlay_dir, release in ((new, current), (old, previous)):  # the upgrade, then the rollback
+        started = time.monotonic()
+        kubectl_k(lab, "apply", overlay_dir)
+        await wait_lease_held_by_one_of(lab, release)
+        await wait_agents_on(lab, release)
+        await wait_config_ready(lab)
+        print(f"[kustomize] now on {release.name} after {time.monotonic() - started:.1f}s")
+        now = await kube.get(POD, "steady", WORK_NS)
+        assert now is not None and now["status"]["phase"] == "Running"
+        (status,) = now["status"]["containerStatuses"]
+        assert (status["containerID"], status["restartCount"]) == (container, 0), status
+        assert prepared(setup, uid) == was and checkpoint(setup).get(uid) == "PrepareCompleted"
+        await start_gpu_pod(lab, f"on-{release.tag()}")
+        _, output = await running_with_gpu(lab, f"on-{release.tag()}")
+        assert_sees_its_gpu(output, await claim_of(lab, f"on-{release.tag()}"), devices)
+    await watch.stop()
+    print(f"[kustomize] the node's slices through upgrade and rollback: longest time without one "
+          f"{watch.longest_gap():.3f}s ({len(watch.gaps)} gaps, {watch.events} events)")
+    assert watch.longest_gap() == 0.0 and not watch.gaps, watch.gaps
+
+    await end_workloads(lab)
+    kubectl_k(lab, "delete", old)
+    await wait_for(lambda: _agents_gone(lab), timeout=120, what="the agents to go with delete -k")
+    await assert_nothing_left(lab)
+
+
+# -- uninstall ---------------------------------------------------------------------------------------
+
+async def assert_nothing_left(lab: Lab) -> None:
+    """What an uninstall must leave of gpudra: nothing but the CRD (and its stored configs only if
+    the user keeps them), on the cluster and on the node."""
+    kube, setup = lab.kube, lab.node
+    slices = [s["metadata"]["name"] async for s in kube.list(SLICE, field_selector=f"spec.driver={DRIVER}")]
+    classes = [c["metadata"]["name"] async for c in kube.list(DEVICE_CLASS)]
+    configs = [c["metadata"] async for c in kube.list(CONFIG)] if await kube.get(CRD, "gpudraconfigs.gpudra.io") else []
+    policies = [p["metadata"]["name"] for p in (await kube.request("GET", POLICIES))["items"]
+                if p["metadata"]["name"].startswith("gpudra-")]
+    bindings = [b["metadata"]["name"] for b in (await kube.request("GET", BINDINGS))["items"]
+                if b["metadata"]["name"].startswith("gpudra-")]
+    specs = sorted(p.name for p in (setup.workdir / "cdi").glob(f"k8s.{DRIVER}-*"))
+    plugin_dir = setup.workdir / "kubelet" / "plugins" / DRIVER
+    registrations = sorted(p.name for p in (setup.workdir / "kubelet" / "plugins_registry").glob(f"{DRIVER}*"))
+    pods = {n: [p["metadata"]["name"] async for p in kube.list(POD, n)] for n in (OPERATOR_NS, AGENT_NS)}
+    left = {"ResourceSlices": slices, "DeviceClasses": classes,
+            "GpuDraConfigs": [(m["name"], m.get("finalizers")) for m in configs],
+            "ValidatingAdmissionPolicies": policies, "bindings": bindings, "CDI specs": specs,
+            "plugin directory": sorted(p.name for p in plugin_dir.iterdir()) if plugin_dir.exists() else [],
+            "registration sockets": registrations, "pods": [p for names in pods.values() for p in names]}
+    assert not any(left.values()), f"the uninstall left: { {k: v for k, v in left.items() if v} }"
