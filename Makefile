@@ -10,7 +10,7 @@ BENCH_ARGS ?=
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv allocator kube-bin helm-bin cdi-schema cdi-tools metadata-check nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry dra-example-driver promtool test unit typecheck demo demo-down bench fuzz explain-diff protos wheels images image-operator image-agent base-image clean
+.PHONY: help venv allocator kube-bin helm-bin chart-schema chart-package chart-push sbom actionlint release-check ci debian-packages cdi-schema cdi-tools metadata-check nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry dra-example-driver promtool test unit typecheck demo demo-down bench fuzz explain-diff protos wheels images image-operator image-agent base-image clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
@@ -34,6 +34,14 @@ help:
 	@echo "make wheels     the wheels (linux amd64/arm64 and macOS arm64, each with its gpudra-allocator; a pure one) and the sdist, in dist/"
 	@echo "make images     build the operator and agent images (podman or docker; cached by content: hack/images.sh; PLATFORM=linux/arm64)"
 	@echo "make base-image build the stand-in Python base the images use where the official one cannot be pulled"
+	@echo "make chart-package  the Helm chart as a .tgz in build/chart (CHART_VERSION=..., default Chart.yaml's)"
+	@echo "make chart-push CHART_REGISTRY=oci://host/path  push it as an OCI artifact (CHART_PUSH_FLAGS=\"--ca-file ca.crt\")"
+	@echo "make chart-schema  copy the GpuDraConfig CRD's spec schema into the chart's values.schema.json"
+	@echo "make sbom       a CycloneDX SBOM of the Python distribution in dist/ (docs/releasing.md)"
+	@echo "make actionlint check .github/workflows with rhysd/actionlint (pinned, from the Go module proxy)"
+	@echo "make release-check  pyproject.toml, Chart.yaml and the tag (RELEASE_TAG, default \$$GITHUB_REF_NAME) name one version"
+	@echo "make ci         what CI runs: .ci/run (as root; through sudo when not)"
+	@echo "make debian-packages  the Debian packages the builds and tests need (hack/debian-packages.sh)"
 
 venv: $(VENV)/.installed
 # The product (editable, with its test extras) and the development package (hack/python/gpudra_dev:
@@ -134,10 +142,11 @@ test: venv allocator cdi-schema metadata-check mock-nvml mock-nvidia-smi mock-mp
 	  containerd_dir="$$(hack/containerd-bin.sh | tail -n 1)" && test -n "$$containerd_dir" && \
 	  registry_dir="$$(hack/registry-bin.sh | tail -n 1)" && test -n "$$registry_dir" && \
 	  promtool_dir="$$(hack/promtool-bin.sh | tail -n 1)" && test -n "$$promtool_dir" && \
+	  actionlint_dir="$$(hack/actionlint-bin.sh | tail -n 1)" && test -n "$$actionlint_dir" && \
 	  images="$$(PLATFORM= IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) hack/images.sh operator agent | tail -n 1)" && test -n "$$images" && \
 	  GPUDRA_KUBE_BIN="$$bin_dir" GPUDRA_HELM="$$helm" GPUDRA_NVIDIA_CTK_DIR="$$nvctk" \
 	  GPUDRA_CDI_TOOLS_DIR="$$cdi_tools" GPUDRA_CONTAINERD_DIR="$$containerd_dir" GPUDRA_REGISTRY_DIR="$$registry_dir" \
-	  GPUDRA_PROMTOOL_DIR="$$promtool_dir" GPUDRA_TEST_OPERATOR_IMAGE="$${images%% *}" GPUDRA_TEST_AGENT_IMAGE="$${images##* }" $(BIN)/pytest $(PYTEST_ARGS)
+	  GPUDRA_PROMTOOL_DIR="$$promtool_dir" GPUDRA_ACTIONLINT_DIR="$$actionlint_dir" GPUDRA_TEST_OPERATOR_IMAGE="$${images%% *}" GPUDRA_TEST_AGENT_IMAGE="$${images##* }" $(BIN)/pytest $(PYTEST_ARGS)
 
 unit: venv allocator cdi-schema cdi-tools metadata-check mock-nvml mock-nvidia-smi mock-mps-control promtool
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
@@ -203,6 +212,57 @@ image-operator image-agent: image-%:
 	@IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) PLATFORM=$(PLATFORM) hack/images.sh $*
 base-image:
 	@PLATFORM=$(PLATFORM) hack/images.sh base
+
+# The release (docs/releasing.md; .github/workflows/release.yml runs these and nothing else).
+# The chart as an OCI artifact, by hack/chart.sh: helm lint --strict, helm package into CHART_OUT,
+# helm push to CHART_REGISTRY (oci://host/path; the chart lands at <path>/gpudra:<version>).
+CHART_VERSION ?= $(shell sed -n 's/^version: *//p' manifests/helm/gpudra/Chart.yaml)
+CHART_APP_VERSION ?=
+CHART_OUT ?= build/chart
+CHART_REGISTRY ?=
+CHART_PUSH_FLAGS ?=
+CHART_ENV = CHART_VERSION="$(CHART_VERSION)" CHART_APP_VERSION="$(CHART_APP_VERSION)" CHART_OUT="$(CHART_OUT)" \
+  CHART_REGISTRY="$(CHART_REGISTRY)" CHART_PUSH_FLAGS="$(CHART_PUSH_FLAGS)"
+chart-package:
+	@$(CHART_ENV) hack/chart.sh package
+chart-push:
+	@$(CHART_ENV) hack/chart.sh push
+
+# values.schema.json's definitions.gpuDraConfigSpec from crds/gpudraconfig.yaml (a test holds them equal).
+chart-schema: venv
+	@$(BIN)/python hack/chart-schema.py
+
+# CycloneDX (JSON) of gpudra and the dependencies pip resolves for it, by hack/sbom.sh, in SBOM_OUT.
+SBOM_OUT ?= dist
+sbom: venv
+	@SBOM_OUT="$(SBOM_OUT)" VENV="$(VENV)" PYTHON="$(PYTHON)" hack/sbom.sh
+
+# rhysd/actionlint over .github/workflows/*.yml, built by hack/actionlint-bin.sh, cached under
+# ~/.cache/gpudra/actionlint/<version>. Without shellcheck: every run step is one make command.
+actionlint:
+	@dir="$$(hack/actionlint-bin.sh | tail -n 1)" && test -n "$$dir" && "$$dir/actionlint" -shellcheck= -pyflakes= -no-color
+
+# One version everywhere: pyproject.toml's, the chart's version and appVersion, and the tag being released.
+RELEASE_TAG ?= $(GITHUB_REF_NAME)
+release-check:
+	@v="$$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)"; \
+	  c="$$(sed -n 's/^version: *//p' manifests/helm/gpudra/Chart.yaml)"; \
+	  a="$$(sed -n 's/^appVersion: *"*\([^"]*\)"*/\1/p' manifests/helm/gpudra/Chart.yaml)"; \
+	  test -n "$$v" && test "$$v" = "$$c" && test "$$v" = "$$a" || { \
+	    echo "make release-check: pyproject.toml says '$$v', Chart.yaml version '$$c', appVersion '$$a': bump them together" >&2; exit 1; }; \
+	  test -z "$(RELEASE_TAG)" || test "$(RELEASE_TAG)" = "v$$v" || { \
+	    echo "make release-check: the tag '$(RELEASE_TAG)' is not v$$v (pyproject.toml, Chart.yaml): tag v$$v, or bump the version first" >&2; exit 1; }; \
+	  echo "version $$v$(if $(RELEASE_TAG), (tag $(RELEASE_TAG)))"
+
+# The Debian packages the builds and tests need (hack/debian-packages.sh: only the missing ones,
+# through sudo when not root; .ci/run runs it too), e.g. for the release's multi-arch images.
+debian-packages:
+	@hack/debian-packages.sh
+
+# What CI runs (.ci/run). It needs root (the kubelet, containerd, podman, Debian packages): a CI
+# runner's ordinary user goes through sudo, keeping the environment (GOPATH, the caches).
+ci:
+	@if [ "$$(id -u)" = 0 ]; then .ci/run; else sudo --preserve-env env "PATH=$$PATH" HOME="$$HOME" .ci/run; fi
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache

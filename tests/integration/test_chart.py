@@ -6,17 +6,20 @@ Needs the helm binary (hack/helm-bin.sh, which `make test` runs, or $GPUDRA_HELM
 from __future__ import annotations
 
 import copy
-import glob
+import json
 import os
-import shutil
 import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
+from chartregistry import helm_binary
 
-from gpudra_dev.localcluster.controlplane import find_binaries
+from gpudra_dev.localcluster.controlplane import ControlPlane, find_binaries
 from gpudra_operator.render_cmd import render_documents
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,12 +32,7 @@ Obj = dict[str, Any]
 
 @pytest.fixture(scope="module")
 def helm() -> str:
-    candidates = [os.environ.get("GPUDRA_HELM"), shutil.which("helm"),
-                  *sorted(glob.glob(os.path.expanduser("~/.cache/gpudra/helm/*/helm")))]
-    for candidate in candidates:
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    pytest.fail("no helm binary: run hack/helm-bin.sh (make test does) or set GPUDRA_HELM")
+    return helm_binary()  # $GPUDRA_HELM, else hack/helm-bin.sh's pinned version; fails naming make helm-bin
 
 
 def template(helm: str, *args: str) -> list[Obj]:
@@ -271,3 +269,167 @@ def test_the_agents_network_policy_follows_its_values(helm: str) -> None:
     assert policy["spec"]["ingress"][0]["from"] == [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     assert not [o for o in template(helm, "--set", "agent.networkPolicy.enabled=false") if o["kind"] == "NetworkPolicy"]
+
+
+# -- values.schema.json ------------------------------------------------------------------------------
+
+SCHEMA_PATH = CHART / "values.schema.json"
+VALUES_PATH = CHART / "values.yaml"
+
+
+def values_schema() -> Obj:
+    return dict(json.loads(SCHEMA_PATH.read_text()))
+
+
+def resolve(schema: Obj, node: Obj) -> tuple[Obj, str | None]:
+    """The node behind a local $ref (followed to the end), and the last reference followed."""
+    ref = None
+    while "$ref" in node:
+        ref = node["$ref"]
+        assert ref.startswith("#/"), f"{ref}: only references inside values.schema.json (Helm resolves others on disk)"
+        node = schema
+        for part in ref[2:].split("/"):
+            node = node[part]
+    return node, ref
+
+
+def declared_values(schema: Obj, node: Obj, values: Any, path: str) -> Iterator[tuple[str, Obj, Any]]:
+    """(path, schema node, value) for every value of values.yaml the chart's own part of the schema
+    declares one by one (not the free-form maps, nor what the CRD's schema describes)."""
+    node, ref = resolve(schema, node)
+    yield path, node, values
+    if ref and ref.startswith("#/definitions/gpuDraConfigSpec"):
+        return  # the CRD's schema, copied whole (test_the_schema_holds_the_crds_spec_schema)
+    if "properties" in node:
+        assert isinstance(values, dict), f"{path}: the schema declares properties, values.yaml has {values!r}"
+        assert node.get("additionalProperties") is False, f"{path}: a misspelled key would pass (additionalProperties)"
+        assert sorted(values) == sorted(node["properties"]), \
+            f"{path}: values.yaml's keys {sorted(values)} differ from the schema's {sorted(node['properties'])}"
+        for key, value in values.items():
+            yield from declared_values(schema, node["properties"][key], value, f"{path}.{key}".lstrip("."))
+
+
+def test_every_value_in_values_yaml_is_in_the_schema_and_no_other() -> None:
+    """values.yaml and values.schema.json cannot drift: each section's keys are the schema's
+    (which refuses any other), and each value has a type (or an enum, or a reference) there."""
+    schema = values_schema()
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    jsonschema.Draft7Validator.check_schema(schema)
+    declared = list(declared_values(schema, schema, yaml.safe_load(VALUES_PATH.read_text()), ""))
+    for path, node, _ in declared:
+        assert {"type", "enum", "const", "anyOf"} & node.keys(), f"{path}: no type in the schema"
+    assert {"operator.replicas", "operator.logFormat", "operator.image.digest", "agent.drivers", "config.spec",
+            "metrics.podMonitor.interval", "namespaces.agent"} <= {path for path, _, _ in declared}
+    # The defaults pass the schema as Helm reads it (draft-07), not just through Helm.
+    assert list(jsonschema.Draft7Validator(schema).iter_errors(yaml.safe_load(VALUES_PATH.read_text()))) == []
+
+
+def test_the_schema_holds_the_crds_spec_schema() -> None:
+    """config.spec (and the agent's and operator's tolerations and resources) are checked against the
+    GpuDraConfig CRD's own spec schema, copied in by make chart-schema and kept equal here."""
+    crd = yaml.safe_load((REPO / "crds" / "gpudraconfig.yaml").read_text())
+    (version,) = crd["spec"]["versions"]
+    assert values_schema()["definitions"]["gpuDraConfigSpec"] == version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    check = subprocess.run([sys.executable, str(REPO / "hack" / "chart-schema.py"), "--check"],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stderr  # and in its canonical form, so make chart-schema changes nothing else
+
+
+# (what is set, the value the error must name). Helm's schema errors read "- at '/operator/replicas': ...".
+BAD_VALUES = [
+    (["--set", "operator.replicas=0"], "'/operator/replicas'"),
+    (["--set", "operator.replicas=two"], "'/operator/replicas'"),
+    (["--set", "operator.logFormat=xml"], "'/operator/logFormat'"),
+    (["--set", "operater.replicas=2"], "'operater'"),
+    (["--set", "operator.image.tagg=1.2.3"], "'tagg'"),
+    (["--set", "operator.image.pullPolicy=Sometimes"], "'/operator/image/pullPolicy'"),
+    (["--set", "agent.image.digest=sha256:abc"], "'/agent/image/digest'"),
+    (["--set", "operator.metricsPort=70000"], "'/operator/metricsPort'"),
+    (["--set", "operator.livenessPort=0"], "'/operator/livenessPort'"),
+    (["--set-json", "agent.drivers=[]"], "'/agent/drivers'"),
+    (["--set", "namespaces.agent=GPU_System"], "'/namespaces/agent'"),
+    (["--set", "metrics.podMonitor.interval=soon"], "'/metrics/podMonitor/interval'"),
+    (["--set", "metrics.serviceMonitor.enabled=yes"], "'/metrics/serviceMonitor/enabled'"),
+    (["--set", "operator.resources.limits.memory=lots"], "'/operator/resources/limits/memory'"),
+    (["--set-json", 'operator.tolerations=[{"operator":"Sometimes"}]'], "'/operator/tolerations/0/operator'"),
+    (["--set", "config.spec.deviceClasses[0].template=everything"], "'/config/spec/deviceClasses/0/template'"),
+    (["--set", "uninstall.timeoutSeconds=0"], "'/uninstall/timeoutSeconds'"),
+]
+
+
+def refusal(command: list[str], args: list[str], named: str) -> str | None:
+    """Why the command's answer to a bad value falls short (None: refused, naming the value)."""
+    result = subprocess.run([*command, *args], capture_output=True, text=True, timeout=60)
+    output = result.stdout + result.stderr
+    if result.returncode == 0:
+        return f"{' '.join(command[1:3])} {' '.join(args)} passed:\n{output}"
+    if "values don't meet the specifications of the schema" not in output or named not in output:
+        return f"{' '.join(command[1:3])} {' '.join(args)}: {named} not named as a schema error in:\n{output}"
+    return None
+
+
+@pytest.mark.parametrize(("args", "named"), BAD_VALUES, ids=[" ".join(a) for a, _ in BAD_VALUES])
+def test_a_bad_value_is_refused_naming_it(helm: str, args: list[str], named: str) -> None:
+    """By helm template and helm lint alike."""
+    for command in ([helm, "template", "gpudra", str(CHART), "--kube-version", KUBE_VERSION],
+                    [helm, "lint", str(CHART), "--strict", "--kube-version", KUBE_VERSION]):
+        assert (problem := refusal(command, args, named)) is None, problem
+
+
+@pytest.mark.cluster
+def test_helm_install_refuses_each_bad_value_before_creating_anything(helm: str, cluster: ControlPlane) -> None:
+    """helm install checks the values after reaching the API server (so: a real one) and before
+    it creates a thing; --dry-run=client besides, so that a schema letting one through creates nothing."""
+    install = [helm, "install", "gpudra-schema-check", str(CHART), "--dry-run=client",
+               "--kubeconfig", str(cluster.kubeconfig), "--namespace", "default"]
+    problems = [problem for args, named in BAD_VALUES if (problem := refusal(install, args, named))]
+    assert problems == []
+    good = subprocess.run(install, capture_output=True, text=True, timeout=60)
+    assert good.returncode == 0 and "STATUS: pending-install" in good.stdout, good.stdout + good.stderr
+
+
+def test_good_values_that_look_unusual_pass(helm: str) -> None:
+    """The schema refuses no value the chart handles: a digest, a boolean node label for the agents
+    (written as a string), a numeric quantity, a second driver, a dashboard namespace."""
+    objects = template(helm, "--set", "operator.image.digest=sha256:" + "0" * 64, "--set", "config.create=true",
+                       "--set", "agent.nodeSelector.nvidia\\.com/gpu\\.present=true", "--set", "operator.resources.requests.cpu=1",
+                       "--set-json", 'agent.drivers=["gpu.gpudra.io","mig.gpudra.io"]', "--set", "operator.replicas=1",
+                       "--set", "metrics.grafanaDashboard.namespace=grafana", "--set", "metrics.podMonitor.interval=1m30s")
+    assert next(o for o in objects if o["kind"] == "Deployment")["spec"]["replicas"] == 1
+
+
+def test_the_uninstall_hook_runs_gpudra_uninstall_before_anything_is_deleted(helm: str) -> None:
+    """A pre-delete Job in the operator image with its own least-privilege ServiceAccount, restricted
+    like the operator, deleted once it succeeded and kept when it failed (for its log);
+    uninstall.force and timeoutSeconds reach its arguments; uninstall.enabled=false renders none.
+    What it does: tests/integration/test_uninstall.py."""
+    hook = [o for o in template(helm, "--set", "namespaces.operator=ops", "--set", "namespaces.agent=gpus")
+            if o["metadata"]["name"] == "gpudra-uninstall"]
+    assert sorted(o["kind"] for o in hook) == ["ClusterRole", "ClusterRoleBinding", "Job", "ServiceAccount"]
+    for obj in hook:
+        annotations = obj["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "pre-delete"
+        assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+        assert int(annotations["helm.sh/hook-weight"]) == (0 if obj["kind"] == "Job" else -10)  # RBAC first
+    kinds = {o["kind"]: o for o in hook}
+    assert kinds["ClusterRole"]["rules"] == [
+        {"apiGroups": ["gpudra.io"], "resources": ["gpudraconfigs"], "verbs": ["list", "delete"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["list"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]}]
+    assert kinds["ClusterRoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": "gpudra-uninstall",
+                                                        "namespace": "ops"}]
+    job = kinds["Job"]
+    assert job["metadata"]["namespace"] == "ops" and job["spec"]["backoffLimit"] == 0
+    pod = job["spec"]["template"]["spec"]
+    operator = next(o for o in template(helm) if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == operator["containers"][0]["image"]  # the image whose entrypoint is gpudra
+    assert container["args"] == ["uninstall", "--agent-namespace=gpus", "--timeout=240"]
+    assert pod["serviceAccountName"] == "gpudra-uninstall" and pod["restartPolicy"] == "Never"
+    assert pod["securityContext"] == operator["securityContext"]  # Pod Security restricted, as the operator
+    assert container["securityContext"] == operator["containers"][0]["securityContext"]
+    assert job["spec"]["activeDeadlineSeconds"] == 270  # past the command's own wait, which then reports
+    forced = next(o for o in template(helm, "--set", "uninstall.force=true", "--set", "uninstall.timeoutSeconds=60")
+                  if o["kind"] == "Job" and o["metadata"]["name"] == "gpudra-uninstall")
+    assert forced["spec"]["template"]["spec"]["containers"][0]["args"][-2:] == ["--timeout=60", "--force"]
+    assert not [o for o in template(helm, "--set", "uninstall.enabled=false") if o["metadata"]["name"] == "gpudra-uninstall"]
