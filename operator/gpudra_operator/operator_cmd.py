@@ -9,11 +9,21 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 from gpudra_operator.leaderelection import LEASE_NAME, Timing
 
 log = logging.getLogger("gpudra.operator")
+
+
+def holder_identity(environ: Mapping[str, str], hostname: str, pid: int) -> str:
+    """This replica's name for kopf and as the Lease's holder. kopf would name itself after the OS
+    user (getpass), which fails for a UID without a passwd entry, such as the Deployment's 65532:
+    the pod's name instead (``POD_NAME``, from the downward API; else the host name), or kopf's
+    ``POD_ID``. Not the host name alone: on the host network every replica of a node has the
+    node's, and PID 1, and two replicas with one name would both hold the Lease."""
+    return environ.get("POD_ID") or f"{environ.get('POD_NAME') or hostname}/{pid}"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -80,10 +90,7 @@ async def _run(args: argparse.Namespace, timing: Timing) -> int:
     from gpudra_operator.liveness import serve_health
     from gpudra_operator.leaderelection import LeaseElector, namespace_in_cluster, run_elected
 
-    # kopf would name itself after the OS user (getpass), which fails for a UID without a passwd
-    # entry, such as the Deployment's 65532: the host name (the pod's) instead, or kopf's POD_ID.
-    # The Lease names its holder the same way.
-    identity = os.environ.get("POD_ID") or f"{socket.gethostname()}/{os.getpid()}"
+    identity = holder_identity(os.environ, socket.gethostname(), os.getpid())
     scope: dict[str, Any] = {"namespaces": [args.namespace]} if args.namespace else {"clusterwide": True}
     stop, kopf_ready = asyncio.Event(), asyncio.Event()
     role = {"role": "standby" if args.leader_elect else "active", "identity": identity}

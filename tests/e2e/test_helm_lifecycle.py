@@ -159,7 +159,13 @@ class Lab:
                 "--set", f"operator.image.tag={release.tag()}",
                 "--set", f"agent.image.repository={registry}/gpudra/gpudra",
                 "--set", f"agent.image.tag={release.tag()}",
-                "--set", "namespaces.create=false"]
+                "--set", "namespaces.create=false", *self.one_replica(release)]
+
+    def one_replica(self, release: Release) -> list[str]:
+        """The previous release names its Lease holder after the host name and PID, the same for
+        two replicas of one node on the host network (the stand-in for a pod network here): both
+        would lead. This tree names it after the pod; the previous release runs one replica here."""
+        return ["--set", "operator.replicas=1"] if release is self.previous else []
 
     def install_args(self, release: Release) -> list[str]:
         return [self.chart_ref, "--version", release.chart_version, "--ca-file", str(self.node.registry.ca),
@@ -468,20 +474,28 @@ async def lease_holder(lab: Lab) -> str | None:
     return ((lease or {}).get("spec") or {}).get("holderIdentity")
 
 
-async def wait_lease_held_by_one_of(lab: Lab, release: Release, timeout: float = 120) -> str:
-    """Until the operator's Lease is held by a pod that runs ``release``'s operator image."""
+async def wait_operator_on(lab: Lab, release: Release, *, not_held_by: str | None = None,
+                           timeout: float = 180) -> str:
+    """Until every operator pod runs ``release``'s image, Ready, and the Lease has a holder other than
+    ``not_held_by`` that renews it; returns the holder."""
     image = f"{lab.node.registry.host}/gpudra/gpudra-operator:{release.tag()}"
+    seen: dict[str, object] = {}
 
-    async def held() -> str | None:
-        holder = await lease_holder(lab)
-        pods = {p["metadata"]["name"]: p for p in await operator_pods(lab)}
-        for name, pod in pods.items():
-            if holder and holder.startswith(name) and pod["spec"]["containers"][0]["image"] == image:
-                return holder
+    async def led() -> str | None:
+        pods = await operator_pods(lab)
+        lease = await lab.kube.get(LEASE, "gpudra-operator", OPERATOR_NS)
+        spec = (lease or {}).get("spec") or {}
+        holder, renewed = spec.get("holderIdentity"), spec.get("renewTime")
+        settled = pods and all(p["spec"]["containers"][0]["image"] == image and _ready(p) for p in pods)
+        if not settled or not holder or holder == not_held_by:
+            return None
+        if seen.get(holder) not in (None, renewed):
+            return str(holder)  # renewed while watched: a live leader
+        seen[holder] = renewed
         return None
 
     try:
-        holder: str = await wait_for(held, timeout=timeout, what=f"an operator running {image} to lead")
+        holder: str = await wait_for(led, timeout=timeout, what=f"the operator to run {image} and lead")
         return holder
     except AssertionError as error:
         raise AssertionError(f"{error}\nholder: {await lease_holder(lab)}\n{await agents_report(lab)}") from None
@@ -523,7 +537,7 @@ async def test_install_upgrade_under_load_skew_and_rollback(lab: Lab) -> None:
     await platform.apply(user)
     await wait_agents_on(lab, previous)
     await wait_config_ready(lab)
-    old_leader = await wait_lease_held_by_one_of(lab, previous)
+    old_leader = await wait_operator_on(lab, previous)
     devices = await published(lab)
     assert len(devices) == 8, sorted(devices)
 
@@ -547,7 +561,7 @@ async def test_install_upgrade_under_load_skew_and_rollback(lab: Lab) -> None:
     setup.registry.stop()
     started = time.monotonic()
     lab.helm_run("upgrade", RELEASE_NAME, *lab.install_args(current), "--wait", "--timeout", "5m")
-    new_leader = await wait_lease_held_by_one_of(lab, current)
+    new_leader = await wait_operator_on(lab, current, not_held_by=old_leader)
     await start_gpu_pod(lab, "skewed")  # during the upgrade: the new operator, the previous agent
     skewed, skewed_output = await running_with_gpu(lab, "skewed")
     assert_sees_its_gpu(skewed_output, await claim_of(lab, "skewed"), devices)
@@ -605,7 +619,7 @@ async def test_install_upgrade_under_load_skew_and_rollback(lab: Lab) -> None:
     setup.registry.stop()
     started = time.monotonic()
     lab.helm_run("rollback", RELEASE_NAME, "1", "--wait", "--timeout", "5m")
-    await wait_lease_held_by_one_of(lab, previous)
+    await wait_operator_on(lab, previous, not_held_by=new_leader)
     await start_gpu_pod(lab, "reverse")
     _, reverse_output = await running_with_gpu(lab, "reverse")
     assert_sees_its_gpu(reverse_output, await claim_of(lab, "reverse"), devices)
@@ -675,6 +689,10 @@ def overlay(lab: Lab, release: Release, directory: Path) -> Path:
             "name": namespace, "labels": {f"pod-security.kubernetes.io/{mode}": "privileged"
                                           for mode in ("enforce", "audit", "warn")}}})}
                     for namespace in (OPERATOR_NS, AGENT_NS)]}
+    if release is lab.previous:  # see Lab.one_replica
+        kustomization["patches"].append({"patch": yaml.safe_dump({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "gpudra-operator", "namespace": OPERATOR_NS}, "spec": {"replicas": 1}})})
     (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     return directory
 
@@ -710,7 +728,7 @@ async def test_apply_k_upgrade_and_rollback_under_load_then_delete_k(lab: Lab, t
     for overlay_dir, release in ((new, current), (old, previous)):  # the upgrade, then the rollback
         started = time.monotonic()
         kubectl_k(lab, "apply", overlay_dir)
-        await wait_lease_held_by_one_of(lab, release)
+        await wait_operator_on(lab, release)
         await wait_agents_on(lab, release)
         await wait_config_ready(lab)
         print(f"[kustomize] now on {release.name} after {time.monotonic() - started:.1f}s")

@@ -143,3 +143,16 @@ def test_a_lease_watch_that_ran_its_course_is_followed_at_once() -> None:
 
     virtualtime.run(scenario())
     assert kube.starts == pytest.approx([0, 300, 600], abs=1e-3)
+
+
+def test_two_replicas_on_one_nodes_host_network_hold_the_lease_under_different_names() -> None:
+    from gpudra_operator.operator_cmd import holder_identity
+
+    # On the host network both containers see the node's host name, and each is PID 1.
+    one = holder_identity({"POD_NAME": "gpudra-operator-7d9-abcde"}, "gpu-node-1", 1)
+    two = holder_identity({"POD_NAME": "gpudra-operator-7d9-fghij"}, "gpu-node-1", 1)
+    assert one != two and one == "gpudra-operator-7d9-abcde/1"
+    # A container restarted in its pod takes its Lease back at once: the same name again.
+    assert holder_identity({"POD_NAME": "gpudra-operator-7d9-abcde"}, "gpu-node-1", 1) == one
+    assert holder_identity({}, "pod-hostname", 7) == "pod-hostname/7"
+    assert holder_identity({"POD_ID": "given", "POD_NAME": "p"}, "h", 1) == "given"

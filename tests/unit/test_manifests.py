@@ -134,6 +134,8 @@ def test_operator_pod_is_restricted_and_replicated() -> None:
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "healthz"}
     # The Lease lives in the pod's own namespace.
     assert {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}} in container["env"]
+    # ... held under the pod's name, unique on the host network too (not the node's host name).
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container["env"]
     assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]  # the only writable path
 
 
@@ -164,6 +166,8 @@ def test_agent_role_is_what_the_agent_uses() -> None:
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["patch"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"], "resourceNames": ["gpu.gpudra.io"],
          "verbs": ["associated-node:patch", "associated-node:update"]},
+        # at SIGTERM, its own GpuDraConfig by name (gone or being deleted: an uninstall); no list or watch
+        {"apiGroups": ["gpudra.io"], "resources": ["gpudraconfigs"], "verbs": ["get"]},
         # Events on its Node and on the pods holding a device whose health changes: create only
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
 
@@ -210,7 +214,7 @@ def _value_paths(values: Any, prefix: str = "") -> set[str]:
 
 def test_every_value_a_template_reads_is_declared_in_values_yaml() -> None:
     declared = _value_paths(yaml.safe_load((CHART / "values.yaml").read_text()))
-    used = {m for t in (CHART / "templates").iterdir() for m in re.findall(r"\.Values\.([A-Za-z0-9_.]+)", t.read_text())}
+    used = {m for t in (CHART / "templates").rglob("*") if t.is_file() for m in re.findall(r"\.Values\.([A-Za-z0-9_.]+)", t.read_text())}
     assert used, "no .Values references found"
     assert sorted(used - declared) == []
 
