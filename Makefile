@@ -10,7 +10,7 @@ BENCH_ARGS ?=
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv allocator kube-bin helm-bin chart-schema chart-package chart-push sbom actionlint release-check ci debian-packages cdi-schema cdi-tools metadata-check nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry dra-example-driver promtool test unit typecheck demo demo-down bench fuzz explain-diff protos wheels images image-operator image-agent base-image clean
+.PHONY: help venv allocator kube-bin helm-bin chart-schema chart-package chart-push sbom actionlint release-check ci debian-packages cdi-schema cdi-tools metadata-check nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry dra-example-driver promtool test unit typecheck demo demo-down bench fuzz explain-diff protos wheels images image-operator image-agent base-image images-multiarch images-push mock-nvml-arm64 clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
@@ -34,6 +34,8 @@ help:
 	@echo "make wheels     the wheels (linux amd64/arm64 and macOS arm64, each with its gpudra-allocator; a pure one) and the sdist, in dist/"
 	@echo "make images     build the operator and agent images (podman or docker; cached by content: hack/images.sh; PLATFORM=linux/arm64)"
 	@echo "make base-image build the stand-in Python base the images use where the official one cannot be pulled"
+	@echo "make images-multiarch  both images for linux/amd64 and linux/arm64 (emulated), each pair one manifest list (PLATFORMS=...)"
+	@echo "make images-push       make images-multiarch, then push the manifest lists with all their images (IMAGE_REGISTRY=..., PUSH_FLAGS=...)"
 	@echo "make chart-package  the Helm chart as a .tgz in build/chart (CHART_VERSION=..., default Chart.yaml's)"
 	@echo "make chart-push CHART_REGISTRY=oci://host/path  push it as an OCI artifact (CHART_PUSH_FLAGS=\"--ca-file ca.crt\")"
 	@echo "make chart-schema  copy the GpuDraConfig CRD's spec schema into the chart's values.schema.json"
@@ -93,6 +95,16 @@ $(MOCK_NVML): $(MOCK_NVML_SRC)
 	@command -v $(CC) >/dev/null || { echo "make mock-nvml: no C compiler ($(CC)) found: apt-get install gcc" >&2; exit 1; }
 	@mkdir -p $(@D)
 	$(CC) -Wall -Wextra -Werror -O2 -fPIC -shared -Wl,-soname,libnvidia-ml.so.1 -o $@ tests/mocknvml/mock_nvml.c -ldl -lpthread
+
+# The same for arm64 (cross-compiled on another machine): tests/integration/test_images_arm64.py mounts
+# it into the arm64 agent image, run under emulation. Cross compiler: hack/debian-packages.sh.
+MOCK_NVML_ARM64 := build/mock-nvml-arm64/libnvidia-ml.so
+ARM64_CC ?= $(if $(filter aarch64 arm64,$(shell uname -m)),$(CC),aarch64-linux-gnu-gcc)
+mock-nvml-arm64: $(MOCK_NVML_ARM64)
+$(MOCK_NVML_ARM64): $(MOCK_NVML_SRC)
+	@command -v $(ARM64_CC) >/dev/null || { echo "make mock-nvml-arm64: no arm64 C compiler ($(ARM64_CC)): apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross (hack/debian-packages.sh)" >&2; exit 1; }
+	@mkdir -p $(@D)
+	$(ARM64_CC) -Wall -Wextra -Werror -O2 -fPIC -shared -Wl,-soname,libnvidia-ml.so.1 -o $@ tests/mocknvml/mock_nvml.c -ldl -lpthread
 
 # The fake driver roots' nvidia-smi: static (CDI mounts it into containers without the host's libc),
 # no NVML; make_driver_root installs it with the root's inventory appended.
@@ -212,6 +224,17 @@ image-operator image-agent: image-%:
 	@IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) PLATFORM=$(PLATFORM) hack/images.sh $*
 base-image:
 	@PLATFORM=$(PLATFORM) hack/images.sh base
+# Both architectures under one name (hack/image-manifests.sh): each platform's image by hack/images.sh
+# (cached as above; the other architecture's under qemu-user-static, which hack/emulation.sh registers),
+# then a podman manifest list $(IMAGE_REGISTRY)/gpudra-operator:$(IMAGE_TAG) and .../gpudra:$(IMAGE_TAG)
+# of them; each image keeps <tag>-<arch>. images-push pushes the lists and their images (podman
+# manifest push --all; log in first, or PUSH_FLAGS="--authfile FILE").
+PLATFORMS ?= linux/amd64 linux/arm64
+PUSH_FLAGS ?=
+images-multiarch:
+	@IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) PLATFORMS="$(PLATFORMS)" hack/image-manifests.sh operator agent
+images-push:
+	@IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) PLATFORMS="$(PLATFORMS)" PUSH_FLAGS="$(PUSH_FLAGS)" hack/image-manifests.sh --push operator agent
 
 # The release (docs/releasing.md; .github/workflows/release.yml runs these and nothing else).
 # The chart as an OCI artifact, by hack/chart.sh: helm lint --strict, helm package into CHART_OUT,

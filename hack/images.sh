@@ -72,19 +72,11 @@ FOREIGN=""  # set for another architecture than this machine's: tags get -<arch>
 [[ "$ARCH" == "$HOST_ARCH" ]] || FOREIGN="-$ARCH"
 
 # Running the other architecture's programs (RUN steps, debootstrap's second stage) needs a
-# binfmt_misc handler for it: qemu-user-static registers one with the F flag, which containers use.
+# binfmt_misc handler for it with the F flag, which containers use: hack/emulation.sh registers
+# qemu-user-static's (as root), or names the command that does.
 check_emulation() {
   [[ -n "$FOREIGN" ]] || return 0
-  local qemu_arch handler
-  case "$ARCH" in amd64) qemu_arch=x86_64 ;; arm64) qemu_arch=aarch64 ;; esac
-  handler=/proc/sys/fs/binfmt_misc/qemu-$qemu_arch
-  if [[ ! -e /proc/sys/fs/binfmt_misc/status ]]; then
-    die "building for $PLATFORM on $HOST_ARCH runs $ARCH programs under emulation, but binfmt_misc is not mounted: mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc (as root), and apt-get install qemu-user-static binfmt-support"
-  fi
-  if [[ ! -e "$handler" ]] || ! grep -qx enabled "$handler"; then
-    die "building for $PLATFORM on $HOST_ARCH runs $ARCH programs under emulation, but no binfmt_misc handler for $qemu_arch is registered: apt-get install qemu-user-static binfmt-support (Debian; it registers qemu-$qemu_arch with the F flag)"
-  fi
-  grep -q '^flags:.*F' "$handler" || die "$handler lacks the F (fix binary) flag: containers cannot use it; reinstall qemu-user-static"
+  "$REPO/hack/emulation.sh" "$ARCH" || die "building for $PLATFORM on $HOST_ARCH runs $ARCH programs under emulation (above)"
 }
 
 # ---- the engine ---------------------------------------------------------------------------------
@@ -121,6 +113,17 @@ ca_build_flags() {
 }
 
 exists() { "$ENGINE" image inspect "$1" >/dev/null 2>&1; }
+# `make images-multiarch` (hack/image-manifests.sh) gives this machine's image's name to a manifest
+# list of both architectures, the image keeping <tag>-<arch>. The list resolves to the image (run,
+# inspect, save), so a current image is found through it; a rebuilt or re-tagged one takes the name
+# back: the list, which names the old image, goes, and so does the old image's <tag>-<arch>.
+drop_list() {  # $1: a reference of this machine's architecture
+  [[ "$(basename "$ENGINE")" == podman ]] || return 0
+  "$ENGINE" manifest exists "$1" 2>/dev/null || return 0
+  log "$1: removing the manifest list of make images-multiarch (rebuild it with make images-multiarch)"
+  "$ENGINE" manifest rm "$1" >/dev/null
+  if exists "$1-$ARCH"; then "$ENGINE" untag "$1-$ARCH" "$1-$ARCH"; fi
+}
 arch_of() { "$ENGINE" image inspect --format '{{.Architecture}}' "$1" 2>/dev/null || true; }
 exists_for_arch() { [[ "$(arch_of "$1")" == "$ARCH" ]]; }
 image_id() { "$ENGINE" image inspect --format '{{.Id}}' "$1"; }
@@ -288,6 +291,7 @@ build_app() {  # $1: operator | agent; prints the image reference
     log "$ref is up to date (inputs $h)"
     echo "$ref"; return
   fi
+  [[ -n "$FOREIGN" ]] || drop_list "$ref"
   found="$("$ENGINE" images -q --filter "label=$LABEL=$h" | head -n 1)"
   if [[ -n "$found" ]]; then
     log "$ref: re-tagging $found (inputs $h)"
