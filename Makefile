@@ -10,7 +10,7 @@ BENCH_ARGS ?=
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv allocator kube-bin helm-bin chart-schema chart-package chart-push sbom actionlint release-check ci debian-packages cdi-schema cdi-tools metadata-check nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry dra-example-driver promtool test unit typecheck demo demo-down bench fuzz explain-diff protos wheels images image-operator image-agent base-image images-multiarch images-push mock-nvml-arm64 clean
+.PHONY: help venv allocator kube-bin helm-bin chart-schema chart-package chart-push sbom actionlint release-check ci debian-packages cdi-schema cdi-tools metadata-check nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry dra-example-driver promtool test unit typecheck demo demo-down bench fuzz explain-diff chaos protos wheels images image-operator image-agent base-image images-multiarch images-push mock-nvml-arm64 clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
@@ -29,6 +29,7 @@ help:
 	@echo "make promtool   build Prometheus' promtool (pinned, from the Go module proxy) the tests check the alerts and the dashboard's PromQL with"
 	@echo "make bench      benchmarks (not part of make test; BENCH_ARGS=\"gc prepare_latency\" runs some)"
 	@echo "make fuzz       the tenant-input fuzz suite (tests/fuzz) with many more examples than make test runs (FUZZ_EXAMPLES=...)"
+	@echo "make chaos      pods with claims created and deleted while the API server, etcd, agents, operator replicas and kubelets restart (CHAOS_DURATION=600 s, CHAOS_SEED=...); docs/chaos.md"
 	@echo "make explain-diff  gpudra explain vs the real scheduler on 300 random cases (EXPLAIN_SEED=..., EXPLAIN_CASES=...)"
 	@echo "make protos     regenerate the kubelet plugin's gRPC stubs"
 	@echo "make wheels     the wheels (linux amd64/arm64 and macOS arm64, each with its gpudra-allocator; a pure one) and the sdist, in dist/"
@@ -196,6 +197,16 @@ explain-diff: venv allocator
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
 	  GPUDRA_KUBE_BIN="$$bin_dir" GPUDRA_EXPLAIN_SEED=$(EXPLAIN_SEED) GPUDRA_EXPLAIN_CASES=$(EXPLAIN_CASES) \
 	  $(BIN)/pytest tests/integration/test_explain_differential.py -s --timeout 900 $(PYTEST_ARGS)
+
+# Chaos under load (docs/chaos.md): a local cluster of its own whose API server, etcd, agents,
+# operator replicas and kubelets restart at random while pods with claims come and go; prints the
+# report and fails on any invariant violation. make test runs a short one (tests/integration/test_chaos.py).
+CHAOS_DURATION ?= 600
+CHAOS_SEED ?=
+chaos: venv allocator mock-nvml mock-nvidia-smi mock-mps-control
+	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
+	  GPUDRA_KUBE_BIN="$$bin_dir" CHAOS_DURATION=$(CHAOS_DURATION) CHAOS_SEED=$(CHAOS_SEED) \
+	  $(BIN)/python -m gpudra_dev.chaos
 
 # The kubelet plugin's gRPC stubs (committed) from driver/gpudra_driver/plugin/protos/.
 protos:

@@ -79,6 +79,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _stop_group(process: subprocess.Popen[bytes] | None, sig: int, grace: float) -> None:
+    """Send ``sig`` to the process group of ``process`` (if it runs), SIGKILL it after ``grace`` seconds."""
+    if process is None or process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, sig)
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass
+
+
+def _is_ok(answer: str) -> bool:
+    """A health endpoint's answer says healthy (etcd answers JSON, the others "ok")."""
+    return answer.strip() in ("ok", '{"health":"true","reason":""}') or '"health":"true"' in answer
+
+
 @dataclass
 class Component:
     name: str
@@ -108,6 +127,9 @@ class ControlPlane:
     # A bench that writes a DaemonSet's status itself (a fleet's rollout) runs without the
     # DaemonSet controller, which would write it back.
     controllers: tuple[str, ...] = CONTROLLERS
+    # e.g. ("DRAConsumableCapacity=true",): given to the API server, the scheduler and the
+    # controller manager alike, as a cluster enabling an alpha feature does.
+    feature_gates: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -181,7 +203,7 @@ class ControlPlane:
                 f"--service-account-key-file={sa_key}", f"--service-account-signing-key-file={sa_key}",
                 "--service-cluster-ip-range=10.0.0.0/24", "--endpoint-reconciler-type=none",
                 "--allow-privileged=true", f"--cert-dir={self.workdir / 'apiserver'}",
-                "--v=1", *self._audit_args(),
+                "--v=1", *self._audit_args(), *self._gate_args(),
             ], f"{self.server}/readyz", logs / "kube-apiserver.log"),
             Component("kube-controller-manager", [
                 str(bins / "kube-controller-manager"), f"--kubeconfig={kcm_kubeconfig}",
@@ -191,16 +213,19 @@ class ControlPlane:
                 f"--bind-address={HOST}", f"--secure-port={kcm_port}",
                 f"--cert-dir={self.workdir / 'kcm'}", f"--root-ca-file={self.pki.ca.cert}",
                 "--use-service-account-credentials=false", "--kube-api-qps=200", "--kube-api-burst=400",
-                "--concurrent-gc-syncs=5", "--v=1",
+                "--concurrent-gc-syncs=5", "--v=1", *self._gate_args(),
             ], f"https://{HOST}:{kcm_port}/healthz", logs / "kube-controller-manager.log"),
             Component("kube-scheduler", [
                 str(bins / "kube-scheduler"), f"--kubeconfig={sched_kubeconfig}",
                 f"--authentication-kubeconfig={sched_kubeconfig}",
                 f"--authorization-kubeconfig={sched_kubeconfig}",
                 "--leader-elect=false", f"--bind-address={HOST}", f"--secure-port={sched_port}",
-                f"--cert-dir={self.workdir / 'scheduler'}", "--v=1",
+                f"--cert-dir={self.workdir / 'scheduler'}", "--v=1", *self._gate_args(),
             ], f"https://{HOST}:{sched_port}/healthz", logs / "kube-scheduler.log"),
         ]
+
+    def _gate_args(self) -> list[str]:
+        return [f"--feature-gates={','.join(self.feature_gates)}"] if self.feature_gates else []
 
     def _audit_args(self) -> list[str]:
         if not self.audit_log:
@@ -236,6 +261,31 @@ class ControlPlane:
         )
         log.close()
 
+    def component(self, name: str) -> Component:
+        return next(c for c in self.components if c.name == name)
+
+    def stop_component(self, name: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
+        """Stop component ``name`` with ``sig`` (SIGKILL after ``grace`` seconds), keeping what
+        :meth:`start_component` needs to start it again in place: its arguments, ports and data
+        (etcd's directory stays), as a static pod's restart does. Blocks: call it in a thread."""
+        _stop_group(self.component(name).process, sig, grace)
+
+    def start_component(self, name: str) -> int:
+        """Start component ``name`` again (after :meth:`stop_component`); its PID. Returns at once:
+        :meth:`healthy` says when it serves. Call it from a thread that outlives the component
+        (see dying_with_parent), e.g. the main thread."""
+        component = self.component(name)
+        self._spawn(component)
+        assert component.process is not None
+        return component.process.pid
+
+    def healthy(self, name: str) -> bool:
+        """Whether component ``name`` runs and its health endpoint answers ok (one probe)."""
+        component = self.component(name)
+        if component.process is None or component.process.poll() is not None:
+            return False
+        return _is_ok(self._probe(component))
+
     def _ssl_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=str(self.pki.ca.cert))
         admin = self.pki_dir / "admin"
@@ -263,7 +313,7 @@ class ControlPlane:
                 raise ControlPlaneError(self._failure(
                     f"{component.name} exited with code {component.process.returncode}"))
             last = self._probe(component)
-            if last.strip() in ("ok", '{"health":"true","reason":""}') or '"health":"true"' in last:
+            if _is_ok(last):
                 return
             time.sleep(0.2)  # polling interval of a health endpoint, not synchronisation by delay
         raise ControlPlaneError(self._failure(f"{component.name} not healthy before the deadline: {last}"))
@@ -277,17 +327,7 @@ class ControlPlane:
     def stop(self, grace: float = 10.0) -> None:
         """Stop every process this object started, newest first, by process group ID."""
         for component in reversed(self.components):
-            process = component.process
-            if process is None or process.poll() is not None:
-                continue
-            try:
-                os.killpg(process.pid, signal.SIGTERM)
-                process.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-            except ProcessLookupError:
-                pass
+            _stop_group(component.process, signal.SIGTERM, grace)
         if getattr(self, "etcd_scratch", None):
             self.etcd_scratch.remove()
 
