@@ -92,6 +92,10 @@ LAST_PUBLISH = Gauge("gpudra_agent_last_successful_publish_timestamp_seconds",
 LEAKED_CLAIMS_RELEASED = Counter("gpudra_agent_leaked_claims_released_total",
                                  "Prepared claims released by the checkpoint sweep: deleted, re-created or "
                                  "deallocated while their unprepare never came.")
+CLAIM_STATUS_REFUSED = Counter("gpudra_agent_claim_status_refused_total",
+                               "Claim status.devices writes the API server refused for good (not retried), by "
+                               "reason: allocation-immutable (a claim whose opaque parameters it re-encodes "
+                               "differently; once per claim), forbidden, not-found, conflict, invalid.", ["reason"])
 PUBLISH_ERRORS = Counter("gpudra_agent_publish_errors_total", "ResourceSlice syncs that failed (and are retried).")
 DEVICES_BY_HEALTH = Gauge("gpudra_agent_devices", "Devices this agent discovered, by health state "
                           "(healthy, unhealthy: a NoSchedule/NoExecute taint, unmonitored: no NVML events).",

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from gpudra_core.devicemodel import AttrValue, Device
-from gpudra_driver.plugin.claimreport import (INFO_LABELS, MAX_CONSUMERS, consumer_pods, device_status_entries,
-                                              info_series, live_entries, locate, same_entries, status_apply)
+from gpudra_driver.plugin.claimreport import (INFO_LABELS, MAX_CONSUMERS, allocation_refused, consumer_pods,
+                                              device_status_entries, entries_of, info_series, live_entries, locate,
+                                              same_entries, status_apply, status_merge_patch)
 from gpudra_driver import metrics
 from gpudra_driver.plugin.claimreporter import MAX_DEFER, QUIET, ClaimReporter, write_delay
 from gpudra_driver.plugin.model import ClaimRef, DeviceSharing, MigPlacement, PreparedClaim, PreparedDevice
@@ -137,3 +138,32 @@ def test_status_writes_wait_for_a_quiet_kubelet_but_not_forever() -> None:
     assert write_delay(100.0, 100.0 - QUIET, 90.0) == 0  # quiet long enough
     assert write_delay(100.0, 100.0, 100.0 - MAX_DEFER) == 0  # calls keep coming: the oldest write goes anyway
     assert abs(write_delay(100.0, 100.0, 100.0 - MAX_DEFER + 0.1) - 0.1) < 1e-9  # never past MAX_DEFER
+
+
+# kube-apiserver 1.35.4's answer to a status apply on a claim created with Python's json.dumps
+# default separators and allocated by kube-scheduler (the value shortened here)
+IMMUTABLE = ('ResourceClaim.resource.k8s.io "mps" is invalid: status.allocation: Invalid value: '
+             '{"Devices":{"Results":[{"Request":"gpu"}]},"AllocationTimestamp":null}: field is immutable')
+
+
+def test_only_the_allocation_immutability_answer_counts_as_refused() -> None:
+    assert allocation_refused(422, IMMUTABLE)
+    assert not allocation_refused(409, IMMUTABLE)
+    # the agent's own entries being invalid is a different refusal: no fallback
+    assert not allocation_refused(422, 'ResourceClaim.resource.k8s.io "mps" is invalid: status.devices[0].pool: '
+                                       'Invalid value: "x": must be allocated')
+    assert not allocation_refused(422, 'ResourceClaim.resource.k8s.io "mps" is invalid: metadata.name: field is immutable')
+
+
+def test_the_merge_patch_keeps_other_drivers_and_is_tied_to_what_was_read() -> None:
+    ours = status_apply(REF, [{"driver": "gpu.gpudra.io", "pool": "node-a", "device": "gpu-1"}])
+    nic = {"driver": "nic.example.com", "pool": "node-a", "device": "nic-0"}
+    live = {"metadata": {"name": "train", "namespace": "ml", "uid": REF.uid, "resourceVersion": "42"},
+            "status": {"devices": [{"driver": "gpu.gpudra.io", "pool": "node-a", "device": "gpu-0"}, nic]}}
+    patch = status_merge_patch(live, "gpu.gpudra.io", entries_of(ours))
+    assert patch["metadata"] == {"uid": REF.uid, "resourceVersion": "42"}
+    assert patch["status"]["devices"] == [nic, {"driver": "gpu.gpudra.io", "pool": "node-a", "device": "gpu-1"}]
+    # withdrawing: the other driver's entry stays; with none left the list goes
+    assert status_merge_patch(live, "gpu.gpudra.io", entries_of(status_apply(REF, [])))["status"]["devices"] == [nic]
+    alone = {**live, "status": {"devices": live["status"]["devices"][:1]}}
+    assert status_merge_patch(alone, "gpu.gpudra.io", [])["status"]["devices"] is None

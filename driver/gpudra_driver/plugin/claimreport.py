@@ -100,6 +100,47 @@ def status_apply(ref: ClaimRef, entries: Sequence[Obj]) -> Obj:
             "status": status}
 
 
+# The API server's answer to a status write of a claim whose stored opaque config parameters are
+# not byte for byte what it re-encodes them to. The allocation's parameters are the RawExtension
+# bytes the client sent at create, copied by kube-scheduler over protobuf; a JSON patch or apply is
+# decoded into a re-encoded (compacted; for an apply also key-sorted) copy, and the immutability
+# check of status.allocation (ValidateResourceClaimStatusUpdate: apiequality.Semantic.DeepEqual,
+# byte-wise for RawExtension.Raw) sees a change that is not one. Kubernetes 1.35 to 1.37.
+ALLOCATION_IMMUTABLE = "field is immutable"
+
+
+def allocation_refused(status: int, message: str) -> bool:
+    """Whether an answer is that immutability check of ``status.allocation`` refusing a write that
+    left the allocation alone (pure)."""
+    return status == 422 and "status.allocation" in message and ALLOCATION_IMMUTABLE in message
+
+
+def status_merge_patch(live: Mapping[str, Any], driver: str, entries: Sequence[Obj]) -> Obj:
+    """The JSON merge patch that makes ``live``'s ``status.devices`` carry ``entries`` as this
+    driver's, other drivers' entries kept as read. A merge patch replaces the list whole, so it is
+    tied to what was read: the resourceVersion (a write in between: 409) and the UID."""
+    others = [e for e in ((live.get("status") or {}).get("devices") or []) if e.get("driver") != driver]
+    devices = others + list(entries)
+    meta = live["metadata"]
+    return {"metadata": {"uid": meta["uid"], "resourceVersion": meta["resourceVersion"]},
+            "status": {"devices": devices or None}}
+
+
+def entries_of(body: Mapping[str, Any]) -> list[Obj]:
+    """The entries a :func:`status_apply` body writes (pure)."""
+    return list((body.get("status") or {}).get("devices") or [])
+
+
+def refusal_message(ref_name: str) -> str:
+    """What the claim's Event and the agent's log say when the API server refuses every status
+    write to a claim (pure)."""
+    return (f"status.devices of claim {ref_name} not written: the API server refuses any change to "
+            "this claim's status (status.allocation: field is immutable) because its opaque config "
+            "parameters were created as JSON that the API server re-encodes differently (whitespace, "
+            "key order). The devices are prepared and the pod runs; only the status is missing. "
+            "Create claims (and claim templates) with compact JSON parameters, as kubectl does.")
+
+
 def same_entries(live: Sequence[Any], wanted: Sequence[Obj]) -> bool:
     """Whether the live claim's status already carries ``wanted`` (times aside: a restarted agent
     does not rewrite what an earlier one wrote)."""

@@ -7,7 +7,15 @@ writes compete with the calls for the CPU: they wait until the kubelet has made 
 are queued per claim, the latest wanted state replacing an older one not yet written, and sent one
 at a time with each request's deadline. A failure the API server may get over (a timeout, 429, 5xx)
 is retried with backoff; an answer that will not change (the claim gone, re-created, no longer
-allocated these devices, or this agent not allowed) drops the write, logged.
+allocated these devices, or this agent not allowed) drops the write, logged and counted.
+
+A claim whose opaque config parameters the API server stores in other bytes than it re-encodes them
+to (created with whitespace or unsorted keys) refuses the apply: ``status.allocation: field is
+immutable`` (see :func:`.claimreport.allocation_refused`). The write is then made again as a merge
+patch tied to the resourceVersion read, which passes where the parameters are compact (unsorted
+keys: Go clients); where it too is refused (JSON with whitespace: Python's json default) nothing
+this agent can send passes, and it says so once for the claim: a warning, an Event on the claim,
+``gpudra_agent_claim_status_refused_total{reason="allocation-immutable"}``; no more writes for it.
 
 An agent that restarts, or a peer instance during a rolling update, learns what is prepared from
 the checkpoint (:meth:`refresh`) and what the API server holds from the leak sweep's periodic GET
@@ -29,10 +37,11 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpudra_core.devicemodel import Device
-from gpudra_core.kubeapi import Kube, Obj, error_message
+from gpudra_core.kubeapi import Kube, Obj, core_event, error_message, resource_type
 from gpudra_driver import metrics
-from gpudra_driver.plugin.claimreport import (INFO_LABELS, consumer_pods, device_status_entries, generation_of,
-                                              info_series, live_entries, same_entries, status_apply)
+from gpudra_driver.plugin.claimreport import (INFO_LABELS, allocation_refused, consumer_pods, device_status_entries,
+                                              entries_of, generation_of, info_series, live_entries, refusal_message,
+                                              same_entries, status_apply, status_merge_patch)
 from gpudra_driver.plugin.model import ClaimRef, PreparedClaim
 
 log = logging.getLogger(__name__)
@@ -44,6 +53,17 @@ MAX_DEFER = 30.0  # ... or since the oldest write waiting, under a steady stream
 # Answers that will not change by asking again: not found, UID precondition failed (re-created),
 # invalid (no longer allocated these devices), forbidden (RBAC or the admission policy).
 _FINAL = (403, 404, 409, 422)
+_REASONS = {403: "forbidden", 404: "not-found", 409: "conflict", 422: "invalid"}
+CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
+COMPONENT = "gpudra-agent"
+
+
+class _Changed(Exception):
+    """The claim changed between the read and the merge patch tied to it: retried."""
+
+
+class _Refused(Exception):
+    """Every status write to this claim is refused (:func:`.claimreport.allocation_refused`)."""
 
 
 def write_delay(now: float, last_call: float, pending_since: float) -> float:
@@ -65,6 +85,7 @@ class ClaimReporter:
         self._claims: dict[str, PreparedClaim] = {}
         self._pods: dict[str, tuple[str, ...]] = {}
         self._pending: dict[str, tuple[ClaimRef, Obj]] = {}  # claim UID -> the apply still to send
+        self._refused: set[str] = set()  # claim UIDs whose status the API server refuses (said once)
         self._pending_since = 0.0  # monotonic: when the oldest write waiting was queued
         self._last_call = float("-inf")  # monotonic: the kubelet's last prepare or unprepare
         # what the kubelet's calls told, taken in by the writer's task: nothing but an append on the
@@ -84,6 +105,7 @@ class ClaimReporter:
         claims = {c.uid: c for c in self.prepared_claims()}
         self._claims = claims
         self._pods = {uid: pods for uid, pods in self._pods.items() if uid in claims}
+        self._refused &= claims.keys()
         self._snapshot()
 
     def prepared(self, claim: PreparedClaim, live: Mapping[str, Any] | None) -> None:
@@ -110,7 +132,10 @@ class ClaimReporter:
             else:
                 self._claims.pop(subject.uid, None)
                 self._pods.pop(subject.uid, None)
-                if self.kube is not None:
+                if subject.uid in self._refused:  # nothing of ours was written: nothing to withdraw
+                    self._refused.discard(subject.uid)
+                    self._pending.pop(subject.uid, None)
+                elif self.kube is not None:
                     self._queue(subject, status_apply(subject, []))
         if calls:
             self._snapshot()
@@ -125,7 +150,7 @@ class ClaimReporter:
         self._want(claim, live)
 
     def _want(self, claim: PreparedClaim, live: Mapping[str, Any] | None) -> None:
-        if self.kube is None:
+        if self.kube is None or claim.uid in self._refused:
             return
         entries = device_status_entries(claim, driver=self.driver, node=self.node, generation=generation_of(live),
                                         published=self.published, now=time.time())
@@ -167,17 +192,61 @@ class ClaimReporter:
             ref, body = self._pending.pop(uid)
             assert self.kube is not None  # nothing is queued without it
             try:
-                await self.kube.apply(body, subresource="status")
+                await self._write(ref, body)
                 backoff = 0.0
+            except _Refused as refused:
+                await self._refuse(ref, str(refused))
             except ApiException as error:
                 if error.status in _FINAL:
+                    metrics.CLAIM_STATUS_REFUSED.labels(_REASONS[error.status]).inc()
                     log.warning("status of %s not written (%s): %s", ref, error.status, error_message(error))
                     continue
                 backoff = self._retry_later(uid, ref, body, backoff, error)
-            except (OSError, TimeoutError) as error:  # no answer: the API server may be restarting
+            except (_Changed, OSError, TimeoutError) as error:  # no answer, or a newer claim to read: the API server may be restarting
                 backoff = self._retry_later(uid, ref, body, backoff, error)
             if backoff:
                 await asyncio.sleep(backoff)  # backoff before the next write, not a synchronisation
+
+    async def _write(self, ref: ClaimRef, body: Obj) -> None:
+        """The apply; where the allocation check refuses it, a merge patch of what was read."""
+        assert self.kube is not None
+        try:
+            await self.kube.apply(body, subresource="status")
+            return
+        except ApiException as error:
+            if not allocation_refused(error.status or 0, error_message(error)):
+                raise
+        live = await self.kube.get(CLAIM, ref.name, ref.namespace)
+        if live is None or live["metadata"]["uid"] != ref.uid:
+            return  # gone or re-created: nothing to write (the unprepare or the sweep follows)
+        patch = status_merge_patch(live, self.driver, entries_of(body))
+        try:
+            await self.kube.patch(CLAIM, ref.name, patch, namespace=ref.namespace, subresource="status")
+        except ApiException as error:
+            if allocation_refused(error.status or 0, error_message(error)):
+                raise _Refused(error_message(error)) from error
+            if error.status == 409:  # written in between: read again, after the backoff
+                raise _Changed("the claim changed while its status was written") from error
+            raise
+
+    async def _refuse(self, ref: ClaimRef, answer: str) -> None:
+        """Said once per claim: the log, the metric and an Event on the claim."""
+        if ref.uid in self._refused:
+            return
+        self._refused.add(ref.uid)
+        self._pending.pop(ref.uid, None)
+        metrics.CLAIM_STATUS_REFUSED.labels("allocation-immutable").inc()
+        message = refusal_message(f"{ref.namespace}/{ref.name}")
+        log.warning("%s (the API server: %s)", message, answer[-300:])
+        involved = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": ref.name,
+                    "namespace": ref.namespace, "uid": ref.uid}
+        event = core_event(involved, "Warning", "StatusNotWritten", message, component=COMPONENT, host=self.node)
+        event["metadata"]["namespace"] = ref.namespace  # a namespaced object's Events are in its namespace
+        assert self.kube is not None
+        try:
+            await self.kube.create(event)
+        except (ApiException, OSError, TimeoutError) as error:
+            log.info("the Event on %s was not posted: %s", ref, error_message(error) or repr(error))
 
     def _retry_later(self, uid: str, ref: ClaimRef, body: Obj, backoff: float, error: BaseException) -> float:
         if uid not in self._pending:  # a newer wanted state queued meanwhile wins
