@@ -34,6 +34,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("agent", help="run the node agent (discovery, ResourceSlice publishing)")
     parser.add_argument("--driver", default=os.environ.get("GPUDRA_DRIVER", "gpu.gpudra.io"),
                         help="DRA driver name (default: %(default)s)")
+    parser.add_argument("--config", default=os.environ.get("GPUDRA_CONFIG") or None,
+                        help="the GpuDraConfig this agent runs for: when it is gone or being deleted at SIGTERM, "
+                             "the agent removes its node's slices and files (an uninstall; docs/deploy.md#uninstall) "
+                             "(default: $GPUDRA_CONFIG, which the operator sets; none: never)")
     parser.add_argument("--node-name", default=os.environ.get("NODE_NAME") or socket.gethostname(),
                         help="this node's name (default: $NODE_NAME, else the hostname)")
     parser.add_argument("--nvml", default=None,
@@ -395,9 +399,15 @@ async def _main(args: argparse.Namespace) -> int:
     if health is not None:  # first: probes of a stopping agent would fail, and say so in its log
         await health.stop(0)
     await plugin.stop()
-    await api.close()
     failed = [t for t in done if t is not stopper and t.exception()]
     for ended in failed:
         log.error("agent task %s failed: %r", ended.get_name(), ended.exception())
-    log.info("gpudra agent stopped; ResourceSlices left in place for the next instance")
+    uninstalled = False
+    if stopper in done:  # SIGTERM: an uninstall takes what this agent put on the node with it
+        from gpudra_driver.uninstall import leave_node
+
+        uninstalled = await leave_node(plugin, kube, events, config=args.config, driver=args.driver,
+                                       node=args.node_name)
+    await api.close()
+    log.info("gpudra agent stopped%s", "" if uninstalled else "; ResourceSlices left in place for the next instance")
     return 1 if failed else 0

@@ -42,7 +42,8 @@ The agent pod (a DRA kubelet plugin) needs:
 * ``--metrics-port 8082`` and a container port named ``metrics`` for Prometheus (docs/metrics.md);
   a later ``--metrics-port`` in ``spec.agent.extraArgs`` wins.
 * ``NODE_NAME``/``POD_UID``/``POD_NAMESPACE`` from the downward API: the node whose slices the
-  agent publishes, and the pod identity for its own bookkeeping.
+  agent publishes, and the pod identity for its own bookkeeping; ``GPUDRA_CONFIG``, the config's
+  name: an agent stopped while it is gone or being deleted cleans its node up (an uninstall).
 * ``SSL_CERT_FILE`` (the ServiceAccount CA): see ``AGENT_PROCESS_ENV``; ``spec.agent.extraEnv``
   overrides it.
 * ``--consumable-memory-step``/``--consumable-shares`` from ``spec.sharing.consumableCapacity``
@@ -251,6 +252,8 @@ def render_daemonset(config: GpuDraConfig, agent_image: str = DEFAULT_AGENT_IMAG
             field_env("POD_UID", "metadata.uid"),
             field_env("POD_NAMESPACE", "metadata.namespace"),
             {"name": "GPUDRA_READY_FILE", "value": AGENT_READY_FILE},
+            # at SIGTERM, the agent removes its node's slices and files if this config is gone
+            {"name": "GPUDRA_CONFIG", "value": config.name},
             # spec.agent.extraEnv may override these (env is a list keyed by name: no duplicates)
             *({"name": name, "value": value} for name, value in AGENT_CONTAINER_ENV.items()
               if name not in {e.name for e in agent.extra_env}),

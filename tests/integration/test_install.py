@@ -507,8 +507,10 @@ async def test_each_agent_publishes_only_its_own_configs_driver(
             mine = await agent_a.create(slice_for(node, driver_a, f"{node}-a"))
             await agent_a.patch(SLICE, mine["metadata"]["name"], {"spec": {"pool": {"generation": 2}}})
             theirs = await agent_b.create(slice_for(node, driver_b, f"{node}-b"))
-            # The API server reads the GpuDraConfigs itself: the agents may not.
-            assert (await denied(agent_a.get(CONFIG, name_a))).status == 403
+            # The API server reads the GpuDraConfigs itself: an agent may only get one by name (its
+            # own, at SIGTERM: an uninstall?), never list, watch or write them.
+            assert (await denied(agent_a.list(CONFIG).__anext__())).status == 403
+            assert (await denied(agent_a.patch(CONFIG, name_b, {"metadata": {"labels": {"x": "y"}}}))).status == 403
 
             # The other config's driver: creating, updating, deleting its slice are all refused.
             for attempt in (agent_a.create(slice_for(node, driver_b, f"x-{suffix}")),

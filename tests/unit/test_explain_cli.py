@@ -50,11 +50,15 @@ def test_bad_input_is_one_line_and_exit_1(case: str, tmp_path: Path, capsys: pyt
     assert err.startswith(expected) and len(err.splitlines()) == 1 and out == ""
 
 
-def test_the_kubectl_plugin_offers_explain_only(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_kubectl_plugin_offers_only_what_reads_or_removes_on_a_users_behalf(
+        capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as usage:
         kubectl_plugin(["operator"])
     assert usage.value.code == 2
-    assert "invalid choice: 'operator' (choose from 'explain')" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "invalid choice: 'operator' (choose from " in err
+    offered = {c.strip(" '") for c in err.split("(choose from ", 1)[1].split(")", 1)[0].split(",")}
+    assert {"explain", "uninstall"} <= offered and not {"operator", "agent", "render"} & offered
 
 
 def test_feature_gates_read_as_kube_scheduler_reads_them() -> None:

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -45,10 +45,14 @@ from gpudra_driver.plugin.faults import FaultHook
 from gpudra_driver.plugin.miginstances import MigInstances
 from gpudra_driver.plugin.sharing.apply import GpuControl
 from gpudra_driver.plugin.gen import pluginregistration_pb2_grpc
+from gpudra_driver.plugin.locking import LOCK_FILE
 from gpudra_driver.plugin.model import ClaimError, ClaimRef, PrepareResult
 from gpudra_driver.plugin.registration import HEALTH_SERVICES, SUPPORTED_VERSIONS, RegistrationServicer
 from gpudra_driver.plugin.sockets import MAX_SOCKET_PATH, SocketAddress
 from gpudra_driver.plugin.state import DeviceState, Fetched
+
+if TYPE_CHECKING:
+    from gpudra_driver.uninstall import FilePlan
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +210,44 @@ class KubeletPlugin:
         _unlink(self.dra_socket)
         log.info("kubelet plugin stopped; sockets removed")
 
+    def remove_node_files(self) -> tuple[FilePlan, list[str]]:
+        """Uninstall: remove what this driver put on the node unless claims hold it or another
+        instance serves (:mod:`gpudra_driver.uninstall`), decided and done under the node lock (the
+        lock file itself goes too: the lock holds on its inode until released). The plan and what
+        could not be removed. Blocking; call it off the event loop, after :meth:`stop`."""
+        from gpudra_driver import uninstall
+        from gpudra_driver.plugin.checkpoint import is_leftover
+        from gpudra_driver.plugin.state import CHECKPOINT_FILE
+
+        if not self.plugin_dir.is_dir():
+            return uninstall.FilePlan(), []
+        with self.state.locks.node_locked_blocking():
+            held = uninstall.held_claims(self.state.checkpoint.load())
+            sockets = self._instance_sockets()  # ours is gone (stop): any live one is another instance's
+            live = [p for p in sockets if not _is_stale(p)]
+            entries = list(self.plugin_dir.iterdir())
+            cdi = self.state.cdi
+            specs = [cdi.spec_path(uid) for uid in sorted(cdi.claim_uids())]
+            files = [p for p in entries if not p.is_dir() and (
+                p.name in (CHECKPOINT_FILE, LOCK_FILE) or is_leftover(p.name, CHECKPOINT_FILE) or p in sockets)]
+            stale_registrations = [p for p in self._registration_sockets() if _is_stale(p)]
+            plan = uninstall.plan_files(held=held, other_instance=live[0] if live else None, cdi_specs=specs,
+                                        plugin_dir=self.plugin_dir, plugin_files=[*files, *stale_registrations],
+                                        subdirs=[p for p in entries if p.is_dir()])
+            return plan, uninstall.remove_files(plan) if plan.removes else []
+
+    def _instance_sockets(self) -> list[Path]:
+        """The DRA sockets in the plugin directory (every instance's, crashed ones' included)."""
+        return [self.plugin_dir / n for n in os.listdir(self.plugin_dir) if n.startswith("dra") and n.endswith(".sock")]
+
+    def _registration_sockets(self) -> list[Path]:
+        prefixes = (_registry_prefix(self.driver, hashed=False), _registry_prefix(self.driver, hashed=True))
+        try:
+            names = os.listdir(self.registry_dir)
+        except FileNotFoundError:
+            return []
+        return [self.registry_dir / n for n in names if n.startswith(prefixes) and n.endswith("-reg.sock")]
+
     def _listen(self, server: grpc.aio.Server, path: Path) -> None:
         _unlink(path)  # ours by construction (unique instance name)
         with SocketAddress(path) as address:  # bound (the file exists) before the handle closes
@@ -217,12 +259,7 @@ class KubeletPlugin:
                 raise OSError(f"cannot listen on unix socket {path}")
 
     def _remove_stale_sockets(self) -> None:
-        candidates = [self.plugin_dir / n for n in os.listdir(self.plugin_dir)
-                      if n.startswith("dra") and n.endswith(".sock")]
-        prefixes = (_registry_prefix(self.driver, hashed=False), _registry_prefix(self.driver, hashed=True))
-        candidates += [self.registry_dir / n for n in os.listdir(self.registry_dir)
-                       if n.startswith(prefixes) and n.endswith("-reg.sock")]
-        for path in candidates:
+        for path in [*self._instance_sockets(), *self._registration_sockets()]:
             if _is_stale(path):
                 _unlink(path)
                 log.info("removed stale socket %s", path)
