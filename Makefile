@@ -10,7 +10,7 @@ BENCH_ARGS ?=
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv allocator kube-bin helm-bin chart-schema chart-package chart-push sbom actionlint release-check ci debian-packages cdi-schema cdi-tools metadata-check nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry dra-example-driver promtool test unit typecheck demo demo-down bench fuzz explain-diff chaos protos wheels images image-operator image-agent base-image images-multiarch images-push mock-nvml-arm64 clean
+.PHONY: help venv allocator kube-bin helm-bin chart-schema chart-package chart-push sbom actionlint release-check ci debian-packages cdi-schema cdi-tools metadata-check nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry dra-example-driver promtool test unit typecheck demo demo-down bench fuzz explain-diff chaos protos wheels images image-operator image-agent base-image images-multiarch images-push mock-nvml-arm64 previous-release clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
@@ -29,6 +29,7 @@ help:
 	@echo "make promtool   build Prometheus' promtool (pinned, from the Go module proxy) the tests check the alerts and the dashboard's PromQL with"
 	@echo "make bench      benchmarks (not part of make test; BENCH_ARGS=\"gc prepare_latency\" runs some)"
 	@echo "make fuzz       the tenant-input fuzz suite (tests/fuzz) with many more examples than make test runs (FUZZ_EXAMPLES=...)"
+	@echo "make previous-release  the previous release's images and chart (hack/previous-release pins it), for the upgrade tests"
 	@echo "make chaos      pods with claims created and deleted while the API server, etcd, agents, operator replicas and kubelets restart (CHAOS_DURATION=600 s, CHAOS_SEED=...); docs/chaos.md"
 	@echo "make explain-diff  gpudra explain vs the real scheduler on 300 random cases (EXPLAIN_SEED=..., EXPLAIN_CASES=...)"
 	@echo "make protos     regenerate the kubelet plugin's gRPC stubs"
@@ -68,6 +69,11 @@ kube-bin:
 
 helm-bin:
 	@hack/helm-bin.sh
+
+# The previous release (hack/previous-release pins its commit): its images (tag previous-<sha12>) and
+# chart, from a git worktree under the cache; what the Helm lifecycle test upgrades from (docs/upgrade.md).
+previous-release:
+	@hack/previous-release.sh
 
 # From the Go module proxy (GOPROXY), checked against the SHA-256 pinned in tests/cdispec.py,
 # cached under ~/.cache/gpudra/cdi-schema; the tests would fetch it on first use too.

@@ -166,6 +166,14 @@ def write_registry_hosts(hosts_dir: Path, registry: LocalRegistry) -> None:
         (hosts_dir / directory / "hosts.toml").write_text(content)
 
 
+def node_pulls(setup: InstallNode, *, allowed: bool) -> None:
+    """Let the node's containerd pull from the registry again, or not: a node cut off from its
+    registry (containerd reads hosts.toml at each pull), while clients on this machine still reach it."""
+    hosts = setup.workdir / "registry-hosts" / setup.registry.host / "hosts.toml"
+    hosts.write_text(setup.registry.containerd_hosts()[setup.registry.host] if allowed
+                     else 'server = "https://127.0.0.1:1"\n')
+
+
 async def wait_for_webhook(kube: Kube) -> None:
     """Until the API server calls the webhook (it picks new configurations up asynchronously)."""
     probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "host-network-probe", "namespace": "default"},

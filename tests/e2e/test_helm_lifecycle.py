@@ -20,9 +20,9 @@ ResourceSlices sees them never go (the longest time without one is measured), th
 moves to a new replica, and a pod created during the upgrade starts. Then the waiting pod's GPU
 container starts on the claim the previous release prepared.
 
-Skew: with the registry stopped, the new operator's agents cannot be pulled, so the previous
+Skew: with the node cut off from the registry, the new operator's agents cannot be pulled, so the previous
 release's agent keeps the node for as long as that lasts (maxSurge keeps the old agent until the new
-one is Ready): it prepares a new pod's claim under the new operator, and the config stays Ready.
+one is Ready): it prepares a new pod's claim under the new operator, and the config is never Degraded.
 The reverse on rollback: the previous release's operator with this tree's agent.
 
 Rollback (`helm rollback`): the previous release's agent reads the checkpoint this tree's agent
@@ -34,6 +34,7 @@ import asyncio
 import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -42,7 +43,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 import yaml
-from installnode import DRIVER_ROOT, InstallNode, forget_images, install_node, pod_log, podman, touch_in_container
+from installnode import (DRIVER_ROOT, InstallNode, forget_images, install_node, node_pulls, pod_log, podman,
+                         touch_in_container)
 from nodestate import checkpoint_states
 from realruntime import TEST_IMAGE
 
@@ -389,7 +391,9 @@ async def claim_prepared(lab: Lab, pod_name: str) -> Obj:
         return checkpoint(lab.node).get(uid) == "PrepareCompleted"
 
     await wait_for(done, timeout=120, what=f"pod {pod_name}'s claim {uid} to be prepared")
-    return claim
+    allocated = await lab.kube.get(CLAIM, claim["metadata"]["name"], WORK_NS)  # prepared: allocated
+    assert allocated is not None and allocated["status"].get("allocation"), allocated
+    return allocated
 
 
 def assert_sees_its_gpu(output: str, claim: Obj, devices: dict[str, Obj]) -> None:
@@ -552,13 +556,13 @@ async def test_install_upgrade_under_load_skew_and_rollback(lab: Lab) -> None:
     steady_container = steady["status"]["containerStatuses"][0]["containerID"]
 
     # -- upgrade to this tree, watching the slices --------------------------------------------------
-    # The new operator's image is on the node and the registry is stopped: the operator rolls, the
-    # new agent cannot be pulled, and the previous release's agent keeps the node (maxSurge) for as
+    # The new operator's image is on the node, which then cannot reach the registry: the operator
+    # rolls, the new agent cannot be pulled, and the previous release's agent keeps the node (maxSurge) for as
     # long as that lasts: the skew of a slow rollout, held.
     watch = SliceWatch(kube, setup.name)
     await watch.start()
     setup.node.crictl("pull", f"{setup.registry.host}/gpudra/gpudra-operator:{current.tag()}", timeout=300)
-    setup.registry.stop()
+    node_pulls(setup, allowed=False)
     started = time.monotonic()
     lab.helm_run("upgrade", RELEASE_NAME, *lab.install_args(current), "--wait", "--timeout", "5m")
     new_leader = await wait_operator_on(lab, current, not_held_by=old_leader)
@@ -572,7 +576,7 @@ async def test_install_upgrade_under_load_skew_and_rollback(lab: Lab) -> None:
     print(f"[lifecycle] skew held {time.monotonic() - started:.1f}s (new operator, previous agent): "
           f"{ {t: (c['status'], c.get('reason')) for t, c in conditions.items()} }")
     assert conditions.get("Degraded", {}).get("status") != "True", conditions
-    setup.registry.start()
+    node_pulls(setup, allowed=True)
     new_agent = await wait_agents_on(lab, current)
     await wait_config_ready(lab)
     took = time.monotonic() - started
@@ -616,7 +620,7 @@ async def test_install_upgrade_under_load_skew_and_rollback(lab: Lab) -> None:
 
     # -- rollback, with the reverse skew held: the previous operator, this tree's agent -------------
     setup.node.crictl("rmi", f"{setup.registry.host}/gpudra/gpudra:{previous.tag()}", check=False)
-    setup.registry.stop()
+    node_pulls(setup, allowed=False)
     started = time.monotonic()
     lab.helm_run("rollback", RELEASE_NAME, "1", "--wait", "--timeout", "5m")
     await wait_operator_on(lab, previous, not_held_by=new_leader)
@@ -626,7 +630,7 @@ async def test_install_upgrade_under_load_skew_and_rollback(lab: Lab) -> None:
     (still_new,) = [p for p in await agent_pods(lab) if _ready(p)]
     assert still_new["metadata"]["uid"] == new_agent["metadata"]["uid"], "this tree's agent should hold the node"
     print(f"[lifecycle] reverse skew held {time.monotonic() - started:.1f}s (previous operator, this tree's agent)")
-    setup.registry.start()
+    node_pulls(setup, allowed=True)
     rolled_back = await wait_agents_on(lab, previous)
     await wait_config_ready(lab)
     # The previous release's agent read the checkpoint this tree's agent wrote, and unprepares a
@@ -648,7 +652,15 @@ async def test_install_upgrade_under_load_skew_and_rollback(lab: Lab) -> None:
     assert steady_now is not None and steady_now["status"]["containerStatuses"][0]["restartCount"] == 0
     assert prepared(setup, steady_claim["metadata"]["uid"]) == before[steady_claim["metadata"]["uid"]]
 
-    # -- uninstall: the workloads end first (docs/deploy.md#uninstall) -------------------------------
+    # -- upgrade again (this tree reads what the previous release wrote since), then uninstall -----
+    lab.helm_run("upgrade", RELEASE_NAME, *lab.install_args(current), "--wait", "--timeout", "5m")
+    await wait_operator_on(lab, current)
+    await wait_agents_on(lab, current)
+    await wait_config_ready(lab)
+    after_uid = (await claim_of(lab, "after-rollback"))["metadata"]["uid"]
+    assert checkpoint(setup).get(after_uid) == "PrepareCompleted"
+    # The workloads end first (docs/deploy.md#uninstall); this tree's agent unprepares the claim the
+    # previous release prepared after the rollback.
     await end_workloads(lab)
     lab.helm_run("uninstall", RELEASE_NAME, "--wait", "--timeout", "5m")
     await wait_for(lambda: _agents_gone(lab), timeout=120, what="the agents to go with the uninstall")
@@ -725,7 +737,8 @@ async def test_apply_k_upgrade_and_rollback_under_load_then_delete_k(lab: Lab, t
 
     watch = SliceWatch(kube, setup.name)
     await watch.start()
-    for overlay_dir, release in ((new, current), (old, previous)):  # the upgrade, then the rollback
+    # the upgrade, the rollback, the upgrade again (this tree's agent reads what the previous one wrote)
+    for overlay_dir, release in ((new, current), (old, previous), (new, current)):
         started = time.monotonic()
         kubectl_k(lab, "apply", overlay_dir)
         await wait_operator_on(lab, release)
@@ -737,16 +750,25 @@ async def test_apply_k_upgrade_and_rollback_under_load_then_delete_k(lab: Lab, t
         (status,) = now["status"]["containerStatuses"]
         assert (status["containerID"], status["restartCount"]) == (container, 0), status
         assert prepared(setup, uid) == was and checkpoint(setup).get(uid) == "PrepareCompleted"
-        await start_gpu_pod(lab, f"on-{release.tag()}")
-        _, output = await running_with_gpu(lab, f"on-{release.tag()}")
-        assert_sees_its_gpu(output, await claim_of(lab, f"on-{release.tag()}"), devices)
+        name = f"on-{release.tag()}-{len(await workload_pods(kube))}"
+        await start_gpu_pod(lab, name)
+        _, output = await running_with_gpu(lab, name)
+        assert_sees_its_gpu(output, await claim_of(lab, name), devices)
     await watch.stop()
-    print(f"[kustomize] the node's slices through upgrade and rollback: longest time without one "
+    print(f"[kustomize] the node's slices through upgrade, rollback and upgrade: longest time without one "
           f"{watch.longest_gap():.3f}s ({len(watch.gaps)} gaps, {watch.events} events)")
     assert watch.longest_gap() == 0.0 and not watch.gaps, watch.gaps
 
     await end_workloads(lab)
-    kubectl_k(lab, "delete", old)
+    # The documented order (docs/deploy.md#kubectl-and-gitops): the configs first, while the
+    # operator runs, then the rest.
+    started = time.monotonic()
+    removed = subprocess.run([str(Path(sys.executable).parent / "gpudra"), "uninstall", "--timeout", "180"],
+                             capture_output=True, text=True, timeout=240, env=lab.env())
+    print(f"[kustomize] gpudra uninstall ({time.monotonic() - started:.1f}s, exit {removed.returncode}):\n"
+          f"{removed.stdout[-1500:]}{removed.stderr[-1500:]}")
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    kubectl_k(lab, "delete", new)
     await wait_for(lambda: _agents_gone(lab), timeout=120, what="the agents to go with delete -k")
     await assert_nothing_left(lab)
 
