@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from gpudra_core.devicemodel import AttrValue, Device
-from gpudra_driver.plugin.claimreport import (INFO_LABELS, MAX_CONSUMERS, allocation_refused, consumer_pods,
-                                              device_status_entries, entries_of, info_series, live_entries, locate,
-                                              same_entries, status_apply, status_merge_patch)
+from gpudra_driver.plugin.claimreport import (INFO_LABELS, MAX_CONSUMERS, allocation_refused, carries_exactly,
+                                              consumer_pods, device_status_entries, entries_of, info_series,
+                                              live_entries, locate, same_entries, status_apply, status_merge_patch)
 from gpudra_driver import metrics
 from gpudra_driver.plugin.claimreporter import MAX_DEFER, QUIET, ClaimReporter, write_delay
 from gpudra_driver.plugin.model import ClaimRef, DeviceSharing, MigPlacement, PreparedClaim, PreparedDevice
@@ -148,6 +148,9 @@ IMMUTABLE = ('ResourceClaim.resource.k8s.io "mps" is invalid: status.allocation:
 
 def test_only_the_allocation_immutability_answer_counts_as_refused() -> None:
     assert allocation_refused(422, IMMUTABLE)
+    # kube-apiserver 1.37.2's (declarative validation)
+    assert allocation_refused(422, 'ResourceClaim.resource.k8s.io "compact" is invalid: status.allocation: '
+                                   'Invalid value: null: field cannot be modified once set')
     assert not allocation_refused(409, IMMUTABLE)
     # the agent's own entries being invalid is a different refusal: no fallback
     assert not allocation_refused(422, 'ResourceClaim.resource.k8s.io "mps" is invalid: status.devices[0].pool: '
@@ -167,3 +170,15 @@ def test_the_merge_patch_keeps_other_drivers_and_is_tied_to_what_was_read() -> N
     assert status_merge_patch(live, "gpu.gpudra.io", entries_of(status_apply(REF, [])))["status"]["devices"] == [nic]
     alone = {**live, "status": {"devices": live["status"]["devices"][:1]}}
     assert status_merge_patch(alone, "gpu.gpudra.io", [])["status"]["devices"] is None
+
+
+def test_an_apply_answer_still_holding_entries_it_left_out_is_not_taken() -> None:
+    entry = {"driver": "gpu.gpudra.io", "pool": "node-a", "device": "gpu-0",
+             "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+    nic = {"driver": "nic.example.com", "pool": "node-a", "device": "nic-0"}
+    live = {"status": {"devices": [entry, nic]}}
+    assert carries_exactly(live, "gpu.gpudra.io", [{**entry, "conditions": [{"type": "Ready", "status": "True"}]}])
+    # a withdrawal answered with our entry still there (a merge patch's, owned by an Update)
+    assert not carries_exactly(live, "gpu.gpudra.io", [])
+    assert carries_exactly({"status": {"devices": [nic]}}, "gpu.gpudra.io", [])
+    assert not carries_exactly(live, "gpu.gpudra.io", [entry, {**entry, "device": "gpu-1"}])

@@ -105,14 +105,16 @@ def status_apply(ref: ClaimRef, entries: Sequence[Obj]) -> Obj:
 # bytes the client sent at create, copied by kube-scheduler over protobuf; a JSON patch or apply is
 # decoded into a re-encoded (compacted; for an apply also key-sorted) copy, and the immutability
 # check of status.allocation (ValidateResourceClaimStatusUpdate: apiequality.Semantic.DeepEqual,
-# byte-wise for RawExtension.Raw) sees a change that is not one. Kubernetes 1.35 to 1.37.
-ALLOCATION_IMMUTABLE = "field is immutable"
+# byte-wise for RawExtension.Raw) sees a change that is not one. Kubernetes 1.35 to 1.37; 1.35
+# and 1.36 word it as ValidateImmutableField does, 1.37's declarative validation (+k8s:update=NoModify)
+# as "field cannot be modified once set".
+ALLOCATION_IMMUTABLE = ("field is immutable", "field cannot be modified once set")
 
 
 def allocation_refused(status: int, message: str) -> bool:
     """Whether an answer is that immutability check of ``status.allocation`` refusing a write that
     left the allocation alone (pure)."""
-    return status == 422 and "status.allocation" in message and ALLOCATION_IMMUTABLE in message
+    return status == 422 and "status.allocation" in message and any(words in message for words in ALLOCATION_IMMUTABLE)
 
 
 def status_merge_patch(live: Mapping[str, Any], driver: str, entries: Sequence[Obj]) -> Obj:
@@ -154,6 +156,14 @@ def same_entries(live: Sequence[Any], wanted: Sequence[Obj]) -> bool:
 
     have = {key(e): e for e in live if isinstance(e, Mapping)}
     return all(key(w) in have and comparable(have[key(w)]) == comparable(w) for w in wanted)
+
+
+def carries_exactly(live: Mapping[str, Any] | None, driver: str, wanted: Sequence[Obj]) -> bool:
+    """Whether ``live`` carries ``wanted`` as this driver's entries and no others (times aside)
+    (pure). An apply answered 200 may not: entries a merge patch wrote belong to an Update
+    operation, and an apply that leaves them out does not remove them."""
+    have = live_entries(live, driver)
+    return len(have) == len(wanted) and same_entries(have, wanted)
 
 
 def live_entries(live: Mapping[str, Any] | None, driver: str) -> list[Any]:

@@ -13,7 +13,8 @@ A claim whose opaque config parameters the API server stores in other bytes than
 to (created with whitespace or unsorted keys) refuses the apply: ``status.allocation: field is
 immutable`` (see :func:`.claimreport.allocation_refused`). The write is then made again as a merge
 patch tied to the resourceVersion read, which passes where the parameters are compact (unsorted
-keys: Go clients); where it too is refused (JSON with whitespace: Python's json default) nothing
+keys: Go clients), and so is their withdrawal (an apply, answered 200, leaves entries that an
+Update wrote); where it too is refused (JSON with whitespace: Python's json default) nothing
 this agent can send passes, and it says so once for the claim: a warning, an Event on the claim,
 ``gpudra_agent_claim_status_refused_total{reason="allocation-immutable"}``; no more writes for it.
 
@@ -39,9 +40,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from gpudra_core.devicemodel import Device
 from gpudra_core.kubeapi import Kube, Obj, core_event, error_message, resource_type
 from gpudra_driver import metrics
-from gpudra_driver.plugin.claimreport import (INFO_LABELS, allocation_refused, consumer_pods, device_status_entries,
-                                              entries_of, generation_of, info_series, live_entries, refusal_message,
-                                              same_entries, status_apply, status_merge_patch)
+from gpudra_driver.plugin.claimreport import (INFO_LABELS, allocation_refused, carries_exactly, consumer_pods,
+                                              device_status_entries, entries_of, generation_of, info_series,
+                                              live_entries, refusal_message, same_entries, status_apply,
+                                              status_merge_patch)
 from gpudra_driver.plugin.model import ClaimRef, PreparedClaim
 
 log = logging.getLogger(__name__)
@@ -208,11 +210,13 @@ class ClaimReporter:
                 await asyncio.sleep(backoff)  # backoff before the next write, not a synchronisation
 
     async def _write(self, ref: ClaimRef, body: Obj) -> None:
-        """The apply; where the allocation check refuses it, a merge patch of what was read."""
+        """The apply; where the allocation check refuses it, or it leaves entries an earlier merge
+        patch wrote (a withdrawal: the apply owns none of them), a merge patch of what was read."""
         assert self.kube is not None
         try:
-            await self.kube.apply(body, subresource="status")
-            return
+            applied = await self.kube.apply(body, subresource="status")
+            if carries_exactly(applied, self.driver, entries_of(body)):
+                return
         except ApiException as error:
             if not allocation_refused(error.status or 0, error_message(error)):
                 raise
