@@ -29,8 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from hostnetwork import HostNetworkWebhook
 from localregistry import LocalRegistry
+from ociimage import Entry, busybox_entries, write_image
 from realkubelet import kubelet_binary
 from realruntime import RealRuntimeNode, read_cri_log, runtime_problem
 
@@ -44,6 +46,8 @@ from gpudra_dev.localcluster.waiting import wait_for
 REPO = Path(__file__).resolve().parent.parent
 PODMAN_CONF = REPO / "hack" / "podman" / "containers.conf"
 DRIVER_ROOT = "/run/nvidia/driver"  # the GPU Operator's driver container's
+SEED = REPO / "manifests" / "samples" / "seed-workload.yaml"
+RELEASE = "/tmp/gpudra-release"  # in the seed workload's container: the test has looked, the job may end
 NODE = resource_type("v1", "Node")
 WEBHOOKS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 
@@ -214,3 +218,17 @@ def touch_in_container(node: RealRuntimeNode, pod: Obj, path: str, container: st
     (cid,) = node.crictl("ps", "-q", "--no-trunc", *labels).stdout.split()
     pid = json.loads(node.crictl("inspect", cid).stdout)["info"]["pid"]
     Path(f"/proc/{pid}/root{path}").touch()
+
+
+def seed_workload_image(out: Path) -> tuple[Path, str]:
+    """The stand-in for the seed Job's image (manifests/samples/seed-workload.yaml), under the Job's
+    image name, preloaded on a node (nothing is pulled from outside this machine): static busybox
+    whose ``nvidia-smi`` runs the driver's, which CDI mounts from the driver root, then holds the GPU
+    until RELEASE exists in its container, as a real job holds it while it runs."""
+    _, job = yaml.safe_load_all(SEED.read_text())
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    hold = (f'#!/bin/sh\n/usr/bin/nvidia-smi "$@" || exit\n'
+            f"while [ ! -e {RELEASE} ]; do sleep 0.1; done\n")
+    entries = [*busybox_entries(), Entry("usr/local"), Entry("usr/local/bin"),
+               Entry("usr/local/bin/nvidia-smi", hold.encode())]
+    return write_image(out, container["image"], entries), container["image"]

@@ -58,8 +58,8 @@ import pytest
 import pytest_asyncio
 import yaml
 import installnode
-from installnode import DRIVER_ROOT, PODMAN_CONF, InstallNode, forget_images, install_node, touch_in_container
-from ociimage import Entry, busybox_entries, write_image
+from installnode import (DRIVER_ROOT, PODMAN_CONF, RELEASE, SEED, InstallNode, forget_images, install_node,
+                         seed_workload_image, touch_in_container)
 from realruntime import RealRuntimeNode
 
 from gpudra_core.kubeapi import Kube, Obj, ResourceType, resource_type
@@ -70,11 +70,9 @@ REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 SECTION = "## Getting started on a cluster"
 SAMPLE = REPO / "manifests" / "samples" / "gpudraconfig.yaml"
-SEED = REPO / "manifests" / "samples" / "seed-workload.yaml"
 PROGRAMS = ("kubectl", "podman", "docker", "ctr", "make", "gpudra", "helm", "kind", "crictl", "nerdctl")
 EXAMPLE_REGISTRY = "registry.example.com"
 NAMESPACES = ["gpudra-operator", "gpudra-system", "default"]
-RELEASE = "/tmp/gpudra-release"  # in the workload's container: the test has looked, the job may end
 
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
 POD = resource_type("v1", "Pod")
@@ -283,17 +281,6 @@ def gpu_operator_config(out: Path) -> Path:
     return out
 
 
-def workload_image(out: Path) -> tuple[Path, str]:
-    """The stand-in for the seed Job's image (see the module docstring), under the Job's image name."""
-    _, job = yaml.safe_load_all(SEED.read_text())
-    (container,) = job["spec"]["template"]["spec"]["containers"]
-    hold = (f'#!/bin/sh\n/usr/bin/nvidia-smi "$@" || exit\n'
-            f"while [ ! -e {RELEASE} ]; do sleep 0.1; done\n")
-    entries = [*busybox_entries(), Entry("usr/local"), Entry("usr/local/bin"),
-               Entry("usr/local/bin/nvidia-smi", hold.encode())]
-    return write_image(out, container["image"], entries), container["image"]
-
-
 async def test_getting_started_on_a_cluster_works_as_written(cluster: ControlPlane, kube: Kube, setup: InstallNode) -> None:
     readme = guide()
     node = setup.node
@@ -390,7 +377,7 @@ async def test_getting_started_on_a_cluster_works_as_written(cluster: ControlPla
     (shown,) = [yaml.safe_load(b) for b in readme.yaml_blocks if "ResourceClaimTemplate" in b]
     del template["metadata"]["namespace"]
     assert shown == template, "the README's ResourceClaimTemplate is not the one in manifests/samples/seed-workload.yaml"
-    tar, image = workload_image(setup.workdir / "images" / "cuda.tar")
+    tar, image = seed_workload_image(setup.workdir / "images" / "cuda.tar")
     refused = node.crictl("pull", f"{image}-not-here", check=False)  # the guard of write_registry_hosts
     assert refused.returncode != 0 and "127.0.0.1:1" in refused.stderr, refused
     node.import_image(tar)

@@ -25,6 +25,9 @@ release's agent keeps the node for as long as that lasts (maxSurge keeps the old
 one is Ready): it prepares a new pod's claim under the new operator, and the config is never Degraded.
 The reverse on rollback: the previous release's operator with this tree's agent.
 
+On this tree's chart, `helm test` (gpudra status in the operator image) passes and the seed workload
+(manifests/samples/seed-workload.yaml as it is) runs on a GPU of >= 64Gi and completes.
+
 Rollback (`helm rollback`): the previous release's agent reads the checkpoint this tree's agent
 wrote (claims prepared by either) and unprepares a claim this tree prepared."""
 
@@ -43,8 +46,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 import yaml
-from installnode import (DRIVER_ROOT, InstallNode, forget_images, install_node, node_pulls, pod_log, podman,
-                         touch_in_container)
+from installnode import (DRIVER_ROOT, RELEASE, SEED, InstallNode, forget_images, install_node, node_pulls, pod_log,
+                         podman, seed_workload_image, touch_in_container)
 from nodestate import checkpoint_states
 from realruntime import TEST_IMAGE
 
@@ -73,6 +76,7 @@ DEPLOYMENT = resource_type("apps/v1", "Deployment")
 LEASE = resource_type("coordination.k8s.io/v1", "Lease")
 NODE = resource_type("v1", "Node")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
+JOB = resource_type("batch/v1", "Job")
 POLICIES = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 BINDINGS = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
 
@@ -617,6 +621,7 @@ async def test_install_upgrade_under_load_skew_and_rollback(lab: Lab) -> None:
 
     # `helm test`: gpudra status in the operator's image, with read-only rights.
     lab.helm_run("test", RELEASE_NAME, "--timeout", "5m")
+    await run_the_seed(lab, devices)
 
     # -- rollback, with the reverse skew held: the previous operator, this tree's agent -------------
     setup.node.crictl("rmi", f"{setup.registry.host}/gpudra/gpudra:{previous.tag()}", check=False)
@@ -667,6 +672,45 @@ async def test_install_upgrade_under_load_skew_and_rollback(lab: Lab) -> None:
     await assert_nothing_left(lab)
     # The CRD stays (crds.keep); deleting it is the user's explicit last step.
     lab.plane.kubectl("delete", "crd", "gpudraconfigs.gpudra.io", "--wait=true", timeout=120)
+
+
+async def run_the_seed(lab: Lab, devices: dict[str, Obj]) -> None:
+    """manifests/samples/seed-workload.yaml as it is: its Job's pod gets a GPU of >= 64Gi, runs
+    nvidia-smi on it, and completes; its claim goes with it."""
+    setup = lab.node
+    tar, _ = seed_workload_image(setup.workdir / "images" / "seed.tar")
+    setup.node.import_image(tar)
+    lab.plane.kubectl("apply", "-f", str(SEED), "-n", WORK_NS)
+
+    async def holding() -> tuple[Obj, str] | None:
+        setup.node.kubelet.assert_running()
+        pods = [p async for p in lab.kube.list(POD, WORK_NS, label_selector="job-name=train")]
+        assert all(p["status"].get("phase") != "Failed" for p in pods), [p["status"] for p in pods]
+        running = [p for p in pods if p["status"].get("phase") == "Running"]
+        output = pod_log(setup.node, running[0], "train") if running else ""
+        return (running[0], output) if "GPU 0:" in output else None
+
+    try:
+        pod, output = await wait_for(holding, timeout=120, what="the seed Job's pod to run nvidia-smi with its GPU")
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{await agents_report(lab)}\n{setup.failure()}") from None
+    claim = await lab.kube.get(CLAIM, pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"], WORK_NS)
+    assert claim is not None
+    assert_sees_its_gpu(output, claim, devices)
+    touch_in_container(setup.node, pod, RELEASE)
+
+    async def complete() -> bool:
+        job = await lab.kube.get(JOB, "train", WORK_NS)
+        return any(c["type"] == "Complete" and c["status"] == "True" for c in (job or {}).get("status", {}).get("conditions") or [])
+
+    await wait_for(complete, timeout=120, what="the seed Job to complete")
+    await lab.kube.delete(JOB, "train", WORK_NS, propagation="Background")
+    await lab.kube.delete(TEMPLATE, "gpu-64gi", WORK_NS)
+    await wait_for(lambda: _claim_gone(lab, claim["metadata"]["name"]), timeout=60, what="the seed's claim to go")
+
+
+async def _claim_gone(lab: Lab, name: str) -> bool:
+    return await lab.kube.get(CLAIM, name, WORK_NS) is None
 
 
 async def end_workloads(lab: Lab) -> None:
