@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,6 +151,12 @@ async def _tear_down(kube: Kube, node_name: str, ready: InstallNode | None,
     if node is not None:
         problems += node.leftovers()
     return problems
+
+
+def without_make_flags(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` less what `make test` exports to its children: a make that a command under test
+    runs (`make images`, a helm plugin's) must not inherit the suite's jobserver and flags."""
+    return {k: v for k, v in environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
 
 
 def pod_log(node: RealRuntimeNode, pod: Obj, container: str) -> str:

@@ -1,6 +1,6 @@
 """One piece of work at a time per GpuDraConfig, within a deadline, and triggers coalesced.
 
-A reconcile, a status refresh and the finalizer of a config each read what they then write, so
+A reconcile, a status refresh and the teardown of a config each read what they then write, so
 they must not interleave; a lock held without end would keep the config from ever being
 reconciled again. Triggers come in bursts (ten classes applied at once, a rollout's status
 events): one waiting behind the running work acts on the newest state anyway, so more are dropped."""

@@ -163,7 +163,7 @@ class Reconciler:
 
     async def reconcile_current(self, name: str) -> Outcome | None:
         """Under the config's lock (the caller holds it), re-read the config: a queued trigger acts
-        on the newest spec, and one that waited while the finalizer ran must not bring the removed
+        on the newest spec, and one that waited while a teardown ran must not bring the removed
         children back. One LIST reads it with every other config (for conflicts)."""
         configs = [o async for o in self.kube.list(CONFIG)]
         body = next((o for o in configs if o["metadata"]["name"] == name), None)

@@ -6,10 +6,10 @@ their DeviceClasses, agents and ResourceSlices are gone. The Helm chart's pre-de
    ``--force``: uninstalling under them leaves their claims prepared on their nodes, which the
    kubelet cannot unprepare until gpudra is installed again (docs/deploy.md#uninstall).
 2. Delete the configs with foreground propagation: each stays, with its deletionTimestamp, until
-   the garbage collector has removed its DeviceClasses and DaemonSets (and those their pods), and
-   the operator's finalizer has removed the driver's ResourceSlices. The agents, seeing their
+   the garbage collector has removed its DeviceClasses and DaemonSets. The agents, seeing their
    config being deleted, remove their own node's slices and files as they stop
-   (gpudra_driver.uninstall).
+   (gpudra_driver.uninstall); once they are gone, the operator's teardown removes the driver's
+   slices left on any node (gpudra_operator.teardown).
 3. Wait, up to ``--timeout``, until the configs and their drivers' slices are gone; past it, exit 1
    and say what is left.
 

@@ -59,7 +59,7 @@ import pytest_asyncio
 import yaml
 import installnode
 from installnode import (DRIVER_ROOT, PODMAN_CONF, RELEASE, SEED, InstallNode, forget_images, install_node,
-                         seed_workload_image, touch_in_container)
+                         seed_workload_image, touch_in_container, without_make_flags)
 from realruntime import RealRuntimeNode
 
 from gpudra_core.kubeapi import Kube, Obj, ResourceType, resource_type
@@ -198,18 +198,11 @@ async def setup(cluster: ControlPlane, kube: Kube) -> AsyncIterator[InstallNode]
 
 async def remove_installed(cluster: ControlPlane, kube: Kube, setup: InstallNode) -> None:
     """Delete what the README's commands created, while the kubelet still runs to confirm its pods
-    gone; the GpuDraConfig first, whose finalizer the operator removes. The CRD stays."""
+    gone; the GpuDraConfig first, which the operator tears down. The CRD stays."""
     await kube.delete(JOB, "train", "default", propagation="Background")
     await kube.delete(TEMPLATE, "gpu-64gi", "default")
     if await kube.get(CONFIG, "default") is not None:
         await kube.delete(CONFIG, "default")
-        try:
-            await wait_for(lambda: absent(kube, CONFIG, "default"), timeout=60, what="GpuDraConfig default to go")
-        except AssertionError:  # no operator to remove its finalizer: do what it would have done
-            await kube.patch(CONFIG, "default", {"metadata": {"finalizers": None}})
-            await kube.delete(DAEMONSET, "gpudra-agent", "gpudra-system")
-            async for dc in kube.list(DEVICE_CLASS, label_selector="gpudra.io/config=default"):
-                await kube.delete(DEVICE_CLASS, dc["metadata"]["name"])
     base = [d for d in yaml.safe_load_all(cluster.kubectl("kustomize", str(REPO / "manifests" / "base")).stdout) if d]
     rest = [o for o in base if o["kind"] not in ("CustomResourceDefinition", "Namespace")]
     cluster.kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=false", input=yaml.safe_dump_all(rest))
@@ -250,8 +243,7 @@ def command_env(setup: InstallNode, cluster: ControlPlane) -> dict[str, str]:
     session cluster's); podman as hack/podman/containers.conf runs it on these machines."""
     path = os.pathsep.join([str(Path(sys.executable).parent), str(cluster.bin_dir), str(setup.node.bin_dir),
                             os.environ.get("PATH", "")])
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # make test's own
-    return {**env, "PATH": path, "KUBECONFIG": str(cluster.kubeconfig), "CONTAINERS_CONF": str(PODMAN_CONF)}
+    return {**without_make_flags(os.environ), "PATH": path, "KUBECONFIG": str(cluster.kubeconfig), "CONTAINERS_CONF": str(PODMAN_CONF)}
 
 
 # -- the test -----------------------------------------------------------------------------------------

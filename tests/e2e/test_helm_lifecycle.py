@@ -37,7 +37,6 @@ import asyncio
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -47,7 +46,7 @@ import pytest
 import pytest_asyncio
 import yaml
 from installnode import (DRIVER_ROOT, RELEASE, SEED, InstallNode, forget_images, install_node, node_pulls, pod_log,
-                         podman, seed_workload_image, touch_in_container)
+                         podman, seed_workload_image, touch_in_container, without_make_flags)
 from nodestate import checkpoint_states
 from realruntime import TEST_IMAGE
 
@@ -59,6 +58,7 @@ REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "manifests" / "samples" / "gpudraconfig.yaml"
 CHART = REPO / "manifests" / "helm" / "gpudra"
 OPERATOR_NS, AGENT_NS, WORK_NS = "gpudra-operator", "gpudra-system", "default"
+EARLIER_FINALIZER = "gpudra.io/cleanup"  # what the previous release guards configs with
 DRIVER = "gpu.gpudra.io"
 RELEASE_NAME = "gpudra"
 DONE = "gpudra-lifecycle-done"
@@ -71,8 +71,6 @@ NAMESPACE = resource_type("v1", "Namespace")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
 TEMPLATE = resource_type("resource.k8s.io/v1", "ResourceClaimTemplate")
-DAEMONSET = resource_type("apps/v1", "DaemonSet")
-DEPLOYMENT = resource_type("apps/v1", "Deployment")
 LEASE = resource_type("coordination.k8s.io/v1", "Lease")
 NODE = resource_type("v1", "Node")
 DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
@@ -141,7 +139,7 @@ class Lab:
     pushed: list[str] = field(default_factory=list)  # image names given for the registry
 
     def env(self) -> dict[str, str]:
-        return {**{k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")},
+        return {**without_make_flags(os.environ),
                 "KUBECONFIG": str(self.plane.kubeconfig), "HELM_CACHE_HOME": str(self.node.workdir / "helm-cache"),
                 "HELM_CONFIG_HOME": str(self.node.workdir / "helm-config"),
                 "HELM_DATA_HOME": str(self.node.workdir / "helm-data")}
@@ -460,6 +458,17 @@ async def wait_agents_on(lab: Lab, release: Release, timeout: float = 240) -> Ob
         raise AssertionError(f"{error}\n{await agents_report(lab)}\n{lab.node.failure()}") from None
 
 
+async def wait_guarded(lab: Lab, finalizer: str | None) -> None:
+    """Until GpuDraConfig default carries ``finalizer`` alone (None: no finalizer)."""
+    want = [finalizer] if finalizer else []
+
+    async def guarded() -> bool:
+        config = await lab.kube.get(CONFIG, "default")
+        return config is not None and (config["metadata"].get("finalizers") or []) == want
+
+    await wait_for(guarded, timeout=60, what=f"GpuDraConfig default with the finalizers {want}")
+
+
 async def wait_config_ready(lab: Lab, timeout: float = 180) -> Obj:
     async def ready() -> Obj | None:
         config = await lab.kube.get(CONFIG, "default")
@@ -546,6 +555,7 @@ async def test_install_upgrade_under_load_skew_and_rollback(lab: Lab) -> None:
     await wait_agents_on(lab, previous)
     await wait_config_ready(lab)
     old_leader = await wait_operator_on(lab, previous)
+    await wait_guarded(lab, EARLIER_FINALIZER)
     devices = await published(lab)
     assert len(devices) == 8, sorted(devices)
 
@@ -590,6 +600,7 @@ async def test_install_upgrade_under_load_skew_and_rollback(lab: Lab) -> None:
           f"({len(watch.gaps)} gaps); Lease {old_leader} -> {new_leader}")
     assert watch.longest_gap() == 0.0 and not watch.gaps, f"the node's ResourceSlices went away: {watch.gaps}"
     assert new_leader != old_leader
+    await wait_guarded(lab, None)  # this tree's operator needs no finalizer, and drops the earlier one
 
     # The running pod kept its container; no claim was unprepared or prepared again.
     steady_now = await kube.get(POD, "steady", WORK_NS)
@@ -638,6 +649,7 @@ async def test_install_upgrade_under_load_skew_and_rollback(lab: Lab) -> None:
     node_pulls(setup, allowed=True)
     rolled_back = await wait_agents_on(lab, previous)
     await wait_config_ready(lab)
+    await wait_guarded(lab, EARLIER_FINALIZER)  # the previous operator adds it back
     # The previous release's agent read the checkpoint this tree's agent wrote, and unprepares a
     # claim this tree prepared; it prepares new ones.
     assert (rolled_back["status"]["containerStatuses"][0]["restartCount"]) == 0, rolled_back["status"]
@@ -662,6 +674,7 @@ async def test_install_upgrade_under_load_skew_and_rollback(lab: Lab) -> None:
     await wait_operator_on(lab, current)
     await wait_agents_on(lab, current)
     await wait_config_ready(lab)
+    await wait_guarded(lab, None)
     after_uid = (await claim_of(lab, "after-rollback"))["metadata"]["uid"]
     assert checkpoint(setup).get(after_uid) == "PrepareCompleted"
     # The workloads end first (docs/deploy.md#uninstall); this tree's agent unprepares the claim the
@@ -724,6 +737,10 @@ async def end_workloads(lab: Lab) -> None:
         return not checkpoint(lab.node) if (lab.node.workdir / "kubelet" / "plugins" / DRIVER).exists() else True
 
     await wait_for(unprepared, timeout=120, what="every claim to be unprepared")
+
+
+async def _no_slices(lab: Lab) -> bool:
+    return not [s async for s in lab.kube.list(SLICE, field_selector=f"spec.driver={DRIVER}")]
 
 
 async def _agents_gone(lab: Lab) -> bool:
@@ -804,16 +821,16 @@ async def test_apply_k_upgrade_and_rollback_under_load_then_delete_k(lab: Lab, t
     assert watch.longest_gap() == 0.0 and not watch.gaps, watch.gaps
 
     await end_workloads(lab)
-    # The documented order (docs/deploy.md#kubectl-and-gitops): the configs first, while the
-    # operator runs, then the rest.
+    # A bare `kubectl delete -k`, as a GitOps prune does it: the operator, the CRD and with it the
+    # config all go at once, in no order gpudra chooses (docs/deploy.md#kubectl-and-gitops). No
+    # finalizer holds the config, so the delete finishes; each agent cleans its node as it stops.
     started = time.monotonic()
-    removed = subprocess.run([str(Path(sys.executable).parent / "gpudra"), "uninstall", "--timeout", "180"],
-                             capture_output=True, text=True, timeout=240, env=lab.env())
-    print(f"[kustomize] gpudra uninstall ({time.monotonic() - started:.1f}s, exit {removed.returncode}):\n"
-          f"{removed.stdout[-1500:]}{removed.stderr[-1500:]}")
-    assert removed.returncode == 0, removed.stdout + removed.stderr
     kubectl_k(lab, "delete", new)
     await wait_for(lambda: _agents_gone(lab), timeout=120, what="the agents to go with delete -k")
+    # An agent whose RBAC went first cannot delete its node's slices: the kubelet does, 30 s after
+    # the driver deregistered (defaultWipingDelay).
+    await wait_for(lambda: _no_slices(lab), timeout=90, what="the node's ResourceSlices to go")
+    print(f"[kustomize] bare kubectl delete -k: everything gone after {time.monotonic() - started:.1f}s")
     await assert_nothing_left(lab)
 
 

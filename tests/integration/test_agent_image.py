@@ -52,10 +52,10 @@ async def test_an_operator_upgrade_with_a_new_agent_image_rolls_the_agents(
         await wait_for(agent_image(kube, namespace, "registry.local/gpudra:pinned"), timeout=60,
                        what="the pinned image")
     finally:
-        await kube.delete(CONFIG, name)  # while an operator runs: it removes its finalizer
+        await kube.delete(CONFIG, name)
 
         async def gone() -> bool:
             return await kube.get(CONFIG, name) is None
 
-        await wait_for(gone, timeout=60, what=f"GpuDraConfig {name} to be finalized")
+        await wait_for(gone, timeout=60, what=f"GpuDraConfig {name} to go")
         upgraded.stop()

@@ -172,7 +172,6 @@ async def config(kube: Kube, crd_installed: Obj, namespace: str) -> AsyncIterato
     try:
         yield name
     finally:
-        await kube.patch(CONFIG, name, {"metadata": {"finalizers": None}})
         await kube.delete(CONFIG, name)
         await kube.delete(DEVICE_CLASS, f"{name}.gpudra.io")
 

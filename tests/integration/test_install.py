@@ -368,7 +368,6 @@ async def test_operator_and_agent_run_with_their_own_service_accounts(
             agent.stop()
         operator.stop()
         if await kube.get(CONFIG, name) is not None:
-            await kube.patch(CONFIG, name, {"metadata": {"finalizers": None}})
             await kube.delete(CONFIG, name)
         print(f"\n--- operator log tail ---\n{operator.log_tail()}")
         if agent is not None:

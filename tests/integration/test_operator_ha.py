@@ -74,8 +74,7 @@ async def replicas(plane: ControlPlane, kube: Kube, tmp_path: Path) -> AsyncIter
         replicas.stop_all()
         for replica in replicas.started:
             print(f"\n--- {replica.user} log tail ({replica.operator.log_path}) ---\n{replica.operator.log_tail(15)}")
-        async for config in kube.list(CONFIG):  # no operator left to remove its finalizer
-            await kube.patch(CONFIG, config["metadata"]["name"], {"metadata": {"finalizers": None}})
+        async for config in kube.list(CONFIG):
             await kube.delete(CONFIG, config["metadata"]["name"])
 
 

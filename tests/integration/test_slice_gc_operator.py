@@ -1,7 +1,8 @@
 """The ResourceSlice GC inside the running operator (a `gpudra operator` subprocess): the per-config
-daemon runs a pass on its own once the config is reconciled and reports in status.gc, an Event and
-its log; and the fifth rule, "driver no longer managed": deleting the GpuDraConfig deletes its
-driver's slices once no agent pod is left, and nobody else's."""
+loop runs a pass on its own once the config is reconciled and reports in status.gc, an Event and
+its log; and the fifth rule, "driver no longer managed": once the GpuDraConfig is deleted (at once:
+no finalizer), the operator's teardown deletes its driver's slices when no agent pod is left, and
+nobody else's."""
 
 from __future__ import annotations
 
@@ -69,13 +70,17 @@ class Cluster:
 
     async def cleanup(self) -> None:
         await self.kube.delete(CONFIG, self.name)
-        await wait_for(lambda: _absent(self.kube, self.name), timeout=60, what=f"GpuDraConfig {self.name} finalized")
+        await wait_for(lambda: _absent(self.kube, self.name), timeout=60, what=f"GpuDraConfig {self.name} gone")
         for name in self.slices:
             await self.kube.delete(SLICE, name)
 
 
 async def _absent(kube: Kube, name: str) -> bool:
     return await kube.get(CONFIG, name) is None
+
+
+async def _absent_slice(kube: Kube, name: str) -> bool:
+    return await kube.get(SLICE, name) is None
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -113,7 +118,7 @@ async def test_operator_collects_stale_slices_and_reports(scene: Cluster, kube: 
 
 
 async def test_rule_driver_no_longer_managed(scene: Cluster, kube: Kube, fake_nodes: Callable[..., Any]) -> None:
-    """The finalizer's rule: once the config is deleted and its agents are gone, every slice of its
+    """The teardown's rule: once the config is deleted and its agents are gone, every slice of its
     driver goes — here a healthy one the GC itself had kept — and another driver's stays."""
     node = await fake_nodes("gcop", labels=scene.selector)
     ours = await scene.slice(node["metadata"]["name"], owner_uid=node["metadata"]["uid"])
@@ -131,6 +136,7 @@ async def test_rule_driver_no_longer_managed(scene: Cluster, kube: Kube, fake_no
     assert await kube.get(SLICE, ours["metadata"]["name"]) is not None
 
     await kube.delete(CONFIG, scene.name)
-    await wait_for(lambda: _absent(kube, scene.name), timeout=60, what="the config to be finalized")
-    assert await kube.get(SLICE, ours["metadata"]["name"]) is None
+    assert await kube.get(CONFIG, scene.name) is None  # no finalizer holds it
+    await wait_for(lambda: _absent_slice(kube, ours["metadata"]["name"]), timeout=60,
+                   what="the deleted config's teardown to delete its driver's slice")
     assert await kube.get(SLICE, foreign["metadata"]["name"]) is not None

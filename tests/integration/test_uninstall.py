@@ -8,8 +8,8 @@ reinstalled agent unprepares it. `gpudra uninstall`, as the chart's pre-delete h
 own ServiceAccount with the chart's hook RBAC; once as a process, once in the operator image as the
 Job runs it), refuses while a pod holds a claim of the driver, naming both, and otherwise deletes
 the config while the operator runs and waits until its DeviceClass, DaemonSet, slices and the
-node's files are gone, leaving no finalizer. With the operator gone first, removing the finalizer
-by hand is enough (garbage collector and agent). `gpudra uninstall` then `kubectl delete -k`
+node's files are gone. Configs carry no finalizer: with the operator gone first, deleting the
+config is enough (garbage collector and agent). `gpudra uninstall` then `kubectl delete -k`
 leaves nothing of gpudra, admission policies included."""
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ async def test_an_agent_cleans_its_node_only_when_its_config_is_gone_and_no_clai
         crd_installed: Obj) -> None:
     node = (await fake_nodes("uninstall"))["metadata"]["name"]
     name = f"uninstall-{secrets.token_hex(3)}"
-    await kube.create(gpudra_config(name, driver))  # no operator here: no finalizer either
+    await kube.create(gpudra_config(name, driver))  # no operator here
     agent_args = ("--config", name)
     first = plugin_agents(node, driver, nvml="mock:dgx-h100", driver_root=driver_root, extra_args=agent_args)
     mps_supervisor = supervisor(first, driver_root)
@@ -220,7 +220,7 @@ class Scene:
 
 
 async def remove_config(kube: Kube, name: str) -> None:
-    """A test's config gone, whatever it left (its finalizer, with no operator left to remove it)."""
+    """A test's config gone, with an earlier release's finalizer a test may have left on it."""
     if await kube.get(CONFIG, name) is not None:
         await kube.patch(CONFIG, name, {"metadata": {"finalizers": None}})
         await kube.delete(CONFIG, name)
@@ -326,29 +326,43 @@ async def test_the_uninstall_hook_refuses_under_a_running_pod_then_removes_every
                 await kube.delete(resource_type("rbac.authorization.k8s.io/v1", obj["kind"]), obj["metadata"]["name"])
 
 
-async def test_with_the_operator_gone_removing_the_finalizer_is_enough(kube: Kube, scene: Scene) -> None:
-    """What `kubectl delete -k` (or a prune) can leave: the operator gone before its config. The
-    config stays Terminating on the operator's finalizer; once that is removed by hand, the garbage
-    collector removes the DeviceClass and the DaemonSet (owned by the config), and the agent, stopped
-    with its pod, finds its config gone and removes its node's slices and files, no operator needed."""
-    config = await wait_for(lambda: _finalized(kube, scene.name), timeout=30, what="the operator's finalizer")
+async def test_with_the_operator_gone_deleting_the_config_is_enough(kube: Kube, scene: Scene) -> None:
+    """What `kubectl delete -k` (or a prune) can do: remove the operator before its config. The
+    config carries no finalizer, so it goes at once; the garbage collector removes the DeviceClass
+    and the DaemonSet (owned by the config), and the agent, stopped with its pod, finds its config
+    gone and removes its node's slices and files: nothing is left, no operator needed."""
+    live = await kube.get(CONFIG, scene.name)
+    assert live is not None and not live["metadata"].get("finalizers")
     assert scene.operator.stop() == 0
-    await kube.delete(CONFIG, scene.name)
-    stuck = await kube.get(CONFIG, scene.name)
-    assert stuck is not None and stuck["metadata"]["deletionTimestamp"]
-    assert stuck["metadata"]["finalizers"] == config["metadata"]["finalizers"] == ["gpudra.io/cleanup"]
-    assert await kube.get(DEVICE_CLASS, scene.driver) is not None  # nothing happens without the operator
-
     stopping = asyncio.create_task(scene.stop_agent_when_its_pod_goes())
-    await kube.patch(CONFIG, scene.name, {"metadata": {"finalizers": None}})  # docs/deploy.md#uninstall
+    await kube.delete(CONFIG, scene.name)
+    assert await kube.get(CONFIG, scene.name) is None  # not Terminating: gone
     assert await stopping == 0, scene.agent.log_tail()
     await scene.everything_gone()
     assert f"uninstall: GpuDraConfig {scene.name} is gone" in scene.agent.log_path.read_text()
 
 
-async def _finalized(kube: Kube, name: str) -> Obj | None:
+async def test_an_earlier_releases_finalizer_is_dropped_and_the_operator_still_tears_down(
+        kube: Kube, scene: Scene) -> None:
+    """After an upgrade from a release that guarded configs with the finalizer gpudra.io/cleanup,
+    the operator removes it (no handler needs it); deleting the config while the operator runs then
+    tears it down: its DeviceClass, its agents and, once they are gone, the driver's slices."""
+    await kube.patch(CONFIG, scene.name, {"metadata": {"finalizers": ["gpudra.io/cleanup"]}})
+    await wait_for(lambda: _unguarded(kube, scene.name), timeout=30, what="the earlier release's finalizer to go")
+    stopping = asyncio.create_task(scene.stop_agent_when_its_pod_goes())
+    await kube.delete(CONFIG, scene.name)
+    assert await stopping == 0, scene.agent.log_tail()
+    await scene.everything_gone()
+
+    async def torn_down() -> bool:
+        return f"GpuDraConfig {scene.name} removed: its DeviceClasses, agents and " in scene.operator.log()
+
+    await wait_for(torn_down, timeout=30, what="the operator's teardown to end")
+
+
+async def _unguarded(kube: Kube, name: str) -> bool:
     config = await kube.get(CONFIG, name)
-    return config if config and "gpudra.io/cleanup" in (config["metadata"].get("finalizers") or []) else None
+    return config is not None and not config["metadata"].get("finalizers")
 
 
 async def test_gpudra_uninstall_then_kubectl_delete_k_leaves_nothing(
@@ -453,7 +467,7 @@ async def test_the_hook_job_runs_in_the_operator_image(
         for obj in hook:
             if obj["kind"] != "Job":
                 await kube.apply(obj)
-        await kube.create(gpudra_config(name, driver, namespace=AGENT_NS))  # no operator: no finalizer
+        await kube.create(gpudra_config(name, driver, namespace=AGENT_NS))  # no operator here
         worker = await kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "worker", "namespace": namespace},
                                     "spec": {"containers": [{"name": "c", "image": "x"}]}})
         await allocated_claim(kube, namespace, "held", driver, "some-node", ["gpu-0"])

@@ -103,7 +103,7 @@ def gc_ready(body: Mapping[str, Any]) -> str | None:
     names a driver another one manages touches nothing, its GC included."""
     meta, status = body.get("metadata") or {}, body.get("status") or {}
     if meta.get("deletionTimestamp"):
-        return "being deleted (its finalizer removes the driver's slices)"
+        return "being deleted (its teardown removes the driver's slices)"
     if status.get("observedGeneration") != meta.get("generation"):
         return "not reconciled at its current generation yet"
     degraded: Mapping[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Degraded"), {})

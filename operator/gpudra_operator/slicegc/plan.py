@@ -19,7 +19,7 @@ NODE_GONE = "node-gone"
 OWNER_UID_MISMATCH = "owner-uid-mismatch"
 SUPERSEDED_GENERATION = "superseded-generation"
 NODE_UNSELECTED = "node-unselected"
-# The fifth rule, "driver no longer managed", is the GpuDraConfig finalizer's (handlers.cleanup).
+# The fifth rule, "driver no longer managed", is the teardown's of a deleted config (teardown.py).
 RULES = (NODE_GONE, OWNER_UID_MISMATCH, SUPERSEDED_GENERATION, NODE_UNSELECTED)
 GRACE_RULES = frozenset({SUPERSEDED_GENERATION, NODE_UNSELECTED})
 
