@@ -30,7 +30,7 @@ help:
 	@echo "make bench      benchmarks (not part of make test; BENCH_ARGS=\"gc prepare_latency\" runs some)"
 	@echo "make fuzz       the tenant-input fuzz suite (tests/fuzz) with many more examples than make test runs (FUZZ_EXAMPLES=...)"
 	@echo "make previous-release  the previous release's images and chart (hack/previous-release pins it), for the upgrade tests"
-	@echo "make chaos      pods with claims created and deleted while the API server, etcd, agents, operator replicas and kubelets restart (CHAOS_DURATION=600 s, CHAOS_SEED=...); docs/chaos.md"
+	@echo "make chaos      pods with claims created and deleted while the API server, etcd, agents, operator replicas and kubelets restart, one node a real kubelet on containerd + runc (CHAOS_DURATION=600 s, CHAOS_SEED=...); docs/chaos.md"
 	@echo "make explain-diff  gpudra explain vs the real scheduler on 300 random cases (EXPLAIN_SEED=..., EXPLAIN_CASES=...)"
 	@echo "make protos     regenerate the kubelet plugin's gRPC stubs"
 	@echo "make wheels     the wheels (linux amd64/arm64 and macOS arm64, each with its gpudra-allocator; a pure one) and the sdist, in dist/"
@@ -207,12 +207,14 @@ explain-diff: venv allocator
 # Chaos under load (docs/chaos.md): a local cluster of its own whose API server, etcd, agents,
 # operator replicas and kubelets restart at random while pods with claims come and go; prints the
 # report and fails on any invariant violation. make test runs a short one (tests/integration/test_chaos.py).
+# Its real node is tests/realruntime.py's (containerd + runc + the kubelet; root), hence tests/ on PYTHONPATH.
 CHAOS_DURATION ?= 600
 CHAOS_SEED ?=
-chaos: venv allocator mock-nvml mock-nvidia-smi mock-mps-control
+chaos: venv allocator mock-nvml mock-nvidia-smi mock-mps-control containerd
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
-	  GPUDRA_KUBE_BIN="$$bin_dir" CHAOS_DURATION=$(CHAOS_DURATION) CHAOS_SEED=$(CHAOS_SEED) \
-	  $(BIN)/python -m gpudra_dev.chaos
+	  containerd_dir="$$(hack/containerd-bin.sh | tail -n 1)" && test -n "$$containerd_dir" && \
+	  GPUDRA_KUBE_BIN="$$bin_dir" GPUDRA_CONTAINERD_DIR="$$containerd_dir" PYTHONPATH="$(CURDIR)/tests" \
+	  CHAOS_DURATION=$(CHAOS_DURATION) CHAOS_SEED=$(CHAOS_SEED) $(BIN)/python -m gpudra_dev.chaos
 
 # The kubelet plugin's gRPC stubs (committed) from driver/gpudra_driver/plugin/protos/.
 protos:

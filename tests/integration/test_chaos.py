@@ -1,8 +1,10 @@
-"""The short chaos run (`make chaos` runs the long one): a control plane of its own, three simulated
-GPU nodes with their agents, MPS supervisors and kubelet stand-ins, two operator replicas, pods with
-plain, shared, MPS and consumable claims coming and going, while kube-apiserver and etcd restart in
-place, agents and operator replicas are SIGKILLed and kubelets restart, each at least once. Any
-invariant broken fails the test with the seed that reproduces its schedule (docs/chaos.md)."""
+"""The short chaos run (`make chaos` runs the long one): a control plane of its own, three GPU nodes
+with their agents and MPS supervisors (one a real node: the release's kubelet on containerd + runc,
+the pods' containers getting their GPUs by CDI; two with kubelet stand-ins), two operator replicas,
+pods with plain, shared, MPS and consumable claims coming and going, while kube-apiserver and etcd
+restart in place, agents and operator replicas are SIGKILLed and kubelets restart, each at least
+once (the real node's agent and kubelet among them). Any invariant broken fails the test with the
+seed that reproduces its schedule (docs/chaos.md)."""
 
 from __future__ import annotations
 
@@ -28,3 +30,8 @@ async def test_a_short_chaos_run_breaks_no_invariant(capsys: pytest.CaptureFixtu
     stats = report.kubelets.values()
     assert sum(s.prepared for s in stats) >= 10 and sum(s.unprepared for s in stats) >= 10, text
     assert report.ready_after_chaos is not None, text
+    ((name, real),) = report.real_nodes.items()
+    on_real = [r.fault for r in report.faults if r.done is not None and r.fault.target == name]
+    assert {f.kind for f in on_real} >= {"agent", "kubelet"}, text  # the real kubelet restarted, its agent killed
+    assert real.kubelet_restarts >= 1 and real.pods_run >= 3, text  # containers ran, their GPUs checked
+    assert len(real.claims_prepared) >= 3 and real.claims_unprepared == real.claims_prepared, text

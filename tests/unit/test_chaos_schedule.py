@@ -34,6 +34,17 @@ def test_every_kind_comes_at_least_once_spaced_within_the_window(seed: int) -> N
             assert fault.target is None and fault.signal in ("SIGTERM", "SIGKILL")
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_the_guaranteed_agent_and_kubelet_faults_hit_a_real_node_whose_kubelet_gets_a_signal(seed: int) -> None:
+    faults = make_schedule(seed, 90, nodes=NODES, replicas=2, mean_gap=10, real_nodes=("n1",))
+    assert {f.kind for f in faults if f.target == "n1"} >= {"agent", "kubelet"}, faults
+    for fault in faults:
+        if fault.kind == "kubelet":  # a real kubelet is a process; a stand-in is restarted
+            assert fault.signal in (("SIGTERM", "SIGKILL") if fault.target == "n1" else ("restart",)), fault
+    with pytest.raises(ValueError, match="real node.*n9 not among the nodes"):
+        make_schedule(seed, 90, nodes=NODES, replicas=2, mean_gap=10, real_nodes=("n9",))
+
+
 def test_mean_gap_adds_faults_and_zero_gives_only_the_guaranteed() -> None:
     assert sorted(f.kind for f in make_schedule(3, 600, nodes=NODES, replicas=1, mean_gap=0)) == sorted(FAULT_KINDS)
     many = make_schedule(3, 600, nodes=NODES, replicas=1, mean_gap=10)

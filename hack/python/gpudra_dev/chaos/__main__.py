@@ -2,7 +2,9 @@
 
 CHAOS_SEED reproduces a run's schedule (default: a new seed, printed first), CHAOS_DURATION sets
 its seconds of faults and load (default 600), CHAOS_NODES its number of nodes (default 3),
-CHAOS_KEEP=1 keeps its directory (logs of every component) for a look afterwards."""
+CHAOS_REAL_NODES how many of them are real (the kubelet on containerd + runc, from tests/realruntime.py:
+tests/ on PYTHONPATH, as make chaos puts it; default 1), CHAOS_KEEP=1 keeps its directory (logs of
+every component) for a look afterwards."""
 
 from __future__ import annotations
 

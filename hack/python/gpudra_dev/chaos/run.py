@@ -4,10 +4,12 @@ and at the end (docs/chaos.md).
 What is real: etcd, kube-apiserver, kube-controller-manager and kube-scheduler (processes of their
 own, restarted in place), the operator (two replicas electing a leader), one ``gpudra agent`` and
 one MPS supervisor per node (host processes on a fake driver root, the real pynvml on the mock
-libnvidia-ml, the mock MPS control daemon), the kubelet's gRPC calls into the agents. What stands in:
-the Nodes (API objects without a kubelet) and their kubelets (:mod:`.kubelet`: DRA and pod status,
-no containers); the agents and supervisors run as processes that the run restarts where a
-DaemonSet would, with the flags the operator renders for them.
+libnvidia-ml, the mock MPS control daemon), and ``real_nodes`` whole nodes (:mod:`.realnode`): the
+release's kubelet on containerd + runc, running the pods' containers with their GPUs injected by
+CDI, restarted as a process. What stands in on the other nodes: the Nodes (API objects without a
+kubelet) and their kubelets (:mod:`.kubelet`: the kubelet's gRPC calls into the agents, pod status,
+no containers). The agents and supervisors run as processes that the run restarts where a DaemonSet
+would, with the flags the operator renders for them.
 
 The workload keeps at most one unit per GPU alive, so every pod can run: ``plain`` (a claim from a
 template, one GPU), ``shared`` (one ResourceClaim, two pods), ``mps`` (one ResourceClaim with MPS
@@ -35,7 +37,7 @@ import yaml
 
 from gpudra_core.kubeapi import Kube, Obj, connect, is_status, resource_type
 from gpudra_core.quantity import parse_quantity
-from gpudra_driver.plugin.checkpoint import decode
+from gpudra_driver.plugin.checkpoint import COMPLETED, decode
 from gpudra_driver.plugin.plugin import socket_paths
 from gpudra_driver.plugin.state import CHECKPOINT_FILE
 from gpudra_operator.leaderelection import LOST_LEASE_EXIT
@@ -52,7 +54,8 @@ from gpudra_dev.localcluster.replicas import Replica, Replicas
 from gpudra_dev.localcluster.waiting import ConditionTimeout, wait_for
 
 from . import invariants as inv
-from .kubelet import KubeletStats, NodeKubelet
+from .kubelet import KubeletStats, NodeKubelet, allocated_devices, claim_names
+from .realnode import RealNode, container_spec, parse_output, pod_tolerations
 from .schedule import AGENT, APISERVER, ETCD, FAULT_KINDS, KUBELET, OPERATOR, Fault, counts_by_kind, make_schedule
 
 REPO = Path(__file__).resolve().parents[4]
@@ -69,6 +72,7 @@ AGENT_NAMESPACE = "gpudra-system"
 WORKLOAD_NAMESPACE = "chaos"
 UNIT_KINDS = ("plain", "shared", "mps", "consumable")
 CLAIM_UID = re.compile(r"claim_([0-9a-f-]{36})\.json$")
+REGISTERED = "registered with the kubelet as"  # what the agent logs each time a kubelet registers it
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -78,6 +82,7 @@ class Settings:
     seed: int
     duration: float  # seconds of faults and load; setup and the final checks come on top
     nodes: int = 3
+    real_nodes: int = 1  # of ``nodes``: the real kubelet on containerd + runc (the others: stand-ins)
     profile: str = "l4x2"
     replicas: int = 2
     mean_gap: float = 20.0  # mean seconds between the faults beyond one of each kind (0: none)
@@ -101,6 +106,15 @@ def _outcome(record: FaultRecord) -> str:
 
 
 @dataclass
+class RealNodeStats:
+    """One real node's share of the run, seen from outside (its kubelet's calls are its own)."""
+    pods_run: int = 0  # pods whose container ran and showed exactly its claims' GPUs, injected by CDI
+    claims_prepared: set[str] = field(default_factory=set)  # UIDs seen PrepareCompleted in its checkpoint
+    claims_unprepared: set[str] = field(default_factory=set)  # of those, UIDs whose entry went away
+    kubelet_restarts: int = 0
+
+
+@dataclass
 class Report:
     settings: Settings
     faults: list[FaultRecord] = field(default_factory=list)
@@ -108,7 +122,8 @@ class Report:
     pods_run: int = 0
     pods_deleted: int = 0
     units: dict[str, int] = field(default_factory=lambda: dict.fromkeys(UNIT_KINDS, 0))
-    kubelets: dict[str, KubeletStats] = field(default_factory=dict)
+    kubelets: dict[str, KubeletStats] = field(default_factory=dict)  # the stand-ins'
+    real_nodes: dict[str, RealNodeStats] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     # Processes that exited without a fault, restarted as their controller would: an operator
     # replica fenced off by its Lease (exit 3, by design) and anything else (a crash).
@@ -125,12 +140,16 @@ class Report:
         lines = [
             f"chaos run: seed {self.settings.seed} (reproduce: CHAOS_SEED={self.settings.seed} "
             f"CHAOS_DURATION={self.settings.duration:g} make chaos), {self.settings.nodes} nodes x "
-            f"{self.settings.profile}, {self.settings.replicas} operator replicas, {self.wall:.0f}s wall",
+            f"{self.settings.profile} ({len(self.real_nodes)} real), {self.settings.replicas} operator replicas, "
+            f"{self.wall:.0f}s wall",
             f"faults injected: {len(done)} ({', '.join(f'{k} {n}' for k, n in kinds.items())})",
             *(f"  {r.fault.describe()}: {_outcome(r)}" for r in self.faults),
             f"units created: {sum(self.units.values())} ({', '.join(f'{k} {n}' for k, n in self.units.items())})",
             f"pods: {self.pods_created} created, {self.pods_run} run, {self.pods_deleted} deleted",
-            f"claims: {len(set().union(*(s.claims_prepared for s in stats)))} prepared, "
+            *(f"real node {name} (kubelet, containerd, runc): {r.pods_run} pods ran with their claims' GPUs "
+              f"injected by CDI; {len(r.claims_prepared)} claims prepared, {len(r.claims_unprepared)} unprepared; "
+              f"kubelet restarted {r.kubelet_restarts} times" for name, r in self.real_nodes.items()),
+            f"stand-in nodes' claims: {len(set().union(*(s.claims_prepared for s in stats)))} prepared, "
             f"{len(set().union(*(s.claims_unprepared for s in stats)))} unprepared; kubelet calls: "
             f"{sum(s.prepared for s in stats)} claims prepared, {sum(s.unprepared for s in stats)} unprepared, "
             f"{sum(s.prepare_errors for s in stats)} prepare and {sum(s.unprepare_errors for s in stats)} unprepare "
@@ -154,8 +173,9 @@ class Node:
     sysfs: Path
     agent: AgentProcess
     supervisor: AgentProcess
-    kubelet: asyncio.Task[None]
-    stats: KubeletStats
+    kubelet: asyncio.Task[None]  # the stand-in; on a real node, the task watching its pods
+    real: RealNode | None = None
+    kubelet_stopped: bool = False  # the real kubelet is down for a fault (not exited on its own)
 
     @property
     def kubelet_dir(self) -> Path:
@@ -212,6 +232,8 @@ class ChaosRun:
         self.capacities: dict[inv.Device, dict[str, int]] = {}
         self.hardware: dict[str, list[str]] = {}
         self.gpu_uuids: dict[str, list[str]] = {}  # node -> its GPUs' UUIDs, as published
+        self.gpu_ids: dict[inv.Device, tuple[str, int]] = {}  # -> (UUID, minor), as published
+        self._prepared_seen: dict[str, frozenset[str]] = {}  # real node -> claims PrepareCompleted last seen
         self.tracker = inv.OrphanTracker(settings.orphan_grace)
         self.violations: set[str] = set()
         self.started = time.monotonic()
@@ -267,9 +289,13 @@ class ChaosRun:
         self.agent_args = tuple(sharing_args(sharing.consumable_capacity))  # what the operator renders
         self.hardware_count = len(yaml.safe_load((PROFILES / f"{s.profile}.yaml").read_text())["gpus"])
         for i in range(s.nodes):
-            name = f"chaos-{i}"
-            await create_fake_node(self.kube, name, GPU_NODE_LABELS)
-            self.nodes[name] = self._start_node(name)
+            if i < s.real_nodes:
+                name = f"chaos-real-{i}"
+                self.nodes[name] = await self._start_real_node(name)
+            else:
+                name = f"chaos-{i}"
+                await create_fake_node(self.kube, name, GPU_NODE_LABELS)
+                self.nodes[name] = self._start_node(name)
         (self.workdir / "operator").mkdir()
         operators = Replicas(self.plane, self.kube, self.workdir / "operator", AGENT_NAMESPACE)
         self.operators = operators
@@ -281,19 +307,40 @@ class ChaosRun:
         for node in self.nodes.values():
             await wait_for(partial(_exists, node.ready_file), timeout=60, what=f"agent on {node.name} ready")
         await self._create_templates()
-        self.say(f"cluster up in {time.monotonic() - self.started:.0f}s: {s.nodes} nodes, "
+        self.say(f"cluster up in {time.monotonic() - self.started:.0f}s: {s.nodes} nodes ({s.real_nodes} real), "
                  f"{sum(len(d) for d in self.hardware.values())} GPUs, agent flags {' '.join(self.agent_args)}")
 
-    def _start_node(self, name: str) -> Node:
+    def _start_node(self, name: str, real: RealNode | None = None) -> Node:
         workdir = self.workdir / name
         root = make_driver_root(workdir / "driver-root", self.settings.profile)
         sysfs = make_pci_sysfs(workdir / "sys", self.settings.profile)
-        stats = KubeletStats()
-        self.report.kubelets[name] = stats
-        node = Node(name, workdir, root, sysfs, agent=None, supervisor=None, kubelet=None, stats=stats)  # type: ignore[arg-type]
+        node = Node(name, workdir, root, sysfs, agent=None, supervisor=None, kubelet=None, real=real)  # type: ignore[arg-type]
         node.agent = self._start_agent(node)
         node.supervisor = self._start_supervisor(node)
-        node.kubelet = self._start_kubelet(node)
+        if real is None:
+            self.report.kubelets[name] = KubeletStats()
+            node.kubelet = self._start_kubelet(node)
+        else:
+            self.report.real_nodes[name] = RealNodeStats()
+            node.kubelet = asyncio.create_task(self._watch_real_node(node), name=f"pods of {name}")
+        return node
+
+    async def _start_real_node(self, name: str) -> Node:
+        """containerd + runc + the real kubelet (its Node registered by itself, tainted so that only
+        the workload's pods run there), Ready; then its agent and MPS supervisor."""
+        workdir = self.workdir / name
+        real = RealNode(workdir, bin_dir=self.plane.bin_dir, kubeconfig=self.plane.kubeconfig, name=name,
+                        cdi_dir=workdir / "cdi")
+        try:
+            real.start()  # from this (the main) thread, as the control plane
+            await real.wait_ready(self.kube)
+            node = self._start_node(name, real)
+        except BaseException:
+            problems = real.stop()
+            if problems:
+                self.say(f"{name} torn down after a failed start; left: {problems}")
+            raise
+        assert node.kubelet_dir == real.kubelet_dir, (node.kubelet_dir, real.kubelet_dir)
         return node
 
     def _start_agent(self, node: Node) -> AgentProcess:
@@ -310,7 +357,7 @@ class ChaosRun:
     def _start_kubelet(self, node: Node) -> asyncio.Task[None]:
         registration = socket_paths(node.kubelet_dir, self.driver, f"chaos-{node.name}")[1]
         kubelet = NodeKubelet(self.kube, node.name, driver=self.driver, registration_socket=registration,
-                              cdi_dir=node.cdi_dir, stats=node.stats, on_running=self._pod_running)
+                              cdi_dir=node.cdi_dir, stats=self.report.kubelets[node.name], on_running=self._pod_running)
         return asyncio.create_task(kubelet.run(), name=f"kubelet {node.name}")
 
     def _pod_running(self, pod: Obj) -> None:
@@ -319,6 +366,53 @@ class ChaosRun:
         if record is not None and record.running is None:
             self.pods[name] = replace(record, running=time.monotonic())
             self.report.pods_run += 1
+
+    async def _watch_real_node(self, node: Node) -> None:
+        """The real kubelet runs the pods: one counts as run once its container has printed what CDI
+        gave it, and that is exactly its claims' GPUs (their UUIDs and device nodes)."""
+        while True:
+            try:
+                async for pod in self.kube.list(POD, WORKLOAD_NAMESPACE, field_selector=f"spec.nodeName={node.name}"):
+                    await self._check_real_pod(node, pod)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                if not transient(error):
+                    self._violate([f"watching the pods on {node.name}: {type(error).__name__}: {error}"])
+                log.info("pods on %s: %s (next poll)", node.name, error)
+            await asyncio.sleep(0.5)
+
+    async def _check_real_pod(self, node: Node, pod: Obj) -> None:
+        assert node.real is not None
+        name = pod["metadata"]["name"]
+        record = self.pods.get(name)
+        if record is None or record.running is not None:
+            return
+        status = pod.get("status") or {}
+        if status.get("phase") in ("Failed", "Succeeded"):
+            self._violate([f"real-node: pod {name} on {node.name} ended ({status.get('phase')}): "
+                           f"{status.get('containerStatuses')}"])
+            return
+        if status.get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
+            return
+        injected = parse_output(node.real.container_output(pod))
+        if injected is None:
+            return
+        names = claim_names(pod)
+        if names is None:
+            return
+        held: set[inv.Device] = set()
+        for claim_name in names:
+            claim = await self.kube.get(CLAIM, claim_name, WORKLOAD_NAMESPACE)
+            if claim is None:
+                return
+            held |= allocated_devices(claim, self.driver)
+        want = {self.gpu_ids[d] for d in held}
+        if injected.uuids != {u for u, _ in want} or injected.minors != {m for _, m in want}:
+            self._violate([f"cdi: pod {name} on {node.name} saw GPUs {sorted(injected.uuids)}, device nodes "
+                           f"{sorted(injected.minors)}; its claims hold {sorted(want)}"])
+        self.report.real_nodes[node.name].pods_run += 1
+        self._pod_running(pod)
 
     async def _wait_published(self, timeout: float) -> None:
         want = [f"gpu-{i}" for i in range(self.hardware_count)]
@@ -335,6 +429,8 @@ class ChaosRun:
             pool = slice_["spec"]["pool"]["name"]
             for device in slice_["spec"]["devices"]:
                 self.gpu_uuids.setdefault(pool, []).append(device["attributes"]["uuid"]["string"])
+                self.gpu_ids[(pool, device["name"])] = (device["attributes"]["uuid"]["string"],
+                                                        device["attributes"]["minor"]["int"])
                 self.capacities[(pool, device["name"])] = {
                     name: int(parse_quantity(c["value"])) for name, c in (device.get("capacity") or {}).items()}
 
@@ -349,7 +445,8 @@ class ChaosRun:
     # --- the chaos: load, faults and checks at once -----------------------------------------
     async def _chaos(self) -> None:
         s = self.settings
-        schedule = make_schedule(s.seed, s.duration, nodes=sorted(self.nodes), replicas=s.replicas, mean_gap=s.mean_gap)
+        schedule = make_schedule(s.seed, s.duration, nodes=sorted(self.nodes), replicas=s.replicas, mean_gap=s.mean_gap,
+                                 real_nodes=sorted(n.name for n in self.nodes.values() if n.real is not None))
         self.say(f"{len(schedule)} faults scheduled: " + "; ".join(f.describe() for f in schedule))
         self.chaos_began = time.monotonic()
         stop = asyncio.Event()
@@ -411,6 +508,8 @@ class ChaosRun:
                 return await asyncio.to_thread(new.role) is not None
 
             await wait_for(answering, timeout=120, what=f"{new.user} to answer as active or standby", interval=0.2)
+        elif fault.kind == KUBELET and self.nodes[fault.target or ""].real is not None:
+            await self._restart_real_kubelet(self.nodes[fault.target or ""], fault.signal)
         elif fault.kind == KUBELET:
             node = self.nodes[fault.target or ""]
             node.kubelet.cancel()
@@ -418,6 +517,30 @@ class ChaosRun:
             node.kubelet = self._start_kubelet(node)
         else:  # pragma: no cover - the schedule makes only FAULT_KINDS
             raise ValueError(f"unknown fault kind {fault.kind!r} (known: {', '.join(FAULT_KINDS)})")
+
+    async def _restart_real_kubelet(self, node: Node, sig: str) -> None:
+        """The kubelet process stopped by ``sig`` and started again on the same root directory;
+        back once it reports its Node Ready and has registered the agent again."""
+        assert node.real is not None
+        log_text = node.agent.log_path.read_text(errors="replace")
+        registrations = log_text.count(REGISTERED)
+        node.kubelet_stopped = True
+        try:
+            code = await asyncio.to_thread(node.real.stop_kubelet, sig)
+            log.info("kubelet on %s stopped by %s: exit %s", node.name, sig, code)
+            node.real.start_kubelet()  # from the main thread: it dies with the run
+        finally:
+            node.kubelet_stopped = False
+        self.report.real_nodes[node.name].kubelet_restarts += 1
+        await node.real.wait_ready(self.kube)
+
+        async def registered_again() -> bool:
+            assert node.real is not None
+            node.real.assert_kubelet_running()
+            return node.agent.log_path.read_text(errors="replace").count(REGISTERED) > registrations
+
+        await wait_for(registered_again, timeout=60, what=f"the kubelet on {node.name} to register the agent again",
+                       interval=0.2)
 
     async def _restart_agent(self, node: Node) -> None:
         """SIGKILL, the DaemonSet pod not ready meanwhile (as its kubelet reports a dead container),
@@ -465,6 +588,11 @@ class ChaosRun:
                                  expected=code == LOST_LEASE_EXIT)
                     self.replicas[index] = self.operators.start(replica.user)
             for node in self.nodes.values():
+                kubelet = node.real.runtime.kubelet.process if node.real is not None else None
+                if kubelet is not None and not node.kubelet_stopped and kubelet.poll() is not None:
+                    assert node.real is not None
+                    self._exited(f"kubelet on {node.name}", kubelet.returncode, node.real.kubelet_log(5))
+                    node.real.start_kubelet()
                 code = node.agent.process.poll()
                 if code is not None:
                     self._exited(f"agent on {node.name}", code, node.agent.log_tail(5))
@@ -524,10 +652,12 @@ class ChaosRun:
         try:
             await self.kube.create({
                 "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": WORKLOAD_NAMESPACE},
-                "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 30,
-                         "resourceClaims": [{"name": "gpu", **source}],
-                         "containers": [{"name": "cuda", "image": "registry.k8s.io/pause:3.10",
-                                         "resources": {"claims": [{"name": "gpu"}]}}]}})
+                # Runnable on a real node as on a stand-in: the host network (a real node runs no
+                # CNI plugin), no ServiceAccount token, its taints tolerated.
+                "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 30, "hostNetwork": True,
+                         "automountServiceAccountToken": False, "enableServiceLinks": False,
+                         "tolerations": pod_tolerations(), "resourceClaims": [{"name": "gpu", **source}],
+                         "containers": [container_spec()]}})
         except Exception as error:
             if not is_status(error, 409):  # a retry of a create that went through
                 raise
@@ -578,6 +708,12 @@ class ChaosRun:
         cdi = frozenset(m.group(1) for p in (node.cdi_dir.iterdir() if node.cdi_dir.is_dir() else ())
                         if (m := CLAIM_UID.search(p.name)))
         mps = frozenset(d.pipe_dir.parent.name for d in mockstate.mps_daemons(node.driver_root))
+        if node.real is not None:  # what the real kubelet had prepared, and unprepared since
+            stats = self.report.real_nodes[node.name]
+            prepared = frozenset(uid for uid, (state, _) in entries.items() if state == COMPLETED)
+            stats.claims_prepared |= prepared
+            stats.claims_unprepared |= self._prepared_seen.get(node.name, frozenset()) - set(entries)
+            self._prepared_seen[node.name] = prepared
         return inv.NodeState(node.name, entries, cdi, mps)
 
     async def _check(self, *, final: bool = False) -> set[tuple[str, str, str]]:
@@ -660,8 +796,10 @@ class ChaosRun:
             return not waiting
 
         if not await within(all_running, "every pod of the workload running with its devices"):
-            self._violate([f"pod-not-run: {p.namespace}/{p.name}" for p in self.pods.values()
-                           if p.running is None and p.deleted is None])
+            for record in self.pods.values():
+                if record.running is None and record.deleted is None:
+                    self._violate([f"pod-not-run: {record.namespace}/{record.name}: "
+                                   f"{await self._pod_whereabouts(record)}"])
 
         async def converged() -> bool:
             slices = [s async for s in self.kube.list(SLICE, field_selector=f"spec.driver={self.driver}")]
@@ -677,6 +815,23 @@ class ChaosRun:
         if not await within(no_orphans, "no CDI spec, checkpoint entry or MPS daemon without its claim"):
             nodes, claims = await self._observe()
             self._violate([f"outlived-claim: {n}: {what} of claim {uid}" for n, what, uid in sorted(inv.orphans(nodes, claims))])
+
+    async def _pod_whereabouts(self, record: inv.PodRecord) -> str:
+        """Where a pod that never ran is, and why (for the report): its node, phase and containers'
+        states; on a real node, the kubelet's last words about it."""
+        pod = await self.kube.get(POD, record.name, record.namespace)
+        if pod is None:
+            return "gone"
+        node_name = pod["spec"].get("nodeName")
+        status = pod.get("status") or {}
+        text = (f"on {node_name or 'no node'}, {status.get('phase')}, conditions "
+                f"{[(c['type'], c['status'], c.get('reason')) for c in status.get('conditions') or []]}, "
+                f"containers {[c.get('state') for c in status.get('containerStatuses') or []]}")
+        node = self.nodes.get(node_name or "")
+        if node is not None and node.real is not None:
+            said = [line for line in node.real.kubelet_log(4000).splitlines() if record.name in line][-5:]
+            text += "; kubelet: " + " | ".join(said)
+        return text
 
     async def _drain(self) -> None:
         """Delete the whole workload: every claim must be unprepared on its node and nothing left."""
@@ -718,6 +873,10 @@ class ChaosRun:
             if node.kubelet is not None:
                 node.kubelet.cancel()
                 await asyncio.gather(node.kubelet, return_exceptions=True)
+        for node in self.nodes.values():
+            if node.real is not None:  # before its agent: the kubelet may still call it
+                node.kubelet_stopped = True
+                self._violate([f"the real node {node.name} left, torn down: {problem}" for problem in node.real.stop()])
         for replica in self.replicas:
             replica.operator.stop()
         for node in self.nodes.values():
@@ -762,9 +921,13 @@ def _mounts_under(directory: Path) -> list[str]:
 
 
 def settings_from_environment(default_duration: float) -> Settings:
-    """CHAOS_SEED (default: a new random one, printed), CHAOS_DURATION (seconds), CHAOS_NODES."""
+    """CHAOS_SEED (default: a new random one, printed), CHAOS_DURATION (seconds), CHAOS_NODES,
+    CHAOS_REAL_NODES (of those, how many are real: the kubelet on containerd + runc; default 1)."""
     seed_text = os.environ.get("CHAOS_SEED", "")
     seed = int(seed_text) if seed_text else random.SystemRandom().randrange(1, 2**31)
     duration = float(os.environ.get("CHAOS_DURATION", "") or default_duration)
     nodes = int(os.environ.get("CHAOS_NODES", "") or 3)
-    return Settings(seed=seed, duration=duration, nodes=nodes)
+    real_nodes = int(os.environ.get("CHAOS_REAL_NODES", "") or 1)
+    if not 0 <= real_nodes <= nodes:
+        raise ValueError(f"CHAOS_REAL_NODES={real_nodes}: between 0 and CHAOS_NODES={nodes}")
+    return Settings(seed=seed, duration=duration, nodes=nodes, real_nodes=real_nodes)

@@ -7,8 +7,13 @@ Fault kinds (docs/chaos.md says what each does to the local cluster):
 * ``etcd``: etcd stopped and started again in place (same data directory);
 * ``agent``: one node's ``gpudra agent`` SIGKILLed, then started again as its DaemonSet would;
 * ``operator``: one operator replica SIGKILLed, then started again as its Deployment would;
-* ``kubelet``: one node's kubelet stand-in stopped and started again (it registers with the agent
-  anew and forgets what it had in memory, as a restarted kubelet)."""
+* ``kubelet``: one node's kubelet stopped and started again: on a real node the kubelet process
+  (SIGTERM or SIGKILL, then started on the same state directories), on another the stand-in (it
+  registers with the agent anew and forgets what it had in memory, as a restarted kubelet).
+
+The guaranteed agent and kubelet faults (one of each kind comes in every run) hit a real node when
+there is one: the short run of ``make test`` then always restarts the real kubelet and SIGKILLs the
+agent it calls."""
 
 from __future__ import annotations
 
@@ -36,16 +41,20 @@ class Fault:
 
 
 def make_schedule(seed: int, duration: float, *, nodes: Sequence[str], replicas: int, mean_gap: float,
-                  guaranteed: Sequence[str] = FAULT_KINDS, warmup: float = 5.0, cooldown: float = 5.0,
-                  min_gap: float = 2.0) -> list[Fault]:
+                  real_nodes: Sequence[str] = (), guaranteed: Sequence[str] = FAULT_KINDS, warmup: float = 5.0,
+                  cooldown: float = 5.0, min_gap: float = 2.0) -> list[Fault]:
     """Faults due in ``[warmup, duration - cooldown]``, at least ``min_gap`` apart, sorted by time.
 
     Each kind of ``guaranteed`` comes once, in a shuffled order, one per equal slot of the window
     (so a short run still has every kind, spread over it); then more of random kinds come with
     exponential gaps of mean ``mean_gap`` (a Poisson process). ``mean_gap`` of 0: only the
-    guaranteed ones. The window must hold the guaranteed faults ``min_gap`` apart."""
+    guaranteed ones. The window must hold the guaranteed faults ``min_gap`` apart. The guaranteed
+    agent and kubelet faults hit one of ``real_nodes`` (of ``nodes``) when there are any."""
     if not nodes:
         raise ValueError("a chaos schedule needs at least one node")
+    strangers = sorted(set(real_nodes) - set(nodes))
+    if strangers:
+        raise ValueError(f"real node(s) {', '.join(strangers)} not among the nodes {', '.join(nodes)}")
     if replicas < 1:
         raise ValueError("a chaos schedule needs at least one operator replica")
     unknown = sorted(set(guaranteed) - set(FAULT_KINDS))
@@ -56,13 +65,13 @@ def make_schedule(seed: int, duration: float, *, nodes: Sequence[str], replicas:
         raise ValueError(f"a chaos run of {duration:g}s has no room for {len(guaranteed)} faults "
                          f"{min_gap:g}s apart after {warmup:g}s of warm-up and before {cooldown:g}s of cool-down")
     rng = random.Random(seed)
-    times: list[tuple[float, str]] = []
+    times: list[tuple[float, str, bool]] = []  # (due, kind, guaranteed)
     order = list(guaranteed)
     rng.shuffle(order)
     slot = (end - start) / max(len(order), 1)
     for i, kind in enumerate(order):
         # anywhere in its slot but its last min_gap, so consecutive slots keep them apart
-        times.append((start + i * slot + rng.uniform(0, max(slot - min_gap, 0)), kind))
+        times.append((start + i * slot + rng.uniform(0, max(slot - min_gap, 0)), kind, True))
     if mean_gap > 0:
         at = start
         while True:
@@ -70,10 +79,13 @@ def make_schedule(seed: int, duration: float, *, nodes: Sequence[str], replicas:
             if at > end:
                 break
             kind = rng.choice(FAULT_KINDS)
-            if all(abs(at - other) >= min_gap for other, _ in times):  # else it is dropped
-                times.append((at, kind))
-    return [Fault(round(at, 3), kind, _target(rng, kind, nodes, replicas), _signal(rng, kind))
-            for at, kind in sorted(times)]
+            if all(abs(at - other) >= min_gap for other, _, _ in times):  # else it is dropped
+                times.append((at, kind, False))
+    faults = []
+    for at, kind, sure in sorted(times):
+        target = _target(rng, kind, real_nodes if sure and real_nodes else nodes, replicas)
+        faults.append(Fault(round(at, 3), kind, target, _signal(rng, kind, real=target in real_nodes)))
+    return faults
 
 
 def _target(rng: random.Random, kind: str, nodes: Sequence[str], replicas: int) -> str | None:
@@ -84,8 +96,10 @@ def _target(rng: random.Random, kind: str, nodes: Sequence[str], replicas: int) 
     return None
 
 
-def _signal(rng: random.Random, kind: str) -> str:
-    if kind in (APISERVER, ETCD):
+def _signal(rng: random.Random, kind: str, *, real: bool) -> str:
+    """The control plane and a real kubelet: either signal; the agents and the operator: SIGKILL;
+    a kubelet stand-in is restarted (it is a task of the run, no process)."""
+    if kind in (APISERVER, ETCD) or (kind == KUBELET and real):
         return rng.choice(SIGNALS)
     return "SIGKILL" if kind in (AGENT, OPERATOR) else "restart"
 
