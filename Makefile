@@ -10,7 +10,7 @@ BENCH_ARGS ?=
 export KUBE_VERSION ETCD_VERSION
 BIN := $(VENV)/bin
 
-.PHONY: help venv allocator kube-bin helm-bin chart-schema chart-package chart-push sbom actionlint release-check ci debian-packages cdi-schema cdi-tools metadata-check nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry dra-example-driver promtool test unit typecheck demo demo-down bench fuzz explain-diff chaos protos wheels images image-operator image-agent base-image images-multiarch images-push mock-nvml-arm64 previous-release clean
+.PHONY: help venv allocator kube-bin helm-bin chart-schema chart-package chart-push sbom sbom-images syft actionlint release-check ci debian-packages cdi-schema cdi-tools metadata-check nvidia-ctk mock-nvml mock-nvidia-smi mock-mps-control containerd registry dra-example-driver promtool test unit typecheck demo demo-down bench fuzz explain-diff chaos protos wheels images image-operator image-agent base-image images-multiarch images-push mock-nvml-arm64 previous-release clean
 help:
 	@echo "make demo       local control plane with simulated GPU nodes (Ctrl-C stops it)"
 	@echo "make test       the whole suite against a real Kubernetes $(KUBE_VERSION) control plane"
@@ -42,6 +42,8 @@ help:
 	@echo "make chart-push CHART_REGISTRY=oci://host/path  push it as an OCI artifact (CHART_PUSH_FLAGS=\"--ca-file ca.crt\")"
 	@echo "make chart-schema  copy the GpuDraConfig CRD's spec schema into the chart's values.schema.json"
 	@echo "make sbom       a CycloneDX SBOM of the Python distribution in dist/ (docs/releasing.md)"
+	@echo "make sbom-images  a CycloneDX SBOM of each image per platform in dist/ (Debian, Python and Go packages; by syft; PLATFORMS=..., SBOM_IMAGES=agent)"
+	@echo "make syft       build Anchore's syft (pinned, from the Go module proxy) that make sbom-images scans the images with"
 	@echo "make actionlint check .github/workflows with rhysd/actionlint (pinned, from the Go module proxy)"
 	@echo "make release-check  pyproject.toml, Chart.yaml and the tag (RELEASE_TAG, default \$$GITHUB_REF_NAME) name one version"
 	@echo "make ci         what CI runs: .ci/run (as root; through sudo when not)"
@@ -162,10 +164,11 @@ test: venv allocator cdi-schema metadata-check mock-nvml mock-nvidia-smi mock-mp
 	  registry_dir="$$(hack/registry-bin.sh | tail -n 1)" && test -n "$$registry_dir" && \
 	  promtool_dir="$$(hack/promtool-bin.sh | tail -n 1)" && test -n "$$promtool_dir" && \
 	  actionlint_dir="$$(hack/actionlint-bin.sh | tail -n 1)" && test -n "$$actionlint_dir" && \
+	  syft_dir="$$(hack/syft-bin.sh | tail -n 1)" && test -n "$$syft_dir" && \
 	  images="$$(PLATFORM= IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) hack/images.sh operator agent | tail -n 1)" && test -n "$$images" && \
 	  GPUDRA_KUBE_BIN="$$bin_dir" GPUDRA_HELM="$$helm" GPUDRA_NVIDIA_CTK_DIR="$$nvctk" \
 	  GPUDRA_CDI_TOOLS_DIR="$$cdi_tools" GPUDRA_CONTAINERD_DIR="$$containerd_dir" GPUDRA_REGISTRY_DIR="$$registry_dir" \
-	  GPUDRA_PROMTOOL_DIR="$$promtool_dir" GPUDRA_ACTIONLINT_DIR="$$actionlint_dir" GPUDRA_TEST_OPERATOR_IMAGE="$${images%% *}" GPUDRA_TEST_AGENT_IMAGE="$${images##* }" $(BIN)/pytest $(PYTEST_ARGS)
+	  GPUDRA_PROMTOOL_DIR="$$promtool_dir" GPUDRA_ACTIONLINT_DIR="$$actionlint_dir" GPUDRA_SYFT_DIR="$$syft_dir" GPUDRA_TEST_OPERATOR_IMAGE="$${images%% *}" GPUDRA_TEST_AGENT_IMAGE="$${images##* }" $(BIN)/pytest $(PYTEST_ARGS)
 
 unit: venv allocator cdi-schema cdi-tools metadata-check mock-nvml mock-nvidia-smi mock-mps-control promtool
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
@@ -278,6 +281,16 @@ chart-schema: venv
 SBOM_OUT ?= dist
 sbom: venv
 	@SBOM_OUT="$(SBOM_OUT)" VENV="$(VENV)" PYTHON="$(PYTHON)" hack/sbom.sh
+
+# CycloneDX (JSON) of each image per platform (PLATFORMS, as images-multiarch), by hack/sbom-images.sh:
+# hack/images.sh's images (cached by content), podman save, Anchore's syft (hack/syft-bin.sh, cached
+# under ~/.cache/gpudra/syft/<version>), in SBOM_OUT. SBOM_IMAGES picks some: operator agent.
+SBOM_IMAGES ?= operator agent
+sbom-images: venv
+	@SBOM_OUT="$(SBOM_OUT)" VENV="$(VENV)" PLATFORMS="$(PLATFORMS)" IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) \
+	  hack/sbom-images.sh $(SBOM_IMAGES)
+syft:
+	@hack/syft-bin.sh >/dev/null
 
 # rhysd/actionlint over .github/workflows/*.yml, built by hack/actionlint-bin.sh, cached under
 # ~/.cache/gpudra/actionlint/<version>. Without shellcheck: every run step is one make command.

@@ -7,7 +7,8 @@
 #   SBOM_OUT   directory of the SBOM (default dist): <SBOM_OUT>/gpudra-<version>.cdx.json
 #   PYTHON     the interpreter of the SBOM's virtualenv (default python3)
 #   VENV       the development virtualenv with cyclonedx-py (default .venv; make venv)
-# Not in it: gpudra-allocator's Go modules (in the platform wheels and the operator image).
+# Not in it: gpudra-allocator's Go modules (in the platform wheels and the operator image; the
+# images' SBOMs, `make sbom-images` (hack/sbom-images.sh), list those of the operator image).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
