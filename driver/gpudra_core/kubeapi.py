@@ -413,7 +413,7 @@ class Kube:
         silent for longer than that (:class:`asyncio.TimeoutError`: a dead connection).
 
         Callers own the list-then-watch loop and handle ``ERROR`` events (410 Gone: relist); the
-        operator's is gpudra_operator.listwatch.ListThenWatch."""
+        informer-like one is gpudra_core.listwatch.ListThenWatch."""
         timeout_seconds = self.deadlines.watch if timeout_seconds is None else timeout_seconds
         query = {"watch": "true", "labelSelector": label_selector, "fieldSelector": field_selector,
                  "resourceVersion": resource_version, "allowWatchBookmarks": "true",

@@ -387,6 +387,12 @@ async def _main(args: argparse.Namespace) -> int:
              asyncio.create_task(_watch_mig_instances(plugin, events, args.rescan_interval), name="mig-instances"),
              asyncio.create_task(watch_daemons(plugin.state.sharing.mps, plugin.state.prepared_claims, events.post),
                                  name="mps-daemons")]
+    heard = None
+    if args.config:  # what its config's watch last said, for the uninstall decision at SIGTERM
+        from gpudra_driver.uninstall import HeardOfConfig, watch_config
+
+        heard = HeardOfConfig(args.config)
+        tasks.append(asyncio.create_task(watch_config(kube, heard), name="config-watch"))
     if args.ready_file:
         tasks.append(asyncio.create_task(
             _report_ready(Path(args.ready_file), plugin, publisher.published),
@@ -406,7 +412,7 @@ async def _main(args: argparse.Namespace) -> int:
     if stopper in done:  # SIGTERM: an uninstall takes what this agent put on the node with it
         from gpudra_driver.uninstall import leave_node
 
-        uninstalled = await leave_node(plugin, kube, events, config=args.config, driver=args.driver,
+        uninstalled = await leave_node(plugin, kube, events, config=args.config, driver=args.driver, heard=heard,
                                        node=args.node_name)
     await api.close()
     log.info("gpudra agent stopped%s", "" if uninstalled else "; ResourceSlices left in place for the next instance")

@@ -5,8 +5,10 @@ needs the node's state) from an uninstall (nothing comes). The API server does: 
 GpuDraConfig (``--config``, which the operator renders as ``$GPUDRA_CONFIG``) is *retired* when it
 is gone (or the CRD is) or being deleted, or when the API server no longer accepts the agent's
 credentials (401: its ServiceAccount or pod is gone, as `kubectl delete -k` deletes them). Anything
-else (403, a timeout, a server error) cannot tell, and the agent keeps everything, as it always
-did; so does an agent run without ``--config``.
+else (403, a timeout, a server error) cannot tell: then what a watch on the config, open since
+start-up, last said decides (a deletion everything at once can take the agent's RBAC before its
+pod, and an open watch still delivers), and without word of a deletion the agent keeps everything,
+as it always did; so does an agent run without ``--config``.
 
 Retired, the agent removes its node's ResourceSlices of its driver. Its files go only when the
 checkpoint holds nothing (no claim prepared, adopted or half done, no GPU whose sharing settings
@@ -14,8 +16,8 @@ it still has to put back) and no other instance of the driver serves on this nod
 driver's CDI specs, the checkpoint and its scratch files, the device metadata and MPS directories,
 stale sockets, the node lock and the plugin directory itself. Prepared claims keep all of it
 (their containers may restart, and a reinstalled agent unprepares them when their pods end); the
-agent says so in its log and in a Warning Event on its Node. :func:`plan_files` and
-:func:`config_retired` are pure; :func:`remove_files`, :func:`retired` and :func:`leave_node` are
+agent says so in its log and in a Warning Event on its Node. :func:`plan_files`,
+:func:`config_retired` and :func:`decide` are pure; :func:`remove_files`, :func:`retired` and :func:`leave_node` are
 the shell."""
 
 from __future__ import annotations
@@ -25,14 +27,15 @@ import errno
 import logging
 import os
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpudra_core.kubeapi import Kube, error_message, resource_type
+from gpudra_core.kubeapi import Kube, Obj, error_message, resource_type
+from gpudra_core.listwatch import ListThenWatch
 
 log = logging.getLogger(__name__)
 CONFIG = resource_type("gpudra.io/v1alpha1", "GpuDraConfig")
@@ -47,19 +50,75 @@ def config_retired(config: Mapping[str, Any] | None) -> bool:
     return config is None or bool((config.get("metadata") or {}).get("deletionTimestamp"))
 
 
-async def retired(kube: Kube, config_name: str) -> tuple[bool, str]:
-    """(retired, why) from the API server; never raises."""
+class HeardOfConfig:
+    """What a watch opened at start-up last said of the agent's GpuDraConfig (a
+    :class:`~gpudra_core.listwatch.ListWatchState`): None before its first list, then whether the
+    config is retired. Asked at SIGTERM when the API server no longer answers this agent: an
+    uninstall that deletes everything at once (`kubectl delete -k`, a GitOps prune) may remove the
+    agent's RBAC before its pod, but a watch opened before keeps delivering, the config's deletion
+    (or the CRD's, which deletes the config) included."""
+
+    def __init__(self, config_name: str) -> None:
+        self.config_name = config_name
+        self.retired: bool | None = None
+        self._listed = False
+
+    def list_started(self) -> None:
+        self._listed = False
+
+    async def list_page(self, items: list[Obj]) -> None:
+        for item in items:
+            if item["metadata"]["name"] == self.config_name:
+                self._listed = True
+                self._hear(config_retired(item))
+
+    async def list_done(self) -> None:
+        if not self._listed:
+            self._hear(True)  # gone (deleted while the watch was down, or never there)
+
+    def changed(self, obj: Obj) -> None:
+        self._hear(config_retired(obj))
+
+    def deleted(self, obj: Obj) -> None:
+        self._hear(True)
+
+    def _hear(self, retired: bool) -> None:
+        if retired != self.retired:
+            log.info("GpuDraConfig %s is %s (watched)", self.config_name,
+                     "gone or being deleted: stopped, this agent uninstalls" if retired else "in place")
+        self.retired = retired
+
+
+def watch_config(kube: Kube, heard: HeardOfConfig) -> Coroutine[Any, Any, None]:
+    """Keep ``heard`` current for the agent's life (a list, then a watch of that one config)."""
+    return ListThenWatch(kube, CONFIG, f"GpuDraConfig {heard.config_name}",
+                         field_selector=f"metadata.name={heard.config_name}").run(heard)
+
+
+async def retired(kube: Kube, config_name: str) -> tuple[bool | None, str]:
+    """(retired, why) from the API server, None where its answer cannot tell; never raises."""
     try:
         config = await kube.get(CONFIG, config_name)  # None: the config or the whole CRD is gone
     except ApiException as error:
         if error.status == 401:
             return True, "the API server no longer accepts this agent's credentials (its ServiceAccount or pod is gone)"
-        return False, f"reading GpuDraConfig {config_name} failed ({error.status}: {error_message(error)})"
+        return None, f"reading GpuDraConfig {config_name} failed ({error.status}: {error_message(error)})"
     except Exception as error:  # noqa: BLE001 - a deadline, a dropped connection: cannot tell
-        return False, f"reading GpuDraConfig {config_name} failed ({error!r})"
+        return None, f"reading GpuDraConfig {config_name} failed ({error!r})"
     if config_retired(config):
         return True, f"GpuDraConfig {config_name} is {'gone' if config is None else 'being deleted'}"
     return False, f"GpuDraConfig {config_name} is in place"
+
+
+def decide(answer: tuple[bool | None, str], heard: bool | None, config_name: str) -> tuple[bool, str]:
+    """Whether a stopping agent uninstalls (pure): the API server's answer where it tells, else
+    what the agent's watch last heard, else not (everything stays for the next instance)."""
+    is_retired, why = answer
+    if is_retired is not None:
+        return is_retired, why
+    if heard:
+        return True, f"{why}, and the watch saw GpuDraConfig {config_name} deleted"
+    return False, why
 
 
 async def delete_node_slices(kube: Kube, driver: str, node: str) -> int:
@@ -116,14 +175,17 @@ def remove_files(plan: FilePlan) -> list[str]:
             remove(path)
         except FileNotFoundError:
             pass
-        except OSError as error:  # a busy mount point (an MPS shm tmpfs still mounted), a file nobody planned for
+        except OSError as error:
+            if remove is os.rmdir and error.errno == errno.EBUSY and os.path.ismount(path) and not os.listdir(path):
+                continue  # the agent pod's own volume (the plugin directory, hostPath): emptied, it stays
+            # a busy mount point (an MPS shm tmpfs still mounted), a file nobody planned for
             left = f" ({', '.join(sorted(os.listdir(path)))})" if error.errno == errno.ENOTEMPTY else ""
             problems.append(f"{path}: {error.strerror or error}{left}")
     return problems
 
 
 async def leave_node(plugin: Any, kube: Kube, events: Any, *, config: str | None, driver: str, node: str,
-                     budget: float = API_BUDGET) -> bool:
+                     heard: HeardOfConfig | None = None, budget: float = API_BUDGET) -> bool:
     """After the plugin stopped on SIGTERM: if the agent's GpuDraConfig ``config`` is retired,
     remove what this agent put on the node (see the module docstring) and return True. An agent
     that knows no config (run by hand, not by the operator) leaves everything. Never raises: a stop
@@ -131,11 +193,13 @@ async def leave_node(plugin: Any, kube: Kube, events: Any, *, config: str | None
     if config is None:
         log.info("stopping; no --config, so never an uninstall")
         return False
+    answer: tuple[bool | None, str]
     try:
         async with asyncio.timeout(budget):
-            is_retired, why = await retired(kube, config)
+            answer = await retired(kube, config)
     except TimeoutError:
-        is_retired, why = False, f"the API server did not answer within {budget:g}s"
+        answer = None, f"the API server did not answer within {budget:g}s"
+    is_retired, why = decide(answer, heard.retired if heard else None, config)
     if not is_retired:
         log.info("stopping, not uninstalling (%s)", why)
         return False

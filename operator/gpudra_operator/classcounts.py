@@ -31,7 +31,7 @@ from gpudra_core.devicehealthstate import published_health
 from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.allocatorhelper import AllocatorHelper, Compiled, Outcome
 from gpudra_operator.deviceclasses.celrefs import device_projection, selector_references
-from gpudra_operator.listwatch import ListThenWatch
+from gpudra_core.listwatch import ListThenWatch
 
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
 log = logging.getLogger("gpudra.operator")
@@ -316,7 +316,7 @@ def allocated_devices(claim: Obj) -> tuple[DeviceKey, ...]:
 @dataclass
 class AllocatedDevices:
     """Every claim's allocated devices, from one list and then a watch of all ResourceClaims
-    (:class:`~gpudra_operator.listwatch.ListThenWatch` feeds it)."""
+    (:class:`~gpudra_core.listwatch.ListThenWatch` feeds it)."""
 
     kube: Kube
     page_size: int = 500

@@ -31,7 +31,7 @@ from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_operator.classcounts import (ClaimWatch, ClassCount, ClassSelectors, Matcher, SliceMatches, class_selectors,
                                          count, known_matches, match_slices, unmatched_slice)
 from gpudra_operator.features import FeatureProbe
-from gpudra_operator.listwatch import ListThenWatch
+from gpudra_core.listwatch import ListThenWatch
 
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
 log = logging.getLogger("gpudra.operator")

@@ -739,6 +739,17 @@ async def end_workloads(lab: Lab) -> None:
     await wait_for(unprepared, timeout=120, what="every claim to be unprepared")
 
 
+async def follow_logs(lab: Lab, pods: list[Obj], into: dict[str, str]) -> None:
+    """Keep the newest output of each pod's agent container in ``into``: the kubelet removes a
+    deleted pod's logs, and an uninstall's decision is in its last lines."""
+    while True:
+        for pod in pods:
+            text = pod_log(lab.node.node, pod, "agent")
+            if text:
+                into[pod["metadata"]["name"]] = text
+        await asyncio.sleep(0.1)
+
+
 async def _no_slices(lab: Lab) -> bool:
     return not [s async for s in lab.kube.list(SLICE, field_selector=f"spec.driver={DRIVER}")]
 
@@ -824,14 +835,24 @@ async def test_apply_k_upgrade_and_rollback_under_load_then_delete_k(lab: Lab, t
     # A bare `kubectl delete -k`, as a GitOps prune does it: the operator, the CRD and with it the
     # config all go at once, in no order gpudra chooses (docs/deploy.md#kubectl-and-gitops). No
     # finalizer holds the config, so the delete finishes; each agent cleans its node as it stops.
+    last_words: dict[str, str] = {}
+    following = asyncio.create_task(follow_logs(lab, await agent_pods(lab), last_words))
     started = time.monotonic()
-    kubectl_k(lab, "delete", new)
-    await wait_for(lambda: _agents_gone(lab), timeout=120, what="the agents to go with delete -k")
-    # An agent whose RBAC went first cannot delete its node's slices: the kubelet does, 30 s after
-    # the driver deregistered (defaultWipingDelay).
-    await wait_for(lambda: _no_slices(lab), timeout=90, what="the node's ResourceSlices to go")
-    print(f"[kustomize] bare kubectl delete -k: everything gone after {time.monotonic() - started:.1f}s")
-    await assert_nothing_left(lab)
+    await asyncio.to_thread(kubectl_k, lab, "delete", new)  # the loop follows the logs meanwhile
+    try:
+        await wait_for(lambda: _agents_gone(lab), timeout=120, what="the agents to go with delete -k")
+        # An agent whose RBAC went first cannot delete its node's slices: the kubelet does, 30 s after
+        # the driver deregistered (defaultWipingDelay).
+        await wait_for(lambda: _no_slices(lab), timeout=90, what="the node's ResourceSlices to go")
+        print(f"[kustomize] bare kubectl delete -k: everything gone after {time.monotonic() - started:.1f}s")
+        await assert_nothing_left(lab)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\nthe agents' last words:\n" + "\n".join(
+            f"{name}:\n{text[-3000:]}" for name, text in last_words.items())) from None
+    finally:
+        following.cancel()
+    print("[kustomize] the agent's last words: " + " | ".join(
+        line for text in last_words.values() for line in text.splitlines()[-4:]))
 
 
 # -- uninstall ---------------------------------------------------------------------------------------

@@ -160,9 +160,10 @@ async def test_create_update_repair_delete(kube: Kube, configs, namespace: str, 
 
     await wait_for(image_restored, timeout=15, what="the DaemonSet image to be restored")
 
-    # Deleting the config removes its children.
-    await kube.delete(CONFIG, name)
-    await wait_for(lambda: _absent(kube, CONFIG, name), timeout=60, what="the config to be finalized")
+    # Deleting the config removes its children; deleted in the foreground (kubectl delete
+    # --cascade=foreground), the config goes only once they are gone (blockOwnerDeletion).
+    await kube.delete(CONFIG, name, propagation="Foreground")
+    await wait_for(lambda: _absent(kube, CONFIG, name), timeout=60, what="the config and its children to go")
     assert await kube.get(DEVICE_CLASS, f"big-{suffix}.gpudra.io") is None
     assert await kube.get(DAEMONSET, "gpudra-agent", namespace) is None
 

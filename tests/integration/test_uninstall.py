@@ -32,10 +32,13 @@ from chartregistry import helm_binary
 from seedobjects import published_devices
 import test_images
 from test_images import podman
-from test_install import AGENT_NS, BASE, OPERATOR_NS, kustomize, request_token, token_kubeconfig
+from test_install import (AGENT_NS, BASE, CLUSTER_ROLE_BINDING, OPERATOR_NS, TokenClient, agent_pod, kustomize,
+                          request_token, token_kubeconfig)
 import test_kubelet_plugin
 from test_kubelet_plugin import allocated_claim, ref
 from test_mps import daemons_of, mps_config, supervisor
+
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpudra_core.kubeapi import Kube, Obj, ResourceType, resource_type
 from gpudra_dev.kubelet_client import DraClient
@@ -60,6 +63,7 @@ DEVICE_CLASS = resource_type("resource.k8s.io/v1", "DeviceClass")
 DAEMONSET = resource_type("apps/v1", "DaemonSet")
 POD = resource_type("v1", "Pod")
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
+CLUSTER_ROLE = resource_type("rbac.authorization.k8s.io/v1", "ClusterRole")
 
 
 @pytest.fixture
@@ -365,6 +369,72 @@ async def _unguarded(kube: Kube, name: str) -> bool:
     return config is not None and not config["metadata"].get("finalizers")
 
 
+async def test_an_agent_whose_rbac_went_first_uninstalls_on_what_its_watch_saw(
+        cluster: ControlPlane, kube: Kube, crd_installed: Obj, fake_nodes, driver: str, short_dir: Path,
+        tmp_path: Path) -> None:
+    """What a bare `kubectl delete -k` or a GitOps prune can do to an agent: delete its
+    ClusterRoleBinding, then (with the CRD) its config, and only then its pod. At SIGTERM the API
+    server refuses the agent (403), but the watch of its config it opened at start-up kept
+    delivering and saw the config deleted: it removes its node's files. (Its slices it may no longer
+    delete; the kubelet does.)"""
+    suffix = secrets.token_hex(3)
+    agent_ns = await create_scratch_namespace(kube, "rbac")
+    node = (await fake_nodes("rb"))["metadata"]["name"]
+    name = f"rb-{suffix}"
+    [role] = [o for o in kustomize(cluster) if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "gpudra-agent"]
+    role = {**role, "metadata": {"name": f"gpudra-agent-{suffix}"}}  # the shipped rules, under a name of its own
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": f"gpudra-agent-{suffix}"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]},
+               "subjects": [{"kind": "ServiceAccount", "name": "gpudra-agent", "namespace": agent_ns}]}
+    agent: AgentProcess | None = None
+    try:
+        await kube.create({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "gpudra-agent", "namespace": agent_ns}})
+        await kube.create(role)
+        await kube.create(binding)
+        pod = await kube.create(agent_pod(agent_ns, node, "agent"))
+        kubeconfig = token_kubeconfig(cluster, await request_token(kube, agent_ns, "gpudra-agent", pod),
+                                      tmp_path / "agent.kubeconfig")
+        await kube.create(gpudra_config(name, driver, namespace=agent_ns))
+        workdir = short_dir / node
+        agent = start_agent(kubeconfig=kubeconfig, node_name=node, nvml="fake:l4x2", driver=driver, workdir=workdir,
+                            env={"GPUDRA_CONFIG": name})
+        await published_devices(kube, driver, node, 2)
+        await wait_for(lambda: _logged(agent, f"GpuDraConfig {name} is in place (watched)"), timeout=30,
+                       what="the agent's watch of its config")
+
+        await kube.delete(CLUSTER_ROLE_BINDING, binding["metadata"]["name"])
+        async with TokenClient(kubeconfig, "gpudra-agent") as as_agent:
+            async def refused() -> bool:
+                try:
+                    await as_agent.get(CONFIG, name)
+                except ApiException as error:
+                    return error.status == 403
+                return False
+
+            await wait_for(refused, timeout=30, what="the API server to refuse the agent")
+        await kube.delete(CONFIG, name)
+        await wait_for(lambda: _logged(agent, f"GpuDraConfig {name} is gone or being deleted"), timeout=30,
+                       what="the agent's watch to see its config deleted")
+        assert agent.stop() == 0, agent.log_tail()
+        log = agent.log_path.read_text()
+        assert "(403: " in log and f"and the watch saw GpuDraConfig {name} deleted" in log, agent.log_tail()
+        assert node_files(workdir, driver) == [], agent.log_tail()
+    finally:
+        if agent is not None:
+            agent.stop()
+        await remove_config(kube, name)
+        await kube.delete(CLUSTER_ROLE_BINDING, binding["metadata"]["name"])
+        await kube.delete(CLUSTER_ROLE, role["metadata"]["name"])
+        async for leftover in kube.list(SLICE, field_selector=f"spec.driver={driver}"):  # the kubelet's part
+            await kube.delete(SLICE, leftover["metadata"]["name"])
+        await delete_namespace(kube, agent_ns)
+
+
+async def _logged(agent: AgentProcess, line: str) -> bool:
+    return line in agent.log_path.read_text()
+
+
 async def test_gpudra_uninstall_then_kubectl_delete_k_leaves_nothing(
         cluster: ControlPlane, kube: Kube, crd_installed: Obj, fake_nodes, driver: str, short_dir: Path,
         tmp_path: Path) -> None:
@@ -407,7 +477,9 @@ async def test_gpudra_uninstall_then_kubectl_delete_k_leaves_nothing(
         assert await stopping == 0, agent.log_tail()
         assert done.returncode == 0, done.stdout + done.stderr
         await scene.everything_gone()
-        assert f"uninstall: GpuDraConfig {name} is being deleted" in agent.log_path.read_text(), agent.log_tail()
+        said = agent.log_path.read_text()  # being deleted (foreground), or gone already, when its pod went
+        assert (f"uninstall: GpuDraConfig {name} is being deleted" in said
+                or f"uninstall: GpuDraConfig {name} is gone" in said), agent.log_tail()
         assert "forbidden" not in operator.log().lower()
         operator.stop()
 

@@ -166,8 +166,8 @@ def test_agent_role_is_what_the_agent_uses() -> None:
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["patch"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"], "resourceNames": ["gpu.gpudra.io"],
          "verbs": ["associated-node:patch", "associated-node:update"]},
-        # at SIGTERM, its own GpuDraConfig by name (gone or being deleted: an uninstall); no list or watch
-        {"apiGroups": ["gpudra.io"], "resources": ["gpudraconfigs"], "verbs": ["get"]},
+        # its own GpuDraConfig, by name and by a watch of that one (gone or being deleted at SIGTERM: an uninstall)
+        {"apiGroups": ["gpudra.io"], "resources": ["gpudraconfigs"], "verbs": ["get", "list", "watch"]},
         # Events on its Node and on the pods holding a device whose health changes: create only
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
 

@@ -5,11 +5,13 @@ tests/integration/test_uninstall.py."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
-from gpudra_driver.uninstall import FilePlan, config_retired, plan_files, remove_files
+from gpudra_driver.uninstall import FilePlan, HeardOfConfig, config_retired, decide, plan_files, remove_files
 from gpudra_operator.uninstall_cmd import Holder, holders, refusal, selected, still_there
 
 DRIVER = "gpu.gpudra.io"
@@ -111,3 +113,50 @@ def test_a_file_nobody_planned_for_keeps_the_plugin_directory_and_is_named(tmp_p
                                        plugin_files=[], subdirs=[]))
     assert len(problems) == 1 and str(plugin_dir) in problems[0] and "someone-elses" in problems[0]
     assert plugin_dir.is_dir()
+
+
+def test_the_api_servers_answer_decides_where_it_tells_else_what_the_watch_heard() -> None:
+    gone, in_place = (True, "GpuDraConfig c is gone"), (False, "GpuDraConfig c is in place")
+    refused = (None, "reading GpuDraConfig c failed (403: forbidden)")
+    assert decide(gone, None, "c") == gone
+    assert decide(in_place, True, "c") == in_place  # created again since the watch's last word
+    assert decide(refused, None, "c") == (False, refused[1])  # no word: everything stays
+    assert decide(refused, False, "c") == (False, refused[1])
+    assert decide(refused, True, "c") == (True, f"{refused[1]}, and the watch saw GpuDraConfig c deleted")
+
+
+async def test_what_the_watch_heard_follows_lists_and_events() -> None:
+    heard = HeardOfConfig("c")
+    assert heard.retired is None  # no word yet
+    heard.list_started()
+    await heard.list_page([{"metadata": {"name": "c"}}])
+    await heard.list_done()
+    assert heard.retired is False
+    heard.changed({"metadata": {"name": "c", "deletionTimestamp": "2026-12-07T00:00:00Z"}})
+    assert heard.retired is True
+    heard.changed({"metadata": {"name": "c"}})  # created again
+    assert heard.retired is False
+    heard.deleted({"metadata": {"name": "c"}})
+    assert heard.retired is True
+    heard.list_started()  # a relist that finds it gone (deleted while the watch was down)
+    heard.changed({"metadata": {"name": "c"}})
+    await heard.list_page([])
+    await heard.list_done()
+    assert heard.retired is True
+
+
+def test_the_agents_own_volume_is_emptied_and_left_without_a_problem(tmp_path: Path) -> None:
+    """The plugin directory is the agent pod's hostPath volume: a mount point in its container,
+    which rmdir cannot remove (EBUSY). Emptied, it is no problem; a busy one with files left is."""
+    volume = tmp_path / "plugins" / "gpu.example.com"
+    volume.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(volume)], check=True, timeout=30)
+    try:
+        (volume / "checkpoint.json").write_text("{}")
+        assert remove_files(FilePlan(files=(volume / "checkpoint.json",), empty_dirs=(volume,))) == []
+        assert volume.is_dir() and os.listdir(volume) == []
+        (volume / "stray").write_text("")
+        [problem] = remove_files(FilePlan(empty_dirs=(volume,)))
+        assert problem.startswith(f"{volume}: ")
+    finally:
+        subprocess.run(["umount", str(volume)], check=True, timeout=30)

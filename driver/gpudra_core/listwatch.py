@@ -1,5 +1,6 @@
-"""List, then watch, one kind of object: the operator's watch-fed state (the slices it counts,
-the claims whose devices are allocated) keeps itself current with this, as an informer does.
+"""List, then watch, one kind of object, as an informer does: the operator's watch-fed state (the
+slices it counts, the claims whose devices are allocated) and the agent's view of its own
+GpuDraConfig keep themselves current with this.
 
 A list is paged and one snapshot (every page at the first page's resourceVersion); the watch
 resumes from it. A clean end of the watch (the server's timeout) resumes from the last version
@@ -14,7 +15,7 @@ from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 
 from gpudra_core.kubeapi import Kube, Obj, ResourceType
 
-log = logging.getLogger("gpudra.operator")
+log = logging.getLogger(__name__)
 
 RETRY_INITIAL = 0.5  # seconds before the first retry of a failed list or watch
 RETRY_MAX = 30.0
