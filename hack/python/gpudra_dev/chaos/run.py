@@ -390,10 +390,12 @@ class ChaosRun:
             return
         status = pod.get("status") or {}
         if status.get("phase") in ("Failed", "Succeeded"):
-            self._violate([f"real-node: pod {name} on {node.name} ended ({status.get('phase')}): "
-                           f"{status.get('containerStatuses')}"])
+            # A pod being deleted ends as its container does (SIGTERM; the script exits 0): no wonder.
+            if record.deleted is None and not pod["metadata"].get("deletionTimestamp"):
+                self._violate([f"real-node: pod {name} on {node.name} ended ({status.get('phase')}) before it "
+                               f"was deleted: {status.get('containerStatuses')}"])
             return
-        if status.get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
+        if status.get("phase") != "Running":
             return
         injected = parse_output(node.real.container_output(pod))
         if injected is None:
