@@ -85,8 +85,6 @@ class ConfigLoops:
                 return
             try:
                 await self.reconciler.reconcile(self._bodies[name])
-            except asyncio.CancelledError:
-                raise
             except Exception as error:  # the next tick tries again
                 log.warning("drift check of GpuDraConfig %s failed: %s", name,
                             error_message(error) if isinstance(error, ApiException) else repr(error))
@@ -105,8 +103,6 @@ class ConfigLoops:
                 continue
             try:
                 result = await self.slice_gc.run_pass(dict(body))
-            except asyncio.CancelledError:
-                raise
             except Exception as error:  # never let one bad pass end the loop; the next interval retries
                 log.exception("ResourceSlice GC pass of GpuDraConfig %s failed: %s", name, error)
                 result = None

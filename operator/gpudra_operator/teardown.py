@@ -90,8 +90,6 @@ class Teardown:
                     deleted += await self.kube.delete(SLICE, slice_["metadata"]["name"], uid=slice_["metadata"]["uid"])
             log.info("GpuDraConfig %s removed: its DeviceClasses, agents and %d ResourceSlice(s) are gone",
                      config.name, deleted)
-        except asyncio.CancelledError:
-            raise
         except Exception as error:  # the garbage collector, the agents and the kubelet still clean up
             log.warning("teardown of the deleted GpuDraConfig %s stopped: %r", config.name, error)
 
