@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -125,22 +126,47 @@ def device_attributes(device: PreparedDevice) -> dict[str, dict[str, str | int |
     """The device's attributes in the ResourceSlice format (see the module docstring). Past the
     API's 32, what goes first: capacities, then published attributes; the identity (UUID,
     instance IDs, share) stays."""
-    identity: dict[str, AttrValue] = {}
-    if device.uuid:  # a dynamic MIG device's is known only once its instance is made
-        identity["uuid"] = AttrValue.of_string(device.uuid)
+    gi = ci = None
     if device.mig is not None and device.mig.created:
         assert device.mig.gi is not None and device.mig.ci is not None
-        identity["gpuInstanceId"] = AttrValue.of_int(device.mig.gi)
-        identity["computeInstanceId"] = AttrValue.of_int(device.mig.ci)
-    if device.share_id is not None:
-        identity["shareID"] = AttrValue.of_string(device.share_id)
-        for name, amount in device.consumed:
+        gi, ci = device.mig.gi, device.mig.ci
+    return _attributes(device.attributes, device.uuid, gi, ci, device.share_id, device.consumed)
+
+
+def _attributes(attributes: tuple[tuple[str, AttrValue], ...], uuid: str, gi: int | None, ci: int | None,
+                share_id: str | None, consumed: tuple[tuple[str, int], ...]) -> dict[str, dict[str, str | int | bool]]:
+    identity: dict[str, AttrValue] = {}
+    if uuid:  # a dynamic MIG device's is known only once its instance is made
+        identity["uuid"] = AttrValue.of_string(uuid)
+    if gi is not None and ci is not None:
+        identity["gpuInstanceId"] = AttrValue.of_int(gi)
+        identity["computeInstanceId"] = AttrValue.of_int(ci)
+    if share_id is not None:
+        identity["shareID"] = AttrValue.of_string(share_id)
+        for name, amount in consumed:
             if name in CAPACITIES:  # the claim names them: only this driver's capacities
                 identity[f"consumed{name[:1].upper()}{name[1:]}"] = AttrValue.of_int(amount)
-    published = [(n, v) for n, v in device.attributes if n not in identity and n not in CAPACITIES]
-    capacities = [(n, v) for n, v in device.attributes if n in CAPACITIES]
+    published = [(n, v) for n, v in attributes if n not in identity and n not in CAPACITIES]
+    capacities = [(n, v) for n, v in attributes if n in CAPACITIES]
     kept = [*identity.items(), *published, *capacities][:MAX_ATTRIBUTES]
     return {name: value.to_api() for name, value in sorted(kept, key=lambda item: item[0])}
+
+
+@lru_cache(maxsize=1024)
+def _attributes_json(attributes: tuple[tuple[str, AttrValue], ...], uuid: str, gi: int | None, ci: int | None,
+                     share_id: str | None, consumed: tuple[tuple[str, int], ...]) -> str:
+    """:func:`device_attributes` as compact JSON, once per device and share: the bulk of each
+    file, the same for every claim of the device (its attributes are discovery's tuple)."""
+    return json.dumps(_attributes(attributes, uuid, gi, ci, share_id, consumed), separators=(",", ":"))
+
+
+def _device_json(device: PreparedDevice, driver: str) -> str:
+    gi = ci = None
+    if device.mig is not None and device.mig.created:
+        gi, ci = device.mig.gi, device.mig.ci
+    head = json.dumps({"driver": driver, "pool": device.pool, "name": device.device}, separators=(",", ":"))
+    attributes = _attributes_json(device.attributes, device.uuid, gi, ci, device.share_id, device.consumed)
+    return f'{head[:-1]},"attributes":{attributes}}}'
 
 
 def metadata_object(claim: PreparedClaim, driver: str, request: str, version: str) -> dict[str, Any]:
@@ -159,13 +185,20 @@ def metadata_object(claim: PreparedClaim, driver: str, request: str, version: st
 
 
 def encode(claim: PreparedClaim, driver: str, request: str) -> bytes:
-    """``request``'s file: the object once per version, newest first, one per line. Encoded once:
-    the versions differ in ``apiVersion`` only, its second member."""
-    obj = metadata_object(claim, driver, request, VERSIONS[0])
-    head = f'{{"kind":"DeviceMetadata","apiVersion":"{GROUP}/'
-    del obj["kind"], obj["apiVersion"]
-    rest = json.dumps(obj, separators=(",", ":"))[1:]
-    return "".join(f'{head}{version}",{rest}\n' for version in VERSIONS).encode()
+    """``request``'s file: the object once per version, newest first, one per line; exactly
+    ``json.dumps`` of :func:`metadata_object` (compact), assembled from each device's cached
+    attributes. Encoded once: the versions differ in ``apiVersion`` only, its second member."""
+    assert claim.metadata is not None
+    base = base_request(request)
+    head: dict[str, Any] = {"metadata": {"name": claim.ref.name, "namespace": claim.ref.namespace,
+                                         "uid": claim.uid, "generation": 1}}
+    if claim.metadata.pod_claim_name:
+        head["podClaimName"] = claim.metadata.pod_claim_name
+    devices = ",".join(_device_json(d, driver) for d in claim.devices if base in d.requests)
+    rest = (f'{json.dumps(head, separators=(",", ":"))[1:-1]},"requests":[{{"name":{json.dumps(request)},'
+            f'"devices":[{devices}]}}]}}')
+    return "".join(f'{{"kind":"DeviceMetadata","apiVersion":"{GROUP}/{version}",{rest}\n'
+                   for version in VERSIONS).encode()
 
 
 def claim_metadata(requests: Iterable[str], pod_claim: str | None) -> ClaimMetadata:

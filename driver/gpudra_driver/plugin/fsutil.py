@@ -85,7 +85,9 @@ def write_exchanging(path: Path, data: bytes, scratch: Path, *, mode: int = 0o64
 def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data`` atomically (temp file ``.<name>.tmp-<pid>``, then rename).
     Callers serialise writers of one path (the node lock), so one temp name per process is enough."""
-    tmp = path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}")
+    target = os.fspath(path)
+    directory, name = os.path.split(target)  # not pathlib: on the kubelet's critical path, per file
+    tmp = os.path.join(directory, f".{name}{TEMP_MARK}{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
     try:
         try:
@@ -94,9 +96,9 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
                 view = view[os.write(fd, view):]
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
-        remove(tmp)
+        remove(Path(tmp))
         raise
 
 

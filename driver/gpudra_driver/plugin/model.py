@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, Literal, TypeAlias
 
 from gpudra_core import limits
@@ -146,6 +146,13 @@ class MigModeOff:
         return cls(tuple(data["geometry"]) if "geometry" in data else None)
 
 
+@lru_cache(maxsize=1024)
+def _attributes_json(attributes: tuple[tuple[str, AttrValue], ...]) -> str:
+    """A device's recorded attributes as canonical JSON, once per device: every claim prepared on
+    it records discovery's same tuple."""
+    return json.dumps({name: value.to_api() for name, value in attributes}, sort_keys=True, separators=(",", ":"))
+
+
 @dataclass(frozen=True)
 class PreparedDevice:
     requests: tuple[str, ...]  # request names (subrequests stripped), as the kubelet wants them
@@ -172,6 +179,12 @@ class PreparedDevice:
         return dict(self.consumed).get("memory", 0)
 
     def to_json(self) -> dict[str, Any]:
+        data = self._json_without_attributes()
+        if self.attributes:
+            data["attributes"] = {name: value.to_api() for name, value in self.attributes}
+        return data
+
+    def _json_without_attributes(self) -> dict[str, Any]:
         data: dict[str, Any] = {"requests": list(self.requests), "pool": self.pool, "device": self.device,
                                 "uuid": self.uuid, "deviceNodes": list(self.device_nodes),
                                 "cdiDeviceID": self.cdi_device_id}
@@ -188,9 +201,18 @@ class PreparedDevice:
             data["mig"] = self.mig.to_json()
         if self.mig_mode_off is not None:
             data["migModeOff"] = self.mig_mode_off.to_json()
-        if self.attributes:
-            data["attributes"] = {name: value.to_api() for name, value in self.attributes}
         return data
+
+    def canonical_json(self) -> str:
+        """:meth:`to_json` as canonical JSON (sorted keys, compact). The attributes, most of an
+        entry, are encoded once per device (:func:`_attributes_json`) and spliced in where
+        ``sort_keys`` puts them: after ``adminAccess``, before ``cdiDeviceID`` (always there)."""
+        if not self.attributes:
+            return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        body = json.dumps(self._json_without_attributes(), sort_keys=True, separators=(",", ":"))
+        head = '{"adminAccess":true,' if self.admin_access else "{"
+        assert body.startswith(head + '"cdiDeviceID":'), body
+        return f'{head}"attributes":{_attributes_json(self.attributes)},{body[len(head):]}'
 
     @property
     def needs_version_3(self) -> bool:
@@ -274,8 +296,13 @@ class PreparedClaim:
 
     @cached_property
     def canonical_json(self) -> str:
-        """:meth:`to_json` as canonical JSON (sorted keys, no spaces), encoded once per claim."""
-        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        """:meth:`to_json` as canonical JSON (sorted keys, no spaces), encoded once per claim, from
+        its devices' (``devices`` sorts first, before ``metadata``, ``name``, ``namespace``)."""
+        rest: dict[str, Any] = {"namespace": self.ref.namespace, "name": self.ref.name}
+        if self.metadata is not None:
+            rest["metadata"] = self.metadata.to_json()
+        devices = ",".join(device.canonical_json() for device in self.devices)
+        return f'{{"devices":[{devices}],{json.dumps(rest, sort_keys=True, separators=(",", ":"))[1:]}'
 
     @classmethod
     def from_json(cls, uid: str, data: dict[str, Any]) -> PreparedClaim:
