@@ -155,8 +155,9 @@ def held_claims(checkpoint: Any) -> tuple[str, ...]:
 def plan_files(*, held: Sequence[str], other_instance: Path | None, cdi_specs: Sequence[Path],
                plugin_dir: Path, plugin_files: Sequence[Path], subdirs: Sequence[Path]) -> FilePlan:
     """The removal plan. ``plugin_files``: the plugin directory's files (checkpoint, its scratch
-    files, stale sockets, the node lock); ``subdirs``: its directories (device metadata, MPS),
-    removed whole: with nothing held, whatever is in them is an orphan."""
+    files, stale sockets, the node lock); ``subdirs``: its directories (MPS, an earlier release's
+    device metadata) and the driver's device metadata directory in the CDI directory, removed
+    whole: with nothing held, whatever is in them is an orphan."""
     if held:
         return FilePlan(kept_claims=tuple(held))
     if other_instance is not None:

@@ -26,6 +26,7 @@ from gpudra_core.kubeapi import Kube, Obj, resource_type
 from gpudra_dev.localcluster.controlplane import ControlPlane
 from gpudra_dev.localcluster.waiting import wait_for
 from gpudra_driver.plugin import devicemetadata
+from gpudra_driver.plugin.cdi import metadata_dir
 
 CLAIM = resource_type("resource.k8s.io/v1", "ResourceClaim")
 PROFILE = "dgx-h100"
@@ -130,7 +131,7 @@ async def test_a_template_claims_and_a_named_two_gpu_claims_containers_read_thei
 
     # the pods gone, the claims are unprepared: their metadata files go with their specs
     uids = [c["metadata"]["uid"] for c in [await kube.get(CLAIM, status["resourceClaimName"], namespace), claim] if c]
-    root = node.kubelet_dir / "plugins" / driver / devicemetadata.SUBDIR
+    root = metadata_dir(node.cdi_dir, driver)
     assert {devicemetadata.claim_uid_of(p.name) for p in root.iterdir()} == set(uids)
     for name in ("train", "train-2"):
         await kube.delete(POD, name, namespace, grace_period_seconds=0)

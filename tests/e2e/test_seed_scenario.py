@@ -22,6 +22,7 @@ from gpudra_dev.localcluster.controlplane import find_binaries
 from gpudra_dev.localcluster.gpucluster import DEMO_NODES, LocalGpuCluster
 from gpudra_dev.localcluster.seed import published_device, run_seed
 from gpudra_dev.localcluster.waiting import wait_for
+from gpudra_driver.plugin.cdi import metadata_dir
 
 SAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "samples"
 POD = resource_type("v1", "Pod")
@@ -93,7 +94,9 @@ async def test_seed_job_lands_on_a_64gi_gpu_is_prepared_and_unprepared(gpu_clust
     async with DraClient(registered.endpoint, registered.version) as kubelet:
         unprepared = await kubelet.unprepare([("default", result.claim_name, uid)])
     assert unprepared.claims[uid].error == ""
-    assert not result.cdi_spec_path.exists() and list(gpu_cluster.cdi_dir(node).iterdir()) == []
+    cdi = gpu_cluster.cdi_dir(node)  # nothing left but the (now empty) directory of device metadata files
+    assert not result.cdi_spec_path.exists() and [p.name for p in cdi.iterdir()] == [metadata_dir(cdi, driver).name]
+    assert not list(metadata_dir(cdi, driver).iterdir())
     assert checkpoint_states(kubelet_dir, driver) == {}
 
 

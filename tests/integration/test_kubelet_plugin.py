@@ -26,7 +26,7 @@ from nodestate import checkpoint_states
 from seedobjects import published_devices, seed_objects
 
 from gpudra_core.kubeapi import Kube, Obj, resource_type
-from gpudra_driver.plugin import devicemetadata
+from gpudra_driver.plugin.cdi import metadata_dir
 from gpudra_driver.plugin.checkpoint import is_leftover
 from gpudra_driver.plugin.state import CHECKPOINT_FILE
 from gpudra_dev.kubelet_client import DraClient, Registered, probe_health, register
@@ -240,11 +240,12 @@ async def test_bad_claims_get_their_own_errors_over_v1beta1(kube: Kube, namespac
             assert fragment in errors[uid], (uid, errors[uid])
         # Only the good claim's spec and its device metadata file were written, nothing anywhere else,
         # and the server still serves.
-        assert sorted(os.listdir(plugin.cdi_dir)) == [plugin.spec_path(good["metadata"]["uid"]).name]
-        metadata = f"kubelet/plugins/{driver}/{devicemetadata.SUBDIR}"
-        assert files_outside_cdi() == sorted([*before, metadata, f"{metadata}/{good['metadata']['uid']}_gpu.json"])
+        metadata = metadata_dir(plugin.cdi_dir, driver)
+        assert sorted(os.listdir(plugin.cdi_dir)) == sorted([plugin.spec_path(good["metadata"]["uid"]).name, metadata.name])
+        assert os.listdir(metadata) == [f"{good['metadata']['uid']}_gpu.json"]
+        assert files_outside_cdi() == before
         assert (await kubelet.unprepare([ref(good)])).claims[good["metadata"]["uid"]].error == ""
-        assert os.listdir(plugin.cdi_dir) == []
+        assert os.listdir(plugin.cdi_dir) == [metadata.name] and os.listdir(metadata) == []
 
 
 async def test_unwritable_cdi_directory_is_a_per_claim_error(kube: Kube, namespace: str, fake_nodes,
@@ -288,7 +289,7 @@ async def test_sigkill_mid_prepare_loses_nothing_and_leaves_nothing(kube: Kube, 
     uid = crashing["metadata"]["uid"]
     # a plain claim is committed with one write: killed between its device metadata file, then its
     # spec, and that write, it left them with no entry naming them
-    metadata = first.workdir / "kubelet" / "plugins" / driver / devicemetadata.SUBDIR / f"{uid}_gpu.json"
+    metadata = metadata_dir(first.cdi_dir, driver) / f"{uid}_gpu.json"
     assert metadata.is_file() and doomed.spec_path(uid).exists() == (point == "after-cdi-write")
     assert uid not in doomed.checkpoint()
     assert doomed.registration_socket.exists()  # SIGKILL left its sockets behind

@@ -18,8 +18,7 @@ from plugin_fixtures import DRIVER, NODE, claim, devices, driver_files, result
 
 from gpudra_driver.plugin import checkpoint as ckpt
 from gpudra_driver.plugin import fsutil
-from gpudra_driver.plugin.cdi import CdiDir
-from gpudra_driver.plugin.devicemetadata import SUBDIR as METADATA
+from gpudra_driver.plugin.cdi import CdiDir, metadata_dir
 from gpudra_driver.plugin.faults import POINTS, FaultHook
 from gpudra_driver.plugin.locking import LOCK_TIMEOUT
 from gpudra_driver.plugin.model import ClaimError, ClaimRef
@@ -53,7 +52,7 @@ class CrashAt(FaultHook):
 def make(tmp_path: Path, fault: FaultHook | None = None, boot: str = "boot-1",
          cls: type[DeviceState] = DeviceState, gpu_control: Any = None,
          lock_timeout: float = LOCK_TIMEOUT) -> DeviceState:
-    cdi = CdiDir(tmp_path / "cdi", DRIVER, driver_files(), metadata_root=tmp_path / "plugin" / METADATA)
+    cdi = CdiDir(tmp_path / "cdi", DRIVER, driver_files(), metadata_root=metadata_dir(tmp_path / "cdi", DRIVER))
     state = cls(tmp_path / "plugin", cdi, driver=DRIVER, node=NODE,
                 boot_id=boot, fault=fault if fault is not None else CrashAt(), gpu_control=gpu_control,
                 lock_timeout=lock_timeout)
@@ -67,7 +66,8 @@ def items(*pairs):
 
 
 def spec_files(tmp_path: Path) -> list[str]:
-    return sorted(os.listdir(tmp_path / "cdi"))
+    """The CDI directory's files (the device metadata directory in it aside)."""
+    return sorted(n for n in os.listdir(tmp_path / "cdi") if not (tmp_path / "cdi" / n).is_dir())
 
 
 async def test_prepare_writes_spec_and_checkpoint_then_unprepare_removes_both(tmp_path: Path) -> None:
@@ -122,8 +122,8 @@ async def test_an_unwritable_cdi_directory_is_a_per_claim_error_and_nothing_is_r
     assert "writing its CDI spec" in (out[A].error or "")
     assert ckpt.load(state.checkpoint_path, "boot-1")[0].claims == {}
     assert sorted(os.listdir(tmp_path)) == ["cdi", "plugin"]
-    assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", METADATA, "serialize.lock"]
-    assert not os.listdir(tmp_path / "plugin" / METADATA)  # its device metadata files gone with it
+    assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", "serialize.lock"]
+    assert not metadata_dir(tmp_path / "cdi", DRIVER).exists()  # no device metadata file either (it goes in there)
 
 
 async def test_a_deleted_spec_of_a_prepared_claim_is_written_again(tmp_path: Path) -> None:
@@ -387,13 +387,13 @@ async def test_a_crash_anywhere_in_prepare_loses_nothing_and_leaves_nothing(tmp_
     if kind == "plain" and point == "after-cdi-write":  # the spec is there, nothing names it yet
         assert state.cdi.claim_uids() == {A, B} and set(ckpt.load(state.checkpoint_path, "boot-1")[0].claims) == {A}
     if point == "after-metadata-write":  # B's files are there, its spec is not
-        assert (tmp_path / "plugin" / METADATA / f"{B}_gpu.json").is_file() and not state.cdi.exists(B)
+        assert (metadata_dir(tmp_path / "cdi", DRIVER) / f"{B}_gpu.json").is_file() and not state.cdi.exists(B)
     restarted = make(tmp_path, gpu_control=control)  # a new agent instance: start-up reconciliation
     # the writers' temp and scratch files are gone too: a crash may have left them half-written
-    assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", METADATA, "serialize.lock"]
+    assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", "serialize.lock"]
     claims = ckpt.load(restarted.checkpoint_path, "boot-1")[0].claims
     # device metadata: the files of the claims kept, none of the others, no temp file
-    assert sorted(os.listdir(tmp_path / "plugin" / METADATA)) == sorted(f"{uid}_gpu.json" for uid in claims)
+    assert sorted(os.listdir(metadata_dir(tmp_path / "cdi", DRIVER))) == sorted(f"{uid}_gpu.json" for uid in claims)
     prepared_b = point == "after-checkpoint-completed"  # B completed before the crash: kept
     assert set(claims) == ({A, B} if prepared_b else {A})
     assert all(e.state == ckpt.COMPLETED for e in claims.values())
@@ -405,7 +405,7 @@ async def test_a_crash_anywhere_in_prepare_loses_nothing_and_leaves_nothing(tmp_
     assert out[B].error is None and restarted.cdi.claim_uids() == {A, B}
     for uid in (A, B):
         load_and_validate(restarted.cdi.spec_path(uid))
-        assert (tmp_path / "plugin" / METADATA / f"{uid}_gpu.json").is_file()
+        assert (metadata_dir(tmp_path / "cdi", DRIVER) / f"{uid}_gpu.json").is_file()
 
 
 async def test_a_crash_in_unprepare_leaves_no_orphan_after_restart(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from gpudra_driver.discovery import scan
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 from gpudra_driver.plugin import checkpoint as ckpt
 from gpudra_driver.plugin import devicemetadata as dm
-from gpudra_driver.plugin.cdi import CdiDir, cdi_spec
+from gpudra_driver.plugin.cdi import CdiDir, cdi_spec, metadata_dir
 from gpudra_driver.plugin.checkpoint import Checkpoint
 from gpudra_driver.plugin.devicenodes import node_devices
 from gpudra_driver.plugin.driverfiles import DriverFilesCache
@@ -194,8 +194,15 @@ def test_a_dynamic_mig_record_with_its_instance_round_trips() -> None:
     assert ckpt.decode(ckpt.encode(Checkpoint("b").started(made))).claims[UID].claim == made
 
 
-def make(tmp_path: Path, *, device_metadata: bool = True) -> DeviceState:
-    cdi = CdiDir(tmp_path / "cdi", DRIVER, driver_files(), metadata_root=tmp_path / "plugin" / dm.SUBDIR)
+def make(tmp_path: Path, *, device_metadata: bool = True, release: str = "this") -> DeviceState:
+    """The agent's state, laid out as this release lays it out (the metadata files in the CDI
+    directory, an earlier release's directory read for its claims) or as the one before did."""
+    legacy = tmp_path / "plugin" / dm.LEGACY_SUBDIR
+    if release == "this":
+        cdi = CdiDir(tmp_path / "cdi", DRIVER, driver_files(), metadata_root=metadata_dir(tmp_path / "cdi", DRIVER),
+                     legacy_metadata_roots=(legacy,))
+    else:
+        cdi = CdiDir(tmp_path / "cdi", DRIVER, driver_files(), metadata_root=legacy)
     state = DeviceState(tmp_path / "plugin", cdi, driver=DRIVER, node=NODE, boot_id="boot-1",
                         device_metadata=device_metadata)
     state.recover()
@@ -204,7 +211,7 @@ def make(tmp_path: Path, *, device_metadata: bool = True) -> DeviceState:
 
 
 def metadata_file(tmp_path: Path, uid: str = UID, request: str = "gpu") -> Path:
-    return tmp_path / "plugin" / dm.SUBDIR / f"{uid}_{request}.json"
+    return metadata_dir(tmp_path / "cdi", DRIVER) / f"{uid}_{request}.json"
 
 
 async def test_prepare_writes_the_files_and_unprepare_removes_them(tmp_path: Path) -> None:
@@ -215,6 +222,51 @@ async def test_prepare_writes_the_files_and_unprepare_removes_them(tmp_path: Pat
     assert metadata_file(tmp_path).stat().st_mode & 0o777 == 0o644  # readable by any container user
     assert await state.unprepare([ClaimRef("ns", "c1", UID)]) == {UID: None}
     assert not metadata_file(tmp_path).exists()
+
+
+async def test_a_claim_an_earlier_release_prepared_keeps_its_files_and_spec_until_it_is_unprepared(
+        tmp_path: Path) -> None:
+    """The release before put the files in the plugin directory: an upgrade leaves a running claim's
+    spec and files as they are (no rewrite of every prepared claim at start-up, nor at the
+    kubelet's repeated prepare), takes an orphan there with the others, and removes the claim's
+    files from there at its unprepare; new claims get theirs beside the specs."""
+    legacy = tmp_path / "plugin" / dm.LEGACY_SUBDIR
+    old = make(tmp_path, release="before")
+    ref, obj = ClaimRef("ns", "c1", UID), claim(UID, results=[result("gpu-3")])
+    first = (await old.prepare([(ref, obj)]))[UID]
+    spec, before = old.cdi.spec_path(UID), old.cdi.spec_path(UID).stat()
+    assert (legacy / f"{UID}_gpu.json").is_file() and str(legacy) in spec.read_text()
+    (legacy / f"{OTHER}_gpu.json").write_text("{}")  # what a crash of that release left
+
+    new = make(tmp_path)  # the upgrade: start-up reconciles
+    assert (spec.stat().st_ino, spec.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert sorted(p.name for p in legacy.iterdir()) == [f"{UID}_gpu.json"] and not metadata_file(tmp_path).exists()
+    assert (await new.prepare([(ref, obj)]))[UID] == first  # the kubelet asks again: the same answer
+    assert spec.stat().st_mtime_ns == before.st_mtime_ns
+    fresh = (await new.prepare([(ClaimRef("ns", "c2", OTHER), claim(OTHER, name="c2", results=[result("gpu-4")]))]))
+    assert fresh[OTHER].error is None and metadata_file(tmp_path, OTHER).is_file()
+    assert str(metadata_dir(tmp_path / "cdi", DRIVER)) in new.cdi.spec_path(OTHER).read_text()
+
+    assert await new.unprepare([ref]) == {UID: None}
+    assert not spec.exists() and not list(legacy.iterdir())
+    make(tmp_path)  # the next start: the earlier release's directory, empty, goes
+    assert not legacy.exists() and (tmp_path / "plugin").is_dir()
+
+
+async def test_start_up_writes_a_claims_files_where_its_rewritten_spec_mounts_them(tmp_path: Path) -> None:
+    """A spec that must be written again (here: deleted) is written for this release's directory,
+    and its files there with it, even while the earlier release's copies are in place."""
+    legacy = tmp_path / "plugin" / dm.LEGACY_SUBDIR
+    old = make(tmp_path, release="before")
+    ref, obj = ClaimRef("ns", "c1", UID), claim(UID, results=[result("gpu-3")])
+    await old.prepare([(ref, obj)])
+    old.cdi.spec_path(UID).unlink()
+    new = make(tmp_path)
+    spec = load_and_validate(new.cdi.spec_path(UID))
+    mounts = [m["hostPath"] for d in spec["devices"] for m in d["containerEdits"].get("mounts", [])]
+    assert mounts == [str(metadata_file(tmp_path))] and metadata_file(tmp_path).is_file()
+    assert await new.unprepare([ref]) == {UID: None}
+    assert not metadata_file(tmp_path).exists() and not list(legacy.iterdir())
 
 
 async def test_off_new_claims_get_none_and_claims_prepared_with_them_keep_them(tmp_path: Path) -> None:

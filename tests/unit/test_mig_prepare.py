@@ -21,8 +21,7 @@ from gpudra_dev.localcluster.mockstate import mig_devices
 from gpudra_driver.discovery import scan
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 from gpudra_driver.plugin import checkpoint as ckpt
-from gpudra_driver.plugin.cdi import CdiDir
-from gpudra_driver.plugin.devicemetadata import SUBDIR as METADATA
+from gpudra_driver.plugin.cdi import CdiDir, metadata_dir
 from gpudra_driver.plugin.devicenodes import mig_cap_minor_fallback, node_devices
 from gpudra_driver.plugin.faults import POINTS
 from gpudra_driver.plugin.miginstances import MigInstances
@@ -44,7 +43,7 @@ def instances(tmp_path: Path) -> list[tuple[int, int]]:
 
 
 def make(tmp_path: Path, fault: CrashAt | None = None, profile: str = PROFILE) -> DeviceState:
-    cdi = CdiDir(tmp_path / "cdi", DRIVER, driver_files(PROFILE), metadata_root=tmp_path / "plugin" / METADATA)
+    cdi = CdiDir(tmp_path / "cdi", DRIVER, driver_files(PROFILE), metadata_root=metadata_dir(tmp_path / "cdi", DRIVER))
     state = DeviceState(tmp_path / "plugin", cdi, driver=DRIVER,
                         node=NODE, boot_id="boot-1", fault=fault if fault is not None else CrashAt(),
                         mig=MigInstances(lambda: nvml(tmp_path, profile), mig_cap_minor_fallback))
@@ -89,7 +88,7 @@ async def test_prepare_creates_the_instance_at_the_placement_and_unprepare_destr
     assert '"version":5' in state.checkpoint_path.read_text()  # an older agent refuses it, never drops the instance
     # (4 for the instance, 5 for its device metadata)
     # its device metadata: the placement's attributes, and the instance prepare made
-    (metadata, _) = (tmp_path / "plugin" / METADATA / f"{A}_mig.json").read_text().splitlines()
+    (metadata, _) = (metadata_dir(tmp_path / "cdi", DRIVER) / f"{A}_mig.json").read_text().splitlines()
     (attributes,) = [d["attributes"] for d in json.loads(metadata)["requests"][0]["devices"]]
     assert (attributes["uuid"], attributes["gpuInstanceId"], attributes["computeInstanceId"]) == (
         {"string": device.uuid}, {"int": 2}, {"int": 0})
@@ -101,7 +100,7 @@ async def test_prepare_creates_the_instance_at_the_placement_and_unprepare_destr
 
     assert await state.unprepare([REF_A]) == {A: None}
     assert instances(tmp_path) == [] and not state.cdi.exists(A)
-    assert not os.listdir(tmp_path / "plugin" / METADATA)
+    assert not os.listdir(metadata_dir(tmp_path / "cdi", DRIVER))
     assert await state.unprepare([REF_A]) == {A: None}
 
 
@@ -156,8 +155,8 @@ async def test_a_crash_anywhere_in_prepare_leaves_no_unrecorded_instance(tmp_pat
     assert set(claims) == ({A, B} if committed else {A})
     assert instances(tmp_path) == ([(1, 0), (5, 0)] if committed else [(1, 0)])  # A's kept, B's iff recorded done
     assert restarted.cdi.claim_uids() == set(claims)
-    assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", METADATA, "serialize.lock"]
-    assert {name.partition("_")[0] for name in os.listdir(tmp_path / "plugin" / METADATA)} == set(claims)  # B's files iff committed
+    assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", "serialize.lock"]
+    assert {name.partition("_")[0] for name in os.listdir(metadata_dir(tmp_path / "cdi", DRIVER))} == set(claims)  # B's files iff committed
     out = await restarted.prepare(items((REF_B, claim(B, "b", "gpu-0-mig-2g20gb-at4"))))
     assert out[B].error is None and instances(tmp_path) == [(1, 0), (5, 0)]
     assert await restarted.unprepare([REF_A, REF_B]) == {A: None, B: None} and instances(tmp_path) == []

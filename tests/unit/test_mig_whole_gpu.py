@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 import yaml
 from cdispec import load_and_validate
-from plugin_fixtures import driver_files
+from plugin_fixtures import DRIVER, driver_files
 from test_device_state import Crash, CrashAt, items
-from test_mig_prepare import METADATA, PROFILE, A, B, REF_A, REF_B, claim, instances, make, nvml, rescan
+from test_mig_prepare import PROFILE, A, B, REF_A, REF_B, claim, instances, make, nvml, rescan
 
 from gpudra_core.migpartitions import partition_gpu
 from gpudra_driver.discovery import read_mig_geometry, scan
 from gpudra_driver.plugin import checkpoint as ckpt
+from gpudra_driver.plugin.cdi import metadata_dir
 from gpudra_driver.plugin.devicenodes import DYNAMIC_WHOLE_GPU, node_devices
 from gpudra_driver.plugin.faults import POINTS
 from gpudra_driver.plugin.miginstances import MigInstanceError
@@ -183,8 +184,8 @@ async def test_a_crash_anywhere_in_prepare_leaves_mig_mode_on_unless_recorded_of
     assert set(claims) == ({A, B} if committed else {B})
     assert mig_mode(tmp_path) == ((OFF, OFF) if committed else (ON, ON))
     assert restarted.cdi.claim_uids() == set(claims) and mig_mode(tmp_path, 1) == (ON, ON)
-    assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", METADATA, "serialize.lock"]
-    assert {name.partition("_")[0] for name in os.listdir(tmp_path / "plugin" / METADATA)} == set(claims)
+    assert sorted(os.listdir(tmp_path / "plugin")) == ["checkpoint.json", "serialize.lock"]
+    assert {name.partition("_")[0] for name in os.listdir(metadata_dir(tmp_path / "cdi", DRIVER))} == set(claims)
     out = await restarted.prepare(items((REF_A, claim(A, "a", "gpu-0"))))
     assert out[A].error is None and mig_mode(tmp_path) == (OFF, OFF)
     assert await restarted.unprepare([REF_A, REF_B]) == {A: None, B: None}

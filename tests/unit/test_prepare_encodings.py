@@ -1,8 +1,9 @@
 """What a prepare writes is assembled from per-device fragments encoded once (the checkpoint entry's
-devices, the device metadata files' devices); assembled or not, the bytes must be exactly those of
-the plain definition: ``json.dumps`` of ``to_json()`` with sorted keys (what every reader of the
-checkpoint re-canonicalises to check its checksum, older agents included) and ``json.dumps`` of
-:func:`devicemetadata.metadata_object` (the file the decoders read). Hypothesis varies every
+devices, the device metadata files' devices, the CDI spec's devices); assembled or not, the bytes
+must be exactly those of the plain definition: ``json.dumps`` of ``to_json()`` with sorted keys
+(what every reader of the checkpoint re-canonicalises to check its checksum, older agents
+included), ``json.dumps`` of :func:`devicemetadata.metadata_object` (the file the decoders read)
+and of :func:`cdi.cdi_spec` (its ``cdiVersion`` included). Hypothesis varies every
 field that changes where a member goes: adminAccess (sorts before the attributes), shares,
 sharing, MIG placements and instances, metadata and pod-claim names, and attribute values
 with quotes, escapes and non-ASCII text."""
@@ -11,12 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from plugin_fixtures import DRIVER, NODE, claim, devices, result
+from plugin_fixtures import DRIVER, NODE, claim, devices, driver_files, result
 
 from gpudra_core.devicemodel import AttrValue
+from gpudra_driver.plugin import cdi
 from gpudra_driver.plugin import devicemetadata as dm
 from gpudra_driver.plugin.checkpoint import Checkpoint
 from gpudra_driver.plugin.model import (MPS, TIME_SLICING, ClaimMetadata, ClaimRef, DeviceSharing, MigModeOff,
@@ -93,3 +97,25 @@ def test_a_metadata_file_is_json_dumps_of_its_object_in_each_version(prepared: P
     expected = "".join(json.dumps(dm.metadata_object(prepared, DRIVER, request, version), separators=(",", ":")) + "\n"
                        for version in dm.VERSIONS)
     assert dm.encode(prepared, DRIVER, request).decode() == expected
+
+
+FILES = driver_files().current()
+UIDS = st.sampled_from([UID, "fc1d2e3f-0000-4000-8000-0000000000e1"])  # a name starting with a digit, a letter
+
+
+@settings(max_examples=200, deadline=None)
+@given(prepared=prepared_claims(), uid=UIDS, device_root=st.sampled_from(["", "/run/nvidia/driver"]),
+       nodes=st.lists(st.sampled_from(["/dev/nvidia0", "/dev/nvidia3", "/dev/nvidia-caps/nvidia-cap21"]),
+                      max_size=3, unique=True))
+def test_a_cdi_spec_is_json_dumps_of_its_definition(prepared: PreparedClaim, uid: str, device_root: str,
+                                                    nodes: list[str]) -> None:
+    prepared = dataclasses.replace(prepared, ref=dataclasses.replace(prepared.ref, uid=uid), devices=tuple(
+        dataclasses.replace(d, device_nodes=tuple(nodes)) for d in prepared.devices))
+    files = dataclasses.replace(FILES, device_root=device_root)
+    root = Path("/var/run/cdi") / "k8s.gpu.gpudra.io-device-metadata"
+    if not prepared.devices:
+        with pytest.raises(ValueError):
+            cdi.encode_spec(prepared, DRIVER, files, None, root)
+        return
+    expected = json.dumps(cdi.cdi_spec(prepared, DRIVER, files, metadata_root=root), separators=(",", ":")) + "\n"
+    assert cdi.encode_spec(prepared, DRIVER, files, None, root).decode() == expected

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,12 @@ def cdi_device_name(claim_uid: str, device: str) -> str:
 
 def cdi_device_id(driver: str, claim_uid: str, device: str) -> str:
     return f"{cdi_kind(driver)}={cdi_device_name(claim_uid, device)}"
+
+
+def metadata_dir(cdi_dir: Path, driver: str) -> Path:
+    """Where the claims' device metadata files go: a directory of the driver's own in the CDI
+    directory, beside the specs that mount them (CDI's scan reads no subdirectory)."""
+    return cdi_dir / f"{cdi_vendor(driver)}{devicemetadata.DIR_SUFFIX}"
 
 
 def spec_file_name(driver: str, claim_uid: str) -> str:
@@ -104,16 +111,44 @@ def cdi_spec(claim: PreparedClaim, driver: str, files: DriverFiles,
 def encode_spec(claim: PreparedClaim, driver: str, files: DriverFiles,
                 mps_edits: dict[str, Any] | None = None, metadata_root: Path | None = None) -> bytes:
     """``json.dumps(cdi_spec(...))``, compact, with a newline: the file's bytes. The spec-wide
-    edits, most of a spec and the same for every claim, are encoded once per driver-files view
-    (a claim with MPS adds its own to them, and is encoded whole)."""
+    edits, most of a spec and the same for every claim, are encoded once per driver-files view,
+    and each device's own once per device (a claim with MPS adds its own edits to them, and is
+    encoded whole); ``cdiVersion`` is :func:`minimum_version` of the same content."""
     if mps_edits:
         return (json.dumps(cdi_spec(claim, driver, files, mps_edits, metadata_root),
                            separators=(",", ":")) + "\n").encode()
-    spec = cdi_spec(claim, driver, files, metadata_root=metadata_root)
-    common = spec.pop("containerEdits")  # the last member, "env" its first (common_edits' order)
-    head = json.dumps(spec, separators=(",", ":"))[:-1]
+    if not claim.devices or len({tuple(sorted(d.requests)) for d in claim.devices}) > 1:
+        spec = cdi_spec(claim, driver, files, metadata_root=metadata_root)  # per-device env (or the error)
+        common = spec.pop("containerEdits")  # the last member, "env" its first (common_edits' order)
+        head = json.dumps(spec, separators=(",", ":"))[:-1]
+    else:  # every device serves the same requests: each device's edits are its nodes', encoded once
+        skeleton: list[dict[str, Any]] = []
+        devices: list[str] = []
+        for d in claim.devices:
+            edits, edits_json = _node_edits(d.device_nodes, files.device_root)
+            name = cdi_device_name(claim.uid, d.device)
+            skeleton.append({"name": name, "containerEdits": edits})
+            devices.append(f'{{"name":{json.dumps(name)},"containerEdits":{edits_json}}}')
+        if claim.metadata is not None:
+            if metadata_root is None:
+                raise ValueError(f"claim {claim.uid} has device metadata and no directory for its files is known")
+            mounts = devicemetadata.cdi_devices(claim, driver, metadata_root)
+            skeleton += mounts
+            devices += [json.dumps(m, separators=(",", ":")) for m in mounts]
+        kind = cdi_kind(driver)
+        version = minimum_version({"kind": kind, "devices": skeleton, "containerEdits": files.edits})
+        head = f'{{"cdiVersion":{json.dumps(version)},"kind":{json.dumps(kind)},"devices":[{",".join(devices)}]'
+        common = {"env": [_visible([d.uuid for d in claim.devices]), *files.edits["env"]]}
     env = json.dumps(common["env"], separators=(",", ":"))
     return f'{head},"containerEdits":{{"env":{env}{files.edits_json_after_env}}}}}\n'.encode()
+
+
+@lru_cache(maxsize=1024)
+def _node_edits(paths: tuple[str, ...], device_root: str) -> tuple[dict[str, Any], str]:
+    """A device's edits (its nodes) and their compact JSON, once per device and driver root.
+    Shared by every spec: read them, never change them."""
+    edits = {"deviceNodes": [device_node(p, device_root) for p in paths]}
+    return edits, json.dumps(edits, separators=(",", ":"))
 
 
 def _visible(uuids: list[str]) -> str:
@@ -145,24 +180,28 @@ class CdiDir:
     """This driver's spec files in one CDI directory (other files there are never touched)."""
 
     def __init__(self, path: Path, driver: str, files: DriverFilesCache, mps_root: Path | None = None,
-                 metadata_root: Path | None = None) -> None:
+                 metadata_root: Path | None = None, legacy_metadata_roots: tuple[Path, ...] = ()) -> None:
         self.path = path
         self.driver = driver
         self.files = files
         self.mps_root = mps_root  # <plugin-dir>/mps: where MPS claims' daemons keep their directories
-        # <plugin-dir>/dra-device-metadata: the metadata files (None: no claim gets them)
+        # the metadata files (:func:`metadata_dir`; None: no claim gets them), and where earlier
+        # releases put them (removed with their claims)
         self.metadata_root = metadata_root
+        self.legacy_metadata_roots = legacy_metadata_roots
 
     def spec_path(self, claim_uid: str) -> Path:
         return self.path / spec_file_name(self.driver, claim_uid)
 
-    def content(self, claim: PreparedClaim) -> bytes:
+    def content(self, claim: PreparedClaim, metadata_root: Path | None = None) -> bytes:
+        """The claim's spec, mounting its metadata files from ``metadata_root`` (:attr:`metadata_root`
+        when None)."""
         # Compact: with an indent, json.dumps falls back to its pure-Python encoder, on the
         # kubelet's critical path (`jq . <spec>` pretty-prints it).
         mps_edits = None
         if self.mps_root is not None and any(d.sharing.strategy == MPS for d in claim.devices):
             mps_edits = mps.cdi_edits(self.mps_root, claim.uid)
-        return encode_spec(claim, self.driver, self.files.current(), mps_edits, self.metadata_root)
+        return encode_spec(claim, self.driver, self.files.current(), mps_edits, metadata_root or self.metadata_root)
 
     def write(self, claim: PreparedClaim) -> Path:
         """Write the claim's spec atomically (an existing one is replaced whole), after checking
@@ -177,10 +216,11 @@ class CdiDir:
             write_atomic(path, content)
         return path
 
-    def matches(self, claim: PreparedClaim) -> bool:
-        """True when the claim's spec on disk is exactly what the checkpoint says it should be."""
+    def matches(self, claim: PreparedClaim, metadata_root: Path | None = None) -> bool:
+        """True when the claim's spec on disk is exactly what the checkpoint says it should be
+        (mounting its metadata files from ``metadata_root``, :attr:`metadata_root` when None)."""
         try:
-            return self.spec_path(claim.uid).read_bytes() == self.content(claim)
+            return self.spec_path(claim.uid).read_bytes() == self.content(claim, metadata_root)
         except OSError:  # DriverFilesError included: rewriting it reports the reason
             return False
 

@@ -20,12 +20,19 @@ file (:mod:`.cdi`): device names are DNS labels, so no real device (``<claimUID>
 have that name. Its ID is answered with the first device of the request only (as upstream's
 kubeletplugin does), so a container given the whole claim gets each file once.
 
-The host file is ``<plugin-dir>/dra-device-metadata/<claimUID>_<request>.json``. Upstream's helper
-writes ``<namespace>_<name>/<request>/metadata.json``; the host path is the driver's own (containers
-see only the mount), and the UID keeps a claim deleted and made again under the same name from
-sharing, or removing, the other's files, and lets start-up find orphans by UID, as for the specs.
-One flat directory: a prepare writes its files with no directory to make, an unprepare removes
-none (``_`` is in no UID and no request name, so the name splits back into both).
+The host file is ``<cdi-dir>/k8s.<driver>-device-metadata/<claimUID>_<request>.json``
+(:func:`.cdi.metadata_dir`): beside the spec that mounts it, with the same lifetime, and on the
+same tmpfs (``/var/run/cdi``), so a prepare makes no inode on the kubelet's disk for it (about
+0.2 ms each on ext4, on the kubelet's critical path); CDI's scan of a spec directory skips
+subdirectories. Releases before put the files in ``<plugin-dir>/dra-device-metadata``
+(upstream's helper's place, its ``metadataSubDir``): a claim prepared there keeps its files and
+its spec as they are until it is unprepared, when they are removed from either place, as orphans
+are. Upstream's helper writes ``<namespace>_<name>/<request>/metadata.json``; the host path is the
+driver's own (containers see only the mount), and the UID keeps a claim deleted and made again
+under the same name from sharing, or removing, the other's files, and lets start-up find orphans
+by UID, as for the specs. One flat directory: a prepare writes its files with no directory to make,
+an unprepare removes none (``_`` is in no UID and no request name, so the name splits back into
+both).
 
 Attributes: what discovery published for the device when it was prepared (recorded in the
 checkpoint, so a rewritten file says the same), its capacities as ints (``memory`` in bytes...),
@@ -39,7 +46,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -49,7 +56,8 @@ from gpudra_core.devicemodel import CAPACITIES, AttrValue
 from gpudra_driver.plugin.fsutil import TEMP_MARK, write_atomic
 from gpudra_driver.plugin.model import ClaimMetadata, PreparedClaim, PreparedDevice, is_uid
 
-SUBDIR = "dra-device-metadata"  # under the plugin directory, as upstream's metadataSubDir
+DIR_SUFFIX = "-device-metadata"  # in the CDI directory: <vendor>-device-metadata (:func:`.cdi.metadata_dir`)
+LEGACY_SUBDIR = "dra-device-metadata"  # under the plugin directory (upstream's metadataSubDir): earlier releases
 SUFFIX = ".json"
 CONTAINER_DIR = "/var/run/kubernetes.io/dra-device-attributes"  # metadata.ContainerDir
 CLAIMS_SUBDIR, TEMPLATES_SUBDIR = "resourceclaims", "resourceclaimtemplates"
@@ -210,51 +218,73 @@ def claim_metadata(requests: Iterable[str], pod_claim: str | None) -> ClaimMetad
 
 
 class MetadataFiles:
-    """The metadata files in ``root`` (``<plugin-dir>/dra-device-metadata``), each replaced
-    atomically."""
+    """The metadata files in ``root`` (:func:`.cdi.metadata_dir`), each replaced atomically. Those
+    an earlier release wrote into ``legacy`` roots (``<plugin-dir>/dra-device-metadata``) are never
+    written: they serve the claims it prepared (:meth:`root_of`) and go with them, or as orphans."""
 
-    def __init__(self, root: Path, driver: str) -> None:
+    def __init__(self, root: Path, driver: str, legacy: Sequence[Path] = ()) -> None:
         self.root = root
         self.driver = driver
+        self.roots = (root, *legacy)
 
-    def files(self, claim: PreparedClaim) -> list[tuple[Path, bytes]]:
+    def files(self, claim: PreparedClaim, root: Path | None = None) -> list[tuple[Path, bytes]]:
+        """The claim's files in ``root`` (this release's when None), and their content."""
         if claim.metadata is None:
             return []
-        return [(host_path(self.root, claim.uid, r), encode(claim, self.driver, r)) for r in claim.metadata.requests]
+        where = self.root if root is None else root
+        return [(host_path(where, claim.uid, r), encode(claim, self.driver, r)) for r in claim.metadata.requests]
 
     def write(self, claim: PreparedClaim) -> None:
         for path, content in self.files(claim):
             try:
                 write_atomic(path, content)
-            except FileNotFoundError:  # the node's first claim: the directory
+            except FileNotFoundError:  # the node's first claim (or the first since a reboot): the directory
                 self.root.mkdir(parents=True, exist_ok=True)
                 write_atomic(path, content)
 
-    def matches(self, claim: PreparedClaim) -> bool:
-        """True when every file of the claim holds what its record says."""
+    def holds(self, claim: PreparedClaim, root: Path | None = None) -> bool:
+        """True when every file of the claim in ``root`` (this release's when None) holds what its
+        record says."""
         try:
-            return all(path.read_bytes() == content for path, content in self.files(claim))
+            return all(path.read_bytes() == content for path, content in self.files(claim, root))
         except OSError:
             return False
 
+    def root_of(self, claim: PreparedClaim) -> Path | None:
+        """Where the claim's files are as recorded: this release's directory, else an earlier
+        release's (a claim it prepared keeps its files there, and its spec mounting them, until it
+        is unprepared); None when they are in neither."""
+        return next((root for root in self.roots if self.holds(claim, root)), None)
+
     def remove(self, claim_uid: str) -> None:
-        """The claim's files (whichever requests they are of)."""
-        for name in self._names():
+        """The claim's files (whichever requests they are of, in whichever root)."""
+        for root, name in self._names():
             if claim_uid_of(name) == claim_uid:
-                (self.root / name).unlink(missing_ok=True)
+                (root / name).unlink(missing_ok=True)
 
     def claim_uids(self) -> set[str]:
-        return {uid for uid in map(claim_uid_of, self._names()) if uid}
+        return {uid for uid in (claim_uid_of(name) for _, name in self._names()) if uid}
 
     def remove_temp_files(self) -> int:
         """Temp files of writes a crash interrupted (``.<file>.tmp-<pid>``)."""
-        temps = [n for n in self._names() if n.startswith(".") and TEMP_MARK in n]
-        for name in temps:
-            (self.root / name).unlink(missing_ok=True)
+        temps = [(root, n) for root, n in self._names() if n.startswith(".") and TEMP_MARK in n]
+        for root, name in temps:
+            (root / name).unlink(missing_ok=True)
         return len(temps)
 
-    def _names(self) -> list[str]:
-        try:
-            return os.listdir(self.root)
-        except FileNotFoundError:
-            return []
+    def remove_empty_legacy_roots(self) -> None:
+        """An earlier release's directory once its last claim is gone (start-up)."""
+        for root in self.roots[1:]:
+            try:
+                root.rmdir()
+            except OSError:  # not there, or still holding a claim's files
+                pass
+
+    def _names(self) -> list[tuple[Path, str]]:
+        names = []
+        for root in self.roots:
+            try:
+                names += [(root, name) for name in os.listdir(root)]
+            except FileNotFoundError:
+                pass
+        return names

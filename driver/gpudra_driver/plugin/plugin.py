@@ -36,7 +36,7 @@ from gpudra_driver.driverroot import DriverRoot, locate_nvml
 from gpudra_driver.nvml import load_nvml
 from gpudra_driver.plugin import devicemetadata, service
 from gpudra_driver.plugin.sharing.mps import plan as mps
-from gpudra_driver.plugin.cdi import CdiDir
+from gpudra_driver.plugin.cdi import CdiDir, metadata_dir
 from gpudra_driver.plugin.claimreporter import ClaimReporter
 from gpudra_driver.plugin.checkpoint import read_boot_id
 from gpudra_driver.plugin.driverfiles import DriverFilesCache
@@ -127,8 +127,8 @@ class KubeletPlugin:
                              lambda: locate_nvml(root).path)
         self._fetching = 0  # prepare calls whose claim GETs are in flight
         # the metadata directory is known whatever the flag: claims prepared with it keep their files
-        cdi = CdiDir(cdi_dir, driver, self.driver_files, self.plugin_dir / mps.ROOT,
-                     self.plugin_dir / devicemetadata.SUBDIR)
+        cdi = CdiDir(cdi_dir, driver, self.driver_files, self.plugin_dir / mps.ROOT, metadata_dir(cdi_dir, driver),
+                     legacy_metadata_roots=(self.plugin_dir / devicemetadata.LEGACY_SUBDIR,))
         self.state = DeviceState(self.plugin_dir, cdi, driver=driver, node=node,
                                  boot_id=boot_id or read_boot_id(), fault=fault or FaultHook(), gpu_control=control,
                                  others_coming=lambda: self._fetching,
@@ -231,9 +231,10 @@ class KubeletPlugin:
             files = [p for p in entries if not p.is_dir() and (
                 p.name in (CHECKPOINT_FILE, LOCK_FILE) or is_leftover(p.name, CHECKPOINT_FILE) or p in sockets)]
             stale_registrations = [p for p in self._registration_sockets() if _is_stale(p)]
+            metadata = [cdi.metadata_root] if cdi.metadata_root is not None and cdi.metadata_root.is_dir() else []
             plan = uninstall.plan_files(held=held, other_instance=live[0] if live else None, cdi_specs=specs,
                                         plugin_dir=self.plugin_dir, plugin_files=[*files, *stale_registrations],
-                                        subdirs=[p for p in entries if p.is_dir()])
+                                        subdirs=[*(p for p in entries if p.is_dir()), *metadata])
             return plan, uninstall.remove_files(plan) if plan.removes else []
 
     def _instance_sockets(self) -> list[Path]:

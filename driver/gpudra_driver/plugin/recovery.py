@@ -75,7 +75,7 @@ class Recovery:
         for uid in result.remove_specs:
             self.specs.remove_files(uid)
         stale = [e.claim for u, e in result.checkpoint.claims.items() if e.claim.devices and u in on_disk
-                 and not (cdi.matches(e.claim) and self.specs.metadata_matches(e.claim))]
+                 and not self.specs.intact(e.claim)]
         result = dataclasses.replace(result, rewrite_specs=result.rewrite_specs + tuple(stale))
         for claim in result.rewrite_specs:
             try:

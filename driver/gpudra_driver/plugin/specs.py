@@ -28,7 +28,8 @@ class ClaimSpecs:
         self.cdi = cdi
         self.node = node
         self.fault = fault
-        self.metadata = None if cdi.metadata_root is None else MetadataFiles(cdi.metadata_root, cdi.driver)
+        self.metadata = None if cdi.metadata_root is None else MetadataFiles(cdi.metadata_root, cdi.driver,
+                                                                             cdi.legacy_metadata_roots)
 
     def write_files(self, claim: PreparedClaim) -> None:
         """The claim's metadata files, then its spec (which mounts them)."""
@@ -102,12 +103,22 @@ class ClaimSpecs:
                 log.warning("removing the CDI spec or device metadata of claim %s failed: %s", uid, error)
 
     def metadata_matches(self, claim: PreparedClaim) -> bool:
-        """True when the claim needs no metadata files or has them as recorded."""
-        return claim.metadata is None or self.metadata is None or self.metadata.matches(claim)
+        """True when the claim needs no metadata files or has them as recorded (where this release
+        puts them, or where the release that prepared it did)."""
+        return claim.metadata is None or self.metadata is None or self.metadata.root_of(claim) is not None
+
+    def intact(self, claim: PreparedClaim) -> bool:
+        """Start-up: the claim's spec and metadata files are as recorded, the spec mounting the
+        files where they are (a claim an earlier release prepared keeps both as they are)."""
+        if claim.metadata is None or self.metadata is None:
+            return self.cdi.matches(claim)
+        root = self.metadata.root_of(claim)
+        return root is not None and self.cdi.matches(claim, root)
 
     def rewrite_metadata(self, claim: PreparedClaim) -> None:
-        """Start-up: a prepared claim's metadata files as recorded (a spec names them)."""
-        if claim.metadata is not None and self.metadata is not None and not self.metadata.matches(claim):
+        """Start-up, before its spec is written again (mounting this release's directory): a
+        prepared claim's metadata files there as recorded."""
+        if claim.metadata is not None and self.metadata is not None and not self.metadata.holds(claim):
             self.metadata.write(claim)
 
     def remove_orphans(self, keep: set[str], *, temp_files: bool = False) -> None:
@@ -121,6 +132,7 @@ class ClaimSpecs:
                 self.metadata.remove(uid)
             if temp_files:
                 self.metadata.remove_temp_files()
+                self.metadata.remove_empty_legacy_roots()
         except OSError as error:
             log.warning("removing orphan device metadata under %s failed: %s", self.metadata.root, error)
 
