@@ -76,6 +76,7 @@ class NodeKubelet:
         self._client: DraClient | None = None
         self._socket_id: tuple[int, int] | None = None  # (inode, ctime) of the socket registered with
         self._prepared_pods: set[str] = set()  # pods whose claims this instance prepared
+        self._started_pods: set[str] = set()  # ... and whose start it reported
 
     async def run(self) -> None:
         """Sync every ``interval`` until cancelled (a kubelet restart cancels it)."""
@@ -128,6 +129,8 @@ class NodeKubelet:
                     await self._report_running(pod)
             elif pod["metadata"]["uid"] not in self._prepared_pods and client is not None:
                 await self._prepare_and_start(pod, client)
+            elif pod["metadata"]["uid"] in self._prepared_pods and pod["metadata"]["uid"] not in self._started_pods:
+                await self._start(pod)  # prepared, but its report failed (the API server restarting): again
 
     async def _claims(self, pod: Obj) -> list[Obj] | None:
         names = claim_names(pod)
@@ -175,9 +178,15 @@ class NodeKubelet:
         self.stats.prepared += len(claims)
         self.stats.claims_prepared.update(c["metadata"]["uid"] for c in claims)
         self._prepared_pods.add(meta["uid"])
+        await self._start(pod)
+
+    async def _start(self, pod: Obj) -> None:
+        """Report a prepared pod Running; raises while the API server cannot take it (the next sync
+        tries again: the pod's claims stay prepared)."""
         if (pod.get("status") or {}).get("phase") == "Pending":
             await self._report_running(pod)
             self.stats.started += 1
+        self._started_pods.add(pod["metadata"]["uid"])
         self.on_running(pod)
 
     async def _report_running(self, pod: Obj) -> None:
@@ -228,3 +237,4 @@ class NodeKubelet:
             if not is_status(error, 404, 409):
                 raise
         self._prepared_pods.discard(meta["uid"])
+        self._started_pods.discard(meta["uid"])
