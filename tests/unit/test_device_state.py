@@ -92,6 +92,32 @@ async def test_prepare_writes_spec_and_checkpoint_then_unprepare_removes_both(tm
     assert await state.unprepare([REF_A]) == {A: None}  # unknown claim: success
 
 
+async def test_an_unprepare_of_many_claims_lists_each_directory_a_bounded_number_of_times(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unpreparing a node's claims all at once (a drain) costs linear work: each directory is
+    listed a fixed number of times per call, not once per claim (as it was: 64 claims took
+    64 listings of the metadata directory, each parsing every file name in it)."""
+    state = make(tmp_path)
+    refs = [ClaimRef("ns", f"c{i}", f"0c1d2e3f-0000-4000-8000-0000000001{i:02x}") for i in range(8)]
+    out = await state.prepare(items(*((ref, claim(ref.uid, name=ref.name, results=[result(f"gpu-{i}")]))
+                                      for i, ref in enumerate(refs))))
+    assert all(r.error is None for r in out.values())
+    assert len(os.listdir(metadata_dir(tmp_path / "cdi", DRIVER))) == 8
+    listed: list[str] = []
+    real_listdir = os.listdir
+
+    def counting_listdir(path: Any = ".") -> list[str]:
+        listed.append(os.fspath(path))
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", counting_listdir)
+    assert await state.unprepare(refs) == dict.fromkeys((r.uid for r in refs), None)
+    monkeypatch.undo()
+    assert spec_files(tmp_path) == [] and os.listdir(metadata_dir(tmp_path / "cdi", DRIVER)) == []
+    assert listed.count(os.fspath(metadata_dir(tmp_path / "cdi", DRIVER))) <= 2  # orphans, then the claims'
+    assert len(listed) <= 6, listed
+
+
 async def test_one_bad_claim_never_fails_the_others(tmp_path: Path) -> None:
     state = make(tmp_path)
     out = await state.prepare(items(

@@ -34,7 +34,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpudra_driver.plugin import fsutil
-from gpudra_driver.plugin.model import PreparedClaim, PreparedDevice
+from gpudra_driver.plugin.model import EXCLUSIVE, PreparedClaim, PreparedDevice
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,12 @@ class Entry:
     @cached_property
     def admin_access(self) -> bool:
         return any(device.admin_access for device in self.claim.devices)
+
+    @cached_property
+    def shares_gpus(self) -> bool:
+        """Some device is shared (TimeSlicing, MPS): only then may the entry ask anything of its
+        GPUs' settings or need an MPS daemon. Cached: every step of a prepare scans the entries."""
+        return any(device.sharing.strategy != EXCLUSIVE for device in self.claim.devices)
 
     @cached_property
     def version(self) -> int:
@@ -187,9 +193,9 @@ class Checkpoint:
         """Some claim asks for GPU settings (TimeSlicing), holds a dynamic MIG instance or a dynamic
         MIG GPU whole, or some GPU still has settings: changing the checkpoint may mean calls into
         the driver."""
-        return bool(self.touched) or any(d.sharing.strategy != "Exclusive" or d.mig is not None
-                                         or d.mig_mode_off is not None
-                                         for e in self.claims.values() for d in e.claim.devices)
+        return bool(self.touched) or any(e.shares_gpus or any(d.mig is not None or d.mig_mode_off is not None
+                                                              for d in e.claim.devices)
+                                         for e in self.claims.values())
 
     @cached_property
     def half_done(self) -> tuple[str, ...]:

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -134,11 +134,15 @@ def device_attributes(device: PreparedDevice) -> dict[str, dict[str, str | int |
     """The device's attributes in the ResourceSlice format (see the module docstring). Past the
     API's 32, what goes first: capacities, then published attributes; the identity (UUID,
     instance IDs, share) stays."""
-    gi = ci = None
+    return _attributes(device.attributes, device.uuid, *_instance_ids(device), device.share_id, device.consumed)
+
+
+def _instance_ids(device: PreparedDevice) -> tuple[int | None, int | None]:
+    """(GPU instance ID, compute instance ID) of a dynamic MIG device once prepare created it."""
     if device.mig is not None and device.mig.created:
         assert device.mig.gi is not None and device.mig.ci is not None
-        gi, ci = device.mig.gi, device.mig.ci
-    return _attributes(device.attributes, device.uuid, gi, ci, device.share_id, device.consumed)
+        return device.mig.gi, device.mig.ci
+    return None, None
 
 
 def _attributes(attributes: tuple[tuple[str, AttrValue], ...], uuid: str, gi: int | None, ci: int | None,
@@ -169,11 +173,9 @@ def _attributes_json(attributes: tuple[tuple[str, AttrValue], ...], uuid: str, g
 
 
 def _device_json(device: PreparedDevice, driver: str) -> str:
-    gi = ci = None
-    if device.mig is not None and device.mig.created:
-        gi, ci = device.mig.gi, device.mig.ci
     head = json.dumps({"driver": driver, "pool": device.pool, "name": device.device}, separators=(",", ":"))
-    attributes = _attributes_json(device.attributes, device.uuid, gi, ci, device.share_id, device.consumed)
+    attributes = _attributes_json(device.attributes, device.uuid, *_instance_ids(device), device.share_id,
+                                  device.consumed)
     return f'{head[:-1]},"attributes":{attributes}}}'
 
 
@@ -256,11 +258,26 @@ class MetadataFiles:
         is unprepared); None when they are in neither."""
         return next((root for root in self.roots if self.holds(claim, root)), None)
 
-    def remove(self, claim_uid: str) -> None:
-        """The claim's files (whichever requests they are of, in whichever root)."""
-        for root, name in self._names():
-            if claim_uid_of(name) == claim_uid:
-                (root / name).unlink(missing_ok=True)
+    def remove(self, claim_uids: Collection[str]) -> dict[str, OSError]:
+        """The claims' files (whichever requests they are of, in whichever root), found in one
+        listing however many claims go: an unprepare of many claims stays linear. Claim UID -> why
+        some of its files are still there."""
+        wanted = set(claim_uids)
+        if not wanted:
+            return {}
+        try:
+            names = self._names()
+        except OSError as error:
+            return dict.fromkeys(wanted, error)
+        failed: dict[str, OSError] = {}
+        for root, name in names:
+            uid = name.partition("_")[0]
+            if uid in wanted and claim_uid_of(name) == uid:
+                try:
+                    (root / name).unlink(missing_ok=True)
+                except OSError as error:
+                    failed.setdefault(uid, error)
+        return failed
 
     def claim_uids(self) -> set[str]:
         return {uid for uid in (claim_uid_of(name) for _, name in self._names()) if uid}

@@ -41,8 +41,8 @@ class ClaimSpecs:
     def remove_files(self, uid: str) -> None:
         """The claim's spec, then its metadata files (a spec never names missing files)."""
         self.cdi.remove(uid)
-        if self.metadata is not None:
-            self.metadata.remove(uid)
+        if self.metadata is not None and (failed := self.metadata.remove([uid])):
+            raise failed[uid]
 
     def write(self, planned: Sequence[PreparedClaim], results: dict[str, PrepareResult]) -> list[PreparedClaim]:
         """Each planned claim's CDI spec; the claims whose spec is there (or who need none). A
@@ -69,9 +69,7 @@ class ClaimSpecs:
         """After a failed write: the claim's metadata files, unless a spec (an adopted claim's, one
         being replaced) mounts them; what stays is an orphan for the next cleanup."""
         if self.metadata is not None and not self.cdi.exists(uid):
-            try:
-                self.metadata.remove(uid)
-            except OSError as error:
+            for error in self.metadata.remove([uid]).values():
                 log.warning("removing the device metadata of claim %s failed: %s", uid, error)
 
     def answer_again(self, claim: PreparedClaim) -> PrepareResult:
@@ -85,22 +83,32 @@ class ClaimSpecs:
         return PrepareResult(claim)
 
     def remove(self, uids: Sequence[str]) -> dict[str, str | None]:
-        """Unprepare: each claim's spec removed; claim UID -> why its spec is still there, or None."""
+        """Unprepare: each claim's spec removed, then its metadata files (all claims' in one
+        listing); claim UID -> why its spec or files are still there, or None."""
+        errors = self._remove_all(uids)
         results: dict[str, str | None] = dict.fromkeys(uids)
-        for uid in uids:
-            try:
-                self.remove_files(uid)
-            except OSError as error:
-                results[uid] = f"claim {uid}: removing its CDI spec or device metadata failed: {error}"
+        for uid, error in errors.items():
+            results[uid] = f"claim {uid}: removing its CDI spec or device metadata failed: {error}"
         return results
 
     def remove_quietly(self, uids: Iterable[str]) -> None:
         """Best effort, after a failure: a spec left behind is an orphan that start-up removes."""
+        for uid, error in self._remove_all(list(uids)).items():
+            log.warning("removing the CDI spec or device metadata of claim %s failed: %s", uid, error)
+
+    def _remove_all(self, uids: Sequence[str]) -> dict[str, OSError]:
+        """The claims' specs, then the metadata files of those whose spec is gone (a spec never
+        names missing files); claim UID -> the first error."""
+        failed: dict[str, OSError] = {}
         for uid in uids:
             try:
-                self.remove_files(uid)
+                self.cdi.remove(uid)
             except OSError as error:
-                log.warning("removing the CDI spec or device metadata of claim %s failed: %s", uid, error)
+                failed[uid] = error
+        if self.metadata is not None:
+            for uid, error in self.metadata.remove([uid for uid in uids if uid not in failed]).items():
+                failed[uid] = error
+        return failed
 
     def metadata_matches(self, claim: PreparedClaim) -> bool:
         """True when the claim needs no metadata files or has them as recorded (where this release
@@ -128,8 +136,8 @@ class ClaimSpecs:
         if self.metadata is None:
             return
         try:
-            for uid in self.metadata.claim_uids() - keep:
-                self.metadata.remove(uid)
+            for uid, error in self.metadata.remove(self.metadata.claim_uids() - keep).items():
+                log.warning("removing the orphan device metadata of claim %s failed: %s", uid, error)
             if temp_files:
                 self.metadata.remove_temp_files()
                 self.metadata.remove_empty_legacy_roots()

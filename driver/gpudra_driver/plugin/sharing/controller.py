@@ -35,11 +35,6 @@ class SharingController:
         current, ready = before, []
         for claim in planned:
             after = current.started(claim)
-            if (claim.uid not in current.claims and mps.daemon_for(claim) is None
-                    and not any(map(gpusettings.device_settings, claim.devices))):
-                current = after  # a new claim asking nothing of its GPUs, nor a daemon, changes nothing
-                ready.append(claim)
-                continue
             wanted = gpusettings.changes(current, after)
             try:
                 for uuid, settings in wanted.items():

@@ -46,6 +46,8 @@ def wanted(checkpoint: Checkpoint) -> dict[str, GpuSettings]:
     """GPU UUID -> the settings its holders ask for; GPUs nobody asks anything of are absent."""
     asked: dict[str, GpuSettings] = {}
     for entry in checkpoint.claims.values():
+        if not entry.shares_gpus:  # an exclusive device asks nothing of its GPU
+            continue
         for device in entry.claim.devices:
             settings = device_settings(device)
             if settings is not None:
