@@ -391,6 +391,63 @@ async def test_calls_queued_behind_one_are_done_as_one_batch_even_if_its_taker_i
     assert saves == [{A}, {A, B, C}]  # A alone, then B and C together
 
 
+async def test_a_batch_takes_the_calls_still_reading_their_claims_waiting_only_for_those_and_only_so_long(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Group commit with siblings only: a call about to start its batch waits for the calls that
+    have arrived and are still reading their claims (their GETs in flight), and they commit
+    together; the wait ends at the queue's gather limit even if a read never ends; a call with no
+    sibling reading never waits at all."""
+    import asyncio
+    import time
+
+    state = make(tmp_path)
+    saves: list[set[str]] = []
+    real_save = state.checkpoint.save
+
+    def noting_save(checkpoint: ckpt.Checkpoint) -> None:
+        saves.append(set(checkpoint.claims))
+        real_save(checkpoint)
+
+    monkeypatch.setattr(state.checkpoint, "save", noting_save)
+    state.queue.gather_limit = 30.0  # far beyond the test: only B's arrival can end A's wait
+    b_read = asyncio.Event()
+
+    async def b_call() -> dict[str, Any]:
+        with state.queue.reading_claims():  # as the plugin does around a call's claim GETs
+            await b_read.wait()
+        return await state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-1")]))))
+
+    b = asyncio.ensure_future(b_call())
+    a = asyncio.ensure_future(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])))))
+    from gpudra_dev.localcluster.waiting import wait_for
+
+    async def a_queued() -> bool:
+        return state.queue.waiting == 1  # A has its turn and waits for B (or has gone on alone)
+
+    await wait_for(a_queued, timeout=10, what="A to queue up")
+    b_read.set()
+    out_a, out_b = await asyncio.wait_for(asyncio.gather(a, b), 10)
+    assert out_a[A].error is None and out_b[B].error is None
+    assert saves == [{A, B}]  # one commit for both
+    assert await state.unprepare([REF_A, REF_B]) == {A: None, B: None}
+
+    # a read that never ends holds a batch up for the gather limit, no longer
+    state.queue.gather_limit = 0.3
+    del saves[:]
+    with state.queue.reading_claims():
+        started = time.monotonic()
+        out = await asyncio.wait_for(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])))), 10)
+        waited = time.monotonic() - started
+    assert out[A].error is None and saves == [{A}]
+    assert 0.3 <= waited < 5, waited
+    assert await state.unprepare([REF_A]) == {A: None}
+
+    # nobody reading: no wait at all
+    state.queue.gather_limit = 30.0
+    out = await asyncio.wait_for(state.prepare(items((REF_A, claim(A, name="a", results=[result("gpu-0")])))), 10)
+    assert out[A].error is None
+
+
 @pytest.mark.parametrize("kind", ["plain", "time-sliced"])  # one checkpoint write, or two phases
 @pytest.mark.parametrize("point", [p for p in POINTS if not p.startswith("unprepare")  # dynamic MIG's below:
                                    and p not in ("after-mig-instance", "after-mig-mode-off")])  # test_mig_*.py

@@ -125,13 +125,11 @@ class KubeletPlugin:
         root = driver_root or DriverRoot.at("/")
         control = GpuControl(lambda: load_nvml(nvml, root), root.local / "usr/bin/nvidia-smi",
                              lambda: locate_nvml(root).path)
-        self._fetching = 0  # prepare calls whose claim GETs are in flight
         # the metadata directory is known whatever the flag: claims prepared with it keep their files
         cdi = CdiDir(cdi_dir, driver, self.driver_files, self.plugin_dir / mps.ROOT, metadata_dir(cdi_dir, driver),
                      legacy_metadata_roots=(self.plugin_dir / devicemetadata.LEGACY_SUBDIR,))
         self.state = DeviceState(self.plugin_dir, cdi, driver=driver, node=node,
                                  boot_id=boot_id or read_boot_id(), fault=fault or FaultHook(), gpu_control=control,
-                                 others_coming=lambda: self._fetching,
                                  mig=MigInstances(control.load_nvml, self.cap_minor), device_metadata=device_metadata)
         self.api_versions = tuple(api_versions)
         self.health = health
@@ -274,11 +272,8 @@ class KubeletPlugin:
         if not refs:  # nothing to do (the liveness check's call): no round, no node lock
             return {}
         started, deadline = time.perf_counter(), time.monotonic() + CALL_BUDGET
-        self._fetching += 1
-        try:
+        with self.state.queue.reading_claims():  # a batch starting meanwhile waits a moment for this call
             fetched = await asyncio.gather(*(self._fetch(ref) for ref in refs))
-        finally:
-            self._fetching -= 1
         results = await self.state.prepare(list(zip(refs, fetched)), deadline)
         self._record(metrics.PREPARE, started, [r.error for r in results.values()])
         if self.reporter is not None:

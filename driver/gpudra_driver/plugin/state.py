@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,11 +82,9 @@ Fetched = Mapping[str, Any] | None | ClaimError
 class DeviceState:
     def __init__(self, plugin_dir: Path, cdi: CdiDir, *, driver: str, node: str, boot_id: str,
                  fault: FaultHook | None = None, lock_timeout: float = LOCK_TIMEOUT,
-                 gpu_control: GpuControl | None = None, others_coming: Callable[[], int] = lambda: 0,
+                 gpu_control: GpuControl | None = None,
                  mig: MigInstances | None = None, device_metadata: bool = True) -> None:
-        """``others_coming``: how many prepare calls are reading their claims now (they queue up
-        behind this one: a batch then goes off the event loop, which meanwhile reads them).
-        ``mig``: creates and destroys dynamic MIG instances (None: a claim on a placement fails).
+        """``mig``: creates and destroys dynamic MIG instances (None: a claim on a placement fails).
         ``device_metadata``: new claims get device metadata files (:mod:`.devicemetadata`), where
         ``cdi`` knows their directory; claims prepared with them keep them either way."""
         self.plugin_dir = plugin_dir
@@ -95,7 +93,6 @@ class DeviceState:
         self.node = node
         self.fault = fault or FaultHook()
         self.device_metadata = device_metadata and cdi.metadata_root is not None
-        self._others_coming = others_coming
         self.checkpoint = ckpt.CheckpointFile(plugin_dir / CHECKPOINT_FILE, boot_id)
         self.devices: Mapping[str, NodeDevice] | None = None  # swapped whole by set_devices
         self.locks = CallLocks(plugin_dir / LOCK_FILE, node, lock_timeout)
@@ -186,9 +183,10 @@ class DeviceState:
                              results: dict[str, PrepareResult]) -> None:
         async with self.locks.node_locked(lock_timeout):
             # Off the loop (still under the locks) when driver calls may block, or when other
-            # calls are on their way: the loop then reads their claims while this batch is on
-            # disk, and they queue up as the next batch. A lone call stays on the loop.
-            if self._may_change_gpus(claims) or self._others_coming() > 0:
+            # calls are still reading their claims (past the queue's gather limit): the loop then
+            # reads them while this batch is on disk, and they queue up as the next batch. A lone
+            # call stays on the loop.
+            if self._may_change_gpus(claims) or self.queue.reading > 0:
                 await asyncio.to_thread(self._prepare_locked, claims, results)
             else:
                 self._prepare_locked(claims, results)
