@@ -106,8 +106,7 @@ class ClaimSpecs:
             except OSError as error:
                 failed[uid] = error
         if self.metadata is not None:
-            for uid, error in self.metadata.remove([uid for uid in uids if uid not in failed]).items():
-                failed[uid] = error
+            failed.update(self.metadata.remove([uid for uid in uids if uid not in failed]))
         return failed
 
     def metadata_matches(self, claim: PreparedClaim) -> bool:
