@@ -65,6 +65,19 @@ def items(*pairs):
     return [(ref, obj) for ref, obj in pairs]
 
 
+def noting_saves(state: DeviceState, monkeypatch: pytest.MonkeyPatch) -> list[set[str]]:
+    """The claims of each checkpoint the state writes from now on, in order."""
+    saves: list[set[str]] = []
+    real_save = state.checkpoint.save
+
+    def noting_save(checkpoint: ckpt.Checkpoint) -> None:
+        saves.append(set(checkpoint.claims))
+        real_save(checkpoint)
+
+    monkeypatch.setattr(state.checkpoint, "save", noting_save)
+    return saves
+
+
 def spec_files(tmp_path: Path) -> list[str]:
     """The CDI directory's files (the device metadata directory in it aside)."""
     return sorted(n for n in os.listdir(tmp_path / "cdi") if not (tmp_path / "cdi" / n).is_dir())
@@ -344,14 +357,7 @@ async def test_calls_queued_behind_one_are_done_as_one_batch_even_if_its_taker_i
 
     state = make(tmp_path)
     C = "0c1d2e3f-0000-4000-8000-00000000000c"
-    saves: list[set[str]] = []
-    real_save = state.checkpoint.save
-
-    def noting_save(checkpoint: ckpt.Checkpoint) -> None:
-        saves.append(set(checkpoint.claims))
-        real_save(checkpoint)
-
-    monkeypatch.setattr(state.checkpoint, "save", noting_save)
+    saves = noting_saves(state, monkeypatch)
     peer = node_lock(state.locks.path)
     peer.__enter__()  # a peer instance holds the node
     try:
@@ -401,14 +407,7 @@ async def test_a_batch_takes_the_calls_still_reading_their_claims_waiting_only_f
     import time
 
     state = make(tmp_path)
-    saves: list[set[str]] = []
-    real_save = state.checkpoint.save
-
-    def noting_save(checkpoint: ckpt.Checkpoint) -> None:
-        saves.append(set(checkpoint.claims))
-        real_save(checkpoint)
-
-    monkeypatch.setattr(state.checkpoint, "save", noting_save)
+    saves = noting_saves(state, monkeypatch)
     state.queue.gather_limit = 30.0  # far beyond the test: only B's arrival can end A's wait
     b_read = asyncio.Event()
 

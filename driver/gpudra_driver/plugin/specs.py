@@ -40,8 +40,7 @@ class ClaimSpecs:
 
     def remove_files(self, uid: str) -> None:
         """The claim's spec, then its metadata files (a spec never names missing files)."""
-        self.cdi.remove(uid)
-        if self.metadata is not None and (failed := self.metadata.remove([uid])):
+        if failed := self._remove_all([uid]):
             raise failed[uid]
 
     def write(self, planned: Sequence[PreparedClaim], results: dict[str, PrepareResult]) -> list[PreparedClaim]:
