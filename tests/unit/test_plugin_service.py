@@ -19,6 +19,7 @@ from gpudra_driver.discovery import scan
 from gpudra_driver.nvml.fake import FakeNvml, load_profile
 from gpudra_driver import metrics
 from gpudra_dev.kubelet_client import DraClient, RegistrationRefused, probe_health, register
+from gpudra_driver.plugin.model import ClaimRef
 from gpudra_driver.plugin.plugin import KubeletPlugin, socket_paths
 from gpudra_driver.plugin.sockets import MAX_SOCKET_PATH, SocketAddress
 from gpudra_dev.localcluster.waiting import wait_for
@@ -223,6 +224,39 @@ async def test_kubelet_refuses_a_plugin_without_common_versions(root: Path) -> N
         with pytest.raises(RegistrationRefused, match="none of services supported"):
             await register(plugin.registration_socket, prefer=["v1beta1.DRAPlugin"])
         assert plugin.registration.error and "none of services" in plugin.registration.error
+    finally:
+        await plugin.stop()
+
+
+async def test_each_claim_is_read_as_its_get_returns_while_the_others_are_in_flight(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call of two claims whose second GET answers only once the first claim has been read:
+    the first is read while the second is in flight (not after both), and both are prepared."""
+    a_read = asyncio.Event()
+    bodies = {"a": claim(A, name="a", results=[result("gpu-4")]), "b": claim(B, name="b", results=[result("gpu-5")])}
+
+    async def get_claim(namespace: str, name: str):  # type: ignore[no-untyped-def]
+        if name == "b":
+            await a_read.wait()
+        return bodies[name]
+
+    plugin = KubeletPlugin(driver=DRIVER, node=NODE, kubelet_dir=root / "kubelet", cdi_dir=root / "cdi",
+                           get_claim=get_claim, instance="pod-1", boot_id="boot-1", driver_root=fake_root())
+    read = plugin.state.read
+
+    def reading(ref, fetched):  # type: ignore[no-untyped-def]
+        if ref.uid == A:
+            a_read.set()
+        return read(ref, fetched)
+
+    monkeypatch.setattr(plugin.state, "read", reading)
+    await plugin.start()
+    plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
+    try:
+        async with asyncio.timeout(10):  # read after both GETs, A's read would wait for B's GET, and B's for it
+            results = await plugin.prepare([ClaimRef("ns", "a", A), ClaimRef("ns", "b", B)])
+        assert {uid: r.error for uid, r in results.items()} == {A: None, B: None}
+        assert sorted(d.device for r in results.values() for d in r.claim.devices) == ["gpu-4", "gpu-5"]
     finally:
         await plugin.stop()
 

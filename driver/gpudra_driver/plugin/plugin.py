@@ -11,8 +11,8 @@ CDI directory are reconciled, the DRA socket is served; the registration socket 
 devices have been discovered, so the kubelet never prefers an instance that cannot prepare yet.
 Stop (SIGTERM): registration socket first (deregistration), then the DRA server after in-flight
 calls finish, then our socket files. Prepare GETs each claim (concurrently, before taking any
-lock), then hands them to :class:`DeviceState`, which reads each (bounded, its configs decoded,
-still before any lock: :mod:`.allocation`) and changes the node's state one call at a time."""
+lock) and has :class:`DeviceState` read each as its GET returns (bounded, its configs decoded,
+still before any lock: :mod:`.allocation`), then changes the node's state one call at a time."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from gpudra_core.devicemodel import Device
 from gpudra_driver.driverroot import DriverRoot, locate_nvml
 from gpudra_driver.nvml import load_nvml
 from gpudra_driver.plugin import devicemetadata, service
+from gpudra_driver.plugin.allocation import ReadClaim
 from gpudra_driver.plugin.sharing.mps import plan as mps
 from gpudra_driver.plugin.cdi import CdiDir, metadata_dir
 from gpudra_driver.plugin.claimreporter import ClaimReporter
@@ -273,11 +274,11 @@ class KubeletPlugin:
             return {}
         started, deadline = time.perf_counter(), time.monotonic() + CALL_BUDGET
         with self.state.queue.reading_claims():  # a batch starting meanwhile waits a moment for this call
-            fetched = await asyncio.gather(*(self._fetch(ref) for ref in refs))
-        results = await self.state.prepare(list(zip(refs, fetched)), deadline)
+            fetched = await asyncio.gather(*(self._fetch_and_read(ref) for ref in refs))
+        results = await self.state.prepare_read([(ref, read) for ref, (_, read) in zip(refs, fetched)], deadline)
         self._record(metrics.PREPARE, started, [r.error for r in results.values()])
         if self.reporter is not None:
-            for ref, live in zip(refs, fetched):
+            for ref, (live, _) in zip(refs, fetched):
                 if (result := results.get(ref.uid)) is not None and result.claim is not None:
                     self.reporter.prepared(result.claim, live if isinstance(live, Mapping) else None)
         return results
@@ -300,6 +301,12 @@ class KubeletPlugin:
         for error in errors:
             operation.record(seconds, ok=not error)
         metrics.set_prepared_claims(self.state.prepared_count)
+
+    async def _fetch_and_read(self, ref: ClaimRef) -> tuple[Fetched, ReadClaim]:
+        """The claim as its GET returned it, and as read (:meth:`DeviceState.read`): read as soon
+        as it is there, while the call's other GETs are still in flight."""
+        fetched = await self._fetch(ref)
+        return fetched, self.state.read(ref, fetched)
 
     async def _fetch(self, ref: ClaimRef) -> Fetched:
         try:

@@ -175,9 +175,17 @@ class DeviceState:
 
         Calls that queued while another call held the node are done as one batch by the first of
         them to get its turn (:mod:`.batching`)."""
-        # tenant input, before any lock: each claim bounded and its configs decoded, or refused
-        return await self.queue.prepare([(ref, read_claim(ref, fetched, driver=self.driver))
-                                         for ref, fetched in claims], deadline)
+        return await self.prepare_read([(ref, self.read(ref, fetched)) for ref, fetched in claims], deadline)
+
+    def read(self, ref: ClaimRef, fetched: Fetched) -> ReadClaim:
+        """Tenant input, before any lock: the claim bounded and its configs decoded, or refused."""
+        return read_claim(ref, fetched, driver=self.driver)
+
+    async def prepare_read(self, claims: Sequence[tuple[ClaimRef, ReadClaim]],
+                           deadline: float | None = None) -> dict[str, PrepareResult]:
+        """:meth:`prepare` of claims :meth:`read` already (the plugin reads each as its GET returns,
+        while the others' are still in flight)."""
+        return await self.queue.prepare(list(claims), deadline)
 
     async def _prepare_batch(self, claims: Sequence[tuple[ClaimRef, ReadClaim]], lock_timeout: float | None,
                              results: dict[str, PrepareResult]) -> None:
