@@ -26,9 +26,9 @@ PERIOD_8: one call every 10 or 40 ms, from the start of one to the start of the 
 arrive at a kubelet whatever the plugin is doing; not back to back after each untimed unprepare.
 Back to back, a server's own unprepare set the idle gap before its next timed prepare, and on this
 machine a longer idle gap alone makes the next call slower (the API server, the client and the
-server all wake from idle): a bare server that only idled 1 ms in each unprepare measured 1.31x
-its twin at one claim p50, 0.98x paced (``--aa-unprepare-idle 0.001``, with and without
-``--back-to-back``, reproduces it). So the agent's slower unprepare was billed to its prepare,
+server all wake from idle): a bare server that only idled 1 ms in each unprepare measured
+1.03-1.31x its twin at one claim p50 in four runs back to back, 0.93-0.98x paced
+(``--aa-unprepare-idle 0.001``, with and without ``--back-to-back``, reproduces it). So the agent's slower unprepare was billed to its prepare,
 and the Go reference's (which fsyncs) to its. Calls that started late (the previous call's
 prepare and unprepare took longer than the period) are counted (``late``) and should stay few.
 
@@ -55,8 +55,9 @@ gpudra_driver.plugin.fsutil. It also fetches a call's claims one after another, 
 runs one call at a time.)
 
 Usage: ``python -m bench prepare_latency`` (with the other benches: ``make bench``) or
-``python -m bench.prepare_latency [--rounds N] [--json PATH] [--event-loop uvloop]`` (the agent and
-the bare servers on uvloop instead of the agent's default, the standard loop). Needs the
+``python -m bench.prepare_latency [--rounds N] [--json PATH] [--event-loop uvloop] [--back-to-back]
+[--aa-unprepare-idle SECONDS]`` (the agent and the bare servers on uvloop instead of the agent's
+default, the standard loop; the earlier, unpaced arrivals; the confound check above). Needs the
 control-plane binaries (GPUDRA_KUBE_BIN, as for the tests) and the reference driver
 (GPUDRA_DRA_EXAMPLE_DIR, as make bench sets it, else hack/dra-example-driver.sh's cache or build)."""
 
