@@ -241,7 +241,8 @@ async def test_each_claim_is_read_as_its_get_returns_while_the_others_are_in_fli
         return bodies[name]
 
     plugin = KubeletPlugin(driver=DRIVER, node=NODE, kubelet_dir=root / "kubelet", cdi_dir=root / "cdi",
-                           get_claim=get_claim, instance="pod-1", boot_id="boot-1", driver_root=fake_root())
+                           get_claim=get_claim, instance="pod-1", boot_id="boot-1", driver_root=fake_root(),
+                           claim_get_timeout=2)  # read only after both GETs, B's would time out waiting
     read = plugin.state.read
 
     def reading(ref, fetched):  # type: ignore[no-untyped-def]
@@ -253,7 +254,7 @@ async def test_each_claim_is_read_as_its_get_returns_while_the_others_are_in_fli
     await plugin.start()
     plugin.set_devices(scan(FakeNvml(load_profile("dgx-h100"))).devices)
     try:
-        async with asyncio.timeout(10):  # read after both GETs, A's read would wait for B's GET, and B's for it
+        async with asyncio.timeout(10):
             results = await plugin.prepare([ClaimRef("ns", "a", A), ClaimRef("ns", "b", B)])
         assert {uid: r.error for uid, r in results.items()} == {A: None, B: None}
         assert sorted(d.device for r in results.values() for d in r.claim.devices) == ["gpu-4", "gpu-5"]
