@@ -20,7 +20,7 @@ from gpudra_driver.nvml.fake import FakeNvml, load_profile
 from gpudra_driver import metrics
 from gpudra_dev.kubelet_client import DraClient, RegistrationRefused, probe_health, register
 from gpudra_driver.plugin.model import ClaimRef
-from gpudra_driver.plugin.plugin import KubeletPlugin, socket_paths
+from gpudra_driver.plugin.plugin import GetClaim, KubeletPlugin, socket_paths
 from gpudra_driver.plugin.sockets import MAX_SOCKET_PATH, SocketAddress
 from gpudra_dev.localcluster.waiting import wait_for
 
@@ -28,8 +28,10 @@ A = "0c1d2e3f-0000-4000-8000-00000000000a"
 B = "0c1d2e3f-0000-4000-8000-00000000000b"
 
 
-def make_plugin(root: Path, claims: dict, instance: str = "pod-1", **kwargs) -> KubeletPlugin:
-    async def get_claim(namespace: str, name: str):
+def make_plugin(root: Path, claims: dict, instance: str = "pod-1", get_claim: GetClaim | None = None,
+                **kwargs) -> KubeletPlugin:
+    """``get_claim``: an API server of the test's own, in place of ``claims``."""
+    async def from_dict(namespace: str, name: str):
         value = claims.get((namespace, name))
         if isinstance(value, Exception):
             raise value
@@ -39,7 +41,7 @@ def make_plugin(root: Path, claims: dict, instance: str = "pod-1", **kwargs) -> 
 
     kwargs.setdefault("driver_root", fake_root())
     return KubeletPlugin(driver=DRIVER, node=NODE, kubelet_dir=root / "kubelet", cdi_dir=root / "cdi",
-                         get_claim=get_claim, instance=instance, boot_id="boot-1", **kwargs)
+                         get_claim=get_claim or from_dict, instance=instance, boot_id="boot-1", **kwargs)
 
 
 @pytest.fixture
@@ -240,9 +242,8 @@ async def test_each_claim_is_read_as_its_get_returns_while_the_others_are_in_fli
             await a_read.wait()
         return bodies[name]
 
-    plugin = KubeletPlugin(driver=DRIVER, node=NODE, kubelet_dir=root / "kubelet", cdi_dir=root / "cdi",
-                           get_claim=get_claim, instance="pod-1", boot_id="boot-1", driver_root=fake_root(),
-                           claim_get_timeout=2)  # read only after both GETs, B's would time out waiting
+    # read only after both GETs, B's would time out waiting
+    plugin = make_plugin(root, {}, get_claim=get_claim, claim_get_timeout=2)
     read = plugin.state.read
 
     def reading(ref, fetched):  # type: ignore[no-untyped-def]
