@@ -57,6 +57,11 @@ $(VENV)/.installed: pyproject.toml hack/python/pyproject.toml
 	@$(BIN)/python -c 'import sys; assert sys.version_info >= (3, 11), "gpudra needs Python >= 3.11"'
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]' -e hack/python
+	@# the agent runs at optimization level 2 (PYTHONOPTIMIZE, the DaemonSet's env, which the local
+	@# harness applies too): bytecode for it, as the agent image has, or every agent compiles its
+	@# imports at start
+	@env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -OO -m compileall -q -j 0 \
+	  "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null
 	@touch $@
 
 # gpudra-allocator (operator/gpudra-allocator: Kubernetes' own DRA allocator and CEL, one binary per

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,8 +110,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--log-format", choices=["text", "json"], default="text")
     parser.add_argument("--event-loop", choices=eventloop.LOOPS,
                         default=os.environ.get("GPUDRA_EVENT_LOOP") or eventloop.DEFAULT,
-                        help="the asyncio event loop: the standard one or uvloop (faster prepares, "
-                             "~2 MiB more memory) (default: $GPUDRA_EVENT_LOOP, else %(default)s)")
+                        help="the asyncio event loop: uvloop (faster prepares, ~1-2 MiB more memory) or "
+                             "the standard one (default: $GPUDRA_EVENT_LOOP, else %(default)s)")
     parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("GPUDRA_METRICS_PORT") or 0),
                         help="serve Prometheus /metrics on this port; 0 disables (default: $GPUDRA_METRICS_PORT or 0)")
     parser.add_argument("--health-port", type=int, default=int(os.environ.get("GPUDRA_HEALTH_PORT") or 0),
@@ -349,8 +350,8 @@ async def _main(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    log.info("gpudra agent starting: driver %s, node %s, event loop %s", args.driver, args.node_name,
-             type(loop).__module__.split(".")[0])
+    log.info("gpudra agent starting: driver %s, node %s, event loop %s, Python optimization level %d",
+             args.driver, args.node_name, type(loop).__module__.split(".")[0], sys.flags.optimize)
     plugin = KubeletPlugin(driver=args.driver, node=args.node_name, kubelet_dir=Path(args.kubelet_dir),
                            cdi_dir=Path(args.cdi_dir), driver_root=root, cdi_hook=args.nvidia_cdi_hook,
                            host_dev=Path(args.host_dev), instance=args.pod_uid, nvml=args.nvml,

@@ -1,11 +1,11 @@
 """Which asyncio event loop the node agent runs on.
 
-The standard loop by default; uvloop (libuv) on request (``--event-loop uvloop``, or
-``$GPUDRA_EVENT_LOOP=uvloop`` through ``spec.agent.extraEnv``). The agent's hot path, a kubelet gRPC
+uvloop (libuv) by default; the standard loop on request (``--event-loop asyncio``, or
+``$GPUDRA_EVENT_LOOP=asyncio`` through ``spec.agent.extraEnv``). The agent's hot path, a kubelet gRPC
 call that GETs its claims through aiohttp, spends most of its CPU in the event loop and socket I/O,
-which uvloop does in C. It costs resident memory (its library and libuv's worker threads) on every
-node for a shorter pod start: a trade for the platform team, hence opt-in (bench/README.md has the
-measurements).
+which uvloop does in C: a shorter pod start for ~1-2 MiB of resident memory per node
+(bench/README.md has the measurements). The standard loop stays one flag away, for a platform where
+uvloop has no wheel or misbehaves.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 LOOPS = ("uvloop", "asyncio")
-DEFAULT = "asyncio"
+DEFAULT = "uvloop"
 
 
 def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:

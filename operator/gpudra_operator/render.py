@@ -44,8 +44,8 @@ The agent pod (a DRA kubelet plugin) needs:
 * ``NODE_NAME``/``POD_UID``/``POD_NAMESPACE`` from the downward API: the node whose slices the
   agent publishes, and the pod identity for its own bookkeeping; ``GPUDRA_CONFIG``, the config's
   name: an agent stopped while it is gone or being deleted cleans its node up (an uninstall).
-* ``SSL_CERT_FILE`` (the ServiceAccount CA): see ``AGENT_PROCESS_ENV``; ``spec.agent.extraEnv``
-  overrides it.
+* ``SSL_CERT_FILE`` (the ServiceAccount CA) and ``PYTHONOPTIMIZE=2``: see ``AGENT_PROCESS_ENV``;
+  ``spec.agent.extraEnv`` overrides them.
 * ``--consumable-memory-step``/``--consumable-shares`` from ``spec.sharing.consumableCapacity``
   (docs/sharing.md), unless the caller says the API server would drop what they publish
   (``consumable_capacity=False``: the operator's probe, :mod:`gpudra_operator.features`).
@@ -98,9 +98,12 @@ AGENT_HEALTH_SERVICE = "liveness"
 SERVICE_ACCOUNT_CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 # Process settings of the agent, which the local harness applies as well. The cluster CA as the
 # default CA file: aiohttp loads the default CA file into a TLS context at import, and the agent
-# verifies only the API server, against the cluster CA. What it saves, and why no other setting is
-# here: docs/agent.md, "Footprint" (bench/agent_footprint.py measures both ways).
-AGENT_PROCESS_ENV = {"SSL_CERT_FILE": SERVICE_ACCOUNT_CA}
+# verifies only the API server, against the cluster CA. Optimisation level 2: no docstrings kept in
+# memory (kubernetes-asyncio's generated classes, which the agent imports but never uses, are mostly
+# docstrings); the image ships bytecode compiled for it (images/agent.Dockerfile). What each saves,
+# and why no other setting is here: docs/agent.md, "Footprint" (bench/agent_footprint.py measures
+# each both ways).
+AGENT_PROCESS_ENV = {"SSL_CERT_FILE": SERVICE_ACCOUNT_CA, "PYTHONOPTIMIZE": "2"}
 # In the container only: an NVIDIA runtime in legacy mode would otherwise give the agent every GPU
 # and the driver's libraries; the agent opens NVML from the driver root itself.
 AGENT_CONTAINER_ENV = {"NVIDIA_VISIBLE_DEVICES": "void", **AGENT_PROCESS_ENV}

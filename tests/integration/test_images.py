@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from gpudra_dev.localcluster.fakedriverroot import make_driver_root
+from gpudra_operator.render import AGENT_PROCESS_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGES_SH = REPO / "hack" / "images.sh"
@@ -150,6 +151,27 @@ print(" ".join(m for m in sys.argv[1:] if found(m)))
         assert proc.returncode == 2 and "is not installed here" in proc.stderr, (name, proc.stdout, proc.stderr)
     assert "usage: gpudra explain" in podman("run", "--rm", "--network=none", images["operator"], "explain",
                                              "--help").stdout
+
+
+def test_the_agent_image_has_bytecode_for_the_optimization_level_the_daemonset_runs_it_at(
+        images: dict[str, str]) -> None:
+    # The DaemonSet sets PYTHONOPTIMIZE=2 (render.AGENT_PROCESS_ENV); every module the agent imports
+    # must have its .opt-2.pyc in the (read-only) image, or each start compiles it from source.
+    check = r"""
+import os, sys
+import gpudra_driver.agent_cmd, gpudra_core.kubeapi, gpudra_driver.plugin.plugin, uvloop  # what the agent imports
+assert sys.flags.optimize == 2, sys.flags.optimize
+site = [m.__spec__ for m in list(sys.modules.values())
+        if getattr(m, "__spec__", None) and (m.__spec__.origin or "").endswith(".py") and "-packages" in m.__spec__.origin]
+print(len(site), sum(1 for s in site if s.cached and s.cached.endswith(".opt-2.pyc")))
+print("\n".join(s.origin for s in site if not (s.cached and os.path.exists(s.cached))))
+"""
+    env = {k: v for k, v in AGENT_PROCESS_ENV.items() if k != "SSL_CERT_FILE"}
+    out = podman("run", "--rm", "--network=none", "--read-only", *(f"--env={k}={v}" for k, v in env.items()),
+                 "--entrypoint", "python3", images["agent"], "-c", check).stdout.splitlines()
+    loaded, optimized = map(int, out[0].split())
+    assert loaded > 500 and optimized == loaded, out[0]  # kubernetes-asyncio alone is some 700 modules
+    assert out[1:] == [], f"compiled from source at every start: {out[1:]}"
 
 
 def test_the_images_carry_no_build_tools_wheels_or_pip(images: dict[str, str]) -> None:

@@ -176,13 +176,16 @@ def test_agent_settings_flow_into_the_pod() -> None:
 def test_the_agent_process_env_is_set_and_extra_env_overrides_it_without_duplicates() -> None:
     env = container(render(config({})).daemonset)["env"]
     assert {"name": "SSL_CERT_FILE", "value": "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"} in env
+    assert {"name": "PYTHONOPTIMIZE", "value": "2"} in env  # no docstrings in memory (docs/agent.md, "Footprint")
     assert "MALLOC_ARENA_MAX" not in [e["name"] for e in env]  # glibc's default (docs/agent.md, "Footprint")
     override = {"agent": {"extraEnv": [{"name": "SSL_CERT_FILE", "value": "/etc/ssl/certs/ca-certificates.crt"},
+                                       {"name": "PYTHONOPTIMIZE", "value": "0"},
                                        {"name": "MALLOC_ARENA_MAX", "value": "4"}]}}
     env = container(render(config(override)).daemonset)["env"]
     names = [e["name"] for e in env]
     assert len(names) == len(set(names))  # env is a list keyed by name: a duplicate fails the apply
     assert {"name": "SSL_CERT_FILE", "value": "/etc/ssl/certs/ca-certificates.crt"} in env
+    assert {"name": "PYTHONOPTIMIZE", "value": "0"} in env
     assert {"name": "MALLOC_ARENA_MAX", "value": "4"} in env and "NVIDIA_VISIBLE_DEVICES" in names
 
 
