@@ -164,7 +164,9 @@ assert sys.flags.optimize == 2, sys.flags.optimize
 site = [m.__spec__ for m in list(sys.modules.values())
         if getattr(m, "__spec__", None) and (m.__spec__.origin or "").endswith(".py") and "-packages" in m.__spec__.origin]
 print(len(site), sum(1 for s in site if s.cached and s.cached.endswith(".opt-2.pyc")))
-print("\n".join(s.origin for s in site if not (s.cached and os.path.exists(s.cached))))
+for spec in site:
+    if not (spec.cached and os.path.exists(spec.cached)):
+        print(spec.origin)
 """
     env = {k: v for k, v in AGENT_PROCESS_ENV.items() if k != "SSL_CERT_FILE"}
     out = podman("run", "--rm", "--network=none", "--read-only", *(f"--env={k}={v}" for k, v in env.items()),
