@@ -99,7 +99,9 @@ def start_mps_supervisor(*, plugin_dir: Path, driver_root: Path, workdir: Path,
     log_path = workdir / "mps-supervisor.log"
     argv = [sys.executable, "-m", "gpudra.cli", "mps-supervisor", "--plugin-dir", str(plugin_dir),
             "--driver-root", str(driver_root), *extra_args]
+    # its DaemonSet's process settings too (the supervisor talks to no API server: no CA to set)
+    process_env = {**os.environ, **{k: v for k, v in AGENT_PROCESS_ENV.items() if k != "SSL_CERT_FILE"}}
     with log_path.open("ab") as log:
         process = subprocess.Popen(dying_with_parent(argv), stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL)
+                                   stdin=subprocess.DEVNULL, env=process_env)
     return AgentProcess("mps-supervisor", log_path, process)
