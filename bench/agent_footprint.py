@@ -12,8 +12,7 @@ a noisy machine's drift hits them alike.
 - ``agent RSS after its first slice``: the same agents before any prepare (no target).
 - one row per setting that :func:`candidates` names, toggled against the deployed environment (left out where
   the DaemonSet sets it, added where it does not): that variant's median RSS, and in the note what
-  the setting saves (``GPUDRA_EVENT_LOOP=asyncio``: a negative saving is what the default loop,
-  uvloop, costs). A setting stays in the DaemonSet only where this row shows it earns its place
+  the setting saves (``GPUDRA_EVENT_LOOP=uvloop``: a negative saving is what the opt-in loop costs). A setting stays in the DaemonSet only where this row shows it earns its place
   (docs/agent.md, "Footprint").
 """
 
@@ -51,8 +50,8 @@ def candidates(ca_file: str | None) -> dict[str, str]:
     file stands in for the ServiceAccount's, as ``start_agent`` does)."""
     return {"MALLOC_ARENA_MAX": "2", "SSL_CERT_FILE": ca_file or AGENT_PROCESS_ENV.get("SSL_CERT_FILE", ""),
             "PYTHONOPTIMIZE": "2",
-            # the standard loop instead of the default, uvloop: what uvloop costs, as a negative saving
-            "GPUDRA_EVENT_LOOP": "asyncio"}
+            # the opt-in loop: what uvloop costs, as a negative saving
+            "GPUDRA_EVENT_LOOP": "uvloop"}
 
 
 def rss_mib(pid: int) -> float:

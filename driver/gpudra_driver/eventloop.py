@@ -1,11 +1,10 @@
 """Which asyncio event loop the node agent runs on.
 
-uvloop (libuv) by default; the standard loop on request (``--event-loop asyncio``, or
-``$GPUDRA_EVENT_LOOP=asyncio`` through ``spec.agent.extraEnv``). The agent's hot path, a kubelet gRPC
-call that GETs its claims through aiohttp, spends most of its CPU in the event loop and socket I/O,
-which uvloop does in C: a shorter pod start for ~1-2 MiB of resident memory per node
-(bench/README.md has the measurements). The standard loop stays one flag away, for a platform where
-uvloop has no wheel or misbehaves.
+The standard loop by default; uvloop (libuv) on request (``--event-loop uvloop``, or
+``$GPUDRA_EVENT_LOOP=uvloop`` through ``spec.agent.extraEnv``). The agent's hot path, a kubelet gRPC
+call that GETs its claims through aiohttp, runs its I/O through the event loop, which uvloop does in
+C; measured side by side, the agent on uvloop prepares no faster (bench/README.md), and it costs
+resident memory on every node: hence opt-in.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 LOOPS = ("uvloop", "asyncio")
-DEFAULT = "uvloop"
+DEFAULT = "asyncio"
 
 
 def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:

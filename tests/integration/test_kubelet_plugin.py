@@ -187,8 +187,8 @@ async def test_seed_pod_is_scheduled_prepared_and_unprepared(kube: Kube, namespa
             assert unprepared.claims[uid].error == ""
             assert not plugin.spec_path(uid).exists() and plugin.checkpoint() == {}
             assert (await kubelet.unprepare([ref(claim)])).claims[uid].error == ""  # unknown: success
-        # as the DaemonSet runs it: uvloop, and PYTHONOPTIMIZE=2 from the process env the harness applies
-        assert "event loop uvloop, Python optimization level 2" in plugin.agent.log_tail()
+        # as the DaemonSet runs it: the standard loop, PYTHONOPTIMIZE=2 from the process env the harness applies
+        assert "event loop asyncio, Python optimization level 2" in plugin.agent.log_tail()
     finally:
         await kube.delete(DEVICE_CLASS, driver)
 
@@ -484,16 +484,15 @@ async def test_a_health_port_in_use_stops_the_agent_with_one_clear_line(fake_nod
     assert not plugin.dra_socket.exists()  # it stopped cleanly: its sockets are gone
 
 
-async def test_the_agent_on_the_standard_loop_registers_prepares_and_unprepares(
-        kube: Kube, namespace: str, fake_nodes, plugin_agents, driver: str) -> None:
-    """The opt-out event loop (``--event-loop asyncio``): the same gRPC servers, claim GETs and
-    checkpoint writes, on the standard loop (every other agent here runs the default, uvloop, as
-    the DaemonSet does)."""
-    node = (await fake_nodes("asyncio"))["metadata"]["name"]
-    plugin = plugin_agents(node, driver, extra_args=("--event-loop", "asyncio"))
+async def test_the_agent_on_uvloop_registers_prepares_and_unprepares(kube: Kube, namespace: str, fake_nodes,
+                                                                     plugin_agents, driver: str) -> None:
+    """The opt-in event loop (``--event-loop uvloop``): the same gRPC servers, claim GETs and
+    checkpoint writes, on libuv."""
+    node = (await fake_nodes("uvloop"))["metadata"]["name"]
+    plugin = plugin_agents(node, driver, extra_args=("--event-loop", "uvloop"))
     await published_devices(kube, driver, node, 8)
     registered = await plugin.registered()
-    claim = await allocated_claim(kube, namespace, "on-asyncio", driver, node, ["gpu-4"])
+    claim = await allocated_claim(kube, namespace, "on-uvloop", driver, node, ["gpu-4"])
     async with DraClient(registered.endpoint, registered.version) as kubelet:
         response = await plugin.prepare(kubelet, [ref(claim)])
         (device,) = response.claims[claim["metadata"]["uid"]].devices
@@ -502,8 +501,8 @@ async def test_the_agent_on_the_standard_loop_registers_prepares_and_unprepares(
         unprepared = await kubelet.unprepare([ref(claim)])
         assert unprepared.claims[claim["metadata"]["uid"]].error == ""
     assert plugin.checkpoint() == {} and not plugin.spec_path(claim["metadata"]["uid"]).exists()
-    # what it ran on, read off the running loop; and the DaemonSet's PYTHONOPTIMIZE, which the harness applies
-    assert "event loop asyncio, Python optimization level 2" in plugin.agent.log_tail()
+    # what it ran on, read off the running loop
+    assert "event loop uvloop, Python optimization level 2" in plugin.agent.log_tail()
     assert plugin.agent.stop() == 0
 
 

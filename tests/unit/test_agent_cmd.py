@@ -1,5 +1,5 @@
 """The agent's command line: what reaches file names is checked before the agent starts; the event loop
-it runs on is uvloop unless told otherwise, and the loop it names is the one that runs."""
+it runs on is the standard one unless told otherwise, and the loop it names is the one that runs."""
 
 from __future__ import annotations
 
@@ -44,18 +44,17 @@ async def _running_loop_type() -> type:
     return type(asyncio.get_running_loop())
 
 
-def test_the_agent_runs_on_uvloop_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_agent_runs_on_the_standard_loop_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GPUDRA_EVENT_LOOP", raising=False)
-    assert eventloop.run(_running_loop_type(), parse().event_loop) is uvloop.Loop
-
-
-def test_the_standard_loop_is_one_flag_or_one_variable_away(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("GPUDRA_EVENT_LOOP", raising=False)
-    loop_type = eventloop.run(_running_loop_type(), parse("--event-loop", "asyncio").event_loop)
-    assert not issubclass(loop_type, uvloop.Loop) and issubclass(loop_type, asyncio.BaseEventLoop)
-    monkeypatch.setenv("GPUDRA_EVENT_LOOP", "asyncio")  # spec.agent.extraEnv
     loop_type = eventloop.run(_running_loop_type(), parse().event_loop)
     assert not issubclass(loop_type, uvloop.Loop) and issubclass(loop_type, asyncio.BaseEventLoop)
+
+
+def test_uvloop_is_one_flag_or_one_variable_away(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUDRA_EVENT_LOOP", raising=False)
+    assert eventloop.run(_running_loop_type(), parse("--event-loop", "uvloop").event_loop) is uvloop.Loop
+    monkeypatch.setenv("GPUDRA_EVENT_LOOP", "uvloop")  # spec.agent.extraEnv
+    assert eventloop.run(_running_loop_type(), parse().event_loop) is uvloop.Loop
 
 
 def test_an_unknown_loop_is_refused_by_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
