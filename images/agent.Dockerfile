@@ -30,9 +30,10 @@ RUN set -eu; \
 FROM ${PYTHON_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
-# The DaemonSet runs the agent with PYTHONOPTIMIZE=2 (no docstrings in memory: docs/agent.md,
-# "Footprint"), so the image carries bytecode for that level next to pip's (compileall, below):
-# without it every start would compile the agent's imports from source, slower and ~20 MiB larger.
+# The DaemonSet runs the agent (and the MPS supervisor) with PYTHONOPTIMIZE=2 (no docstrings in
+# memory: docs/agent.md, "Footprint"), so the image carries bytecode for that level (compileall,
+# below), for the standard library too (the official python images delete theirs): without it
+# every start compiles its imports from source, which takes longer and leaves the process larger.
 # The agent alone: the CLI, the shared core and gpudra_driver, with the agent's requirements
 # (gpudra.component: the wheel's agent-image extra); no operator, kopf or Jinja2.
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
@@ -41,7 +42,8 @@ RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     && pip install --no-cache-dir --no-index --find-links=/wheels -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt \
     && (pip uninstall --yes --quiet pip setuptools wheel || true) \
-    && python3 -OO -m compileall -q -j 0 "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    && python3 -OO -m compileall -q -j 0 \
+         $(python3 -c 'import sysconfig; p = sysconfig.get_paths(); print(p["stdlib"], p["purelib"])')
 # Root, deliberately: a DRA kubelet plugin creates sockets and CDI specs in root-owned host
 # directories (/var/lib/kubelet/plugins*, /var/run/cdi) and opens /dev/nvidia* device nodes. The
 # privilege itself (privileged: true, the hostPath mounts) is granted by the DaemonSet the operator

@@ -276,7 +276,8 @@ def read_environment_once(api: client.ApiClient) -> client.ApiClient:
     # kubernetes-asyncio builds its connector without socket options; aiohttp (>= 3.12) asks
     # the connector's socket factory for each new connection's socket.
     connector = rest.pool_manager.connector
-    assert isinstance(connector, aiohttp.TCPConnector), connector
+    if not isinstance(connector, aiohttp.TCPConnector):  # a check, not an assert: the agent runs at -OO
+        raise TypeError(f"kubernetes-asyncio's connector is {connector!r}, not an aiohttp.TCPConnector")
     connector._socket_factory = keepalive_socket
     return api
 

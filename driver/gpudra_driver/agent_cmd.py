@@ -110,7 +110,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--log-format", choices=["text", "json"], default="text")
     parser.add_argument("--event-loop", choices=eventloop.LOOPS,
                         default=os.environ.get("GPUDRA_EVENT_LOOP") or eventloop.DEFAULT,
-                        help="the asyncio event loop: the standard one or uvloop (~1.5 MiB more memory) "
+                        help="the asyncio event loop: the standard one or uvloop (~1 MiB more memory) "
                              "(default: $GPUDRA_EVENT_LOOP, else %(default)s)")
     parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("GPUDRA_METRICS_PORT") or 0),
                         help="serve Prometheus /metrics on this port; 0 disables (default: $GPUDRA_METRICS_PORT or 0)")

@@ -45,7 +45,8 @@ The agent pod (a DRA kubelet plugin) needs:
   agent publishes, and the pod identity for its own bookkeeping; ``GPUDRA_CONFIG``, the config's
   name: an agent stopped while it is gone or being deleted cleans its node up (an uninstall).
 * ``SSL_CERT_FILE`` (the ServiceAccount CA) and ``PYTHONOPTIMIZE=2``: see ``AGENT_PROCESS_ENV``;
-  ``spec.agent.extraEnv`` overrides them.
+  ``spec.agent.extraEnv`` overrides them (in the agent's DaemonSet; the MPS supervisor's gets them
+  as they are).
 * ``--consumable-memory-step``/``--consumable-shares`` from ``spec.sharing.consumableCapacity``
   (docs/sharing.md), unless the caller says the API server would drop what they publish
   (``consumable_capacity=False``: the operator's probe, :mod:`gpudra_operator.features`).

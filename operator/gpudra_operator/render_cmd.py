@@ -33,7 +33,7 @@ API_VERSION = f"{GROUP}/{VERSION}"
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "render", help="print the objects the operator would create for a GpuDraConfig file (no cluster)",
-        description=__doc__.split("\n\n")[0])
+        description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("-f", "--filename", required=True,
                         help="a YAML/JSON file with one or more GpuDraConfig documents ('-' reads stdin)")
     parser.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml",

@@ -188,7 +188,7 @@ async def test_seed_pod_is_scheduled_prepared_and_unprepared(kube: Kube, namespa
             assert not plugin.spec_path(uid).exists() and plugin.checkpoint() == {}
             assert (await kubelet.unprepare([ref(claim)])).claims[uid].error == ""  # unknown: success
         # as the DaemonSet runs it: the standard loop, PYTHONOPTIMIZE=2 from the process env the harness applies
-        assert "event loop asyncio, Python optimization level 2" in plugin.agent.log_tail()
+        assert "event loop asyncio, Python optimization level 2" in plugin.agent.log_path.read_text()
     finally:
         await kube.delete(DEVICE_CLASS, driver)
 
@@ -502,7 +502,7 @@ async def test_the_agent_on_uvloop_registers_prepares_and_unprepares(kube: Kube,
         assert unprepared.claims[claim["metadata"]["uid"]].error == ""
     assert plugin.checkpoint() == {} and not plugin.spec_path(claim["metadata"]["uid"]).exists()
     # what it ran on, read off the running loop
-    assert "event loop uvloop, Python optimization level 2" in plugin.agent.log_tail()
+    assert "event loop uvloop, Python optimization level 2" in plugin.agent.log_path.read_text()
     assert plugin.agent.stop() == 0
 
 
