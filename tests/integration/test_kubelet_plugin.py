@@ -467,6 +467,33 @@ async def test_liveness_probe_passes_while_the_kubelet_can_reach_the_agent(kube:
     assert plugin.agent.stop() == 0
 
 
+async def test_the_agent_stays_within_its_memory_budget_as_deployed(kube: Kube, namespace: str, fake_nodes,
+                                                                    plugin_agents, driver: str) -> None:
+    """docs/agent.md, "Footprint": at most 100 MiB VmRSS with metrics and health served, after it has
+    prepared claims, in the DaemonSet's process env (PYTHONOPTIMIZE=2 among it). bench/agent_footprint.py
+    weighs each setting; this keeps a growing agent from leaving the budget unnoticed."""
+    from grpc_health.v1 import health_pb2
+
+    node = (await fake_nodes("footprint"))["metadata"]["name"]
+    health = free_port()
+    plugin = plugin_agents(node, driver, extra_args=("--metrics-port", str(free_port()), "--health-port", str(health)))
+    await published_devices(kube, driver, node, 8)
+    registered = await plugin.registered()
+    claims = [await allocated_claim(kube, namespace, f"fp-{i}", driver, node, [f"gpu-{i}"]) for i in range(8)]
+    async with DraClient(registered.endpoint, registered.version) as kubelet:
+        for claim in claims:  # one at a time, then all at once (a batch), as bench/agent_footprint.py does
+            assert (await plugin.prepare(kubelet, [ref(claim)])).claims[claim["metadata"]["uid"]].error == ""
+            await kubelet.unprepare([ref(claim)])
+        answers = await asyncio.gather(*(plugin.prepare(kubelet, [ref(claim)]) for claim in claims))
+        assert all(r.error == "" for answer in answers for r in answer.claims.values())
+        await kubelet.unprepare([ref(claim) for claim in claims])
+    assert await probe_health(health) == health_pb2.HealthCheckResponse.SERVING
+    status = Path(f"/proc/{plugin.agent.process.pid}/status").read_text()
+    rss_mib = int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]) / 1024
+    assert rss_mib <= 100, f"the agent takes {rss_mib:.1f} MiB as deployed (budget 100 MiB; make bench BENCH_ARGS=agent_footprint)"
+    assert plugin.agent.stop() == 0
+
+
 async def test_a_health_port_in_use_stops_the_agent_with_one_clear_line(fake_nodes, plugin_agents,
                                                                        driver: str) -> None:
     node = (await fake_nodes("busy-port"))["metadata"]["name"]
