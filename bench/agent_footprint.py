@@ -23,7 +23,6 @@ import os
 import secrets
 import uuid
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from bench import Context, Result, at_most, median
@@ -31,7 +30,7 @@ from bench.prepare_latency import make_claims
 from gpudra_core.kubeapi import Kube, resource_type
 from gpudra_dev.kubelet_client import DraClient, probe_health, register
 from gpudra_driver.plugin.plugin import socket_paths
-from gpudra_dev.localcluster.agents import AgentProcess, kubeconfig_ca_file, start_agent
+from gpudra_dev.localcluster.agents import AGENT_RSS_BUDGET_MIB, AgentProcess, kubeconfig_ca_file, start_agent
 from gpudra_dev.localcluster.controlplane import free_port
 from gpudra_dev.localcluster.objects import create_fake_node, create_scratch_namespace, delete_node
 from gpudra_dev.localcluster.waiting import wait_for
@@ -39,7 +38,6 @@ from gpudra_operator.render import AGENT_PROCESS_ENV
 
 NAMESPACE = resource_type("v1", "Namespace")
 SLICE = resource_type("resource.k8s.io/v1", "ResourceSlice")
-RSS_TARGET_MIB = 100
 GPUS = 8  # the dgx-h100 profile's
 TIMEOUT_S = 60
 SERVING = 1  # grpc.health.v1 HealthCheckResponse.ServingStatus
@@ -52,13 +50,6 @@ def candidates(ca_file: str | None) -> dict[str, str]:
             "PYTHONOPTIMIZE": "2",
             # the opt-in loop: what uvloop costs, as a negative saving
             "GPUDRA_EVENT_LOOP": "uvloop"}
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
 async def sample(ctx: Context, plane: Any, kube: Kube, namespace: str, driver: str,
@@ -88,7 +79,7 @@ async def sample(ctx: Context, plane: Any, kube: Kube, namespace: str, driver: s
             return sum(len(s["spec"].get("devices") or []) for s in page["items"]) == GPUS
 
         await wait_for(published, timeout=TIMEOUT_S, what=f"{node}'s slice and registration socket")
-        started = rss_mib(agent.process.pid)
+        started = agent.rss_mib()
         registered = await register(reg_socket, driver=driver)
         async with DraClient(registered.endpoint) as client:
             for claim in claims:
@@ -98,7 +89,7 @@ async def sample(ctx: Context, plane: Any, kube: Kube, namespace: str, driver: s
                 _check(response)
             await client.unprepare(claims)
         assert await probe_health(health_port) == SERVING
-        served = rss_mib(agent.process.pid)
+        served = agent.rss_mib()
         return started, served
     finally:
         if agent is not None:
@@ -137,7 +128,7 @@ async def run(ctx: Context) -> list[Result]:
 
     deployed = median(served["deployed"])
     rows = [
-        at_most("agent RSS as deployed", round(deployed, 1), "MiB", RSS_TARGET_MIB,
+        at_most("agent RSS as deployed", round(deployed, 1), "MiB", AGENT_RSS_BUDGET_MIB,
                 f"VmRSS after 16 NodePrepares and a health probe; {spread(served['deployed'])}"),
         Result("agent RSS after its first slice", round(median(started["deployed"]), 1), "MiB",
                note=f"the same agents before any prepare; {spread(started['deployed'])}"),

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from gpudra_dev.localcluster.agents import daemonset_process_env
 from gpudra_dev.localcluster.fakedriverroot import make_driver_root
-from gpudra_operator.render import AGENT_PROCESS_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGES_SH = REPO / "hack" / "images.sh"
@@ -155,7 +155,7 @@ print(" ".join(m for m in sys.argv[1:] if found(m)))
 
 def test_the_agent_image_has_bytecode_for_the_optimization_level_the_daemonset_runs_it_at(
         images: dict[str, str]) -> None:
-    # The DaemonSet sets PYTHONOPTIMIZE=2 (render.AGENT_PROCESS_ENV): every module the agent and the
+    # The DaemonSet sets PYTHONOPTIMIZE=2 (render.AGENT_PROCESS_ENV, which daemonset_process_env gives): every module the agent and the
     # MPS supervisor may import (all of gpudra's, and through them their dependencies and the
     # standard library) must load from an .opt-2.pyc of the (read-only) image, or each start
     # compiles it from source. Counted where the import system compiles: a missing or stale file.
@@ -177,8 +177,8 @@ loaded = [m for m in list(sys.modules.values()) if (getattr(getattr(m, "__spec__
 print(sys.flags.optimize, len(loaded))
 print("\n".join(compiled))
 """
-    env = {k: v for k, v in AGENT_PROCESS_ENV.items() if k != "SSL_CERT_FILE"}
-    out = podman("run", "--rm", "--network=none", "--read-only", *(f"--env={k}={v}" for k, v in env.items()),
+    out = podman("run", "--rm", "--network=none", "--read-only",
+                 *(f"--env={k}={v}" for k, v in daemonset_process_env().items()),
                  "--entrypoint", "python3", images["agent"], "-c", check).stdout.splitlines()
     optimize, loaded = map(int, out[0].split())
     assert optimize == 2 and loaded > 1000, out[0]  # kubernetes-asyncio alone is some 700 modules

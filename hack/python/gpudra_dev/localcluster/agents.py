@@ -23,6 +23,9 @@ from gpudra_dev.localcluster.fakedriverroot import make_driver_root, make_pci_sy
 from gpudra_dev.localcluster.processes import dying_with_parent, stop_process
 from gpudra_operator.render import AGENT_PROCESS_ENV
 
+# The agent's memory budget, VmRSS as deployed (docs/agent.md, "Footprint")
+AGENT_RSS_BUDGET_MIB = 100
+
 
 @dataclass
 class AgentProcess:
@@ -32,6 +35,13 @@ class AgentProcess:
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def rss_mib(self) -> float:
+        """The process's resident memory (VmRSS) now, in MiB."""
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise RuntimeError(f"no VmRSS for pid {self.process.pid}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
         return stop_process(self.process, sig, timeout)
@@ -63,12 +73,7 @@ def start_agent(*, kubeconfig: Path, node_name: str, nvml: str, driver: str, wor
             *(["--sysfs", str(sysfs)] if sysfs is not None else []),
             "--rescan-interval", str(rescan_interval),
             "--kubelet-dir", str(kubelet_dir or workdir / "kubelet"), "--cdi-dir", str(cdi_dir or workdir / "cdi"), *extra_args]
-    # The DaemonSet's process settings, with the local cluster's CA in place of the ServiceAccount's
-    process_env = {**os.environ, **{k: v for k, v in AGENT_PROCESS_ENV.items() if k != "SSL_CERT_FILE"},
-                   "PYTHONUNBUFFERED": "1"}
-    ca_file = kubeconfig_ca_file(kubeconfig)
-    if ca_file is not None and "SSL_CERT_FILE" in AGENT_PROCESS_ENV:
-        process_env["SSL_CERT_FILE"] = ca_file
+    process_env = {**os.environ, **daemonset_process_env(kubeconfig_ca_file(kubeconfig)), "PYTHONUNBUFFERED": "1"}
     for name, value in (env or {}).items():
         if value is None:
             process_env.pop(name, None)
@@ -78,6 +83,16 @@ def start_agent(*, kubeconfig: Path, node_name: str, nvml: str, driver: str, wor
         process = subprocess.Popen(dying_with_parent(argv), stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, env=process_env)
     return AgentProcess(node_name, log_path, process)
+
+
+def daemonset_process_env(ca_file: str | None = None) -> dict[str, str]:
+    """The DaemonSet's process settings (``render.AGENT_PROCESS_ENV``) for a process of this
+    machine: ``ca_file`` (the local cluster's) in place of the ServiceAccount's CA, left out when
+    None."""
+    env = {k: v for k, v in AGENT_PROCESS_ENV.items() if k != "SSL_CERT_FILE"}
+    if ca_file is not None and "SSL_CERT_FILE" in AGENT_PROCESS_ENV:
+        env["SSL_CERT_FILE"] = ca_file
+    return env
 
 
 def kubeconfig_ca_file(kubeconfig: Path) -> str | None:
@@ -99,8 +114,7 @@ def start_mps_supervisor(*, plugin_dir: Path, driver_root: Path, workdir: Path,
     log_path = workdir / "mps-supervisor.log"
     argv = [sys.executable, "-m", "gpudra.cli", "mps-supervisor", "--plugin-dir", str(plugin_dir),
             "--driver-root", str(driver_root), *extra_args]
-    # its DaemonSet's process settings too (the supervisor talks to no API server: no CA to set)
-    process_env = {**os.environ, **{k: v for k, v in AGENT_PROCESS_ENV.items() if k != "SSL_CERT_FILE"}}
+    process_env = {**os.environ, **daemonset_process_env()}  # it talks to no API server: no CA to set
     with log_path.open("ab") as log:
         process = subprocess.Popen(dying_with_parent(argv), stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, env=process_env)
