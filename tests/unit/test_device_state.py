@@ -7,8 +7,11 @@ tests do the real SIGKILL against an agent subprocess."""
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -1246,3 +1249,53 @@ async def test_the_mps_restart_reports_go_on_through_a_corrupt_checkpoint(tmp_pa
         assert B in reported[-1] and not task.done()
     finally:
         task.cancel()
+
+
+class BlockAt(FaultHook):
+    """Holds the locked step at its point (on the worker thread it runs on) until released."""
+
+    def __init__(self, point: str) -> None:
+        super().__init__(point)
+        self.reached, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, point: str) -> None:
+        if point == self.point:
+            self.reached.set()
+            assert self.release.wait(10), "never released"
+
+
+def node_lock_is_free(state: DeviceState) -> bool:
+    fd = os.open(state.plugin_dir / "serialize.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("call", ["prepare", "unprepare"])
+async def test_a_call_cancelled_while_its_locked_step_runs_on_a_thread_holds_the_locks_until_that_step_ends(
+        tmp_path: Path, call: str) -> None:
+    """The kubelet gives up on a call (its 45 s) whose locked step runs on a worker thread (GPU
+    sharing settings): the thread cannot be stopped, so the locks stay held until it is done,
+    where they were given up at once, and a peer instance (or this instance's next call) could
+    change the checkpoint and the specs under it."""
+    hook = BlockAt("after-cdi-write" if call == "prepare" else "unprepare-after-checkpoint")
+    state = make(tmp_path, fault=hook, gpu_control=RecordingControl())
+    if call == "unprepare":
+        assert (await state.prepare(items((REF_A, sliced(A, "a", "gpu-2")))))[A].error is None
+    task = asyncio.ensure_future(state.prepare(items((REF_A, sliced(A, "a", "gpu-2")))) if call == "prepare"
+                                 else state.unprepare([REF_A]))
+    assert await asyncio.to_thread(hook.reached.wait, 10)
+    task.cancel()
+    await asyncio.sleep(0)  # the cancellation is delivered: the call no longer waits for its answer
+    assert not task.done() and not node_lock_is_free(state) and state.locks.in_turn
+    hook.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+    assert node_lock_is_free(state) and not state.locks.in_turn
+    claims = ckpt.load(state.checkpoint_path, "boot-1")[0].claims
+    assert set(claims) == ({A} if call == "prepare" else set())  # the step finished: its writes are whole

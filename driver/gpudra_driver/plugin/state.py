@@ -43,9 +43,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpudra_core.migpartitions import MigGeometry, geometry_from_json
 from gpudra_driver.plugin import checkpoint as ckpt
@@ -74,6 +74,7 @@ from gpudra_driver.plugin.sharing.mps.apply import MpsDaemons
 
 log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "checkpoint.json"
+T = TypeVar("T")
 
 # What the plugin hands over per claim: the GET result, or the reason the GET failed.
 Fetched = Mapping[str, Any] | None | ClaimError
@@ -195,7 +196,7 @@ class DeviceState:
             # reads them while this batch is on disk, and they queue up as the next batch. A lone
             # call stays on the loop.
             if self._may_change_gpus(claims) or self.queue.reading > 0:
-                await asyncio.to_thread(self._prepare_locked, claims, results)
+                await _on_thread(self._prepare_locked, claims, results)
             else:
                 self._prepare_locked(claims, results)
 
@@ -302,7 +303,7 @@ class DeviceState:
         if not uids:
             return found
         async with self.locks.one_at_a_time(None) as lock_timeout, self.locks.node_locked(lock_timeout):
-            found += await asyncio.to_thread(self._check_mig_locked)
+            found += await _on_thread(self._check_mig_locked)
         return found
 
     def _check_mig_locked(self) -> list[Outcome]:
@@ -362,7 +363,7 @@ class DeviceState:
             try:
                 async with self.locks.one_at_a_time(deadline) as lock_timeout, self.locks.node_locked(lock_timeout):
                     if self._may_change_gpus([]):
-                        results.update(await asyncio.to_thread(self._unprepare_locked, valid))
+                        results.update(await _on_thread(self._unprepare_locked, valid))
                     else:
                         results.update(self._unprepare_locked(valid))
             except (OSError, ckpt.CheckpointError) as error:  # of the node, not of a claim
@@ -390,3 +391,15 @@ class DeviceState:
             if reset := self.sharing.settle(checkpoint, remaining):
                 self.checkpoint.save(remaining.untouched(reset))
         return {**self.specs.remove(uids), **in_use}
+
+
+async def _on_thread(function: Callable[..., T], *args: Any) -> T:
+    """``function(*args)`` on a thread, for a step under the locks. Cancelled (the kubelet gave up on
+    the call), the thread would still run: the locks are held until it is done, then the
+    cancellation goes on (a plain ``to_thread`` would give them up at once, to a peer instance too)."""
+    work = asyncio.ensure_future(asyncio.to_thread(function, *args))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        await asyncio.wait([work])
+        raise
