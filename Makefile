@@ -193,12 +193,18 @@ demo: venv allocator mock-nvml
 demo-down:
 	@$(BIN)/gpudra-dev demo --down
 
+# The scheduler bench's second control plane (consumable capacity) runs this release; its binaries
+# are fetched or built once and cached by version, like the current release's.
+BENCH_SCHED_NEXT_VERSION ?= v1.36.3
 bench: venv allocator mock-nvml mock-nvidia-smi mock-mps-control
 	@bin_dir="$$(hack/kube-bin.sh | tail -n 1)" && test -n "$$bin_dir" && \
+	  next_bin_dir="$${BENCH_SCHED_NEXT_KUBE_BIN:-$$(KUBE_VERSION=$(BENCH_SCHED_NEXT_VERSION) hack/kube-bin.sh | tail -n 1)}" && \
+	  test -n "$$next_bin_dir" && \
 	  dra_example="$$(hack/dra-example-driver.sh | tail -n 1)" && test -n "$$dra_example" && \
 	  containerd_dir="$$(hack/containerd-bin.sh | tail -n 1)" && test -n "$$containerd_dir" && \
-	  GPUDRA_KUBE_BIN="$$bin_dir" GPUDRA_DRA_EXAMPLE_DIR="$$dra_example" GPUDRA_CONTAINERD_DIR="$$containerd_dir" \
-	  $(BIN)/python -m bench $(BENCH_ARGS)
+	  GPUDRA_KUBE_BIN="$$bin_dir" BENCH_SCHED_NEXT_VERSION=$(BENCH_SCHED_NEXT_VERSION) \
+	  BENCH_SCHED_NEXT_KUBE_BIN="$$next_bin_dir" GPUDRA_DRA_EXAMPLE_DIR="$$dra_example" \
+	  GPUDRA_CONTAINERD_DIR="$$containerd_dir" $(BIN)/python -m bench $(BENCH_ARGS)
 
 # The longer run of the fuzz suite over tenant input (make test runs it with the "ci" profile).
 FUZZ_EXAMPLES ?= 5000

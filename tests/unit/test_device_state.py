@@ -1280,22 +1280,75 @@ def node_lock_is_free(state: DeviceState) -> bool:
 async def test_a_call_cancelled_while_its_locked_step_runs_on_a_thread_holds_the_locks_until_that_step_ends(
         tmp_path: Path, call: str) -> None:
     """The kubelet gives up on a call (its 45 s) whose locked step runs on a worker thread (GPU
-    sharing settings): the thread cannot be stopped, so the locks stay held until it is done,
-    where they were given up at once, and a peer instance (or this instance's next call) could
-    change the checkpoint and the specs under it."""
+    sharing settings): the thread cannot be stopped, so the locks stay held until it is done, even
+    when the call is cancelled again meanwhile; until then they were given up at once, and a peer
+    instance (or this instance's next call) could change the checkpoint and the specs under it."""
     hook = BlockAt("after-cdi-write" if call == "prepare" else "unprepare-after-checkpoint")
     state = make(tmp_path, fault=hook, gpu_control=RecordingControl())
     if call == "unprepare":
         assert (await state.prepare(items((REF_A, sliced(A, "a", "gpu-2")))))[A].error is None
     task = asyncio.ensure_future(state.prepare(items((REF_A, sliced(A, "a", "gpu-2")))) if call == "prepare"
                                  else state.unprepare([REF_A]))
-    assert await asyncio.to_thread(hook.reached.wait, 10)
-    task.cancel()
-    await asyncio.sleep(0)  # the cancellation is delivered: the call no longer waits for its answer
-    assert not task.done() and not node_lock_is_free(state) and state.locks.in_turn
-    hook.release.set()
+    try:
+        assert await asyncio.to_thread(hook.reached.wait, 10)
+        for _ in range(2):  # a second cancel (a timeout around the call, a shutdown) changes nothing
+            task.cancel()
+            for _ in range(3):  # the cancellation delivered: the call no longer waits for its answer
+                await asyncio.sleep(0)
+            assert not task.done() and not node_lock_is_free(state) and state.locks.in_turn
+    finally:
+        hook.release.set()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 10)
     assert node_lock_is_free(state) and not state.locks.in_turn
+    # the step went to its end: the prepare committed, the unprepare removed the spec too
     claims = ckpt.load(state.checkpoint_path, "boot-1")[0].claims
-    assert set(claims) == ({A} if call == "prepare" else set())  # the step finished: its writes are whole
+    if call == "prepare":
+        assert claims[A].state == ckpt.COMPLETED and state.cdi.exists(A)
+    else:
+        assert claims == {} and not state.cdi.exists(A)
+
+
+async def test_the_calls_batched_with_a_cancelled_one_are_batched_again(tmp_path: Path) -> None:
+    """A batch whose leading call is cancelled while on a thread: the calls it carried, not
+    answered, queue up again as one batch, and each gets its answer."""
+    hook = BlockAt("after-cdi-write")
+    state = make(tmp_path, fault=hook, gpu_control=RecordingControl())
+    state.queue.gather_limit = 30.0
+    c_ref = ClaimRef("ns", "c", "0c1d2e3f-0000-4000-8000-00000000000c")
+    with state.queue.reading_claims():  # A waits for B and C to queue up, then takes both
+        leader = asyncio.ensure_future(state.prepare(items((REF_A, sliced(A, "a", "gpu-2")))))
+
+        async def a_waits() -> bool:
+            return state.queue.waiting == 1
+
+        from gpudra_dev.localcluster.waiting import wait_for
+        await wait_for(a_waits, timeout=10, what="A to wait for its batch")
+        b = asyncio.ensure_future(state.prepare(items((REF_B, claim(B, name="b", results=[result("gpu-3")])))))
+        c = asyncio.ensure_future(state.prepare(items((c_ref, claim(c_ref.uid, name="c", results=[result("gpu-4")])))))
+
+        async def all_queued() -> bool:
+            return state.queue.waiting == 3
+
+        await wait_for(all_queued, timeout=10, what="B and C to queue up")
+    try:
+        assert await asyncio.to_thread(hook.reached.wait, 10)  # A's batch (A, B, C) on the thread
+        hook.point = None  # the next batch runs through
+        leader.cancel()
+    finally:
+        hook.release.set()
+    batches: list[set[str]] = []
+    run_batch = state.queue.prepare_batch
+
+    async def noting_batch(claims, lock_timeout, results):  # type: ignore[no-untyped-def]
+        batches.append({ref.uid for ref, _ in claims})
+        await run_batch(claims, lock_timeout, results)
+
+    state.queue.prepare_batch = noting_batch
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(leader, 10)
+    out_b, out_c = await asyncio.wait_for(asyncio.gather(b, c), 10)
+    assert out_b[B].error is None and out_c[c_ref.uid].error is None
+    assert batches == [{B, c_ref.uid}]  # together again (answered again: the thread had prepared them)
+    claims = ckpt.load(state.checkpoint_path, "boot-1")[0].claims
+    assert {A, B, c_ref.uid} <= set(claims) and all(e.state == ckpt.COMPLETED for e in claims.values())

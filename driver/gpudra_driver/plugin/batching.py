@@ -100,6 +100,9 @@ class PrepareQueue:
         claims = [item for call in batch for item in call.claims]
         try:
             await self.prepare_batch(claims, lock_timeout, results)
+        except asyncio.CancelledError:  # the leader's caller gave up: the others, not answered, queue again
+            self._queued[:0] = [call for call in batch[1:] if call.results is None]
+            raise
         except (OSError, CheckpointError) as error:  # LockTimeout is an OSError too
             log.error("prepare on node %s failed: %s", self.locks.node, error)
             for call in batch:

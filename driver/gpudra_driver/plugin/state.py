@@ -42,6 +42,8 @@ effects are outside the CDI directory: only the entry tells start-up what to rol
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -394,12 +396,21 @@ class DeviceState:
 
 
 async def _on_thread(function: Callable[..., T], *args: Any) -> T:
-    """``function(*args)`` on a thread, for a step under the locks. Cancelled (the kubelet gave up on
-    the call), the thread would still run: the locks are held until it is done, then the
-    cancellation goes on (a plain ``to_thread`` would give them up at once, to a peer instance too)."""
-    work = asyncio.ensure_future(asyncio.to_thread(function, *args))
-    try:
-        return await asyncio.shield(work)
-    except asyncio.CancelledError:
-        await asyncio.wait([work])
-        raise
+    """``function(*args)`` on a thread, for a step under the locks. A thread cannot be stopped: when
+    the call is cancelled (the kubelet gave up on it), however often, the locks stay held until the
+    thread is done, then the cancellation goes on (``asyncio.to_thread`` would give them up at once,
+    to a peer instance too, while the thread still writes). An executor future, not a task: nothing
+    that cancels every task (a loop shutting down) cancels it."""
+    work = asyncio.get_running_loop().run_in_executor(
+        None, functools.partial(contextvars.copy_context().run, function, *args))
+    cancelled: asyncio.CancelledError | None = None
+    while not work.done():
+        try:
+            await asyncio.wait([work])
+        except asyncio.CancelledError as error:
+            cancelled = cancelled or error
+    if cancelled is not None:
+        if not work.cancelled() and (failure := work.exception()) is not None:  # nobody else will see it
+            log.error("the locked step of a cancelled call failed: %r", failure)
+        raise cancelled
+    return work.result()
