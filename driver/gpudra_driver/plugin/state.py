@@ -45,6 +45,7 @@ import asyncio
 import contextvars
 import functools
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -104,9 +105,16 @@ class DeviceState:
         self.specs = ClaimSpecs(cdi, node, self.fault)
         self.mig = MigLifecycle(mig, None if mig is None else MigModeSwitch(mig.load_nvml))
         self.mig_repair = MigRepair(self.checkpoint, self.specs, mig, self.fault)
-        self.mig_lost: list[Outcome] = []  # found by prepares since the last check_mig_instances
+        # found by prepares since the last check_mig_instances; added to by a prepare on a thread
+        # while that check takes them on the loop, hence the lock
+        self._mig_lost: list[Outcome] = []
+        self._mig_lost_lock = threading.Lock()
         self.rollback = Rollback(self.checkpoint, self.specs, self.sharing, self.mig)
         self.recovery = Recovery(self.checkpoint, self.specs, self.sharing, boot_id=boot_id, mig=self.mig)
+
+    def _note_mig_lost(self, outcomes: list[Outcome]) -> None:
+        with self._mig_lost_lock:
+            self._mig_lost.extend(outcomes)
 
     def recover(self) -> ckpt.Reconciliation:
         """Reconcile the checkpoint with the CDI directory, the MPS daemons and the GPU settings,
@@ -118,7 +126,7 @@ class DeviceState:
             # left being made again: before discovery, which would take that one for someone else's
             _, found = self.mig_repair.repair(
                 result.checkpoint, [uid for uid, e in result.checkpoint.claims.items() if e.state == ckpt.COMPLETED])
-            self.mig_lost += found  # reported by the agent with the first check
+            self._note_mig_lost(found)  # reported by the agent with the first check
             return result
 
     @property
@@ -232,7 +240,7 @@ class DeviceState:
                 checkpoint = checkpoint.started(plan.claim)
         if remake:  # saved as it goes; the new claims' entries then go on top of what it saved
             original, outcomes = self.mig_repair.repair(original, remake)
-            self.mig_lost += outcomes
+            self._note_mig_lost(outcomes)
             failed_remake = {o.claim.uid: o for o in outcomes if o.error is not None}
             for uid in remake:
                 if uid in failed_remake:
@@ -296,7 +304,8 @@ class DeviceState:
         """Every prepared claim's dynamic MIG instances looked up, and made again where they are
         gone (:mod:`.migrepair`), under both locks like a call; what was found, with what the
         prepares since the last check found. No NVML call and no lock without such a claim."""
-        found, self.mig_lost = self.mig_lost, []
+        with self._mig_lost_lock:
+            found, self._mig_lost = self._mig_lost, []
         try:
             uids = [uid for uid, e in self.checkpoint.load_unlocked().claims.items()
                     if e.state == ckpt.COMPLETED and has_mig(e.claim)]
