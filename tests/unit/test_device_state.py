@@ -8,7 +8,6 @@ tests do the real SIGKILL against an agent subprocess."""
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import os
 import threading
@@ -23,7 +22,7 @@ from gpudra_driver.plugin import checkpoint as ckpt
 from gpudra_driver.plugin import fsutil
 from gpudra_driver.plugin.cdi import CdiDir, metadata_dir
 from gpudra_driver.plugin.faults import POINTS, FaultHook
-from gpudra_driver.plugin.locking import LOCK_TIMEOUT
+from gpudra_driver.plugin.locking import LOCK_TIMEOUT, LockTimeout, node_lock
 from gpudra_driver.plugin.model import ClaimError, ClaimRef
 from gpudra_driver.plugin.state import DeviceState
 
@@ -1265,15 +1264,11 @@ class BlockAt(FaultHook):
 
 
 def node_lock_is_free(state: DeviceState) -> bool:
-    fd = os.open(state.plugin_dir / "serialize.lock", os.O_RDWR)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return True
-    except BlockingIOError:
+        with node_lock(state.locks.path, timeout=0.0):  # one try, as a peer instance would
+            return True
+    except LockTimeout:
         return False
-    finally:
-        os.close(fd)
 
 
 @pytest.mark.parametrize("call", ["prepare", "unprepare"])

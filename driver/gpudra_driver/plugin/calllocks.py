@@ -3,17 +3,24 @@ asyncio lock, first come first served), then one instance at a time on the node 
 :mod:`.locking`: during a rolling update two instances serve side by side). Always taken in that
 order, so two calls of one instance never contend for the flock, and both waits fit the kubelet's
 budget for the call. Also what the liveness check asks: how long the call holding the node has
-taken so far."""
+taken so far; and how a step under both locks runs on a thread (:func:`on_thread`)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
+import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 from gpudra_driver.plugin.locking import LOCK_TIMEOUT, LockTimeout, node_lock, node_lock_async
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class CallLocks:
@@ -72,3 +79,24 @@ class CallLocks:
         """The node lock for start-up, before any call can come (blocking: off the event loop)."""
         with node_lock(self.path, self.timeout):
             yield
+
+
+async def on_thread(function: Callable[..., T], *args: Any) -> T:
+    """``function(*args)`` on a thread, for a step under the locks. A thread cannot be stopped: when
+    the call is cancelled (the kubelet gave up on it), however often, the locks stay held until the
+    thread is done, then the cancellation goes on (``asyncio.to_thread`` would give them up at once,
+    to a peer instance too, while the thread still writes). An executor future, not a task: nothing
+    that cancels every task (a loop shutting down) cancels it."""
+    work = asyncio.get_running_loop().run_in_executor(
+        None, functools.partial(contextvars.copy_context().run, function, *args))
+    cancelled: asyncio.CancelledError | None = None
+    while not work.done():
+        try:
+            await asyncio.wait([work])
+        except asyncio.CancelledError as error:
+            cancelled = cancelled or error
+    if cancelled is not None:
+        if not work.cancelled() and (failure := work.exception()) is not None:  # nobody else will see it
+            log.error("the locked step of a cancelled call failed: %r", failure)
+        raise cancelled
+    return work.result()

@@ -42,19 +42,17 @@ effects are outside the CDI directory: only the entry tells start-up what to rol
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import functools
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from gpudra_core.migpartitions import MigGeometry, geometry_from_json
 from gpudra_driver.plugin import checkpoint as ckpt
 from gpudra_driver.plugin.allocation import ClaimAllocation, ReadClaim, read_claim
 from gpudra_driver.plugin.batching import PrepareQueue
-from gpudra_driver.plugin.calllocks import CallLocks
+from gpudra_driver.plugin.calllocks import CallLocks, on_thread
 from gpudra_driver.plugin.cdi import CdiDir
 from gpudra_driver.plugin.devicenodes import DYNAMIC_WHOLE_GPU, PLACEMENT, NodeDevice
 from gpudra_driver.plugin.faults import FaultHook
@@ -77,7 +75,6 @@ from gpudra_driver.plugin.sharing.mps.apply import MpsDaemons
 
 log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "checkpoint.json"
-T = TypeVar("T")
 
 # What the plugin hands over per claim: the GET result, or the reason the GET failed.
 Fetched = Mapping[str, Any] | None | ClaimError
@@ -206,7 +203,7 @@ class DeviceState:
             # reads them while this batch is on disk, and they queue up as the next batch. A lone
             # call stays on the loop.
             if self._may_change_gpus(claims) or self.queue.reading > 0:
-                await _on_thread(self._prepare_locked, claims, results)
+                await on_thread(self._prepare_locked, claims, results)
             else:
                 self._prepare_locked(claims, results)
 
@@ -314,7 +311,7 @@ class DeviceState:
         if not uids:
             return found
         async with self.locks.one_at_a_time(None) as lock_timeout, self.locks.node_locked(lock_timeout):
-            found += await _on_thread(self._check_mig_locked)
+            found += await on_thread(self._check_mig_locked)
         return found
 
     def _check_mig_locked(self) -> list[Outcome]:
@@ -374,7 +371,7 @@ class DeviceState:
             try:
                 async with self.locks.one_at_a_time(deadline) as lock_timeout, self.locks.node_locked(lock_timeout):
                     if self._may_change_gpus([]):
-                        results.update(await _on_thread(self._unprepare_locked, valid))
+                        results.update(await on_thread(self._unprepare_locked, valid))
                     else:
                         results.update(self._unprepare_locked(valid))
             except (OSError, ckpt.CheckpointError) as error:  # of the node, not of a claim
@@ -402,24 +399,3 @@ class DeviceState:
             if reset := self.sharing.settle(checkpoint, remaining):
                 self.checkpoint.save(remaining.untouched(reset))
         return {**self.specs.remove(uids), **in_use}
-
-
-async def _on_thread(function: Callable[..., T], *args: Any) -> T:
-    """``function(*args)`` on a thread, for a step under the locks. A thread cannot be stopped: when
-    the call is cancelled (the kubelet gave up on it), however often, the locks stay held until the
-    thread is done, then the cancellation goes on (``asyncio.to_thread`` would give them up at once,
-    to a peer instance too, while the thread still writes). An executor future, not a task: nothing
-    that cancels every task (a loop shutting down) cancels it."""
-    work = asyncio.get_running_loop().run_in_executor(
-        None, functools.partial(contextvars.copy_context().run, function, *args))
-    cancelled: asyncio.CancelledError | None = None
-    while not work.done():
-        try:
-            await asyncio.wait([work])
-        except asyncio.CancelledError as error:
-            cancelled = cancelled or error
-    if cancelled is not None:
-        if not work.cancelled() and (failure := work.exception()) is not None:  # nobody else will see it
-            log.error("the locked step of a cancelled call failed: %r", failure)
-        raise cancelled
-    return work.result()
