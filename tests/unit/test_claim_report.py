@@ -132,6 +132,29 @@ def test_the_reporter_serves_the_series_of_what_the_checkpoint_holds() -> None:
     assert samples() == []
 
 
+def test_a_call_makes_only_its_own_claims_series_again(monkeypatch) -> None:
+    """The series of a node holding many claims are not rebuilt whole on every kubelet call: that
+    cost grew with the claims held, on the loop that answers the kubelet."""
+    import gpudra_driver.plugin.claimreporter as claimreporter
+
+    claims = [PreparedClaim(ClaimRef("ml", f"c{i}", f"00000000-0000-0000-0000-{i:012d}"), (gpu(),)) for i in range(50)]
+    reporter = ClaimReporter(None, driver="d.io", node="node-a", prepared_claims=lambda: claims)
+    reporter.set_devices([GPU])
+    reporter.refresh()
+    built: list[str] = []
+    real = claimreporter.info_series
+    monkeypatch.setattr(claimreporter, "info_series", lambda claim, *a: built.append(claim.uid) or real(claim, *a))
+    one = claims[7]
+    reporter.prepared(one, {"status": {"reservedFor": [{"resource": "pods", "name": "p-7", "uid": "u"}]}})
+    reporter.take_calls()
+    assert built == [one.uid]
+    assert len(reporter.series()) == 50 and ("ml", "p-7", "c7") == reporter.series()[7][:3]
+    reporter.unprepared(one.ref)
+    reporter.take_calls()
+    assert built == [one.uid] and len(reporter.series()) == 49
+    assert one.uid not in {s[2] for s in reporter.series()} and "c7" not in {s[2] for s in reporter.series()}
+
+
 def test_status_writes_wait_for_a_quiet_kubelet_but_not_forever() -> None:
     assert write_delay(100.0, float("-inf"), 100.0) == 0  # no call yet: at once
     assert abs(write_delay(100.0, 99.9, 99.9) - (QUIET - 0.1)) < 1e-9  # a call 0.1 s ago

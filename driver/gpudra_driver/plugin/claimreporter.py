@@ -24,8 +24,9 @@ of every prepared claim (:meth:`seen`), and writes only what is missing. The swe
 refreshes which pods hold each claim (a pod that joins a shared claim is seen at once: the kubelet
 prepares the claim again for it).
 
-The info series (:class:`gpudra_driver.metrics.ClaimDevices`) are kept as an immutable snapshot
-that the metrics thread reads."""
+The info series (:class:`gpudra_driver.metrics.ClaimDevices`) are kept per claim, in a mapping
+swapped whole (never changed once published) that the metrics thread flattens at each scrape: a
+call changes one claim's series, so its cost does not grow with the claims the node holds."""
 
 from __future__ import annotations
 
@@ -94,13 +95,13 @@ class ClaimReporter:
         # call's own path (claim, its live object) for a prepare, (ref, None) for an unprepare
         self._calls: list[tuple[PreparedClaim, Mapping[str, Any] | None] | tuple[ClaimRef, None]] = []
         self._wake = asyncio.Event()
-        self._series: tuple[tuple[str, ...], ...] = ()
-        metrics.CLAIM_DEVICES.labels, metrics.CLAIM_DEVICES.series = INFO_LABELS, lambda: self._series
+        self._series: Mapping[str, tuple[tuple[str, ...], ...]] = {}  # claim UID -> its series; swapped whole
+        metrics.CLAIM_DEVICES.labels, metrics.CLAIM_DEVICES.series = INFO_LABELS, self.series
 
     # -- what the plugin and the sweep tell it (on the event loop) ------------------------------------
     def set_devices(self, devices: Sequence[Device]) -> None:
         self.published = {d.name: d for d in devices}
-        self._snapshot()
+        self._snapshot_all()
 
     def refresh(self) -> None:
         """The checkpoint's prepared claims become the ones reported (a peer instance's included)."""
@@ -108,7 +109,7 @@ class ClaimReporter:
         self._claims = claims
         self._pods = {uid: pods for uid, pods in self._pods.items() if uid in claims}
         self._refused &= claims.keys()
-        self._snapshot()
+        self._snapshot_all()
 
     def prepared(self, claim: PreparedClaim, live: Mapping[str, Any] | None) -> None:
         """``claim`` was prepared (or answered again) with ``live`` read just before. Called before
@@ -126,7 +127,9 @@ class ClaimReporter:
     def take_calls(self) -> None:
         """The prepares and unprepares noted since the last time: the series, and the writes."""
         calls, self._calls = self._calls, []
+        changed: set[str] = set()
         for subject, live in calls:
+            changed.add(subject.uid)
             if isinstance(subject, PreparedClaim):
                 self._claims[subject.uid] = subject
                 self._pods[subject.uid] = consumer_pods(live)
@@ -139,16 +142,17 @@ class ClaimReporter:
                     self._pending.pop(subject.uid, None)
                 elif self.kube is not None:
                     self._queue(subject, status_apply(subject, []))
-        if calls:
-            self._snapshot()
+        if changed:
+            self._snapshot(changed)
 
     def seen(self, ref: ClaimRef, live: Mapping[str, Any] | None) -> None:
         """The leak sweep read a prepared claim: its pods, and its status if ours is missing."""
         claim = self._claims.get(ref.uid)
         if claim is None or live is None or (live.get("metadata") or {}).get("uid") != ref.uid:
             return
-        self._pods[ref.uid] = consumer_pods(live)
-        self._snapshot()
+        if (pods := consumer_pods(live)) != self._pods.get(ref.uid):
+            self._pods[ref.uid] = pods
+            self._snapshot({ref.uid})
         self._want(claim, live)
 
     def _want(self, claim: PreparedClaim, live: Mapping[str, Any] | None) -> None:
@@ -259,6 +263,23 @@ class ClaimReporter:
         return min(MAX_BACKOFF, max(0.5, backoff * 2))
 
     # -- the info series (read by the metrics thread: an immutable snapshot, swapped whole) ----------
-    def _snapshot(self) -> None:
-        self._series = tuple(s for uid, claim in sorted(self._claims.items())
-                             for s in info_series(claim, self._pods.get(uid, ()), self.published))
+    def series(self) -> list[tuple[str, ...]]:
+        """Every claim's series, by claim UID (for the metrics thread: reads one published mapping)."""
+        return [s for _, claim_series in sorted(self._series.items()) for s in claim_series]
+
+    def _series_of(self, uid: str) -> tuple[tuple[str, ...], ...]:
+        return tuple(info_series(self._claims[uid], self._pods.get(uid, ()), self.published))
+
+    def _snapshot(self, uids: set[str]) -> None:
+        """The series of the claims ``uids`` made again (a new mapping: the published one never
+        changes under the metrics thread)."""
+        series = dict(self._series)
+        for uid in uids:
+            if uid in self._claims:
+                series[uid] = self._series_of(uid)
+            else:
+                series.pop(uid, None)
+        self._series = series
+
+    def _snapshot_all(self) -> None:
+        self._series = {uid: self._series_of(uid) for uid in self._claims}

@@ -198,11 +198,11 @@ class DeviceState:
     async def _prepare_batch(self, claims: Sequence[tuple[ClaimRef, ReadClaim]], lock_timeout: float | None,
                              results: dict[str, PrepareResult]) -> None:
         async with self.locks.node_locked(lock_timeout):
-            # Off the loop (still under the locks) when driver calls may block, or when other
-            # calls are still reading their claims (past the queue's gather limit): the loop then
-            # reads them while this batch is on disk, and they queue up as the next batch. A lone
-            # call stays on the loop.
-            if self._may_change_gpus(claims) or self.queue.reading > 0:
+            # Off the loop (still under the locks) only when driver calls may block. A batch of
+            # plain claims stays on the loop even while other calls are reading theirs: on a
+            # thread, each of its system calls handed the GIL to the loop and waited to get it back,
+            # which cost more CPU per claim than the overlap won (bench/README.md).
+            if self._may_change_gpus(claims):
                 await on_thread(self._prepare_locked, claims, results)
             else:
                 self._prepare_locked(claims, results)
