@@ -449,6 +449,33 @@ async def test_a_batch_takes_the_calls_still_reading_their_claims_waiting_only_f
     assert out[A].error is None
 
 
+class ThreadAt(FaultHook):
+    """Notes the thread each of its points runs on."""
+
+    def __init__(self) -> None:
+        super().__init__("")
+        self.threads: dict[str, int] = {}
+
+    def __call__(self, point: str) -> None:
+        self.threads[point] = threading.get_ident()
+
+
+@pytest.mark.parametrize("kind", ["plain", "time-sliced"])
+async def test_a_batch_goes_to_a_thread_only_when_it_may_call_into_the_driver(tmp_path: Path, kind: str) -> None:
+    """Plain claims are written on the event loop even while other calls are reading theirs (on a
+    thread each system call handed the GIL to the loop and back: more CPU per claim under load,
+    bench/README.md); a claim whose sharing settings call into the driver, which can block, goes
+    to a thread."""
+    hook = ThreadAt()
+    state = make(tmp_path, fault=hook, gpu_control=RecordingControl())
+    state.queue.gather_limit = 0.0  # the sibling below never finishes reading: no wait for it
+    obj = claim(A, name="a", results=[result("gpu-2")]) if kind == "plain" else sliced(A, "a", "gpu-2")
+    with state.queue.reading_claims():  # another call's GETs in flight
+        assert (await state.prepare(items((REF_A, obj))))[A].error is None
+    on_loop = hook.threads["after-cdi-write"] == threading.get_ident()
+    assert on_loop == (kind == "plain")
+
+
 @pytest.mark.parametrize("kind", ["plain", "time-sliced"])  # one checkpoint write, or two phases
 @pytest.mark.parametrize("point", [p for p in POINTS if not p.startswith("unprepare")  # dynamic MIG's below:
                                    and p not in ("after-mig-instance", "after-mig-mode-off")])  # test_mig_*.py

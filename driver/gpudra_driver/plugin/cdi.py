@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 from functools import lru_cache
+from json.encoder import encode_basestring_ascii as json_string  # json.dumps(str), without its dispatch
 from pathlib import Path
 from typing import Any
 
@@ -128,16 +129,16 @@ def encode_spec(claim: PreparedClaim, driver: str, files: DriverFiles,
             edits, edits_json = _node_edits(d.device_nodes, files.device_root)
             name = cdi_device_name(claim.uid, d.device)
             skeleton.append({"name": name, "containerEdits": edits})
-            devices.append(f'{{"name":{json.dumps(name)},"containerEdits":{edits_json}}}')
+            devices.append(f'{{"name":{json_string(name)},"containerEdits":{edits_json}}}')
         if claim.metadata is not None:
             if metadata_root is None:
                 raise ValueError(f"claim {claim.uid} has device metadata and no directory for its files is known")
-            mounts = devicemetadata.cdi_devices(claim, driver, metadata_root)
-            skeleton += mounts
-            devices += [json.dumps(m, separators=(",", ":")) for m in mounts]
+            # Their mounts have no type and their names start as the devices' do (the claim's
+            # UID): they never raise the version, so the skeleton goes without them.
+            devices += devicemetadata.cdi_devices_json(claim, driver, metadata_root)
         kind = cdi_kind(driver)
         version = minimum_version({"kind": kind, "devices": skeleton, "containerEdits": files.edits})
-        head = f'{{"cdiVersion":{json.dumps(version)},"kind":{json.dumps(kind)},"devices":[{",".join(devices)}]'
+        head = f'{{"cdiVersion":{json_string(version)},"kind":{json_string(kind)},"devices":[{",".join(devices)}]'
         common = {"env": [_visible([d.uuid for d in claim.devices]), *files.edits["env"]]}
     env = json.dumps(common["env"], separators=(",", ":"))
     return f'{head},"containerEdits":{{"env":{env}{files.edits_json_after_env}}}}}\n'.encode()

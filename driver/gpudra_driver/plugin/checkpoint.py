@@ -29,6 +29,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from json.encoder import encode_basestring_ascii as json_string  # json.dumps(str), without its dispatch
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -76,7 +77,7 @@ class Entry:
         canonical JSON (unchanged from PrepareStarted to PrepareCompleted); ``state`` sorts after
         all of its keys, so it goes last."""
         body = self.claim.canonical_json
-        return f'{json.dumps(self.claim.uid)}:{body[:-1]},"state":{json.dumps(self.state)}}}'
+        return f'{json_string(self.claim.uid)}:{body[:-1]},"state":{json_string(self.state)}}}'
 
     @cached_property
     def admin_access(self) -> bool:

@@ -48,6 +48,7 @@ import json
 import os
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from functools import lru_cache
+from json.encoder import encode_basestring_ascii as json_string  # json.dumps(str), without its dispatch
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,12 @@ def container_path(driver: str, claim: PreparedClaim, request: str) -> str:
 
 
 def host_path(root: Path, claim_uid: str, request: str) -> Path:
-    return root / f"{claim_uid}_{base_request(request)}{SUFFIX}"
+    return Path(host_path_string(root, claim_uid, request))
+
+
+def host_path_string(root: Path, claim_uid: str, request: str) -> str:
+    """:func:`host_path` as a string (built per claim on the prepare path: no path object)."""
+    return os.path.join(root, f"{claim_uid}_{base_request(request)}{SUFFIX}")
 
 
 def claim_uid_of(file_name: str) -> str | None:
@@ -108,9 +114,19 @@ def cdi_devices(claim: PreparedClaim, driver: str, root: Path) -> list[dict[str,
     if claim.metadata is None:
         return []
     return [{"name": cdi_device_name(claim.uid, request), "containerEdits": {"mounts": [
-        {"hostPath": os.fspath(host_path(root, claim.uid, request)),
+        {"hostPath": host_path_string(root, claim.uid, request),
          "containerPath": container_path(driver, claim, request), "options": ["ro", "bind"]}]}}
         for request in claim.metadata.requests]
+
+
+def cdi_devices_json(claim: PreparedClaim, driver: str, root: Path) -> list[str]:
+    """Each of :func:`cdi_devices` as compact JSON, exactly ``json.dumps``'s (on every prepare)."""
+    if claim.metadata is None:
+        return []
+    return [f'{{"name":{json_string(cdi_device_name(claim.uid, request))},"containerEdits":{{"mounts":[{{'
+            f'"hostPath":{json_string(host_path_string(root, claim.uid, request))},'
+            f'"containerPath":{json_string(container_path(driver, claim, request))},"options":["ro","bind"]}}]}}}}'
+            for request in claim.metadata.requests]
 
 
 def answer_cdi_ids(claim: PreparedClaim) -> list[tuple[str, ...]]:
@@ -173,10 +189,10 @@ def _attributes_json(attributes: tuple[tuple[str, AttrValue], ...], uuid: str, g
 
 
 def _device_json(device: PreparedDevice, driver: str) -> str:
-    head = json.dumps({"driver": driver, "pool": device.pool, "name": device.device}, separators=(",", ":"))
     attributes = _attributes_json(device.attributes, device.uuid, *_instance_ids(device), device.share_id,
                                   device.consumed)
-    return f'{head[:-1]},"attributes":{attributes}}}'
+    return (f'{{"driver":{json_string(driver)},"pool":{json_string(device.pool)},"name":{json_string(device.device)},'
+            f'"attributes":{attributes}}}')
 
 
 def metadata_object(claim: PreparedClaim, driver: str, request: str, version: str) -> dict[str, Any]:
@@ -200,13 +216,12 @@ def encode(claim: PreparedClaim, driver: str, request: str) -> bytes:
     attributes. Encoded once: the versions differ in ``apiVersion`` only, its second member."""
     assert claim.metadata is not None
     base = base_request(request)
-    head: dict[str, Any] = {"metadata": {"name": claim.ref.name, "namespace": claim.ref.namespace,
-                                         "uid": claim.uid, "generation": 1}}
+    head = (f'"metadata":{{"name":{json_string(claim.ref.name)},"namespace":{json_string(claim.ref.namespace)},'
+            f'"uid":{json_string(claim.uid)},"generation":1}}')
     if claim.metadata.pod_claim_name:
-        head["podClaimName"] = claim.metadata.pod_claim_name
+        head += f',"podClaimName":{json_string(claim.metadata.pod_claim_name)}'
     devices = ",".join(_device_json(d, driver) for d in claim.devices if base in d.requests)
-    rest = (f'{json.dumps(head, separators=(",", ":"))[1:-1]},"requests":[{{"name":{json.dumps(request)},'
-            f'"devices":[{devices}]}}]}}')
+    rest = f'{head},"requests":[{{"name":{json_string(request)},"devices":[{devices}]}}]}}'
     return "".join(f'{{"kind":"DeviceMetadata","apiVersion":"{GROUP}/{version}",{rest}\n'
                    for version in VERSIONS).encode()
 
@@ -237,7 +252,10 @@ class MetadataFiles:
         return [(host_path(where, claim.uid, r), encode(claim, self.driver, r)) for r in claim.metadata.requests]
 
     def write(self, claim: PreparedClaim) -> None:
-        for path, content in self.files(claim):
+        if claim.metadata is None:
+            return
+        for request in claim.metadata.requests:  # :meth:`files`, with paths as strings
+            path, content = host_path_string(self.root, claim.uid, request), encode(claim, self.driver, request)
             try:
                 write_atomic(path, content)
             except FileNotFoundError:  # the node's first claim (or the first since a reboot): the directory

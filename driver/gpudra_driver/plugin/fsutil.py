@@ -82,7 +82,7 @@ def write_exchanging(path: Path, data: bytes, scratch: Path, *, mode: int = 0o64
     os.replace(scratch, path)
 
 
-def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+def write_atomic(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data`` atomically (temp file ``.<name>.tmp-<pid>``, then rename).
     Callers serialise writers of one path (the node lock), so one temp name per process is enough."""
     target = os.fspath(path)
