@@ -134,7 +134,8 @@ def encode_spec(claim: PreparedClaim, driver: str, files: DriverFiles,
             if metadata_root is None:
                 raise ValueError(f"claim {claim.uid} has device metadata and no directory for its files is known")
             # Their mounts have no type and their names start as the devices' do (the claim's
-            # UID): they never raise the version, so the skeleton goes without them.
+            # UID; this branch has at least one device): they never raise the version, so the
+            # skeleton goes without them.
             devices += devicemetadata.cdi_devices_json(claim, driver, metadata_root)
         kind = cdi_kind(driver)
         version = minimum_version({"kind": kind, "devices": skeleton, "containerEdits": files.edits})

@@ -25,8 +25,9 @@ refreshes which pods hold each claim (a pod that joins a shared claim is seen at
 prepares the claim again for it).
 
 The info series (:class:`gpudra_driver.metrics.ClaimDevices`) are kept per claim, in a mapping
-swapped whole (never changed once published) that the metrics thread flattens at each scrape: a
-call changes one claim's series, so its cost does not grow with the claims the node holds."""
+swapped whole (never changed once published) that the metrics thread flattens, in claim order, at
+each scrape: a call builds the series of the claims it changed only (the mapping is copied, not
+rebuilt), where it used to build every held claim's."""
 
 from __future__ import annotations
 
