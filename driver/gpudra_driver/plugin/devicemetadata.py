@@ -244,18 +244,17 @@ class MetadataFiles:
         self.driver = driver
         self.roots = (root, *legacy)
 
-    def files(self, claim: PreparedClaim, root: Path | None = None) -> list[tuple[Path, bytes]]:
-        """The claim's files in ``root`` (this release's when None), and their content."""
+    def files(self, claim: PreparedClaim, root: Path | None = None) -> list[tuple[str, bytes]]:
+        """The claim's files in ``root`` (this release's when None), and their content; the paths
+        as strings (built on every prepare: no path objects)."""
         if claim.metadata is None:
             return []
         where = self.root if root is None else root
-        return [(host_path(where, claim.uid, r), encode(claim, self.driver, r)) for r in claim.metadata.requests]
+        return [(host_path_string(where, claim.uid, r), encode(claim, self.driver, r))
+                for r in claim.metadata.requests]
 
     def write(self, claim: PreparedClaim) -> None:
-        if claim.metadata is None:
-            return
-        for request in claim.metadata.requests:  # :meth:`files`, with paths as strings
-            path, content = host_path_string(self.root, claim.uid, request), encode(claim, self.driver, request)
+        for path, content in self.files(claim):
             try:
                 write_atomic(path, content)
             except FileNotFoundError:  # the node's first claim (or the first since a reboot): the directory
@@ -266,7 +265,7 @@ class MetadataFiles:
         """True when every file of the claim in ``root`` (this release's when None) holds what its
         record says."""
         try:
-            return all(path.read_bytes() == content for path, content in self.files(claim, root))
+            return all(Path(path).read_bytes() == content for path, content in self.files(claim, root))
         except OSError:
             return False
 
